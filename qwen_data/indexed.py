@@ -1,0 +1,142 @@
+"""Megatron indexed dataset writer (MMIDIDX version 1), numpy only.
+
+Layout (read by megatron-core's `IndexedDataset` unchanged):
+  PREFIX.bin  tokens back to back.
+  PREFIX.idx  header b"MMIDIDX\\x00\\x00", <Q version 1, <B dtype code, <Q sequence count,
+              <Q document count (+1), then int32 sequence lengths, int64 byte offsets of each
+              sequence, int64 document indices (0, then each document's end sequence index).
+
+A document holds one or more sequences: pretraining writes one sequence per document, packed
+SFT writes one document per packed row whose sequences are its samples.
+
+The per-sequence lengths and document ends stream to side files while tokens are written, so
+memory stays flat however large the corpus; `finalize` assembles the index from them.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+INDEX_VERSION = 1
+
+# Megatron's DType codes.
+DTYPE_CODES = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
+}
+
+_CHUNK = 1 << 20  # index entries handled at a time in finalize
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The dtype Megatron picks for a vocabulary: uint16 below 65,500 ids, else int32."""
+    return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
+
+
+class IndexedDatasetWriter:
+    """Streams documents into `bin_path` and writes the matching index at `idx_path`."""
+
+    def __init__(self, bin_path: str, idx_path: str, dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in DTYPE_CODES:
+            raise ValueError(f"dtype {self.dtype} has no Megatron code")
+        self.bin_path, self.idx_path = bin_path, idx_path
+        self._bin = open(bin_path, "wb")
+        self._lengths = open(idx_path + ".lengths", "wb")
+        self._doc_ends = open(idx_path + ".docends", "wb")
+        self.sequences = 0
+        self.documents = 0
+        self.tokens = 0
+
+    def add_document(self, tokens, sequence_lengths=None) -> None:
+        """One document; `sequence_lengths` splits it into sequences (default: one)."""
+        tokens = np.asarray(tokens)
+        lengths = [len(tokens)] if sequence_lengths is None else sequence_lengths
+        self.add_batch(tokens, np.asarray(lengths), np.asarray([len(lengths)]))
+
+    def add_batch(self, tokens, sequence_lengths, sequences_per_document=None) -> None:
+        """Many documents at once: `tokens` is all their sequences back to back.
+
+        `sequences_per_document` defaults to one sequence per document.
+        """
+        tokens = np.asarray(tokens)
+        lengths = np.asarray(sequence_lengths, dtype=np.int64)
+        if int(lengths.sum()) != len(tokens):
+            raise ValueError("sequence lengths do not add up to the token count")
+        if lengths.size and (lengths.min() < 0 or lengths.max() > np.iinfo(np.int32).max):
+            raise ValueError("sequence length outside int32")
+        if sequences_per_document is None:
+            per_doc = np.ones(len(lengths), dtype=np.int64)
+        else:
+            per_doc = np.asarray(sequences_per_document, dtype=np.int64)
+            if int(per_doc.sum()) != len(lengths):
+                raise ValueError("sequences per document do not add up to the sequence count")
+        if tokens.size and tokens.dtype != self.dtype:
+            info = np.iinfo(self.dtype)
+            if tokens.min() < info.min or tokens.max() > info.max:
+                raise ValueError(f"token id outside {self.dtype}")
+        self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        self._lengths.write(lengths.astype(np.int32).tobytes())
+        self._doc_ends.write((self.sequences + np.cumsum(per_doc)).astype(np.int64).tobytes())
+        self.sequences += len(lengths)
+        self.documents += len(per_doc)
+        self.tokens += len(tokens)
+
+    def finalize(self) -> None:
+        """Close the data file and write the index."""
+        for f in (self._bin, self._lengths, self._doc_ends):
+            f.close()
+        itemsize = self.dtype.itemsize
+        with open(self.idx_path, "wb") as idx:
+            idx.write(INDEX_HEADER)
+            idx.write(struct.pack("<Q", INDEX_VERSION))
+            idx.write(struct.pack("<B", DTYPE_CODES[self.dtype]))
+            idx.write(struct.pack("<Q", self.sequences))
+            idx.write(struct.pack("<Q", self.documents + 1))
+            _copy_file(self._lengths.name, idx)
+            offset = 0
+            for lengths in _read_chunks(self._lengths.name, np.int32):
+                bytes_ = lengths.astype(np.int64) * itemsize
+                pointers = offset + np.cumsum(bytes_) - bytes_
+                idx.write(pointers.tobytes())
+                offset += int(bytes_.sum())
+            idx.write(np.zeros(1, dtype=np.int64).tobytes())
+            _copy_file(self._doc_ends.name, idx)
+        os.remove(self._lengths.name)
+        os.remove(self._doc_ends.name)
+
+    def abort(self) -> None:
+        """Close and remove everything written so far."""
+        for f in (self._bin, self._lengths, self._doc_ends):
+            f.close()
+        for path in (self.bin_path, self.idx_path, self._lengths.name, self._doc_ends.name):
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _read_chunks(path: str, dtype):
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(_CHUNK * np.dtype(dtype).itemsize)
+            if not raw:
+                return
+            yield np.frombuffer(raw, dtype=dtype)
+
+
+def _copy_file(path: str, out) -> None:
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(1 << 24)
+            if not raw:
+                return
+            out.write(raw)

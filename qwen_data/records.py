@@ -1,0 +1,164 @@
+"""Reading input files into chunks of whole records, each chunk knowing its first line number.
+
+The main process only cuts files into ~`chunk_bytes` pieces at line ends (cheap); workers parse
+and tokenize whole chunks, so no per-record traffic crosses process boundaries. Chunk boundaries
+depend only on the input and `chunk_bytes`, never on the worker count, so output is identical for
+any number of workers.
+
+`.jsonl` and `.jsonl.gz` stream. A `.json` file holding one array of records (how many SFT
+datasets ship) is loaded whole and re-cut into one record per line; its "line" numbers are then
+the record's 1-based position in the array.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+from .errors import RecordError
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+@dataclass
+class Chunk:
+    path: str
+    first_line: int  # 1-based number of the first line in `data`
+    data: bytes  # whole lines, newline-separated
+    unit: str = "line"  # "line", or "record" for .json arrays
+
+    def lines(self) -> Iterator[tuple[int, bytes]]:
+        """(line number, line without its newline), blank lines included."""
+        lines = self.data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        for offset, line in enumerate(lines):
+            yield self.first_line + offset, line.rstrip(b"\r")
+
+
+def check_inputs(paths: list[str]) -> None:
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such input file")
+        if not path.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")):
+            raise ValueError(f"{path}: expected .jsonl, .jsonl.gz or .json")
+
+
+def read_chunks(paths: list[str], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Chunk]:
+    for path in paths:
+        if path.endswith((".json", ".json.gz")):
+            yield from _json_array_chunks(path, chunk_bytes)
+        else:
+            yield from _jsonl_chunks(path, chunk_bytes)
+
+
+def _open(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _jsonl_chunks(path: str, chunk_bytes: int) -> Iterator[Chunk]:
+    line = 1
+    rest = b""
+    with _open(path) as f:
+        while True:
+            block = f.read(chunk_bytes)
+            if not block:
+                break
+            data = rest + block
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # one line longer than a chunk: keep reading
+                rest = data
+                continue
+            rest = data[cut:]
+            yield Chunk(path, line, data[:cut])
+            line += data.count(b"\n", 0, cut)
+    if rest:
+        yield Chunk(path, line, rest)
+
+
+def _json_array_chunks(path: str, chunk_bytes: int) -> Iterator[Chunk]:
+    with _open(path) as f:
+        try:
+            records = json.load(f)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RecordError("invalid-json-file", f"{path}: not a JSON array of records ({exc})") from None
+    if not isinstance(records, list):
+        raise RecordError("invalid-json-file", f"{path}: top level is {type(records).__name__}, expected an array")
+    first, lines, size = 1, [], 0
+    for index, record in enumerate(records, start=1):
+        line = json.dumps(record, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        lines.append(line)
+        size += len(line) + 1
+        if size >= chunk_bytes:
+            yield Chunk(path, first, b"\n".join(lines) + b"\n", unit="record")
+            first, lines, size = index + 1, [], 0
+    if lines:
+        yield Chunk(path, first, b"\n".join(lines) + b"\n", unit="record")
+
+
+def parse_line(line: bytes) -> dict:
+    """One jsonl line to a record, or RecordError naming what is wrong with it."""
+    if not line.strip():
+        raise RecordError("blank-line", "blank line")
+    try:
+        record = json.loads(line)
+    except UnicodeDecodeError as exc:
+        raise RecordError("invalid-utf8", f"invalid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except ValueError as exc:
+        raise RecordError("invalid-json", f"not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise RecordError("not-an-object", f"a JSON {type(record).__name__}, expected an object")
+    return record
+
+
+def reject_entry(chunk: Chunk, line_no: int, line: bytes, error: RecordError) -> dict:
+    """A line of PREFIX.rejects.jsonl: where, why, and the record itself so it can be fixed."""
+    return {
+        "file": chunk.path,
+        chunk.unit: line_no,
+        "reason": error.reason,
+        "message": str(error),
+        "raw": line.decode("utf-8", "backslashreplace"),
+    }
+
+
+class TooManyRejects(RuntimeError):
+    pass
+
+
+class RejectLog:
+    """Writes rejected records to PREFIX.rejects.jsonl, counts them by reason, shows the first few."""
+
+    SHOWN = 10
+
+    def __init__(self, path: str, max_rejects: int | None = None) -> None:
+        self.path = path
+        self.max_rejects = max_rejects
+        self.by_reason: dict[str, int] = {}
+        self.count = 0
+        self._file = open(path, "w", encoding="utf-8")
+
+    def add(self, entries: list[dict]) -> None:
+        import sys
+
+        for entry in entries:
+            self._file.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            self.by_reason[entry["reason"]] = self.by_reason.get(entry["reason"], 0) + 1
+            self.count += 1
+            if self.count <= self.SHOWN:
+                where = "line" if "line" in entry else "record"
+                print(f"rejected {entry['file']}:{where} {entry[where]}: {entry['message']}", file=sys.stderr)
+        if self.max_rejects is not None and self.count > self.max_rejects:
+            raise TooManyRejects(
+                f"more than --max-rejects {self.max_rejects} rejected records; last: "
+                f"{entries[-1]['file']} {entries[-1].get('line', entries[-1].get('record'))}: {entries[-1]['message']}"
+            )
+
+    def close(self) -> None:
+        self._file.close()
+
+    def summary(self) -> dict:
+        return {"count": self.count, "by_reason": dict(sorted(self.by_reason.items()))}
