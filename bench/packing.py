@@ -1,0 +1,106 @@
+"""Benchmark of qwen_data.packing.pack against simple baselines run in the same process.
+
+    python3 bench/packing.py [--samples 1000000] [--capacity 4096] [--ffd-subset 50000]
+
+Lengths come from the realistic SFT mix of tests/test_packing.py (its docstring says how it
+was calibrated). Baselines: next-fit in input order (concatenate, start a new row when the
+sample does not fit: what naive packers do) on all samples, and a plain first-fit-decreasing
+(a numpy scan of all open rows per sample, O(samples x rows)) on a subset, too slow for all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from qwen_data.packing import pack  # noqa: E402
+
+
+def load_realistic_lengths():
+    spec = importlib.util.spec_from_file_location("test_packing", ROOT / "tests" / "test_packing.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.realistic_sft_lengths
+
+
+def next_fit_in_order(lengths, capacity) -> int:
+    rows, free = 0, 0
+    for s in lengths:
+        if s > free:
+            rows, free = rows + 1, capacity
+        free -= s
+    return rows
+
+
+def first_fit_decreasing(lengths, capacity) -> int:
+    free = np.empty(len(lengths), dtype=np.int64)
+    rows = 0
+    for s in np.sort(lengths)[::-1].tolist():
+        fits = np.flatnonzero(free[:rows] >= s)
+        if fits.size:
+            free[fits[0]] -= s
+        else:
+            free[rows] = capacity - s
+            rows += 1
+    return rows
+
+
+def timed(fn, *args, repeat=1):
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn(*args)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=1_000_000)
+    parser.add_argument("--capacity", type=int, default=4096)
+    parser.add_argument("--ffd-subset", type=int, default=50_000)
+    args = parser.parse_args()
+    cap = args.capacity
+
+    lengths = load_realistic_lengths()(args.samples, capacity=cap)
+    tokens = int(lengths.sum())
+    bound = -(-tokens // cap)
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    print(f"lengths: {len(lengths):,} samples, {tokens:,} tokens, mean {lengths.mean():.0f},"
+          f" p50 {p50:.0f}, p90 {p90:.0f}, p99 {p99:.0f}, max {lengths.max()}; capacity {cap}")
+    print(f"volume lower bound: {bound:,} rows")
+
+    t_pack, plan = timed(pack, lengths, cap, repeat=3)
+    print(f"pack (best-fit decreasing): {t_pack:.3f} s (best of 3), {plan.rows:,} rows,"
+          f" fill {plan.fill:.6f}, pad {plan.pad_tokens:,} tokens,"
+          f" rows / lower bound {plan.rows / bound:.6f}")
+
+    t_next, next_rows = timed(next_fit_in_order, lengths.tolist(), cap)
+    next_fill = tokens / (next_rows * cap)
+    print(f"baseline next-fit in input order: {t_next:.3f} s, {next_rows:,} rows, fill {next_fill:.6f}")
+    print(f"  pack vs next-fit: time x{t_pack / t_next:.2f}, rows x{plan.rows / next_rows:.4f},"
+          f" pad tokens x{plan.pad_tokens / (next_rows * cap - tokens):.4f}")
+
+    subset = lengths[: args.ffd_subset]
+    t_sub, sub_plan = timed(pack, subset, cap, repeat=3)
+    t_ffd, ffd_rows = timed(first_fit_decreasing, subset, cap)
+    print(f"subset of {len(subset):,}: pack {t_sub:.3f} s, {sub_plan.rows:,} rows;"
+          f" naive first-fit decreasing {t_ffd:.3f} s, {ffd_rows:,} rows")
+    print(f"  pack vs naive FFD: {t_ffd / t_sub:.1f}x faster, rows x{sub_plan.rows / ffd_rows:.4f}")
+
+    stress = np.random.default_rng(1).integers(1, cap + 1, args.samples)
+    t_stress, stress_plan = timed(pack, stress, cap)
+    print(f"stress, {args.samples:,} lengths uniform in 1..{cap}: pack {t_stress:.3f} s,"
+          f" {stress_plan.rows:,} rows, fill {stress_plan.fill:.6f}")
+
+
+if __name__ == "__main__":
+    main()

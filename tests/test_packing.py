@@ -1,0 +1,264 @@
+"""Tests for qwen_data.packing: validity of every plan, exactness of the best-fit emulation,
+determinism, edge cases, fill on realistic SFT lengths, and the layout megatron-core reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qwen_data.packing import PackPlan, pack
+
+PAD_ID = 151654
+
+
+def realistic_sft_lengths(n: int, capacity: int = 4096, seed: int = 0) -> np.ndarray:
+    """Token lengths of n chat-templated SFT samples, a mix of three log-normals.
+
+    Calibrated on published dataset sizes (bytes / examples on the Hugging Face dataset cards),
+    at ~4 characters per Qwen token for English, plus ~30 tokens of chat-template markup:
+      * 45% single-turn instructions, like Alpaca (47.8 MB / 52,002 examples with the text
+        stored twice: ~360 characters, ~120 tokens) and Alpaca-GPT4 (88.6 MB / 52,002:
+        ~760 characters, ~220 tokens): median 150, sigma 0.75 (mean ~200).
+      * 35% multi-turn assistant chats, like UltraChat-200k train_sft (1,397 MB / 207,865,
+        the first prompt stored twice: ~6,000 characters, ~1,500 tokens): median 1,200,
+        sigma 0.65 (mean ~1,480).
+      * 20% long-tailed real-user chats and code, like ShareGPT: median 700, sigma 1.1
+        (mean ~1,280, p99 ~9,000 before the cut).
+    Samples longer than `capacity` are dropped, as `--overlong drop` does. At capacity 4096 the
+    result has median ~410, p90 ~1,900, p99 ~3,500, mean ~745 tokens.
+    """
+    rng = np.random.default_rng(seed)
+    medians = np.array([150.0, 1200.0, 700.0])
+    sigmas = np.array([0.75, 0.65, 1.1])
+    kept, have = [], 0
+    while have < n:
+        kind = rng.choice(3, size=n, p=[0.45, 0.35, 0.20])
+        draw = np.rint(medians[kind] * np.exp(sigmas[kind] * rng.standard_normal(n)))
+        draw = draw[(draw >= 1) & (draw <= capacity)].astype(np.int64)
+        kept.append(draw)
+        have += len(draw)
+    return np.concatenate(kept)[:n]
+
+
+def assert_valid(plan: PackPlan, lengths, capacity: int) -> None:
+    """Everything a consumer relies on, checked from scratch."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    assert plan.capacity == capacity
+    assert np.array_equal(np.sort(plan.order), np.arange(n)), "every sample exactly once"
+    assert plan.row_sizes.sum() == n and (plan.row_sizes >= 1).all()
+    rows = list(plan)
+    assert len(rows) == plan.rows
+    loads = np.array([lengths[r].sum() for r in rows], dtype=np.int64)
+    assert np.array_equal(loads, plan.row_tokens)
+    assert (loads <= capacity).all(), "no row over capacity"
+    assert plan.tokens == lengths.sum()
+    assert plan.pad_tokens == plan.rows * capacity - lengths.sum()
+    # Documented order: index order inside a row, rows by their smallest index.
+    assert all((np.diff(r) > 0).all() for r in rows)
+    assert (np.diff([r[0] for r in rows]) > 0).all()
+    # Any-fit property of best fit: a row is opened only when the sample fits nowhere, so no two
+    # rows could have been merged (at most one row is half empty).
+    if plan.rows >= 2:
+        two_lightest = np.sort(loads)[:2]
+        assert two_lightest.sum() > capacity
+
+
+def naive_best_fit_decreasing(lengths, capacity) -> list[int]:
+    """Textbook BFD, one sample at a time; returns the sorted row loads."""
+    free: list[int] = []
+    for s in sorted(lengths, reverse=True):
+        fits = [i for i, r in enumerate(free) if r >= s]
+        if fits:
+            free[min(fits, key=lambda i: free[i])] -= s
+        else:
+            free.append(capacity - s)
+    return sorted(capacity - r for r in free)
+
+
+def naive_first_fit_decreasing(lengths, capacity) -> int:
+    """Textbook FFD; returns the row count."""
+    free: list[int] = []
+    for s in sorted(lengths, reverse=True):
+        for i, r in enumerate(free):
+            if r >= s:
+                free[i] -= s
+                break
+        else:
+            free.append(capacity - s)
+    return len(free)
+
+
+def next_fit_in_order(lengths, capacity) -> int:
+    """Concatenate in input order, start a new row when the sample does not fit; row count."""
+    rows, free = 0, 0
+    for s in lengths:
+        if s > free:
+            rows, free = rows + 1, capacity
+        free -= s
+    return rows
+
+
+def test_hand_worked_example():
+    # Longest first: 8, 7, 5 open rows A, B, C (free 2, 3, 5); 4 -> C (5), 3 -> B (3),
+    # 2 -> A (2), 1 -> C (1). Rows by smallest index: C {0,5,6}, B {1,4}, A {2,3}.
+    plan = pack([5, 3, 8, 2, 7, 1, 4], 10)
+    assert plan.order.tolist() == [0, 5, 6, 1, 4, 2, 3]
+    assert plan.row_sizes.tolist() == [3, 2, 2]
+    assert plan.row_tokens.tolist() == [10, 10, 10]
+    assert plan.rows == 3 and plan.fill == 1.0 and plan.pad_tokens == 0
+
+
+def test_same_input_same_plan_whatever_the_container():
+    lengths = realistic_sft_lengths(5000, seed=3)
+    reference = pack(lengths, 4096)
+    for variant in (lengths.astype(np.int32), lengths.astype(np.uint16), lengths.tolist()):
+        again = pack(variant, 4096)
+        assert np.array_equal(again.order, reference.order)
+        assert np.array_equal(again.row_sizes, reference.row_sizes)
+    assert_valid(reference, lengths, 4096)
+
+
+def test_order_of_input_changes_rows_but_not_their_loads():
+    lengths = realistic_sft_lengths(3000, seed=4)
+    shuffled = np.random.default_rng(0).permutation(len(lengths))
+    a, b = pack(lengths, 4096), pack(lengths[shuffled], 4096)
+    assert np.array_equal(np.sort(a.row_tokens), np.sort(b.row_tokens))
+
+
+def test_empty_input():
+    plan = pack([], 4096)
+    assert plan.rows == 0 and plan.tokens == 0 and plan.pad_tokens == 0 and plan.fill == 0.0
+    assert list(plan) == []
+    seq, per_doc = plan.sequence_layout([])
+    assert len(seq) == 0 and len(per_doc) == 0
+
+
+def test_every_sample_exactly_capacity():
+    plan = pack([64] * 5, 64)
+    assert plan.order.tolist() == [0, 1, 2, 3, 4]
+    assert plan.row_sizes.tolist() == [1] * 5
+    assert plan.fill == 1.0 and plan.pad_tokens == 0
+
+
+def test_one_sample():
+    plan = pack([7], 4096)
+    assert plan.order.tolist() == [0] and plan.row_sizes.tolist() == [1]
+    assert plan.pad_tokens == 4089 and plan.fill == pytest.approx(7 / 4096)
+
+
+def test_many_tiny_samples_fill_rows_completely():
+    plan = pack(np.ones(10_000, dtype=np.int64), 4096)
+    assert plan.row_sizes.tolist() == [4096, 4096, 1808]
+    assert np.array_equal(plan.order, np.arange(10_000))
+    assert_valid(plan, np.ones(10_000), 4096)
+
+
+def test_capacity_one():
+    plan = pack([1, 1, 1], 1)
+    assert plan.row_sizes.tolist() == [1, 1, 1] and plan.fill == 1.0
+
+
+@pytest.mark.parametrize(
+    "lengths, capacity, message",
+    [
+        ([10, 0, 3], 16, "sample 1 has length 0"),
+        ([10, 3, -2], 16, "sample 2 has length -2"),
+        ([10, 17, 3, 40], 16, "sample 1 has length 17 and exceeds the row capacity 16 (2 such"),
+        ([1.5, 2.0], 16, "integers"),
+        ([[1, 2]], 16, "one-dimensional"),
+        ([1, 2], 0, "capacity"),
+        ([1, 2], True, "capacity"),
+        ([1, 2], 4.0, "capacity"),
+    ],
+)
+def test_bad_input_is_rejected_by_name(lengths, capacity, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        pack(lengths, capacity)
+
+
+def test_matches_textbook_best_fit_and_never_loses_to_first_fit():
+    """Random small inputs (fixed seed): the bucketed algorithm gives exactly the row loads of
+    item-by-item BFD, so the grouping shortcut changes nothing. No theorem orders BFD and FFD in
+    general, but on these 2,000 inputs (and 300,000 more tried while writing this) BFD never
+    needs more rows than FFD; the next test shows an input where it needs fewer."""
+    rng = np.random.default_rng(12345)
+    for _ in range(2000):
+        capacity = int(rng.integers(1, 48))
+        n = int(rng.integers(0, 24))
+        low = max(1, capacity // 8)
+        lengths = rng.integers(low, max(low, capacity // 2 + 1) + 1, n).clip(1, capacity)
+        plan = pack(lengths, capacity)
+        assert_valid(plan, lengths, capacity)
+        assert sorted(plan.row_tokens.tolist()) == naive_best_fit_decreasing(lengths.tolist(), capacity)
+        assert plan.rows <= naive_first_fit_decreasing(lengths.tolist(), capacity)
+        assert plan.rows >= -(-int(lengths.sum()) // capacity)  # the volume bound
+
+
+def test_best_fit_beats_first_fit_where_it_should():
+    # FFD puts 5 in the first row that fits (17's, free 7), stranding 3 in a third row;
+    # BFD puts it where it fits tightest (11+8's, free 5) and 4 + 3 then close 17's row.
+    lengths = [17, 11, 8, 5, 4, 3]
+    assert naive_first_fit_decreasing(lengths, 24) == 3
+    plan = pack(lengths, 24)
+    assert plan.rows == 2 and plan.fill == 1.0
+
+
+def test_realistic_mix_fills_rows_at_4096():
+    lengths = realistic_sft_lengths(100_000)
+    assert 300 < np.median(lengths) < 600 and 3000 < np.percentile(lengths, 99) <= 4096
+    plan = pack(lengths, 4096)
+    assert_valid(plan, lengths, 4096)
+    assert plan.fill >= 0.99
+    # The threshold means something: packing in input order wastes far more.
+    assert lengths.sum() / (next_fit_in_order(lengths, 4096) * 4096) < 0.9
+
+
+def test_sequence_layout_appends_one_pad_sequence_to_rows_not_full():
+    lengths = [6, 4, 9, 3, 10]
+    plan = pack(lengths, 10)
+    # Longest first: 10 fills a row, 9 opens one (free 1), 6 opens one (free 4), 4 -> it, 3 opens one.
+    assert [r.tolist() for r in plan] == [[0, 1], [2], [3], [4]]
+    seq, per_doc = plan.sequence_layout(lengths)
+    assert seq.tolist() == [6, 4, 9, 1, 3, 7, 10]
+    assert per_doc.tolist() == [2, 2, 2, 1]
+
+
+def test_packed_rows_read_back_through_megatron_core(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from qwen_data.indexed import IndexedDatasetWriter
+
+    capacity = 512
+    lengths = realistic_sft_lengths(300, capacity=capacity, seed=7)
+    samples = [np.full(length, i + 1, dtype=np.int32) for i, length in enumerate(lengths)]
+    plan = pack(lengths, capacity)
+    rows = []
+    for members, load in zip(plan, plan.row_tokens):
+        rows += [samples[i] for i in members] + [np.full(capacity - load, PAD_ID, dtype=np.int32)]
+    seq, per_doc = plan.sequence_layout(lengths)
+
+    prefix = str(tmp_path / "packed")
+    writer = IndexedDatasetWriter(prefix + ".bin", prefix + ".idx", np.int32)
+    writer.add_batch(np.concatenate(rows), seq, per_doc)
+    writer.finalize()
+
+    dataset = IndexedDataset(prefix)
+    documents = dataset.document_indices
+    assert len(documents) == plan.rows + 1
+    for row, members in enumerate(plan):
+        first, end = documents[row], documents[row + 1]
+        got = [dataset[k] for k in range(first, end)]
+        assert sum(len(g) for g in got) == capacity
+        for k, i in enumerate(members):
+            assert np.array_equal(got[k], samples[i])
+        if end - first > len(members):
+            assert end - first == len(members) + 1 and (got[-1] == PAD_ID).all()
+
+
+def test_sequence_layout_refuses_other_lengths():
+    plan = pack([6, 4, 9, 3, 10], 10)
+    with pytest.raises(ValueError, match="not the lengths"):
+        plan.sequence_layout([6, 4, 9, 3])
+    with pytest.raises(ValueError, match="not the lengths"):
+        plan.sequence_layout([6, 4, 9, 3, 9])

@@ -1,0 +1,122 @@
+"""Our encoding equals Hugging Face `tokenizers` on the same files, for every flavour and policy."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from multilingual import SPECIAL_LITERALS, corpus
+from qwen_data.tokenizer import (
+    DEFAULT_PAD_ID,
+    QwenTokenizer,
+    TokenizerConfig,
+    TokenizerNotFound,
+    bundled_tokenizer_dir,
+)
+
+TEXTS = corpus(600, seed=1)
+
+
+def hf_reference(flavour: str) -> Tokenizer:
+    """HF tokenizers on the bundled files, its added tokens cut to the flavour's set.
+
+    The Qwen3 files are the genuine ones; Qwen2.5's and Qwen2's tokenizers are the same BPE with the
+    first 22 and 3 added tokens.
+    """
+    with open(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    keep = {"qwen2": 3, "qwen2.5": 22, "qwen3": 26}[flavour]
+    spec["added_tokens"] = spec["added_tokens"][:keep]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def hf_plain_text(hf: Tokenizer, text: str) -> list[int]:
+    """HF's own normalizer, pre-tokenizer and BPE model with no added-token matching: literal
+    special strings are ordinary characters."""
+    ids = []
+    for piece, _ in hf.pre_tokenizer.pre_tokenize_str(hf.normalizer.normalize_str(text)):
+        ids.extend(t.id for t in hf.model.tokenize(piece))
+    return ids
+
+
+def split(flat, lengths):
+    return [a.tolist() for a in np.split(flat, np.cumsum(lengths)[:-1])] if len(lengths) else []
+
+
+def test_corpus_covers_the_hard_cases():
+    joined = "".join(TEXTS)
+    for needle in ["的", "ا", "😀", "\u0301", "\u00a0", " " * 30, "def ", "<|im_end|>", "<think>"]:
+        assert needle in joined
+
+
+@pytest.mark.parametrize("backend", ["gigatoken", "hf"])
+@pytest.mark.parametrize("flavour", ["qwen3", "qwen2.5", "qwen2"])
+def test_parse_policy_matches_hf(flavour, backend):
+    ours = QwenTokenizer(TokenizerConfig(flavour=flavour, backend=backend))
+    hf = hf_reference(flavour)
+    got = split(*ours.encode_batch(TEXTS, special="parse"))
+    want = [e.ids for e in hf.encode_batch(TEXTS, add_special_tokens=False)]
+    assert got == want
+
+
+@pytest.mark.parametrize("backend", ["gigatoken", "hf"])
+def test_text_policy_matches_hf_without_added_tokens(backend):
+    ours = QwenTokenizer(TokenizerConfig(backend=backend))
+    hf = Tokenizer.from_file(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"))
+    got = split(*ours.encode_batch(TEXTS, special="text"))
+    assert got == [hf_plain_text(hf, t) for t in TEXTS]
+
+
+def test_flavour_decides_what_is_special():
+    text = "a<think>b</think><|im_end|>"
+    q3 = QwenTokenizer(TokenizerConfig(flavour="qwen3")).encode(text).tolist()
+    q25 = QwenTokenizer(TokenizerConfig(flavour="qwen2.5")).encode(text).tolist()
+    assert 151667 in q3 and 151667 not in q25
+    assert q3[-1] == q25[-1] == 151645
+
+
+def test_facts():
+    tok = QwenTokenizer()
+    assert tok.flavour == "qwen3" and tok.vocab_size == 151669 and tok.eod_id == 151643
+    assert tok.token_id("<|im_end|>") == 151645 and tok.token_id("<|vision_pad|>") == DEFAULT_PAD_ID
+    assert QwenTokenizer(TokenizerConfig(flavour="qwen2.5")).vocab_size == 151665
+    for literal in SPECIAL_LITERALS[:11]:
+        assert tok.find_special("x" + literal + "y") is not None
+    assert tok.find_special("plain <|im_end text") is None
+    # Every id's byte length, summed, is the UTF-8 length of the NFC text.
+    import unicodedata
+
+    lengths = tok.token_byte_lengths()
+    for text in TEXTS[:100]:
+        ids = tok.encode(text, special="text")
+        assert lengths[ids].sum() == len(unicodedata.normalize("NFC", text).encode("utf-8"))
+
+
+def test_local_directory_and_hub_cache(tmp_path, monkeypatch):
+    local = tmp_path / "mytok"
+    local.mkdir()
+    for name in os.listdir(bundled_tokenizer_dir()):
+        (local / name).write_bytes(open(os.path.join(bundled_tokenizer_dir(), name), "rb").read())
+    tok = QwenTokenizer(TokenizerConfig(name=str(local)))
+    assert tok.sha256 == QwenTokenizer().sha256
+    assert tok.encode("hello world").tolist() == [14990, 1879]
+
+    # A Hub name resolves only through the local cache; nothing is downloaded.
+    cache = tmp_path / "hub"
+    snap = cache / "models--Qwen--Qwen3-0.6B" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    for name in os.listdir(local):
+        (snap / name).write_bytes((local / name).read_bytes())
+    (cache / "models--Qwen--Qwen3-0.6B" / "refs").mkdir()
+    (cache / "models--Qwen--Qwen3-0.6B" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))
+    tok = QwenTokenizer(TokenizerConfig(name="Qwen/Qwen3-0.6B"))
+    assert tok.name == "Qwen/Qwen3-0.6B" and tok.sha256 == QwenTokenizer().sha256
+    with pytest.raises(TokenizerNotFound, match="never downloads"):
+        QwenTokenizer(TokenizerConfig(name="Qwen/Not-In-Cache"))
