@@ -143,6 +143,7 @@ def run(config: PretrainConfig) -> list[dict]:
     total_bytes = 0 if any(p.endswith(".gz") for p in config.inputs) else sum(map(os.path.getsize, config.inputs))
     progress = Progress(total_bytes, enabled=not config.quiet)
     special_records = 0
+    tokenizer.prepare("parse" if config.special_tokens == "parse" else "text")
     with AtomicOutputs(config.output_prefix) as outputs:
         writers = [
             IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), dtype) for p in prefixes

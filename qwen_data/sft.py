@@ -110,14 +110,8 @@ class ChunkResult:
 _worker: dict = {}
 
 
-def _init_worker(config: SFTConfig, tokenizer: QwenTokenizer, pad_id: int) -> None:
-    _worker.update(
-        config=config,
-        tokenizer=tokenizer,
-        pad_id=pad_id,
-        template=get_template(config.template, tokenizer.directory),
-        encoder=SampleEncoder(tokenizer, config.assistant_span, config.mask),
-    )
+def _init_worker(config: SFTConfig, tokenizer: QwenTokenizer, template, encoder: SampleEncoder, pad_id: int) -> None:
+    _worker.update(config=config, tokenizer=tokenizer, template=template, encoder=encoder, pad_id=pad_id)
 
 
 def process_chunk(chunk) -> ChunkResult:
@@ -243,13 +237,16 @@ def run(config: SFTConfig) -> dict:
     total_bytes = 0 if any(p.endswith(".gz") for p in config.inputs) else sum(map(os.path.getsize, config.inputs))
     progress = Progress(total_bytes, enabled=not config.quiet)
     prefix = config.output_prefix
+    tokenizer.prepare("parse")
+    encoder = SampleEncoder(tokenizer, config.assistant_span, config.mask)
     with AtomicOutputs(prefix) as outputs:
         samples = MaskedWriter(outputs, prefix + (".unpacked" if config.pack else ""), dtype)
         rejects = RejectLog(outputs.tmp(prefix + ".rejects.jsonl"), config.max_rejects)
         all_lengths, truncated = [], 0
         results = ordered_map(
             process_chunk, read_chunks(config.inputs, config.chunk_bytes), config.workers,
-            initializer=_init_worker, initargs=(config, tokenizer, pad_id), tasks_per_worker=TASKS_PER_WORKER,
+            initializer=_init_worker, initargs=(config, tokenizer, template, encoder, pad_id),
+            tasks_per_worker=TASKS_PER_WORKER,
         )
         for result in results:
             samples.add_batch(result.ids, result.mask, result.lengths)

@@ -166,6 +166,7 @@ def _tool_responses(out: _Segments, messages: list[dict], i: int, content: str) 
 
 
 def _call_function(call: dict) -> dict:
+    # Qwen3 tests `tool_call.function` for truth; Qwen2.5 tests `is defined` (inlined there)
     function = call.get("function")
     return function if function else call
 
@@ -514,23 +515,31 @@ def render_samples(
     last:     one sample, the whole conversation, only the final assistant turn trained.
     split:    one sample per assistant turn: the conversation cut right after that turn, only
               that turn trained, so each trained turn is rendered as at inference.
+
+    enable_thinking=False: the official Qwen3 template renders whole conversations the same
+    either way (the flag only changes its generation prompt, which then ends with an empty
+    think block). Here it means non-thinking-mode data, as in LLaMA-Factory: an empty think
+    block `<think>\n\n</think>\n\n` is prompt (CONTEXT), not trained. The text is unchanged.
     """
+    if history not in HISTORY_MODES:
+        raise ValueError(f"unknown history mode {history!r}; expected one of {HISTORY_MODES}")
     count = len(conversation.assistant_indices)
-    if history == "rendered":
-        turns = frozenset(range(count))
-        return [Sample(template.render(conversation, enable_thinking=enable_thinking, label_turns=turns), turns)]
-    if history == "last":
-        turns = frozenset({count - 1})
-        return [Sample(template.render(conversation, enable_thinking=enable_thinking, label_turns=turns), turns)]
     if history == "split":
-        samples = []
-        for turn, k in enumerate(conversation.assistant_indices):
-            part = Conversation(conversation.messages[: k + 1], conversation.tools)
-            turns = frozenset({turn})
-            samples.append(Sample(template.render(part, enable_thinking=enable_thinking, label_turns=turns), turns))
-        return samples
-    raise ValueError(f"unknown history mode {history!r}; expected one of {HISTORY_MODES}")
+        parts = [
+            (Conversation(conversation.messages[: k + 1], conversation.tools), frozenset({turn}))
+            for turn, k in enumerate(conversation.assistant_indices)
+        ]
+    else:
+        parts = [(conversation, frozenset(range(count)) if history == "rendered" else frozenset({count - 1}))]
+    samples = []
+    for part, turns in parts:
+        segments = template.render(part, enable_thinking=enable_thinking, label_turns=turns)
+        if enable_thinking is False:
+            segments = [
+                Segment(s.text, CONTEXT, -1) if s.kind == THINK and s.text == _EMPTY_THINK else s for s in segments
+            ]
+        samples.append(Sample(segments, turns))
+    return samples
 
 
-def oracle_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+_EMPTY_THINK = "<think>\n\n</think>\n\n"

@@ -193,6 +193,10 @@ class QwenTokenizer:
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
         return self.encode_batch([text], special)[0]
 
+    def prepare(self, special: str) -> None:
+        """Build and warm the backend now, so forked workers inherit it instead of each loading it."""
+        self.encode_batch(["warm up"], special)
+
     def _backend(self, special: str):
         if special not in ("text", "parse"):
             raise ValueError(f"special-token handling must be 'text' or 'parse', not {special!r}")
