@@ -513,17 +513,19 @@ def budget_rows(blend: Blend, budget: Budget) -> list[dict]:
     return rows
 
 
-def format_budget(rows: list[dict], fraction_note: str) -> list[str]:
-    width = max(len("source"), *(len(r["prefix"]) for r in rows))
-    lines = [f"{'source':<{width}}  {'weight':>8}  {'tokens%':>7}  {'tokens avail' + fraction_note:>14}  "
-             f"{'samples':>12}  {'tokens used':>14}  {'epochs':>7}"]
-    for r in rows:
-        samples = "-" if r["samples"] is None else f"{r['samples']:,.0f}"
-        lines.append(f"{r['prefix']:<{width}}  {r['weight']:8.4f}  {100 * r['share']:6.2f}%  "
-                     f"{r['available_tokens']:14,.0f}  {samples:>12}  {r['tokens']:14,.0f}  {r['epochs']:7.3f}")
-    for r in rows:
-        if r["epochs"] > 1:
-            lines.append(f"note: {r['prefix']} is repeated {r['epochs']:.2f} times")
+def format_budget(rows: list[dict], approximate: bool) -> list[str]:
+    columns = [("source", "<", lambda r: r["prefix"]),
+               ("weight", ">", lambda r: f"{r['weight']:.4f}"),
+               ("tokens%", ">", lambda r: f"{100 * r['share']:.2f}%"),
+               ("tokens avail" + (" (≈)" if approximate else ""), ">", lambda r: f"{r['available_tokens']:,.0f}"),
+               ("samples", ">", lambda r: "-" if r["samples"] is None else f"{r['samples']:,.0f}"),
+               ("tokens used", ">", lambda r: f"{r['tokens']:,.0f}"),
+               ("epochs", ">", lambda r: f"{r['epochs']:.3f}")]
+    cells = [[title for title, _, _ in columns]] + [[get(r) for _, _, get in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(f"{cell:{align}{w}}" for cell, (_, align, _), w in zip(row, columns, widths)).rstrip()
+             for row in cells]
+    lines += [f"note: {r['prefix']} is repeated {r['epochs']:.2f} times" for r in rows if r["epochs"] > 1]
     return lines
 
 
@@ -595,9 +597,13 @@ def run(args) -> int:
     print("Megatron-LM flags: " + " ".join(megatron_flags(blend, paths)))
     if blend.split is None and "valid" not in blend.splits:
         print("note: no validation data (give --valid PREFIX ... or --split 98,2,0)")
+    train = {e.source.prefix for e in blend.splits["train"]}
+    for name in ("valid", "test"):
+        shared = [e.source.prefix for e in blend.splits.get(name) or () if e.source.prefix in train]
+        if shared:
+            print(f"warning: {name} prefixes also trained on: {', '.join(shared)}")
     if budget is not None:
-        note = "" if blend.split is None else " (≈)"
-        for line in format_budget(budget_rows(blend, budget), note):
+        for line in format_budget(budget_rows(blend, budget), approximate=blend.split is not None):
             print(line)
     return 0
 

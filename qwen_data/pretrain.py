@@ -25,8 +25,9 @@ from .records import DEFAULT_CHUNK_BYTES, RejectLog, check_inputs, parse_line, r
 from .tokenizer import DEFAULT_PAD_ID, EOD_TOKEN, SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig
 from .workers import ordered_map
 
-# Workers restart after this many chunks, which bounds the tokenizer's pretoken cache.
-TASKS_PER_WORKER = 64
+# Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with
+# the text a worker has seen, and restarting bounds it, so peak memory does not grow with the corpus.
+TASKS_PER_WORKER = 16
 
 
 @dataclass

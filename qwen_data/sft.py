@@ -31,7 +31,7 @@ from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, get_template, 
 from .tokenizer import DEFAULT_PAD_ID, QwenTokenizer, TokenizerConfig
 from .workers import ordered_map
 
-TASKS_PER_WORKER = 64
+TASKS_PER_WORKER = 16
 # The smallest Qwen embedding table (Qwen2.5 0.5B-3B, all Qwen3): a pad id must index a row.
 MIN_EMBEDDING_ROWS = 151936
 # Tokens the chat templates themselves produce: a pad among them would collide with real data.

@@ -119,8 +119,11 @@ class QwenTokenizer:
         self.config = config
         self.name, self.directory = resolve_tokenizer_dir(config.name)
         with open(os.path.join(self.directory, "tokenizer.json"), encoding="utf-8") as f:
-            self._json = json.load(f)
-        added = {t["content"]: t["id"] for t in self._json.get("added_tokens", [])}
+            # Kept as text, never as a parsed dict: the main process forks the workers, and every
+            # megabyte it holds shows up again in each worker's resident size.
+            self._json_text = f.read()
+        self._added_span, added_list = _find_added_tokens(self._json_text)
+        added = {t["content"]: t["id"] for t in added_list}
         detected = detect_flavour(set(added.values()))
         self.flavour = config.flavour or detected
         if self.flavour not in FLAVOUR_ADDED_TOKENS:
@@ -164,9 +167,13 @@ class QwenTokenizer:
 
     def token_byte_lengths(self) -> np.ndarray:
         """Bytes each id stands for (byte-level BPE: one vocabulary character per byte)."""
+        from tokenizers import Tokenizer
+
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
-        for piece, i in self._json["model"]["vocab"].items():
-            lengths[i] = len(piece)
+        vocab = Tokenizer.from_str(self._spec("text")).get_vocab(with_added_tokens=False)
+        for piece, i in vocab.items():
+            if i < self.vocab_size:
+                lengths[i] = len(piece)
         for content, i in self.added_tokens.items():
             lengths[i] = len(content.encode("utf-8"))
         return lengths
@@ -193,6 +200,13 @@ class QwenTokenizer:
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
         return self.encode_batch([text], special)[0]
 
+    def _spec(self, special: str) -> str:
+        """tokenizer.json with the added tokens this policy treats as control tokens: the flavour's
+        for "parse", none for "text" (every literal is then split by the regular BPE)."""
+        start, end = self._added_span
+        keep = [t for t in json.loads(self._json_text[start:end]) if t["content"] in self.added_tokens]
+        return self._json_text[:start] + json.dumps(keep if special == "parse" else []) + self._json_text[end:]
+
     def prepare(self, special: str) -> None:
         """Build and warm the backend now, so forked workers inherit it instead of each loading it."""
         self.encode_batch(["warm up"], special)
@@ -201,22 +215,26 @@ class QwenTokenizer:
         if special not in ("text", "parse"):
             raise ValueError(f"special-token handling must be 'text' or 'parse', not {special!r}")
         if special not in self._backends:
-            spec = dict(self._json)
-            # "text": no added vocabulary at all, so every literal is split by the regular BPE.
-            spec["added_tokens"] = (
-                [t for t in self._json["added_tokens"] if t["content"] in self.added_tokens]
-                if special == "parse"
-                else []
-            )
-            # Post-processors may add BOS/EOS templates; Qwen adds none, and we add eod ourselves.
-            spec["post_processor"] = None
-            text = json.dumps(spec)
             if self.config.backend == "gigatoken":
                 import gigatoken
 
-                self._backends[special] = gigatoken.Tokenizer.from_json(text)
+                self._backends[special] = gigatoken.Tokenizer.from_json(self._spec(special))
             else:
                 from tokenizers import Tokenizer
 
-                self._backends[special] = Tokenizer.from_str(text)
+                self._backends[special] = Tokenizer.from_str(self._spec(special))
         return self._backends[special]
+
+
+def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:
+    """Where the top-level "added_tokens" array sits in tokenizer.json text, and its entries."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r'"added_tokens"\s*:\s*\[', text):
+        start = match.end() - 1
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        if isinstance(value, list) and all(isinstance(t, dict) and "id" in t and "content" in t for t in value):
+            return (start, end), value
+    return (0, 0), []

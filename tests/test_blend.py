@@ -1,0 +1,243 @@
+"""`qwen-data blend` on prefixes written by the real `qwen-data pretrain` / `sft` CLIs."""
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from qwen_data.blend import BlendError, parse_split, plan_blend, read_blend
+from qwen_data.cli import main
+
+WORDS = ("data model token river stone light cloud number garden window paper music "
+         "北京 数据 模型 Grüße café naïve 東京 δεδομένα данные").split()
+
+
+def words(rng, n):
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def write_jsonl(path, records):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return str(path)
+
+
+def corpus(path, seed, documents, longest):
+    rng = random.Random(seed)
+    return write_jsonl(path, [{"text": words(rng, rng.randint(1, longest))} for _ in range(documents)])
+
+
+def chats(path, seed, count, longest):
+    """Alpaca records and multi-turn chats of varied lengths."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(count):
+        if i % 2:
+            records.append({"instruction": words(rng, rng.randint(1, longest)), "input": "",
+                            "output": words(rng, rng.randint(1, longest))})
+        else:
+            turns = []
+            for _ in range(rng.randint(1, 3)):
+                turns += [{"role": "user", "content": words(rng, rng.randint(1, longest))},
+                          {"role": "assistant", "content": words(rng, rng.randint(1, longest))}]
+            records.append({"messages": turns})
+    return write_jsonl(path, records)
+
+
+def pretrain(inputs, prefix, *extra):
+    assert main(["pretrain", "--quiet", "--workers", "1", *map(str, inputs), "-o", str(prefix), *extra]) == 0
+    return str(prefix)
+
+
+def sft(inputs, prefix, *extra):
+    assert main(["sft", "--quiet", "--workers", "1", *map(str, inputs), "-o", str(prefix), *extra]) == 0
+    return str(prefix)
+
+
+def manifest(prefix):
+    with open(prefix + ".json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def copy_prefix(prefix, new, edit=None):
+    """A copy of a prefix's files, its manifest optionally edited."""
+    for suffix in (".bin", ".idx", ".lossmask.bin", ".lossmask.idx", ".json"):
+        if os.path.exists(prefix + suffix):
+            shutil.copyfile(prefix + suffix, new + suffix)
+    if edit:
+        m = manifest(new)
+        edit(m)
+        with open(new + ".json", "w", encoding="utf-8") as f:
+            json.dump(m, f)
+    return new
+
+
+@pytest.fixture(scope="module")
+def prefixes(tmp_path_factory):
+    d = tmp_path_factory.mktemp("blend")
+    web = pretrain([corpus(d / "web.jsonl", 1, 40, 60)], d / "web")
+    code = pretrain([corpus(d / "code.jsonl", 2, 12, 30)], d / "code")
+    chat_in = chats(d / "chats.jsonl", 3, 30, 40)
+    chat = sft([chat_in], d / "chat", "--seq-length", "256", "--pack")
+    tools = sft([chats(d / "tools.jsonl", 4, 20, 15)], d / "tools")
+    return {"dir": str(d), "web": web, "code": code, "chat": chat, "tools": tools}
+
+
+def blend(*args):
+    return main(["blend", *map(str, args)])
+
+
+def real_tokens(prefix):
+    m = manifest(prefix)
+    return m["tokens"] - (m.get("sft") or {}).get("pad_tokens", 0)
+
+
+def test_ratio_blend_files(prefixes, tmp_path):
+    out = tmp_path / "pretrain_blend.json"
+    assert blend(f"{prefixes['web']}=0.7", f"{prefixes['code']}=0.3", "--valid", prefixes["code"],
+                 "-o", out) == 0
+    per_split = json.loads(out.read_text())
+    # Megatron-LM's get_blend_and_blend_per_split indexes all three keys; lists of strings.
+    assert per_split == {"train": ["0.7", prefixes["web"], "0.3", prefixes["code"]],
+                         "valid": [prefixes["code"]], "test": None}
+    assert (tmp_path / "pretrain_blend.txt").read_text().split() == ["0.7", prefixes["web"], "0.3", prefixes["code"]]
+    record = json.loads((tmp_path / "pretrain_blend.qwen-data.json").read_text())
+    assert record["kind"] == "pretrain" and record["eod_id"] == 151643 and record["pad_id"] == 151654
+    train = record["splits"]["train"]
+    assert [e["fingerprint"] for e in train] == [manifest(prefixes[k])["fingerprint"] for k in ("web", "code")]
+    assert record["tokenizer"]["sha256"] == manifest(prefixes["web"])["tokenizer"]["sha256"]
+    assert record["megatron_args"] == ["--per-split-data-args-path", str(out)]
+
+
+def test_by_tokens_and_temperature(prefixes, tmp_path):
+    web, code = real_tokens(prefixes["web"]), real_tokens(prefixes["code"])
+    b = plan_blend([prefixes["web"], prefixes["code"]])  # no weights: by tokens
+    assert b.by == "tokens"
+    assert [e.weight for e in b.splits["train"]] == pytest.approx([web / (web + code), code / (web + code)])
+    for t in (0.5, 2.0, 5.0):
+        b = plan_blend([prefixes["web"], prefixes["code"]], temperature=t)
+        raw = [web ** (1 / t), code ** (1 / t)]
+        assert [e.weight for e in b.splits["train"]] == pytest.approx([r / sum(raw) for r in raw])
+    hot = plan_blend([prefixes["web"], prefixes["code"]], temperature=1000.0)
+    assert [e.weight for e in hot.splits["train"]] == pytest.approx([0.5, 0.5], abs=1e-3)
+
+
+def test_sft_weights_are_per_sample(prefixes):
+    """Ratios are token shares; Megatron weighs samples: convert by each source's tokens per sample."""
+    chat, tools = manifest(prefixes["chat"]), manifest(prefixes["tools"])
+    per_sample = [real_tokens(prefixes["chat"]) / chat["documents"], real_tokens(prefixes["tools"]) / tools["documents"]]
+    assert per_sample[0] > 2 * per_sample[1]  # packed rows against short single chats: a real difference
+    b = plan_blend([f"{prefixes['chat']}=0.7", f"{prefixes['tools']}=0.3"])
+    weights = [e.weight for e in b.splits["train"]]
+    raw = [0.7 / per_sample[0], 0.3 / per_sample[1]]
+    assert weights == pytest.approx([r / sum(raw) for r in raw])
+    # Drawing samples by these weights gives the asked token shares.
+    tokens = [w * t for w, t in zip(weights, per_sample)]
+    assert [t / sum(tokens) for t in tokens] == pytest.approx([0.7, 0.3])
+    # By tokens: every source consumed at the same rate, i.e. samples in proportion to documents.
+    b = plan_blend([prefixes["chat"], prefixes["tools"]], by="tokens")
+    docs = [chat["documents"], tools["documents"]]
+    assert [e.weight for e in b.splits["train"]] == pytest.approx([d / sum(docs) for d in docs])
+    # Unless the ratios are meant as samples.
+    b = plan_blend([f"{prefixes['chat']}=0.7", f"{prefixes['tools']}=0.3"], ratio_unit="samples")
+    assert [e.weight for e in b.splits["train"]] == pytest.approx([0.7, 0.3])
+
+
+def test_split_mode(prefixes, tmp_path):
+    out = tmp_path / "b.json"
+    out.write_text("stale")
+    assert blend(prefixes["web"], prefixes["code"], "--split", "98,2,0", "-o", out) == 0
+    assert not out.exists()  # a per-split file cannot carry a split: a stale one would drop it
+    record = read_blend(str(out))
+    assert record["split"] == "98,2,0" and not record["per_split"]
+    assert record["splits"]["train"][0] == [prefixes["web"], prefixes["code"]]
+    txt = read_blend(str(tmp_path / "b.txt"))
+    assert txt["splits"]["train"] == record["splits"]["train"] and txt["split"] is None
+
+
+def test_absolute_and_file_names(prefixes, tmp_path, monkeypatch):
+    monkeypatch.chdir(prefixes["dir"])
+    assert blend("web.bin", "code", "-o", tmp_path / "rel.json") == 0
+    assert json.loads((tmp_path / "rel.json").read_text())["train"][1::2] == ["web", "code"]
+    assert blend("web", "code", "--absolute", "-o", tmp_path / "abs.json") == 0
+    assert json.loads((tmp_path / "abs.json").read_text())["train"][1::2] == [prefixes["web"], prefixes["code"]]
+
+
+def test_budget(prefixes, capsys, tmp_path):
+    assert blend(f"{prefixes['web']}=0.75", f"{prefixes['code']}=0.25", "-o", tmp_path / "b.json",
+                 "--train-iters", 10, "--global-batch-size", 4, "--seq-length", 64) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(prefixes["dir"])}
+    for key, share in (("web", 0.75), ("code", 0.25)):
+        row = lines[prefixes[key]]
+        samples, used, epochs = float(row[-3].replace(",", "")), float(row[-2].replace(",", "")), float(row[-1])
+        assert samples == pytest.approx(40 * share, abs=0.5)
+        assert used == pytest.approx(40 * share * 64, abs=0.5)
+        assert epochs == pytest.approx(40 * share * 64 / real_tokens(prefixes[key]), abs=1e-3)
+    assert f"note: {prefixes['web']} is repeated" in out or 40 * 0.75 * 64 <= real_tokens(prefixes["web"])
+
+
+def test_split_budget_counts_only_the_train_part(prefixes, capsys, tmp_path):
+    assert blend(prefixes["chat"], "--split", "90,10", "-o", tmp_path / "b.json", "--train-samples", 7) == 0
+    row = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(prefixes["chat"])][-1]
+    assert float(row[-1]) == pytest.approx(7 / (manifest(prefixes["chat"])["documents"] * parse_split("90,10")[0]), abs=1e-3)
+
+
+def refusal(capsys, *args):
+    assert blend(*args) == 2
+    return capsys.readouterr().err
+
+
+def test_refuses_disagreeing_manifests(prefixes, tmp_path, capsys):
+    d = str(tmp_path)
+    other_pad = copy_prefix(prefixes["code"], d + "/pad", lambda m: m.update(pad_id=151643))
+    err = refusal(capsys, prefixes["web"], other_pad, "-o", d + "/b.json")
+    assert "pad id" in err and prefixes["web"] in err and other_pad in err
+    other_tok = copy_prefix(prefixes["code"], d + "/tok", lambda m: m["tokenizer"].update(sha256="0" * 64))
+    err = refusal(capsys, prefixes["web"], prefixes["code"], other_tok, "-o", d + "/b.json")
+    assert "tokenizer sha256" in err and other_tok in err and f"({prefixes['web']}, {prefixes['code']})" in err
+    assert "kind" in refusal(capsys, prefixes["web"], prefixes["chat"], "-o", d + "/b.json")
+    other_eod = copy_prefix(prefixes["code"], d + "/eod", lambda m: m.update(eod_id=151645))
+    assert "eod id" in refusal(capsys, prefixes["web"], "--valid", other_eod, "-o", d + "/b.json")
+    qwen3 = copy_prefix(prefixes["tools"], d + "/q3", lambda m: m["sft"].update(template="qwen3"))
+    err = refusal(capsys, prefixes["chat"], qwen3, "-o", d + "/b.json")
+    assert "chat template" in err and qwen3 in err
+    assert not os.path.exists(d + "/b.json") and not os.path.exists(d + "/b.txt")
+
+
+def test_refuses_missing_or_changed_files(prefixes, tmp_path, capsys):
+    d = str(tmp_path)
+    no_mask = copy_prefix(prefixes["tools"], d + "/nomask")
+    os.remove(no_mask + ".lossmask.idx")
+    assert "missing" in refusal(capsys, no_mask, "-o", d + "/b.json")
+    cut = copy_prefix(prefixes["web"], d + "/cut")
+    with open(cut + ".bin", "r+b") as f:
+        f.truncate(os.path.getsize(cut + ".bin") - 4)
+    assert "changed after" in refusal(capsys, cut, "-o", d + "/b.json")
+    assert "no manifest" in refusal(capsys, d + "/nothing", "-o", d + "/b.json")
+
+
+def test_refuses_bad_arguments(prefixes, tmp_path, capsys):
+    o = ["-o", str(tmp_path / "b.json")]
+    assert "exclude" in refusal(capsys, prefixes["web"], "--split", "98,2,0", "--valid", prefixes["code"], *o)
+    assert "needs a weight" in refusal(capsys, f"{prefixes['web']}=1", prefixes["code"], *o)
+    assert "exclude" in refusal(capsys, f"{prefixes['web']}=1", f"{prefixes['code']}=2", "--by", "tokens", *o)
+    assert "given twice" in refusal(capsys, prefixes["web"], prefixes["web"], *o)
+    assert "positive" in refusal(capsys, f"{prefixes['web']}=0", f"{prefixes['code']}=1", *o)
+    with pytest.raises(BlendError, match="whitespace"):
+        plan_blend(["a b"])
+
+
+def test_module_entry_point(prefixes, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-m", "qwen_data.blend", prefixes["web"], "-o", str(tmp_path / "m.json")],
+                         cwd=root, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "m.json").read_text())["train"] == [prefixes["web"]]
+    assert math.isclose(json.loads((tmp_path / "m.qwen-data.json").read_text())["splits"]["train"][0]["weight"], 1.0)

@@ -1,0 +1,354 @@
+"""train/data.py: megatron-core datasets over prefixes written by the real qwen-data CLIs.
+
+Expected samples are computed here from the raw .bin/.idx bytes (own parser), independently of
+megatron-core's reader and of train/data.py.
+"""
+
+import glob
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from test_blend import chats, copy_prefix, corpus, manifest, pretrain, sft
+from qwen_data.blend import BlendError
+from qwen_data.cli import main
+
+pytest.importorskip("megatron.core")
+from train import data  # noqa: E402  (imports megatron-core, ~8 s, once for the module)
+
+PAD, EOD = 151654, 151643
+
+
+def raw_documents(prefix):
+    """[[sequence array, ...] per document] straight from the files."""
+    with open(prefix + ".idx", "rb") as f:
+        idx = f.read()
+    assert idx[:9] == b"MMIDIDX\x00\x00"
+    dtype = {1: np.uint8, 4: np.int32}[idx[17]]
+    n, d = struct.unpack("<QQ", idx[18:34])
+    lengths = np.frombuffer(idx, np.int32, n, 34)
+    pointers = np.frombuffer(idx, np.int64, n, 34 + 4 * n)
+    doc_index = np.frombuffer(idx, np.int64, d, 34 + 12 * n)
+    values = np.fromfile(prefix + ".bin", dtype)
+    itemsize = np.dtype(dtype).itemsize
+    seqs = [values[p // itemsize: p // itemsize + n_] for p, n_ in zip(pointers, lengths)]
+    return [seqs[a:b] for a, b in zip(doc_index[:-1], doc_index[1:])]
+
+
+def expected_sft(tokens_seqs, mask_seqs, s):
+    """The sample one SFT document must give, written out token by token."""
+    toks, mask, seg = [], [], []
+    for k, (t, m) in enumerate(zip(tokens_seqs, mask_seqs)):
+        toks += t.tolist()
+        mask += m.tolist()
+        seg += [k] * len(t)
+    toks, mask, seg = toks[: s + 1], mask[: s + 1], seg[: s + 1]
+    while len(toks) < s + 1:
+        toks.append(PAD)
+        mask.append(0)
+        seg.append(-1)  # reader padding
+    loss = [1.0 if mask[i + 1] and seg[i + 1] == seg[i] and seg[i + 1] != -1 else 0.0 for i in range(s)]
+    positions, starts = [], []
+    for i in range(s):
+        if i == 0 or seg[i] != seg[i - 1]:
+            starts.append(i)
+            position = 0
+        positions.append(position)
+        position += 1
+    return {"tokens": toks[:s], "labels": toks[1:], "loss_mask": loss, "position_ids": positions,
+            "starts": starts, "same_segment": [seg[i] == seg[i + 1] for i in range(s - 1)]}
+
+
+def check_sft_epoch(dataset, prefix, s):
+    """Every sample is one document exactly as the files say; each document once per epoch."""
+    tokens_docs, mask_docs = raw_documents(prefix), raw_documents(prefix + ".lossmask")
+    expected = [expected_sft(t, m, s) for t, m in zip(tokens_docs, mask_docs)]
+    by_tokens = {}
+    for i, e in enumerate(expected):
+        by_tokens.setdefault(tuple(e["tokens"]), []).append(i)
+    seen = []
+    trained = 0.0
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        candidates = by_tokens[tuple(sample["tokens"].tolist())]
+        e = expected[candidates[0]]
+        seen.append(candidates[0] if len(candidates) == 1 else tuple(candidates))
+        assert sample["labels"].tolist() == e["labels"]
+        assert sample["loss_mask"].tolist() == e["loss_mask"]
+        assert sample["position_ids"].tolist() == e["position_ids"]
+        seg = sample["segment_ids"]
+        assert (seg[1:] == seg[:-1]).tolist() == e["same_segment"]
+        cu = sample["cu_seqlens"].tolist()
+        assert cu[: len(e["starts"])] == e["starts"] and set(cu[len(e["starts"]):]) == {s}
+        assert int(sample["max_seqlen"]) == max(np.diff(e["starts"] + [s]))
+        assert sample["tokens"].dtype == torch.int64 and sample["loss_mask"].dtype == torch.float32
+        trained += float(sample["loss_mask"].sum())
+    return seen, trained, sum(int(m.sum()) for doc in mask_docs for m in doc)
+
+
+@pytest.fixture(scope="module")
+def prefixes(tmp_path_factory):
+    d = tmp_path_factory.mktemp("train_data")
+    chat_in = chats(d / "chats.jsonl", 11, 40, 30)
+    return {
+        "dir": str(d),
+        "web": pretrain([corpus(d / "web.jsonl", 5, 60, 80)], d / "web"),
+        "code": pretrain([corpus(d / "code.jsonl", 6, 20, 40)], d / "code"),
+        "packed": sft([chat_in], d / "packed", "--seq-length", "128", "--pack"),
+        "unpacked": sft([chat_in], d / "unpacked"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["packed", "unpacked"])
+def test_sft_samples_equal_the_files(prefixes, kind):
+    prefix = prefixes[kind]
+    lengths = [sum(len(s) for s in doc) for doc in raw_documents(prefix)]
+    s = 128 if kind == "packed" else max(lengths) - 1  # the longest document: last token label-only
+    train, valid, test = data.build_datasets({"train": [prefix], "valid": None, "test": None}, s, None)
+    assert isinstance(train, data.SFTDataset) and valid is None and test is None
+    seen, trained, targets = check_sft_epoch(train, prefix, s)
+    assert sorted(seen) == list(range(len(lengths)))  # one epoch: every document once
+    assert trained == targets > 0  # no trained target lost or counted twice
+    if kind == "packed":  # the fixture does have rows ending in a pad sequence
+        assert any((doc[-1] == PAD).all() for doc in raw_documents(prefix))
+
+
+def write_sft_prefix(prefix, documents, like):
+    """An SFT prefix from [(tokens, mask, sequence lengths)], with `like`'s manifest fields."""
+    from qwen_data.indexed import IndexedDatasetWriter
+    from qwen_data.outputs import fingerprint
+
+    ids = IndexedDatasetWriter(prefix + ".bin", prefix + ".idx", np.int32)
+    mask = IndexedDatasetWriter(prefix + ".lossmask.bin", prefix + ".lossmask.idx", np.uint8)
+    for tokens, m, lengths in documents:
+        ids.add_document(tokens, lengths)
+        mask.add_document(m, lengths)
+    ids.finalize()
+    mask.finalize()
+    m = manifest(like)
+    m.update(documents=ids.documents, sequences=ids.sequences, tokens=ids.tokens,
+             fingerprint=fingerprint([prefix + ".idx", prefix + ".lossmask.idx"], [prefix + ".bin", prefix + ".lossmask.bin"]))
+    m["sft"].update(pad_tokens=0)
+    with open(prefix + ".json", "w") as f:
+        json.dump(m, f)
+    return prefix
+
+
+def test_sft_never_trains_across_sequences(prefixes, tmp_path):
+    """Targets at a sequence's first token (never written by qwen-data sft, but possible in the
+    format) are not trained: predicting them would cross into another sample."""
+    docs = [([1, 2, 3, 4, 5, 6, PAD, PAD], [1, 1, 1, 1, 1, 1, 0, 0], [3, 3, 2]),
+            ([7, 8, 9], [0, 1, 1], [3]),
+            ([10, 11, 12, 13, 14], [1, 1, 1, 1, 1], [1, 1, 3])]
+    prefix = write_sft_prefix(str(tmp_path / "synthetic"), docs, prefixes["packed"])
+    train, _, _ = data.build_datasets({"train": [prefix], "valid": None, "test": None}, 8, None)
+    seen, trained, _ = check_sft_epoch(train, prefix, 8)
+    assert sorted(seen) == [0, 1, 2]
+    # doc 0: targets 2,3 | 5,6 (not 4: it starts the second sequence); doc 1: 8, 9; doc 2: 13, 14
+    assert trained == 2 + 2 + 2 + 2
+
+
+def test_sft_overlong(prefixes):
+    prefix = prefixes["unpacked"]
+    longest = max(sum(len(s) for s in doc) for doc in raw_documents(prefix))
+    with pytest.raises(ValueError, match="exceed seq_length"):
+        data.build_datasets([prefix], longest - 2, 4, 1, 1, split="80,10,10")
+    blend = {"train": [prefix], "valid": None, "test": None}
+    with pytest.warns(UserWarning, match="truncated"):
+        train, _, _ = data.build_datasets(blend, longest - 2, None, overlong="truncate")
+    seen, trained, targets = check_sft_epoch(train, prefix, longest - 2)
+    assert trained < targets  # the cut document lost its final target(s)
+
+
+def test_sft_epochs_splits_and_loader(prefixes, tmp_path):
+    prefix = prefixes["unpacked"]
+    documents = manifest(prefix)["documents"]
+    train, valid, test = data.build_datasets([prefix], 256, 3 * documents, 2, None, split="90,10,0",
+                                             cache_dir=str(tmp_path))
+    n_train = round(0.9 * documents)
+    assert len(train) == 4 * n_train and len(valid) == documents - n_train and test is None
+    order = [int(i) for i in train.sample_index]
+    for epoch in range(4):  # every epoch a permutation of the train documents
+        assert sorted(order[epoch * n_train:(epoch + 1) * n_train]) == list(range(n_train))
+    assert set(int(i) for i in valid.sample_index) == set(range(n_train, documents))
+    again, _, _ = data.build_datasets([prefix], 256, 3 * documents, 2, None, split="90,10,0", cache_dir=str(tmp_path))
+    assert [int(i) for i in again.sample_index] == order  # from the cache, same order
+    batch = next(iter(torch.utils.data.DataLoader(train, batch_size=4, num_workers=1)))
+    assert batch["tokens"].shape == (4, 256) and batch["cu_seqlens"].shape == (4, 257)
+    padding = train[None]
+    assert padding["loss_mask"].sum() == 0
+
+
+def test_sft_weighted_blend(prefixes, tmp_path):
+    out = tmp_path / "sft_blend.json"
+    assert main(["blend", f"{prefixes['packed']}=0.5", f"{prefixes['unpacked']}=0.5", "--split", "90,10,0",
+                 "-o", str(out)]) == 0
+    train, valid, _ = data.build_datasets(str(out), 256, 50, 5, None, cache_dir=str(tmp_path / "cache"))
+    assert type(train).__name__ == "BlendedDataset" and len(train) >= 50
+    ids = {int(train[i]["dataset_id"]) for i in range(len(train))}
+    assert ids == {0, 1}
+    record = json.loads((tmp_path / "sft_blend.qwen-data.json").read_text())
+    assert train.weights == pytest.approx([e["weight"] for e in record["splits"]["train"]])
+
+
+def stream_check(sample, documents):
+    """A GPTDataset window is documents back to back: cut after each end of document, the inner
+    pieces are whole documents, the first ends one, the last begins one."""
+    window = sample["tokens"].tolist() + sample["labels"].tolist()[-1:]
+    pieces, current = [], []
+    for t in window:
+        current.append(t)
+        if t == EOD:
+            pieces.append(current)
+            current = []
+    if current:
+        pieces.append(current)
+    if len(pieces) == 1:
+        n = len(window)
+        assert any(d[i: i + n] == window for d in documents for i in range(len(d) - n + 1))
+        return
+    first, *inner, last = pieces
+    assert any(d[len(d) - len(first):] == first for d in documents)
+    assert all(piece in documents for piece in inner)
+    assert any(d[: len(last)] == last for d in documents)
+
+
+def docs_of(prefix):
+    return [np.concatenate(doc).tolist() for doc in raw_documents(prefix)]
+
+
+def test_pretrain_weighted_blend(prefixes, tmp_path):
+    out = tmp_path / "pretrain_blend.json"
+    assert main(["blend", f"{prefixes['web']}=0.7", f"{prefixes['code']}=0.3", "--split", "90,10,0",
+                 "-o", str(out)]) == 0
+    train, valid, test = data.build_datasets(str(out), 32, 200, 20, None, seed=7,
+                                             cache_dir=str(tmp_path / "cache"))
+    assert type(train).__name__ == "BlendedDataset" and len(train) >= 200 and len(valid) >= 20 and test is None
+    assert [type(d).__name__ for d in train.datasets] == ["PretrainDataset"] * 2
+    assert isinstance(train.datasets[0], data.GPTDataset)
+    sources = [docs_of(prefixes["web"]), docs_of(prefixes["code"])]
+    counts = np.zeros(2)
+    for i in range(len(train)):
+        sample = train[i]
+        counts[int(sample["dataset_id"])] += 1
+        stream_check(sample, sources[int(sample["dataset_id"])])
+        assert sample["tokens"][1:].tolist() == sample["labels"][:-1].tolist()
+        # pad (151654) is not eod: a real end of document stays a trained label
+        assert sample["loss_mask"].tolist() == [1.0] * 32
+        assert sample["segment_ids"].tolist() == [0] * 32  # no reset_attention_mask: one segment
+    assert counts[0] / counts.sum() == pytest.approx(0.7, abs=0.01)
+    assert train.datasets[0].config.tokenizer.pad == PAD
+
+
+def test_pretrain_document_boundaries(prefixes):
+    train, _, _ = data.build_datasets({"train": [prefixes["web"]], "valid": None, "test": None}, 64, 30,
+                                      reset_position_ids=True, reset_attention_mask=True, eod_mask_loss=True)
+    eods = 0
+    for i in range(len(train)):
+        sample = train[i]
+        tokens = sample["tokens"]
+        after_eod = torch.cat([torch.tensor([False]), tokens[:-1] == EOD])
+        expected_segments = torch.cumsum(after_eod.int(), 0)
+        assert sample["segment_ids"].tolist() == expected_segments.tolist()
+        starts = [0] + [j for j in range(1, 64) if after_eod[j]]
+        assert sample["cu_seqlens"].tolist()[: len(starts)] == starts
+        positions = [j - max(s for s in starts if s <= j) for j in range(64)]
+        assert sample["position_ids"].tolist() == positions
+        assert sample["loss_mask"].tolist() == (tokens != EOD).float().tolist()
+        eods += int((tokens == EOD).sum())
+    assert eods > 0
+
+
+def test_megatron_lm_reads_our_blend_files(prefixes, tmp_path):
+    """Read NAME.json / NAME.txt the way Megatron-LM's get_blend_and_blend_per_split does, then build
+    stock GPTDatasets from them."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    out = tmp_path / "b.json"
+    assert main(["blend", f"{prefixes['web']}=2", f"{prefixes['code']}=1", "--valid", prefixes["code"],
+                 "--test", prefixes["web"], prefixes["code"], "-o", str(out)]) == 0
+    args = json.loads(out.read_text())
+    for name in ("train", "valid", "test"):
+        if isinstance(args[name], str):
+            args[name] = args[name].split()
+    per_split = [get_blend_from_list(args[name]) for name in ("train", "valid", "test")]
+    assert per_split[0] == ([prefixes["web"], prefixes["code"]], pytest.approx([2 / 3, 1 / 3]))
+    assert per_split[1] == ([prefixes["code"]], None)
+    txt = get_blend_from_list(open(tmp_path / "b.txt").read().split())
+    assert txt == per_split[0]
+    tokenizer = data.ManifestTokenizer([data.load_source(p) for p in (prefixes["web"], prefixes["code"])])
+    config = GPTDatasetConfig(random_seed=1, sequence_length=16, blend_per_split=per_split, tokenizer=tokenizer,
+                              reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                              path_to_cache=None)
+    train, valid, test = BlendedMegatronDatasetBuilder(data.GPTDataset, [30, 5, 6], lambda: True, config).build()
+    assert len(train) >= 30 and len(valid) >= 5 and len(test) >= 6
+    assert train.weights == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_rewritten_prefix_never_reuses_a_stale_cache(tmp_path, monkeypatch):
+    cache = str(tmp_path / "cache")
+    prefix = pretrain([corpus(tmp_path / "a.jsonl", 21, 30, 40)], tmp_path / "p")
+
+    def build():
+        train, _, _ = data.build_datasets([prefix], 16, 40, 4, 0, split="90,10,0", cache_dir=cache)
+        return train
+
+    old = build()
+    old_samples = [old[i]["tokens"].tolist() for i in range(len(old))]
+    descriptions = set(glob.glob(cache + "/*-description.txt"))
+    assert build()[0]["tokens"].tolist() == old_samples[0] and set(glob.glob(cache + "/*-description.txt")) == descriptions
+
+    pretrain([corpus(tmp_path / "b.jsonl", 22, 45, 50)], tmp_path / "p")  # same prefix, new data
+    new = build()
+    assert set(glob.glob(cache + "/*-description.txt")) > descriptions  # fresh indices, not the old ones
+    documents = docs_of(prefix)
+    for i in range(len(new)):
+        stream_check(new[i], documents)
+    assert [new[i]["tokens"].tolist() for i in range(len(old_samples))] != old_samples
+
+    # The check above can fail: without the fingerprints in the tokenizer's identifiers,
+    # megatron-core's key stays the same and the stale indices of the old data are reused.
+    original = data.ManifestTokenizer.__init__
+
+    def without_fingerprints(self, sources):
+        original(self, sources)
+        self.unique_identifiers["fingerprints"] = {}
+
+    monkeypatch.setattr(data.ManifestTokenizer, "__init__", without_fingerprints)
+    stale_cache = str(tmp_path / "stale")
+    pretrain([corpus(tmp_path / "a.jsonl", 21, 30, 40)], tmp_path / "p")
+    data.build_datasets([prefix], 16, 40, 4, 0, split="90,10,0", cache_dir=stale_cache)
+    before = set(glob.glob(stale_cache + "/*"))
+    pretrain([corpus(tmp_path / "b.jsonl", 22, 45, 50)], tmp_path / "p")
+    data.build_datasets([prefix], 16, 40, 4, 0, split="90,10,0", cache_dir=stale_cache)
+    assert set(glob.glob(stale_cache + "/*")) == before  # reused: what our fingerprints prevent
+
+
+def test_build_datasets_refuses_mismatched_manifests(prefixes, tmp_path):
+    other_pad = copy_prefix(prefixes["code"], str(tmp_path / "pad"), lambda m: m.update(pad_id=151655))
+    with pytest.raises(BlendError, match="pad id") as err:
+        data.build_datasets(["1", prefixes["web"], "1", other_pad], 16, 10, 1, 1, split="80,10,10")
+    assert other_pad in str(err.value) and prefixes["web"] in str(err.value)
+    with pytest.raises(BlendError, match="kind"):
+        data.build_datasets({"train": [prefixes["web"]], "valid": [prefixes["packed"]], "test": None}, 16, 10, 1)
+    pad_is_eod = copy_prefix(prefixes["code"], str(tmp_path / "padeod"), lambda m: m.update(pad_id=EOD))
+    with pytest.raises(BlendError, match="pad id equals the eod id"):
+        data.build_datasets([pad_is_eod], 16, 10, 1, 1, split="80,10,10")
+
+
+def test_boundary_helpers():
+    tokens = torch.tensor([[5, EOD, 7, 8, EOD, 9], [EOD, 1, 2, 3, 4, 5]])
+    segments = data.segment_ids_from_eod(tokens, EOD)
+    assert segments.tolist() == [[0, 0, 1, 1, 1, 2], [0, 1, 1, 1, 1, 1]]
+    mask = data.block_causal_mask(segments)
+    assert mask.shape == (2, 1, 6, 6)
+    for b in range(2):
+        for q in range(6):
+            for k in range(6):
+                allowed = k <= q and segments[b, q] == segments[b, k]
+                assert bool(mask[b, 0, q, k]) == (not allowed)

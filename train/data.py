@@ -1,0 +1,421 @@
+"""Train-stage datasets over qwen-data prefixes, built only through megatron-core's
+`BlendedMegatronDatasetBuilder` (megatron-core 0.16 to 0.19).
+
+    train, valid, test = build_datasets("out/pretrain_blend.json", seq_length=4096,
+                                        train_samples=iters * gbs, valid_samples=..., test_samples=...,
+                                        seed=1234, cache_dir="out/cache")
+
+`blend` is a file written by `qwen-data blend` (NAME.json, NAME.txt or NAME.qwen-data.json; the
+sidecar, when present, supplies the split), a Megatron blend list (`["0.7", "out/web", "0.3",
+"out/code"]` or `["out/web", "out/code"]`, cut by `split`), a single prefix, or a per-split dict
+`{"train": [...], "valid": [...] | None, "test": [...] | None}`.
+
+The manifests decide the dataset class (mixing kinds is refused, as are disagreeing tokenizers,
+eod/pad ids or templates):
+  pretrain → `PretrainDataset`, megatron-core's `GPTDataset` with two extra keys (below).
+  sft      → `SFTDataset`, one sample = one document of the prefix (a packed row of several
+             sequences, or one conversation padded to `seq_length` with the pad id, loss mask 0).
+
+Every sample is a dict of torch tensors over `seq_length` positions:
+  tokens, labels (labels[i] = tokens[i+1]), loss_mask (float32), position_ids (int64),
+  segment_ids (int32: which sequence each position belongs to; attention must stay inside a
+  segment, causally), cu_seqlens (int32 [seq_length + 1]: segment starts then seq_length, padded
+  with seq_length, as Megatron's packed-sequence datasets give it) and max_seqlen (int32 scalar).
+  BlendedDataset adds dataset_id. GPTDataset's attention_mask is left out unless asked for.
+SFT loss: loss_mask[i] = mask[i+1], and 0 where token i+1 starts another sequence or is padding.
+Pretraining: segments split after each end-of-document token only with `reset_attention_mask`
+(Megatron's meaning of that flag); otherwise the whole sample is one segment.
+
+Index caches (`cache_dir`, Megatron's `path_to_cache`) are keyed by Megatron on a description that
+includes the tokenizer's `unique_identifiers`; ours carries every manifest's fingerprint, so a
+prefix rewritten by qwen-data never reuses an index built for its old contents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.datasets.megatron_dataset import MegatronDataset
+from megatron.core.datasets.utils import Split
+
+from qwen_data.blend import (
+    BlendError,
+    Source,
+    blend_from_list,
+    check_agreement,
+    load_source,
+    parse_split,
+    read_blend,
+)
+
+# Megatron-LM's --split default when a blend comes without one.
+DEFAULT_SPLIT = "969,30,1"
+OVERLONG_POLICIES = ("error", "truncate")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+class ManifestTokenizer:
+    """What megatron-core datasets read from a tokenizer, taken from the manifests.
+
+    Duck-typed on purpose: the abstract base moved between megatron-core versions
+    (`core.datasets.megatron_tokenizer` ≤0.16, `core.tokenizers` 0.17+) and the datasets check no
+    type. `pad` is the manifests' pad id (151654 by default), never the eod id, so GPTDataset's
+    "mask labels equal to pad" can never hit a real end of document.
+    """
+
+    def __init__(self, sources: list[Source]) -> None:
+        first = sources[0].manifest
+        self.eod = int(first["eod_id"])
+        self.pad = int(first["pad_id"])
+        if self.pad == self.eod:
+            raise BlendError(f"{sources[0].prefix}: pad id equals the eod id {self.eod}: Megatron would "
+                             "mask every real end of document; rebuild with a distinct pad id")
+        self.vocab_size = int(first["tokenizer"]["vocab_size"])
+        self.unique_identifiers = {
+            "class": "qwen_data.ManifestTokenizer",
+            "tokenizer_sha256": first["tokenizer"].get("sha256"),
+            "eod": self.eod,
+            "pad": self.pad,
+            "vocab_size": self.vocab_size,
+            # Megatron keys its index caches on this dict: a rewritten prefix changes its
+            # fingerprint, hence the cache key.
+            "fingerprints": {s.prefix: s.manifest.get("fingerprint") for s in sorted(sources, key=lambda s: s.prefix)},
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Boundaries shared by both dataset classes
+
+
+def boundaries(segment_ids: np.ndarray, seq_length: int) -> dict[str, torch.Tensor]:
+    """position_ids restarting per segment, padded cu_seqlens and max_seqlen from segment ids."""
+    starts = np.flatnonzero(np.diff(segment_ids, prepend=segment_ids[0] - 1))
+    ends = np.append(starts[1:], seq_length)
+    position_ids = np.arange(seq_length) - np.repeat(starts, ends - starts)
+    cu_seqlens = np.full(seq_length + 1, seq_length, dtype=np.int32)
+    cu_seqlens[: len(starts)] = starts
+    return {
+        "position_ids": torch.from_numpy(position_ids.astype(np.int64)),
+        "segment_ids": torch.from_numpy(segment_ids.astype(np.int32)),
+        "cu_seqlens": torch.from_numpy(cu_seqlens),
+        "max_seqlen": torch.tensor(int((ends - starts).max()), dtype=torch.int32),
+    }
+
+
+def segment_ids_from_eod(tokens: torch.Tensor, eod: int) -> torch.Tensor:
+    """Segment of every position: a new one starts after each end-of-document token (any batch shape)."""
+    ends = (tokens == eod).to(torch.int32)
+    return torch.cumsum(ends, dim=-1) - ends
+
+
+def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """[b, 1, s, s] bool, True = masked (megatron-core's convention): causal and within a segment."""
+    s = segment_ids.shape[-1]
+    same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
+    causal = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).tril()
+    return ~(same & causal).unsqueeze(-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pretraining
+
+
+class PretrainDataset(GPTDataset):
+    """megatron-core's GPTDataset, plus segment_ids/cu_seqlens/max_seqlen like SFT samples.
+
+    Position ids, loss mask and padding are GPTDataset's own (reset_position_ids, eod_mask_loss);
+    segments follow reset_attention_mask.
+    """
+
+    def __getitem__(self, idx: Optional[int]) -> dict[str, torch.Tensor]:
+        sample = super().__getitem__(idx)
+        s = self.config.sequence_length
+        if self.config.reset_attention_mask:
+            segment_ids = segment_ids_from_eod(sample["tokens"], self.config.tokenizer.eod).numpy()
+        else:
+            segment_ids = np.zeros(s, dtype=np.int32)
+        extra = boundaries(segment_ids, s)
+        extra.pop("position_ids")  # GPTDataset's (reset_position_ids decides)
+        sample.update(extra)
+        return sample
+
+
+# ---------------------------------------------------------------------------------------------
+# SFT
+
+
+@dataclass
+class SFTDatasetConfig(BlendedMegatronDatasetConfig):
+    """Config of `SFTDataset`; `tokenizer` (a ManifestTokenizer) gives the pad id."""
+
+    overlong: str = "error"
+    """A document longer than seq_length + 1 tokens: "error" refuses the split at build time,
+    "truncate" cuts it (its last targets, often `<|im_end|>`, are then never trained)."""
+
+    shuffle: bool = True
+    """Shuffle documents within each epoch (each epoch is a fresh permutation)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        assert self.tokenizer is not None, "SFTDatasetConfig needs a tokenizer (for the pad id)"
+        assert self.overlong in OVERLONG_POLICIES, f"overlong must be one of {OVERLONG_POLICIES}"
+
+
+class TokensWithLossMask:
+    """The low-level SFT dataset: P.bin/.idx tokens and P.lossmask.bin/.idx, one index."""
+
+    def __init__(self, path_prefix: str, mmap: bool = True) -> None:
+        self.path_prefix = path_prefix
+        self.tokens = IndexedDataset(path_prefix, multimodal=False, mmap=mmap)
+        self.mask = IndexedDataset(path_prefix + ".lossmask", multimodal=False, mmap=mmap)
+        if not (np.array_equal(self.tokens.sequence_lengths, self.mask.sequence_lengths)
+                and np.array_equal(self.tokens.document_indices, self.mask.document_indices)):
+            raise ValueError(f"{path_prefix}: tokens and loss mask have different indices")
+        lengths = self.tokens.sequence_lengths.astype(np.int64)
+        ends = np.concatenate([[0], np.cumsum(lengths)])
+        docs = self.tokens.document_indices
+        self.document_lengths = ends[docs[1:]] - ends[docs[:-1]]
+
+    def __len__(self) -> int:
+        return len(self.document_lengths)
+
+    def document(self, doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, mask, sequence lengths) of document `doc`."""
+        first, last = int(self.tokens.document_indices[doc]), int(self.tokens.document_indices[doc + 1])
+        if first == last:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64)
+        length = int(self.document_lengths[doc])
+        # A document's sequences lie back to back: one read from its first sequence.
+        tokens = self.tokens.get(first, 0, length)
+        mask = self.mask.get(first, 0, length)
+        return tokens, mask, self.tokens.sequence_lengths[first:last]
+
+
+class SFTDataset(MegatronDataset):
+    """One sample = one document of a qwen-data SFT prefix (see the module docstring)."""
+
+    def __init__(self, dataset: TokensWithLossMask, dataset_path: Optional[str], indices: np.ndarray,
+                 num_samples: Optional[int], index_split: Split, config: SFTDatasetConfig) -> None:
+        super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
+        self._check_lengths()
+        self.sample_index = self._build_sample_index()
+
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: TokensWithLossMask) -> int:
+        # Split by document: a packed row never straddles train and valid.
+        return len(low_level_dataset)
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: SFTDatasetConfig) -> TokensWithLossMask:
+        return TokensWithLossMask(dataset_path, mmap=config.mmap_bin_files)
+
+    @staticmethod
+    def _key_config_attributes() -> list[str]:
+        return MegatronDataset._key_config_attributes() + ["overlong", "shuffle"]
+
+    def __len__(self) -> int:
+        return len(self.sample_index)
+
+    def _check_lengths(self) -> None:
+        lengths = self.dataset.document_lengths[self.indices]
+        over = lengths > self.config.sequence_length + 1
+        if over.any():
+            message = (f"{self.dataset_path} ({self.index_split.name}): {int(over.sum())} of {len(lengths)} "
+                       f"documents exceed seq_length {self.config.sequence_length} (+1 label-only token), "
+                       f"longest {int(lengths.max())}")
+            if self.config.overlong == "error":
+                raise ValueError(message + ": rebuild with `qwen-data sft --seq-length N` or pass "
+                                 "overlong='truncate' (cut samples lose their final targets)")
+            warnings.warn(message + ": truncated")
+
+    def _build_sample_index(self) -> np.ndarray:
+        """Document ids in sample order: whole epochs, each its own permutation; cached by description."""
+        path = None
+        if self.config.path_to_cache:
+            base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
+            path = os.path.join(self.config.path_to_cache, base + "-sample_index.npy")
+            if os.path.isfile(path):
+                return np.load(path, mmap_mode="r")
+        n = len(self.indices)
+        epochs = 1 if not self.num_samples or n == 0 else math.ceil(self.num_samples / n)
+        rng = np.random.RandomState(self.config.random_seed)
+        order = []
+        for _ in range(epochs):
+            epoch = np.array(self.indices, dtype=np.int64)
+            if self.config.shuffle:
+                rng.shuffle(epoch)
+            order.append(epoch)
+        sample_index = np.concatenate(order) if order else np.zeros(0, np.int64)
+        if path is not None:
+            os.makedirs(self.config.path_to_cache, exist_ok=True)
+            with open(path[: -len("-sample_index.npy")] + "-description.txt", "w") as f:
+                f.write(self.unique_description)
+            tmp = path + f".{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                np.save(f, sample_index)
+            os.replace(tmp, path)  # other ranks never see a half-written index
+        return sample_index
+
+    def __getitem__(self, idx: Optional[int]) -> dict[str, torch.Tensor]:
+        s = self.config.sequence_length
+        pad = self.config.tokenizer.pad
+        doc = int(self.sample_index[0 if idx is None else idx])
+        tokens, mask, sequence_lengths = self.dataset.document(doc)
+        segments = np.repeat(np.arange(len(sequence_lengths)), sequence_lengths)
+        window = s + 1  # inputs are window[:-1], labels window[1:]
+        tokens, mask, segments = tokens[:window], mask[:window], segments[:window]
+        fill = window - len(tokens)
+        if fill:
+            tokens = np.concatenate([tokens, np.full(fill, pad, dtype=tokens.dtype)])
+            mask = np.concatenate([mask, np.zeros(fill, dtype=mask.dtype)])
+            # Padding is a segment of its own: it attends to nothing real.
+            segments = np.concatenate([segments, np.full(fill, len(sequence_lengths), dtype=segments.dtype)])
+        is_pad = np.zeros(window, dtype=bool)
+        is_pad[window - fill:] = True
+        loss_mask = (mask[1:] != 0) & (segments[1:] == segments[:-1]) & ~is_pad[1:] & (tokens[1:] != pad)
+        if idx is None:  # batch padding, as GPTDataset
+            loss_mask[:] = False
+        sample = {
+            "tokens": torch.from_numpy(tokens[:-1].astype(np.int64)),
+            "labels": torch.from_numpy(tokens[1:].astype(np.int64)),
+            "loss_mask": torch.from_numpy(loss_mask.astype(np.float32)),
+        }
+        sample.update(boundaries(segments[:-1], s))
+        return sample
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+
+def _parse_blend(blend, split: Optional[str]):
+    """→ (blend, blend_per_split, split, expected fingerprints) in megatron-core's shapes."""
+    if isinstance(blend, dict):
+        if split is not None:
+            raise BlendError("a per-split blend cannot also be cut by split")
+        return None, [blend_from_list(_as_list(blend.get(n))) for n in ("train", "valid", "test")], None, {}
+    if not isinstance(blend, (str, os.PathLike)):
+        return blend_from_list([os.fspath(b) for b in blend]), None, split or DEFAULT_SPLIT, {}
+    path = os.fspath(blend)
+    if os.path.isfile(path + ".bin"):  # a single prefix
+        return ([path], None), None, split or DEFAULT_SPLIT, {}
+    record = read_blend(path)
+    splits = record["splits"]
+    if record["per_split"] and split is None:
+        return None, [splits[n] for n in ("train", "valid", "test")], None, record["fingerprints"]
+    if not _only_train(splits):
+        raise BlendError(f"{path}: a blend with separate valid/test prefixes cannot also be cut by split={split!r}")
+    if split is not None and record["split"] not in (None, split):
+        warnings.warn(f"{path}: using split {split}, not the blend's {record['split']}")
+    return splits["train"], None, split or record["split"] or DEFAULT_SPLIT, record["fingerprints"]
+
+
+def _only_train(splits) -> bool:
+    return splits.get("valid") is None and splits.get("test") is None
+
+
+@contextlib.contextmanager
+def _single_process_rank():
+    """megatron-core ≤0.17 calls torch.distributed.get_rank() unguarded when it writes a
+    BlendedDataset cache; a process outside any process group is rank 0."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        yield
+        return
+    original = dist.get_rank
+    dist.get_rank = lambda group=None: 0
+    try:
+        yield
+    finally:
+        dist.get_rank = original
+
+
+def build_datasets(
+    blend,
+    seq_length: int,
+    train_samples: Optional[int],
+    valid_samples: Optional[int] = None,
+    test_samples: Optional[int] = None,
+    seed: int = 1234,
+    cache_dir: Optional[str] = None,
+    *,
+    split: Optional[str] = None,
+    reset_position_ids: bool = False,
+    reset_attention_mask: bool = False,
+    eod_mask_loss: bool = False,
+    create_attention_mask: bool = False,
+    overlong: str = "error",
+    shuffle_sft: bool = True,
+    mid_level_dataset_surplus: float = 0.005,
+    is_built_on_rank=None,
+):
+    """(train, valid, test) datasets, each a megatron-core BlendedDataset, a single dataset or None.
+
+    Sizes are minimum sample counts, as Megatron-LM computes them (train = iters × global batch).
+    Pretraining options are GPTDataset's: `reset_position_ids`, `reset_attention_mask` (also
+    splits segment_ids at each end of document) and `eod_mask_loss`.
+    """
+    blend_, per_split, split_, expected = _parse_blend(blend, split)
+    blends = [blend_] if blend_ is not None else [b for b in per_split if b is not None]
+    prefixes = list(dict.fromkeys(p for prefixes_, _ in blends for p in prefixes_))
+    if not prefixes:
+        raise BlendError("the blend names no prefixes")
+    sources = [load_source(p) for p in prefixes]
+    check_agreement(sources)
+    for s in sources:
+        if expected.get(s.prefix) not in (None, s.manifest.get("fingerprint")):
+            warnings.warn(f"{s.prefix} was rewritten after the blend was made (its weights may be stale): "
+                          "re-run `qwen-data blend`")
+    kind = sources[0].kind
+    sizes = [train_samples, valid_samples, test_samples]
+    for i, name in enumerate(("train", "valid", "test")):
+        b = per_split[i] if per_split else blend_
+        if b is None or b[1] is None or sizes[i] is not None:
+            continue
+        if per_split or parse_split(split_)[i] > 0:
+            raise BlendError(f"a weighted {name} blend needs {name}_samples")
+        sizes[i] = 0  # an empty part of the split; megatron-core wants a size beside weights
+    common = dict(
+        random_seed=seed,
+        sequence_length=seq_length,
+        blend=blend_,
+        blend_per_split=per_split,
+        split=split_ if blend_ is not None else None,
+        path_to_cache=cache_dir,
+        tokenizer=ManifestTokenizer(sources),
+        mid_level_dataset_surplus=mid_level_dataset_surplus,
+    )
+    if kind == "pretrain":
+        cls = PretrainDataset
+        config = GPTDatasetConfig(
+            **common,
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss,
+            create_attention_mask=create_attention_mask,
+        )
+    else:
+        cls = SFTDataset
+        config = SFTDatasetConfig(**common, overlong=overlong, shuffle=shuffle_sft)
+    with _single_process_rank():
+        datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
+    return tuple(datasets)
+
+
+def _as_list(value):
+    """Megatron's per-split values may be a whitespace-separated string."""
+    return value.split() if isinstance(value, str) else value
