@@ -83,7 +83,9 @@ def tokenize_chunk(chunk) -> ChunkResult:
     for line_no, line in chunk.lines():
         try:
             record = parse_line(line)
-            values = [_text_field(record, key) for key in keys]
+            # A lone surrogate can only come from a \ud800-\udfff escape in the line.
+            maybe_surrogate = b"\\ud" in line or b"\\uD" in line
+            values = [_text_field(record, key, maybe_surrogate) for key in keys]
             special = next((s for s in map(tokenizer.find_special, values) if s), None)
             if special:
                 special_records += 1
@@ -106,7 +108,7 @@ def tokenize_chunk(chunk) -> ChunkResult:
     return ChunkResult(ids, lengths, rejects, records, text_bytes, special_records)
 
 
-def _text_field(record: dict, key: str) -> str:
+def _text_field(record: dict, key: str, maybe_surrogate: bool = True) -> str:
     if key not in record:
         raise RecordError("missing-key", f"no {key!r} key")
     value = record[key]
@@ -114,10 +116,11 @@ def _text_field(record: dict, key: str) -> str:
         raise RecordError("not-a-string", f"{key!r} is a {type(value).__name__}, expected a string")
     if not value:
         raise RecordError("empty-text", f"{key!r} is empty")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate escaped in the JSON, e.g. "\ud800"
-        raise RecordError("invalid-unicode", f"{key!r} holds a lone surrogate (not valid Unicode text)") from None
+    if maybe_surrogate:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escaped in the JSON, e.g. "\ud800"
+            raise RecordError("invalid-unicode", f"{key!r} holds a lone surrogate (not valid Unicode text)") from None
     return value
 
 

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+import orjson
+
 from .errors import RecordError
 
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -101,17 +103,26 @@ def _json_array_chunks(path: str, chunk_bytes: int) -> Iterator[Chunk]:
 
 def parse_line(line: bytes) -> dict:
     """One jsonl line to a record, or RecordError naming what is wrong with it."""
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        # orjson is the fast path; the standard parser decides what exactly is wrong (and accepts
+        # what orjson refuses but JSON allows, e.g. an escaped lone surrogate, rejected later).
+        record = _parse_line_slowly(line)
+    if not isinstance(record, dict):
+        raise RecordError("not-an-object", f"a JSON {type(record).__name__}, expected an object")
+    return record
+
+
+def _parse_line_slowly(line: bytes):
     if not line.strip():
         raise RecordError("blank-line", "blank line")
     try:
-        record = json.loads(line)
+        return json.loads(line)
     except UnicodeDecodeError as exc:
         raise RecordError("invalid-utf8", f"invalid UTF-8 ({exc.reason} at byte {exc.start})") from None
     except ValueError as exc:
         raise RecordError("invalid-json", f"not JSON ({exc})") from None
-    if not isinstance(record, dict):
-        raise RecordError("not-an-object", f"a JSON {type(record).__name__}, expected an object")
-    return record
 
 
 def reject_entry(chunk: Chunk, line_no: int, line: bytes, error: RecordError) -> dict:
