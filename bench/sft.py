@@ -1,0 +1,189 @@
+"""SFT throughput: `qwen-data sft` against Hugging Face's own chat-template way, one run.
+
+Both programs run whole, as subprocesses, on the same real chats and worker count; wall time and
+the peak summed RSS of each process tree are measured; token ids and loss masks must be identical.
+
+The baseline: a `multiprocessing.Pool(workers)` whose initializer builds `transformers.AutoTokenizer`
+in each worker; per record, `apply_chat_template(messages, tokenize=True, return_dict=True,
+return_assistant_tokens_mask=True, chat_template=<oracle>)` with the TRL-style Qwen2.5 template
+(`{% generation %}` tags, /work/shared/oracles/qwen2.5-instruct.assistant-mask.jinja); the main
+process writes ids and the assistant mask as `.bin/.idx` + `.lossmask.bin/.idx`. HF's assistant
+mask marks assistant tokens and ours marks trained targets per token: for `--assistant-span trl`
+they are the same tokens.
+
+    python3 bench/sft.py                # both programs, the cached real chats, 2 workers
+    python3 bench/sft.py --records 200  # quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import measure  # noqa: E402
+from measure import MB  # noqa: E402
+from pretrain import CHUNKSIZE, best_of, default_tokenizer_dir, limited_corpus  # noqa: E402
+
+SPEED_TARGET = 5.0
+TEMPLATE_FILE = "qwen2.5-instruct.assistant-mask.jinja"
+
+
+def oracle_template_path() -> str:
+    """The byte-exact TRL-style template from the project's shared oracles (beside the repo)."""
+    candidates = [os.environ.get("QWEN_DATA_ORACLES", ""), os.path.join(os.path.dirname(measure.REPO_ROOT), "shared", "oracles"),
+                  os.path.join(measure.REPO_ROOT, "shared", "oracles")]  # fmt: skip
+    for directory in candidates:
+        path = os.path.join(directory, TEMPLATE_FILE)
+        if directory and os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"{TEMPLATE_FILE} not found: set QWEN_DATA_ORACLES to the shared oracles directory")
+
+
+# --- the baseline program (runs in its own process: `sft.py baseline IN PREFIX ...`) ---
+
+
+class HFChatEncoder:
+    def __init__(self, tokenizer_dir: str, template_path: str) -> None:
+        self.tokenizer_dir, self.template_path = tokenizer_dir, template_path
+
+    def initializer(self) -> None:
+        from transformers import AutoTokenizer
+
+        HFChatEncoder.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+        with open(self.template_path, encoding="utf-8") as f:
+            HFChatEncoder.template = f.read()
+
+    def encode(self, json_line: str):
+        out = HFChatEncoder.tokenizer.apply_chat_template(
+            json.loads(json_line)["messages"],
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            chat_template=HFChatEncoder.template,
+        )
+        return out["input_ids"], out["assistant_masks"]
+
+
+def baseline_main(argv: list) -> None:
+    parser = argparse.ArgumentParser(prog="sft.py baseline")
+    parser.add_argument("input")
+    parser.add_argument("prefix")
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--template", required=True)
+    args = parser.parse_args(argv)
+
+    import multiprocessing
+
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from qwen_data.indexed import IndexedDatasetWriter, token_dtype
+
+    encoder = HFChatEncoder(args.tokenizer, args.template)
+    vocab_size = len(AutoTokenizer.from_pretrained(args.tokenizer))
+    pool = multiprocessing.Pool(args.workers, initializer=encoder.initializer)
+    ids_writer = IndexedDatasetWriter(args.prefix + ".bin", args.prefix + ".idx", token_dtype(vocab_size))
+    mask_writer = IndexedDatasetWriter(args.prefix + ".lossmask.bin", args.prefix + ".lossmask.idx", np.uint8)
+    with open(args.input, encoding="utf-8") as fin:
+        for ids, mask in pool.imap(encoder.encode, fin, CHUNKSIZE):
+            ids_writer.add_document(np.array(ids, dtype=ids_writer.dtype))
+            mask_writer.add_document(np.array(mask, dtype=np.uint8))
+    ids_writer.finalize()
+    mask_writer.finalize()
+    pool.close()
+    pool.join()
+
+
+# --- the benchmark ---
+
+
+def run_baseline(corpus: str, prefix: str, workers: int, tokenizer: str) -> measure.Measurement:
+    argv = [sys.executable, os.path.abspath(__file__), "baseline", corpus, prefix, "--workers", workers,
+            "--tokenizer", tokenizer, "--template", oracle_template_path()]  # fmt: skip
+    return measure.run_measured(argv, env=measure.python_env()).check()
+
+
+def run_ours(corpus: str, prefix: str, workers: int, tokenizer: str | None) -> measure.Measurement:
+    extra = ["--tokenizer", tokenizer] if tokenizer else []
+    argv = measure.qwen_data_command("sft", corpus, "-o", prefix, "--template", "qwen2p5", "--assistant-span", "trl",
+                                     "--workers", workers, "--quiet", *extra)  # fmt: skip
+    return measure.run_measured(argv, env=measure.python_env()).check()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "baseline":
+        return baseline_main(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--input", help="a chat jsonl ({'messages': [...]} per line) instead of the cached one")
+    parser.add_argument("--records", type=int, help="only the first N records")
+    parser.add_argument("--tokenizer", default=default_tokenizer_dir())
+    parser.add_argument("--programs", default="ours,baseline", help="comma list of: ours, baseline")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per program; the fastest counts")
+    parser.add_argument("--workdir", help="keep outputs here (default: a temporary directory, removed)")
+    args = parser.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="qwen-data-bench-sft-")
+    os.makedirs(workdir, exist_ok=True)
+    try:
+        status = benchmark(args, workdir)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(status)
+
+
+def benchmark(args, workdir: str) -> int:
+    import corpora
+
+    corpus = args.input or corpora.chat_corpus()
+    if args.records:
+        corpus = limited_corpus(corpus, args.records, workdir)
+    nbytes = os.path.getsize(corpus)
+    with open(corpus, "rb") as f:
+        records = sum(1 for _ in f)
+    print(f"corpus: {corpus}  {nbytes / MB:.1f} MB  {records} records  workers: {args.workers}")
+    programs = args.programs.split(",")
+    if "ours" in programs and not measure.qwen_data_cli_available("sft"):
+        print("`qwen-data sft` not there yet: running the baseline only")
+        programs.remove("ours")
+
+    runners = {"baseline": run_baseline, "ours": run_ours}
+    results = best_of(args.repeat, {
+        name: lambda run=runners[name], prefix=os.path.join(workdir, name): run(corpus, prefix, args.workers, args.tokenizer)
+        for name in ("baseline", "ours") if name in programs
+    })  # fmt: skip
+
+    labels = {"baseline": "HF apply_chat_template pool", "ours": "qwen-data sft"}
+    rows = []
+    for name, m in results.items():
+        data = measure.read_indexed(os.path.join(workdir, name))
+        mask = measure.read_indexed(os.path.join(workdir, name + ".lossmask"))
+        rows.append([labels[name], f"{m.wall_s:.2f}", f"{m.cpu_s:.2f}", f"{records / m.wall_s:,.0f}", f"{nbytes / MB / m.wall_s:.2f}",
+                     f"{len(data.tokens) / 1e6 / m.wall_s:.3f}", f"{int(mask.tokens.sum()) / len(mask.tokens):.1%}",
+                     measure.fmt_mib(m.peak_rss), m.peak_processes])  # fmt: skip
+    measure.print_table(rows, ["program", "wall s", "cpu s", "records/s", "MB/s", "Mtok/s", "trained", "peak RSS", "procs"])
+
+    status = 0
+    if len(results) == 2:
+        base, ours = results["baseline"], results["ours"]
+        speedup = base.wall_s / ours.wall_s
+        print(f"ours/baseline: records/s {speedup:.2f}x (target >= {SPEED_TARGET:g}x: {'met' if speedup >= SPEED_TARGET else 'NOT met'}), "
+              f"CPU time {base.cpu_s / ours.cpu_s:.2f}x less, peak RSS {ours.peak_rss / base.peak_rss:.2f}x")  # fmt: skip
+        ours_prefix, base_prefix = os.path.join(workdir, "ours"), os.path.join(workdir, "baseline")
+        for label, suffix in (("token ids", ""), ("loss masks", ".lossmask")):
+            diff = measure.compare_indexed(ours_prefix + suffix, base_prefix + suffix, label)
+            print(f"{label} identical: {'yes' if diff is None else 'NO: ' + diff}")
+            status |= diff is not None
+    return status
+
+
+if __name__ == "__main__":
+    main()
