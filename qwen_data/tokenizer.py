@@ -166,12 +166,14 @@ class QwenTokenizer:
         return match.group(0) if match else None
 
     def token_byte_lengths(self) -> np.ndarray:
-        """Bytes each id stands for (byte-level BPE: one vocabulary character per byte)."""
-        from tokenizers import Tokenizer
-
+        """Bytes each id stands for (byte-level BPE: every id is a fixed byte string)."""
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
-        vocab = Tokenizer.from_str(self._spec("text")).get_vocab(with_added_tokens=False)
-        for piece, i in vocab.items():
+        if self.config.backend == "gigatoken":
+            for i, piece in self._backend("parse").vocab.items():
+                lengths[i] = len(piece)
+            return lengths
+        # HF's byte-level vocabulary spells each byte as one character.
+        for piece, i in self._backend("parse").get_vocab(with_added_tokens=False).items():
             if i < self.vocab_size:
                 lengths[i] = len(piece)
         for content, i in self.added_tokens.items():
