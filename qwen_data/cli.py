@@ -100,9 +100,10 @@ def _run_pretrain(args) -> int:
     m = manifests[0]
     print("Megatron-LM flags:")
     print(f"  --data-path {' '.join(config.prefixes())} --split 99,1,0 --tokenizer-type HuggingFaceTokenizer "
-          f"--tokenizer-model {m['tokenizer']['name'] if args.tokenizer else '<your Qwen checkpoint dir>'}")
-    print(f"  (end of document is id {m['eod_id']}; mask/pad logic must not treat it as padding: "
-          f"pad id {m['pad_id']} is recorded in {config.prefixes()[0]}.json)")
+          f"--tokenizer-model {m['tokenizer']['path']}")
+    print(f"  End of document is {m['eod_id']}. Megatron's HF tokenizer takes eod from eos (151645 for Qwen3 and "
+          f"instruct files) and may treat pad 151643 as padding; `python -m train` takes eod {m['eod_id']} and "
+          f"pad {m['pad_id']} from {config.prefixes()[0]}.json.")
     return 0
 
 

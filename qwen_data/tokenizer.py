@@ -154,6 +154,7 @@ class QwenTokenizer:
     def identity(self) -> dict:
         return {
             "name": self.name,
+            "path": self.directory,
             "sha256": self.sha256,
             "flavour": self.flavour,
             "vocab_size": self.vocab_size,
