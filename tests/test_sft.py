@@ -10,6 +10,7 @@ import pytest
 
 import test_templates as gen
 from _oracles import load_oracle
+from test_pretrain import write_jsonl
 from qwen_data.cli import main
 from qwen_data.templates import ORACLE_FILES, SPAN_KINDS, get_template, render_samples
 from qwen_data.conversations import to_conversation
@@ -52,13 +53,6 @@ def indexed():
 def records_for(template, count, seed):
     convs = gen.conversations(seed, count, **CASES[template])
     return [{"messages": c.messages, **({"tools": c.tools} if c.tools else {})} for c in convs]
-
-
-def write_jsonl(path, records):
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n")
-    return str(path)
 
 
 def sft(*args):
