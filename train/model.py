@@ -1,0 +1,215 @@
+"""Qwen-architecture GPTModels in megatron-core: presets from the real HF configs, and the build.
+
+    preset = PRESETS["qwen2.5-0.5b"]
+    model = build_model(preset, attention="auto")          # after parallel_state.initialize_model_parallel
+
+Every preset is the real model's shape (Qwen's config.json, research/qwen.md §4): RMSNorm (eps 1e-6),
+SwiGLU, grouped-query attention, RoPE base 1e6, no linear biases except Qwen2/2.5's QKV bias,
+Qwen3's QK-RMSNorm with explicit head_dim 128, tied embeddings for the small sizes, and the padded
+embedding rows the checkpoints have (151,936; 152,064 for Qwen2.5-7B).
+
+Attention ("auto" picks the first that applies):
+  te     Transformer Engine layer spec (fused kernels; packed SFT rows through PackedSeqParams/THD).
+  sdpa   megatron-core's local spec with `train.attention.SDPACoreAttention` as core attention:
+         PyTorch's fused scaled_dot_product_attention for causal rows, FlexAttention with a
+         document block mask for packed rows.
+  local  megatron-core's own unfused DotProductAttention (a [b, h, s, s] score tensor: slow, memory
+         hungry; kept for comparison only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+
+from .attention import SDPACoreAttention
+
+ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int  # head_dim
+    ffn_hidden_size: int
+    vocab_size: int  # padded embedding rows, as in the checkpoint
+    tied_embeddings: bool
+    qkv_bias: bool  # Qwen2/2.5
+    qk_norm: bool  # Qwen3
+    max_position_embeddings: int
+    rotary_base: int = 1_000_000
+    norm_epsilon: float = 1e-6
+
+    def matmul_params(self) -> int:
+        """Weights that take part in a matrix product per token: the layers and the output layer
+        (the input embedding is a lookup)."""
+        q = self.num_attention_heads * self.kv_channels
+        kv = self.num_query_groups * self.kv_channels
+        attention = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+        mlp = 3 * self.hidden_size * self.ffn_hidden_size
+        return self.num_layers * (attention + mlp) + self.vocab_size * self.hidden_size
+
+    def parameters(self) -> int:
+        q = self.num_attention_heads * self.kv_channels
+        kv = self.num_query_groups * self.kv_channels
+        per_layer = (self.hidden_size * (q + 2 * kv) + q * self.hidden_size + 3 * self.hidden_size * self.ffn_hidden_size
+                     + 2 * self.hidden_size + (q + 2 * kv if self.qkv_bias else 0)
+                     + (2 * self.kv_channels if self.qk_norm else 0))
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + self.hidden_size
+
+    def train_flops_per_token(self, seq_length: int) -> float:
+        """Forward + backward FLOPs per token of a causal row of `seq_length` (no recompute):
+        6 per matmul weight, plus QK^T and AV over on average half the row."""
+        attention = 6 * self.num_layers * seq_length * self.num_attention_heads * self.kv_channels
+        return 6 * self.matmul_params() + attention
+
+
+def _qwen2(name, layers, hidden, heads, groups, ffn, vocab=151_936, tied=True, head_dim=None, max_pos=32_768):
+    return ModelPreset(name, layers, hidden, heads, groups, head_dim or hidden // heads, ffn, vocab, tied,
+                       qkv_bias=True, qk_norm=False, max_position_embeddings=max_pos)
+
+
+def _qwen3(name, layers, hidden, heads, groups, ffn, tied=True, max_pos=40_960):
+    return ModelPreset(name, layers, hidden, heads, groups, 128, ffn, 151_936, tied,
+                       qkv_bias=False, qk_norm=True, max_position_embeddings=max_pos)
+
+
+PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
+    _qwen2("qwen2.5-0.5b", 24, 896, 14, 2, 4864),
+    _qwen2("qwen2.5-1.5b", 28, 1536, 12, 2, 8960),
+    _qwen2("qwen2.5-7b", 28, 3584, 28, 4, 18944, vocab=152_064, tied=False),
+    _qwen3("qwen3-0.6b", 28, 1024, 16, 8, 3072),
+    _qwen3("qwen3-1.7b", 28, 2048, 16, 8, 6144),
+    _qwen3("qwen3-8b", 36, 4096, 32, 8, 12288, tied=False),
+    # Tests and smoke runs: the real vocabulary (data ids go up to 151,668), a toy body.
+    _qwen2("tiny", 2, 64, 4, 2, 128, head_dim=16, max_pos=4096),
+    ModelPreset("tiny-qwen3", 2, 64, 4, 2, 32, 128, 151_936, True, qkv_bias=False, qk_norm=True,
+                max_position_embeddings=4096),
+)}
+
+
+def have_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def resolve_attention(attention: str) -> str:
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, not {attention!r}")
+    if attention == "auto":
+        return "te" if have_transformer_engine() and torch.cuda.is_available() else "sdpa"
+    if attention == "te" and not have_transformer_engine():
+        raise ValueError("attention='te' needs transformer_engine, which is not importable")
+    return attention
+
+
+def transformer_config(preset: ModelPreset, *, attention: str, tensor_parallel: int = 1,
+                       sequence_parallel: bool = False, recompute: bool = False) -> TransformerConfig:
+    """megatron-core's TransformerConfig for `preset` (attention already resolved).
+
+    Parameters stay float32 (the optimizer's master weights); the loop runs the model under bf16
+    autocast. Weights are initialised on the CPU from the global seed and then split, so every
+    tensor-parallel layout starts from the same model.
+    """
+    te = attention == "te"
+    return TransformerConfig(
+        num_layers=preset.num_layers,
+        hidden_size=preset.hidden_size,
+        num_attention_heads=preset.num_attention_heads,
+        num_query_groups=preset.num_query_groups,
+        kv_channels=preset.kv_channels,
+        ffn_hidden_size=preset.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=preset.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=preset.qkv_bias,
+        qk_layernorm=preset.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        # Fusions that need Apex or TE kernels; the local spec has none of them.
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=1,
+        sequence_parallel=sequence_parallel and te and tensor_parallel > 1,
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        transformer_impl="transformer_engine" if te else "local",
+    )
+
+
+def layer_spec(preset: ModelPreset, attention: str):
+    if attention == "te":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=preset.qk_norm)
+    spec = get_gpt_layer_local_spec(qk_layernorm=preset.qk_norm, normalization="RMSNorm")
+    if attention == "sdpa":
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec
+
+
+def build_model(preset: ModelPreset, *, attention: str = "auto", tensor_parallel: int = 1,
+                sequence_parallel: bool = False, recompute: bool = False,
+                max_sequence_length: int | None = None) -> GPTModel:
+    """The GPTModel, on the CPU, float32 (move it with `.to(device)`).
+
+    Needs `parallel_state.initialize_model_parallel(tensor_parallel, 1)` first.
+    """
+    attention = resolve_attention(attention)
+    config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
+                                sequence_parallel=sequence_parallel, recompute=recompute)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(preset, attention),
+        vocab_size=preset.vocab_size,
+        max_sequence_length=max_sequence_length or preset.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=preset.rotary_base,
+        share_embeddings_and_output_weights=preset.tied_embeddings,
+    )
+    model.attention = attention  # the loop feeds packed rows differently for te and sdpa
+    return model
+
+
+_cpu_patched = False
+
+
+def patch_megatron_for_cpu() -> None:
+    """Let megatron-core's local spec run on a machine without CUDA (smoke tests, CI).
+
+    megatron-core asks `torch.cuda.current_device()` for the device of RoPE's inverse frequencies
+    and of its global memory buffer, forks the CUDA RNG tracker around dropout, and
+    dist_checkpointing synchronises CUDA before writing: all pointed at the CPU (or made no-ops)
+    here. Only ever applied when CUDA is absent.
+    """
+    global _cpu_patched
+    if _cpu_patched or torch.cuda.is_available():
+        return
+    from megatron.core import tensor_parallel
+
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda device=None: None
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    _cpu_patched = True
