@@ -87,11 +87,15 @@ def _downloads() -> str:
 def fetch_deb(package: str) -> dict:
     """Download (once) and unpack a Debian package; {package, version, file, sha256, root}."""
     found = sorted(glob.glob(os.path.join(_downloads(), f"{package}_*.deb")))
-    if not found:
+    for attempt in range(2 if not found else 0):
         run = subprocess.run(["apt-get", "download", package], cwd=_downloads(), capture_output=True, text=True)
         found = sorted(glob.glob(os.path.join(_downloads(), f"{package}_*.deb")))
-        if run.returncode != 0 or not found:
-            raise RuntimeError(f"apt-get download {package} failed (run `apt-get update` first?):\n{run.stderr}")
+        if found:
+            break
+        if attempt == 0:  # a stale package list names versions the mirror no longer has
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+        else:
+            raise RuntimeError(f"apt-get download {package} failed (after apt-get update):\n{run.stderr}")
     deb = found[-1]
     root = os.path.join(CACHE_DIR, "unpacked", os.path.basename(deb)[: -len(".deb")])
     if not os.path.isdir(root):

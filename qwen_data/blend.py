@@ -457,8 +457,9 @@ def read_blend(path: str) -> dict:
         splits = {name: blend_from_list(data[name].split() if isinstance(data[name], str) else data[name])
                   for name in SPLITS}
         return {"splits": splits, "per_split": True, "split": None, "fingerprints": fingerprints}
+    # Megatron takes the split of a NAME.txt blend from the command line; ours recorded it.
     return {"splits": {"train": blend_from_list(text.split()), "valid": None, "test": None},
-            "per_split": False, "split": None, "fingerprints": fingerprints}
+            "per_split": False, "split": record.get("split") if record else None, "fingerprints": fingerprints}
 
 
 def blend_from_list(items) -> tuple[list[str], list[float] | None] | None:

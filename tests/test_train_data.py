@@ -6,7 +6,10 @@ megatron-core's reader and of train/data.py.
 
 import glob
 import json
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -352,3 +355,41 @@ def test_boundary_helpers():
             for k in range(6):
                 allowed = k <= q and segments[b, q] == segments[b, k]
                 assert bool(mask[b, 0, q, k]) == (not allowed)
+
+
+def test_txt_blend_split_and_empty_parts(tmp_path):
+    """A NAME.txt blend keeps the split it was made with, and a part of the split that holds no
+    documents never hangs megatron-core: unasked it is left unbuilt, asked for it is refused."""
+    from qwen_data.blend import read_blend
+
+    small = [pretrain([corpus(tmp_path / f"{n}.jsonl", seed, 20, 30)], tmp_path / n)
+             for n, seed in (("a", 31), ("b", 32))]
+    out = tmp_path / "mix.json"
+    assert main(["blend", f"{small[0]}=1", f"{small[1]}=1", "--split", "90,10,0", "-o", str(out)]) == 0
+    assert read_blend(str(tmp_path / "mix.txt"))["split"] == "90,10,0"
+    # megatron-core builds parts in worker threads and its hang cannot be interrupted: a child process
+    check = f"""
+import pytest
+from qwen_data.blend import BlendError
+from test_train_data import data, docs_of, stream_check
+small = {small!r}
+train, valid, test = data.build_datasets({str(tmp_path / "mix.txt")!r}, 16, 20, 4, 0)
+assert len(valid) >= 4 and test is None
+# documents 18 and 19 of each: the blend's 90,10,0, not the default 969,30,1 (document 19 only)
+assert [d.indices.tolist() for d in valid.datasets] == [[18, 19], [18, 19]]
+for i in range(len(valid)):
+    stream_check(valid[i], docs_of(small[int(valid[i]["dataset_id"])])[18:])
+# 969,30,1 of 20 documents leaves the test part empty; no test samples are asked for
+weighted = ["1", small[0], "1", small[1]]
+train, valid, test = data.build_datasets(weighted, 16, 20, 4, 0, split="969,30,1")
+assert len(train) >= 20 and len(valid) >= 4 and test is None
+with pytest.raises(BlendError, match="test part .* is empty"):
+    data.build_datasets(weighted, 16, 20, 4, 2, split="969,30,1")
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.getcwd()]))
+    try:
+        done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=180, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("building datasets with an empty part of the split hangs")
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -411,9 +411,34 @@ def build_datasets(
     else:
         cls = SFTDataset
         config = SFTDatasetConfig(**common, overlong=overlong, shuffle=shuffle_sft)
+    if blend_ is not None:
+        config.split_matrix = _requested_split_matrix(config.split_matrix, sizes, sources)
     with _single_process_rank():
         datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
     return tuple(datasets)
+
+
+def _requested_split_matrix(matrix, sizes, sources):
+    """megatron-core's split matrix, without the parts no sample is asked from.
+
+    GPTDataset loops forever when a part holds no documents (0 tokens an epoch never reach the
+    one extra token even 0 samples need): an unrequested part is left unbuilt (the others keep
+    their exact document ranges), and a requested one with no documents is refused here.
+    """
+    matrix = list(matrix)
+    for i, name in enumerate(("train", "valid", "test")):
+        if matrix[i] is None:
+            continue
+        if sizes[i] == 0:
+            matrix[i] = None
+            continue
+        begin, end = matrix[i]
+        for s in sources:
+            if round(begin * s.documents) == round(end * s.documents):
+                raise BlendError(f"{s.prefix}: its {name} part ({begin:.3g} to {end:.3g} of {s.documents} "
+                                 f"documents) is empty, but {name} samples are asked for: give a split with "
+                                 f"a larger {name} share, separate {name} prefixes, or no {name} samples")
+    return matrix
 
 
 def _as_list(value):

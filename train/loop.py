@@ -418,7 +418,8 @@ def train(args) -> dict:
         consumed += args.global_batch_size
         window["steps"] += 1
 
-        if iteration % args.log_interval == 0 or iteration == args.train_iters:
+        # The first iteration is logged on its own: its loss is the starting point, its time the warm-up.
+        if iteration % args.log_interval == 0 or iteration in (1, args.train_iters):
             loss = window["loss"].clone()
             dist.all_reduce(loss, group=dp_group)
             if device.type == "cuda":
@@ -438,7 +439,7 @@ def train(args) -> dict:
             if device.type == "cuda":
                 record["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             history.append(record)
-            if len(history) > 1:  # the first window holds compilation and warm-up
+            if len(history) > 1:  # the first window (iteration 1) holds compilation and warm-up
                 for k, v in (("tokens", tokens), ("real", real), ("data", window["data"]), ("time", elapsed),
                              ("steps", window["steps"])):
                     totals[k] += v
@@ -470,7 +471,7 @@ def train(args) -> dict:
                        data_share=totals["data"] / totals["time"])
         if peak:
             summary["mfu"] = totals["tokens"] * flops_per_token / totals["time"] / world / peak
-        log0("steady state (after the first log interval): " + ", ".join(
+        log0("steady state (after iteration 1): " + ", ".join(
             f"{k} {v:.4g}" for k, v in summary.items() if k not in ("history", "iterations")))
     if device.type == "cuda":
         log0(f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")

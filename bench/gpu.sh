@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The train stage's GPU measurements, one stage per device call (each well under 10 minutes).
+#
+#   bench/gpu.sh data                 # here: real-text prefixes into .gpu/ (needs bench/corpora.py's cache)
+#   bench/gpu.sh pretrain|sft|parallel  # there: the runs, logs under $OUT (default bench/results/gpu)
+#
+# Data (`data`): ~19 MB of the multilingual prose and ~5.5 MB of the code of bench/corpora.py's
+# text corpus as two pretrain prefixes blended 0.75/0.25 with a 98/2/0 split; the first 6.5 MB of
+# its ShareGPT chats as qwen2p5 SFT prefixes at seq 4096, packed and unpacked (same samples).
+#
+# pretrain  (a) qwen2.5-0.5b, 220 steps of 8 × 4096 tokens on the pretrain blend, validation at
+#           110 and 220; (c) its tokens/s and MFU against the 37.1k tokens/s SDPA figure;
+#           (d) its data-loading share of step time.
+# sft       (b) per-token losses of packed rows against their samples alone (bench/train_gpu.py);
+#           (c) the same SFT samples packed vs unpacked (one padded sample a row), 40 steps each.
+# parallel  (e) TP=1, TP=2 and DP=2 from the same seed on two GPUs: the same first losses.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:?stage: data, pretrain, sft or parallel}
+OUT=${OUT:-bench/results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+COMMON=(--model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --num-workers 2)
+
+run() {  # run NAME ARGS...: the command and its output, both kept; a failure does not stop the stage
+  local name=$1; shift
+  echo "\$ $*" | tee "$OUT/$name.log"
+  { "$@" 2>&1; echo "exit status $?"; } | grep -v -i "warn" | tee -a "$OUT/$name.log" || true
+}
+
+case $stage in
+data)
+  src=${QWEN_DATA_BENCH_CACHE:-$HOME/.cache/qwen-data-bench}
+  python3 bench/corpora.py >/dev/null
+  mkdir -p .gpu && tmp=$(mktemp -d)
+  python3 - "$src" "$tmp" <<'EOF'
+import json, re, sys
+src, tmp = sys.argv[1:]
+code_lines = re.compile(r"^(#include|#define|def |class |import |from \S+ import |struct |static )", re.M)
+budget = {"web": 19e6, "code": 5.5e6}
+files = {k: open(f"{tmp}/{k}.jsonl", "w") for k in budget}
+for line in open(f"{src}/text.jsonl"):
+    kind = "code" if len(code_lines.findall(json.loads(line)["text"])) >= 3 else "web"
+    if budget[kind] > 0:
+        files[kind].write(line)
+        budget[kind] -= len(line.encode())
+with open(f"{tmp}/chats.jsonl", "w") as out:
+    size = 0
+    for line in open(f"{src}/chats.jsonl"):
+        if size > 6.5e6:
+            break
+        out.write(line)
+        size += len(line.encode())
+EOF
+  qwen-data pretrain "$tmp/web.jsonl" -o .gpu/web --quiet
+  qwen-data pretrain "$tmp/code.jsonl" -o .gpu/code --quiet
+  qwen-data sft "$tmp/chats.jsonl" --template qwen2p5 -o .gpu/chat_packed --seq-length 4096 --pack --quiet
+  qwen-data sft "$tmp/chats.jsonl" --template qwen2p5 -o .gpu/chat_unpacked --seq-length 4096 --quiet
+  rm -rf "$tmp" .gpu/*.rejects.jsonl
+  qwen-data blend .gpu/web=0.75 .gpu/code=0.25 --split 98,2,0 -o .gpu/pretrain_blend
+  qwen-data blend .gpu/chat_packed -o .gpu/sft_packed.json
+  qwen-data blend .gpu/chat_unpacked -o .gpu/sft_unpacked.json
+  du -sh .gpu ;;
+pretrain)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
+  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
+    | tee -a "$OUT/device.txt"
+  run pretrain python3 -m train --data .gpu/pretrain_blend.txt "${COMMON[@]}" --train-iters 220 \
+    --warmup-iters 20 --lr 6e-4 --min-lr 6e-5 --eval-interval 110 --eval-iters 4 --log-interval 10 \
+    --log-json "$OUT/pretrain.jsonl" ;;
+sft)
+  run packed_check python3 bench/train_gpu.py packed --data .gpu/sft_packed.json --model qwen2.5-0.5b --rows 4
+  for kind in packed unpacked; do
+    run "sft_$kind" python3 -m train --data ".gpu/sft_$kind.json" "${COMMON[@]}" --train-iters 40 \
+      --warmup-iters 5 --lr 1e-4 --min-lr 1e-5 --log-interval 10 --log-json "$OUT/sft_$kind.jsonl"
+  done ;;
+parallel)
+  P=(--data .gpu/pretrain_blend.txt "${COMMON[@]}" --train-iters 20 --log-interval 1 --warmup-iters 5)
+  run tp1 python3 -m train "${P[@]}" --log-json "$OUT/tp1.jsonl"
+  run tp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --tp 2 --log-json "$OUT/tp2.jsonl"
+  run dp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --log-json "$OUT/dp2.jsonl" ;;
+*)
+  echo "unknown stage $stage" >&2; exit 2 ;;
+esac
