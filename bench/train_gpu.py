@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from train.attention import _flex, document_mask  # noqa: E402
+from train.data import samples_of_row  # noqa: E402
 from train.loop import forward, init_distributed  # noqa: E402
 from train.model import PRESETS, build_model  # noqa: E402
 
@@ -45,12 +46,7 @@ def packed(args) -> None:
                 leaky_row = dict(row, segment_ids=torch.zeros_like(row["segment_ids"]))
                 # Leaky control: a causal mask over the whole row ignores sample boundaries.
                 leaky = forward(model, leaky_row, "sdpa", device, autocast)[0].float()
-                segments = row["segment_ids"][0]
-                for seg in segments.unique():
-                    where = (segments == seg).nonzero().flatten()
-                    start, end = int(where[0]), int(where[-1]) + 1
-                    alone = {k: row[k][:, start:end] for k in ("tokens", "labels", "position_ids")}
-                    alone["segment_ids"] = torch.zeros(1, end - start, dtype=torch.int32)
+                for start, end, alone in samples_of_row(row):
                     single = forward(model, alone, "sdpa", device, autocast)[0].float()
                     diff = (whole[start:end] - single).abs()
                     trained = row["loss_mask"][0, start:end].to(device) > 0

@@ -137,17 +137,13 @@ def _model(name, attention):
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
 def test_packed_row_equals_its_samples_alone(prefixes, megatron_cpu, name):
+    from train.data import samples_of_row
     from train.loop import forward
     batch = _packed_batch(prefixes)
     model = _model(name, "sdpa")
     with torch.no_grad():
         packed = forward(model, batch, "sdpa", megatron_cpu, autocast=False)[0]
-        segments = batch["segment_ids"][0]
-        for seg in segments.unique():
-            where = (segments == seg).nonzero().flatten()
-            start, end = int(where[0]), int(where[-1]) + 1
-            alone = {k: batch[k][:, start:end] for k in ("tokens", "labels", "position_ids")}
-            alone["segment_ids"] = torch.zeros(1, end - start, dtype=torch.int32)
+        for start, end, alone in samples_of_row(batch):
             single = forward(model, alone, "sdpa", megatron_cpu, autocast=False)[0]
             torch.testing.assert_close(packed[start:end], single, rtol=1e-4, atol=1e-4)
         # The mask matters: the same row with causal attention across samples differs.
@@ -156,6 +152,7 @@ def test_packed_row_equals_its_samples_alone(prefixes, megatron_cpu, name):
 
 
 def test_sdpa_attention_equals_megatron_local_attention(prefixes, megatron_cpu):
+    from train.data import samples_of_row
     from train.loop import forward
     batch = _packed_batch(prefixes)
     with torch.no_grad():

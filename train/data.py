@@ -130,6 +130,18 @@ def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     return ~(same & causal).unsqueeze(-3)
 
 
+def samples_of_row(row: dict):
+    """(start, end, sample) for each segment of a one-row batch: the sample as a batch of its own,
+    positions as packed; a packed row must compute what its samples compute one by one."""
+    segments = row["segment_ids"][0]
+    for segment in segments.unique():
+        where = (segments == segment).nonzero().flatten()
+        start, end = int(where[0]), int(where[-1]) + 1
+        sample = {k: row[k][:, start:end] for k in ("tokens", "labels", "position_ids")}
+        sample["segment_ids"] = torch.zeros(1, end - start, dtype=torch.int32)
+        yield start, end, sample
+
+
 # ---------------------------------------------------------------------------------------------
 # Pretraining
 
