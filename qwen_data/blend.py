@@ -52,12 +52,12 @@ import json
 import math
 import os
 import re
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
 
 from . import __version__
+from .indexed import IndexFormatError, read_index
 from .outputs import read_manifest
 
 BLEND_FORMAT = "qwen-data/blend/1"
@@ -162,14 +162,14 @@ def _check_channel(prefix: str, channel: str, itemsize: int, manifest: dict) -> 
             f"{prefix}: {channel}.bin holds {bin_bytes} bytes, the manifest says {manifest['tokens']} "
             f"tokens of {itemsize} bytes: the data was changed after {prefix}.json was written"
         )
-    with open(channel + ".idx", "rb") as f:
-        header = f.read(34)
-    if len(header) < 34 or header[:9] != b"MMIDIDX\x00\x00":
-        raise BlendError(f"{prefix}: {channel}.idx is not a Megatron index")
-    sequences, documents = struct.unpack("<QQ", header[18:34])
-    if sequences != int(manifest["sequences"]) or documents != int(manifest["documents"]) + 1:
+    try:
+        index = read_index(channel + ".idx")
+    except IndexFormatError as exc:
+        raise BlendError(f"{prefix}: {exc}") from None
+    sequences, documents = index.sequences, index.documents
+    if sequences != int(manifest["sequences"]) or documents != int(manifest["documents"]):
         raise BlendError(
-            f"{prefix}: {channel}.idx counts {sequences} sequences / {documents - 1} documents, the "
+            f"{prefix}: {channel}.idx counts {sequences} sequences / {documents} documents, the "
             f"manifest {manifest['sequences']} / {manifest['documents']}: data and manifest disagree"
         )
 

@@ -1,121 +1,280 @@
-"""`qwen-data` command line: pretrain, sft, blend."""
+"""`qwen-data` command line: pretrain, sft, blend. Every argument and printed summary lives here;
+the pipelines take typed configs and return manifests."""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
 from . import __version__
 from .records import DEFAULT_CHUNK_BYTES
-from .tokenizer import BACKENDS, EOD_TOKEN, SPECIAL_POLICIES, TokenizerConfig
+from .tokenizer import BACKENDS, DEFAULT_PAD_ID, EOD_TOKEN, SPECIAL_POLICIES, TokenizerConfig
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
 
+SPECIAL_HELP = ("literal special-token strings in the text: text = all as plain text; safe = <|...|> tokens "
+                "(end of text, turn markers, vision/fim/pad) as plain text, <tool_call>/<think>/<tool_response> "
+                "keep their ids; parse = all as control ids (exactly what HF does); reject = set aside records "
+                "holding a <|...|> literal")
 
-def _add_common(p: argparse.ArgumentParser, default_output: str) -> None:
-    p.add_argument("-o", "--output-prefix", default=default_output,
-                   help=f"output prefix: writes PREFIX.bin/.idx/.json (default {default_output})")
-    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="worker processes")
+
+class UsageError(ValueError):
+    """A command line that cannot mean anything sensible."""
+
+
+# -- argument types: nonsense is refused while parsing --------------------------------------------
+def _at_least(minimum, kind=int):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"{text} is below the minimum {minimum}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = _at_least(0.0, float)(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    return value
+
+
+def _keys(text: str) -> list[str]:
+    keys = [k for k in text.split(",")]
+    if not all(keys):
+        raise argparse.ArgumentTypeError(f"{text!r}: empty key")
+    return keys
+
+
+# -- parsers --------------------------------------------------------------------------------------
+def _subparser(sub, name: str, help: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -> None:
+    p.add_argument("inputs", nargs="*", metavar="INPUT",
+                   help=f"input files; with none at all, the bundled example {example} is used")
+    p.add_argument("-o", "--output-prefix", default=default_output, help="output prefix: writes PREFIX.bin/.idx/.json")
+    p.add_argument("--workers", type=_at_least(1), default=min(8, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--tokenizer", default=None,
                    help="local tokenizer directory or a Hub name already in the local HF cache "
-                        "(default: the bundled Qwen tokenizer; nothing is ever downloaded)")
+                        "(none: the bundled Qwen tokenizer; nothing is ever downloaded)")
     p.add_argument("--flavour", choices=["qwen2", "qwen2.5", "qwen3"], default=None,
-                   help="which Qwen added-token set is special (default: as the tokenizer files say)")
+                   help="which Qwen added-token set is special (none: as the tokenizer files say)")
     p.add_argument("--backend", choices=BACKENDS, default="gigatoken",
                    help="gigatoken (fast, id-identical to HF) or hf (HF tokenizers itself)")
-    p.add_argument("--max-rejects", type=int, default=None,
-                   help="fail once more than this many records were rejected (default: never)")
-    p.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / (1 << 20),
+    p.add_argument("--max-rejects", type=_at_least(0), default=None,
+                   help="fail once more than this many records were rejected (none: never)")
+    p.add_argument("--chunk-mb", type=_positive_float, default=DEFAULT_CHUNK_BYTES / (1 << 20),
                    help="input is handed to workers in pieces of about this size")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qwen-data", description=__doc__)
+    parser = argparse.ArgumentParser(prog="qwen-data", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"qwen-data {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("pretrain", help="jsonl text → Megatron indexed dataset (.bin/.idx)")
-    p.add_argument("inputs", nargs="*", help=".jsonl / .jsonl.gz files (default: the bundled example corpus)")
-    _add_common(p, "out/web")
-    p.add_argument("--text-key", nargs="+", default=["text"],
-                   help="json key(s) holding the text; several keys give one dataset each, PREFIX_KEY")
-    p.add_argument("--special-tokens", choices=SPECIAL_POLICIES, default="text",
-                   help="literal special-token strings in text (<|im_start|>, <think> ...): encode as plain "
-                        "text (default), parse as control tokens (as HF and Megatron do), or reject the record")
-    p.add_argument("--eod-token", default=EOD_TOKEN, help=f"end-of-document token (default {EOD_TOKEN})")
+    p = _subparser(sub, "pretrain", "jsonl text → Megatron indexed dataset (.bin/.idx)")
+    _add_common(p, "out/web", "corpus.jsonl")
+    p.add_argument("--text-key", type=_keys, action="append", default=None, metavar="KEY[,KEY...]",
+                   help="json key holding the text (repeat the flag or give a comma-separated list; several keys "
+                        "give one dataset each, PREFIX_KEY, as Megatron's --json-keys) (none: text)")
+    p.add_argument("--special-tokens", choices=SPECIAL_POLICIES, default="text", help=SPECIAL_HELP)
+    p.add_argument("--eod-token", default=EOD_TOKEN, help="end-of-document token")
     p.set_defaults(func=_run_pretrain)
 
-    try:
-        from . import sft
-    except ImportError:  # pragma: no cover - while the SFT pipeline is absent
-        sft = None
-    if sft is not None:
-        p = sub.add_parser("sft", help="chat/instruction records → tokens + loss mask indexed datasets")
-        p.add_argument("inputs", nargs="*", help=".jsonl / .jsonl.gz / .json files (default: the bundled example chats)")
-        _add_common(p, "out/chat")
-        sft.add_arguments(p)
-        p.set_defaults(func=sft.run_cli)
+    from .masking import MASK_POLICIES
+    from .conversations import FORMATS
+    from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
 
-    try:
-        from . import blend
-    except ImportError:  # pragma: no cover - while the blend step is absent
-        blend = None
-    if blend is not None:
-        p = sub.add_parser("blend", help="weighted prefixes → Megatron --data-args-path / --per-split-data-args-path")
-        blend.add_arguments(p)
-        p.set_defaults(func=blend.run)
+    p = _subparser(sub, "sft", "chat/instruction records → tokens + loss mask indexed datasets")
+    _add_common(p, "out/chat", "chats.jsonl")
+    p.add_argument("--template", default="qwen2p5", choices=TEMPLATE_NAMES + ("auto",),
+                   help="chat template: qwen2, qwen2p5, qwen3, or auto (the --tokenizer directory's chat_template)")
+    p.add_argument("--format", default="auto", choices=FORMATS, help="record format (auto: detected per record)")
+    p.add_argument("--seq-length", type=_at_least(2), default=None,
+                   help="longest sample / packed row length in tokens (none: no limit)")
+    p.add_argument("--pack", action="store_true", help="pack samples into rows of exactly --seq-length tokens")
+    p.add_argument("--overlong", default="drop", choices=["drop", "truncate"],
+                   help="samples over --seq-length: set aside in the rejects file (drop) or truncate")
+    p.add_argument("--mask", default="assistant", choices=MASK_POLICIES,
+                   help="train every assistant turn, only the last one, or all tokens (prompt too)")
+    p.add_argument("--assistant-span", default="im_end_nl", choices=sorted(SPAN_KINDS),
+                   help="what of an assistant turn is trained: im_end_nl = content + <|im_end|> + newline "
+                        "(as LLaMA-Factory); im_end = content + <|im_end|> (ms-swift); trl = newline after "
+                        "the role + content + <|im_end|> + newline (TRL's generation templates)")
+    p.add_argument("--history", default="rendered", choices=HISTORY_MODES,
+                   help="multi-turn samples: rendered (one sample, as the template renders it), last (only the final "
+                        "turn trained), split (one sample per assistant turn, each rendered as at inference: what "
+                        "Qwen3's history-reasoning stripping calls for)")
+    p.add_argument("--no-thinking", dest="enable_thinking", action="store_const", const=False, default=None,
+                   help="render with enable_thinking=False (Qwen3)")
+    p.add_argument("--parse-tool-arguments", action="store_true",
+                   help="tool-call arguments given as JSON strings are parsed to objects before rendering")
+    p.add_argument("--pad-id", type=int, default=None, help=f"pad id (none: {DEFAULT_PAD_ID} <|vision_pad|>)")
+    p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>'")
+    p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
+    p.set_defaults(func=_run_sft)
+
+    from . import blend
+
+    p = sub.add_parser("blend", help="weighted prefixes → Megatron --data-args-path / --per-split-data-args-path",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    blend.add_arguments(p)
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    p.set_defaults(func=blend.run)
+
+    p = sub.add_parser("verify", help="re-read prefixes as a reader would and check them against their manifests",
+                       description="Checks sizes, counts, dtype, ids, eod, loss mask, packing and the fingerprint; "
+                                   "exit 0 when every prefix is ok, 1 with the list of problems.")
+    p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="output prefixes (PREFIX.bin/.idx/.json)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    p.set_defaults(func=_run_verify)
     return parser
 
 
+# -- commands -------------------------------------------------------------------------------------
 def tokenizer_config(args) -> TokenizerConfig:
     return TokenizerConfig(name=args.tokenizer, flavour=args.flavour, backend=args.backend)
+
+
+def _inputs(args, example: str) -> list[str]:
+    if args.inputs:
+        return args.inputs
+    path = os.path.join(EXAMPLES, example)
+    print(f"no input files given: using the bundled example {path}", file=sys.stderr)
+    return [path]
+
+
+def _common(args) -> dict:
+    return dict(output_prefix=args.output_prefix, workers=args.workers, tokenizer=tokenizer_config(args),
+                max_rejects=args.max_rejects, chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))), quiet=args.quiet)
+
+
+def _print_rejects(prefix: str, manifest: dict) -> None:
+    rejects = manifest["rejects"]
+    if rejects["count"]:
+        print(f"{rejects['count']:,} records rejected (by reason {rejects['by_reason']}): {prefix}.rejects.jsonl "
+              "lists each with its file and record number (counting from 1)")
 
 
 def _run_pretrain(args) -> int:
     from .pretrain import PretrainConfig, run
 
-    inputs = args.inputs or [os.path.join(EXAMPLES, "corpus.jsonl")]
-    config = PretrainConfig(
-        inputs=inputs,
-        output_prefix=args.output_prefix,
-        text_keys=args.text_key,
-        workers=args.workers,
-        tokenizer=tokenizer_config(args),
-        special_tokens=args.special_tokens,
-        eod_token=args.eod_token,
-        max_rejects=args.max_rejects,
-        chunk_bytes=int(args.chunk_mb * (1 << 20)),
-        quiet=args.quiet,
-    )
+    text_keys = [k for group in args.text_key for k in group] if args.text_key else ["text"]
+    config = PretrainConfig(inputs=_inputs(args, "corpus.jsonl"), text_keys=text_keys,
+                            special_tokens=args.special_tokens, eod_token=args.eod_token, **_common(args))
     manifests = run(config)
     for prefix, m in zip(config.prefixes(), manifests):
-        print(
-            f"{prefix}: {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}), "
-            f"{m['rejects']['count']:,} rejected, {m['wall_seconds']:.1f} s"
-        )
-    if manifests[0]["rejects"]["count"]:
-        print(f"rejected records: {config.output_prefix}.rejects.jsonl {manifests[0]['rejects']['by_reason']}")
+        print(f"{prefix}: {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}), "
+              f"{m['wall_seconds']:.1f} s")
+    _print_rejects(config.output_prefix, manifests[0])
     m = manifests[0]
     print("Megatron-LM flags:")
     print(f"  --data-path {' '.join(config.prefixes())} --split 99,1,0 --tokenizer-type HuggingFaceTokenizer "
           f"--tokenizer-model {m['tokenizer']['path']}")
-    print(f"  End of document is {m['eod_id']}. Megatron's HF tokenizer takes eod from eos (151645 for Qwen3 and "
-          f"instruct files) and may treat pad 151643 as padding; `python -m train` takes eod {m['eod_id']} and "
-          f"pad {m['pad_id']} from {config.prefixes()[0]}.json.")
+    print(f"  Every document ends with {m['eod_id']} {m['eod_token']}. Megatron's HF tokenizer takes eod from eos "
+          f"(151645 <|im_end|> for Qwen3 and instruct tokenizers); `python -m train` takes it from "
+          f"{config.prefixes()[0]}.json.")
     return 0
 
 
+def _run_sft(args) -> int:
+    from .sft import MASK_SUFFIX, SFTConfig, run
+
+    config = SFTConfig(
+        inputs=_inputs(args, "chats.jsonl"), template=args.template, format=args.format, seq_length=args.seq_length,
+        pack=args.pack, overlong=args.overlong, mask=args.mask, assistant_span=args.assistant_span,
+        history=args.history, enable_thinking=args.enable_thinking, parse_tool_arguments=args.parse_tool_arguments,
+        pad_id=args.pad_id, pad_token=args.pad_token, special_tokens=args.special_tokens, **_common(args),
+    )
+    m = run(config)
+    s = m["sft"]
+    packed = f", {s['rows']:,} rows of {s['seq_length']} (fill {s['fill']:.2%}, {s['pad_tokens']:,} pad)" if s["packed"] else ""
+    print(f"{config.output_prefix}: {s['samples']:,} samples, {m['tokens']:,} tokens, "
+          f"{s['trained_tokens']:,} trained{packed}; {m['wall_seconds']:.1f} s")
+    _print_rejects(config.output_prefix, m)
+    print(f"template {s['template']} (sha256 {s['template_sha256'][:12]}), pad id {m['pad_id']}, "
+          f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx")
+    return 0
+
+
+def _run_verify(args) -> int:
+    from .blend import strip_suffix
+    from .outputs import read_manifest
+    from .verify import verify
+
+    failed = 0
+    for prefix in map(strip_suffix, args.prefixes):
+        problems = verify(prefix)
+        if problems:
+            failed += 1
+            print(f"{prefix}: {len(problems)} problem(s)")
+            print("".join(f"  - {problem}\n" for problem in problems), end="")
+        else:
+            m = read_manifest(prefix)
+            print(f"{prefix}: ok ({m['documents']:,} documents, {m['tokens']:,} tokens)")
+    return 1 if failed else 0
+
+
+# -- errors ---------------------------------------------------------------------------------------
+_OS_HINTS = {
+    errno.ENOSPC: "no space left on the device: free some or write elsewhere (-o)",
+    errno.EDQUOT: "disk quota exceeded: free some space or write elsewhere (-o)",
+    errno.EFBIG: "file too large for this file system or limit: write elsewhere (-o)",
+    errno.EROFS: "read-only file system: write elsewhere (-o)",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOENT: "no such file or directory",
+    errno.ENOTDIR: "a part of this path is a file, not a directory",
+    errno.EISDIR: "is a directory, expected a file",
+    errno.EEXIST: "exists and is not a directory",
+}
+
+
+def describe(exc: BaseException) -> str:
+    """One line a person can act on."""
+    if isinstance(exc, OSError) and exc.errno in _OS_HINTS and exc.filename:
+        return f"{exc.filename}: {_OS_HINTS[exc.errno]}"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader of our output went away (`qwen-data ... | head`): nothing more to say.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted: no output was committed", file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        print(f"qwen-data {args.command}: error: {exc}", file=sys.stderr)
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError, RuntimeError, EOFError) as exc:
+        if args.debug:
+            raise
+        print(f"qwen-data {args.command}: error: {describe(exc)}", file=sys.stderr)
         return 2
 
 

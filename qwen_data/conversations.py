@@ -25,13 +25,29 @@ Input formats (`fmt="auto"` picks per record by its keys: `messages` -> chat,
   function schema is wrapped as `{"type": "function", "function": ...}` as LLaMA-Factory's
   Qwen tool formatter does.
 
+Content given as a list of parts (chat `content`, ShareGPT `value`): `{"type": "text", "text": ...}`
+(OpenAI) or `{"type": "text", "value": ...}` (LLaMA-Factory) parts are joined with nothing between
+them, which is what the model sees from Qwen's own templates that take part lists (Qwen2-VL to
+Qwen3.5 print each text part in turn) and from LLaMA-Factory's renderer. (The text-only Qwen2.5 and
+Qwen3 templates cannot take lists: Qwen2.5's fails, Qwen3's renders them as empty; vLLM and SGLang
+flatten lists for such templates with "\\n" and " " respectively. Put any separator inside the parts.)
+A part of another type is rejected (`unsupported-content-part`), never skipped. qwen-data prepares
+text-only data: a record with image, audio, video or file parts, or with non-empty media keys
+(`images`/`videos`/`audios`, LLaMA-Factory's and ms-swift's multimodal columns, or LLaVA's
+`image`/`video`), is rejected as `multimodal` in every format, since its `<image>`-style
+placeholders would otherwise be trained as plain text.
+
 What is accepted (HF templates render almost anything; LLaMA-Factory demands strict
 user/assistant alternation; we sit between, rejecting what would train the model wrongly):
 - a system message only as the first message;
 - the first non-system message must be a user turn;
 - consecutive user turns are accepted (the templates render them, and they are real context);
 - consecutive assistant turns are rejected (nothing to answer; almost always a join bug);
-- a tool message must follow an assistant turn or another tool message;
+- a tool message must follow an assistant turn that made tool calls, or another tool message
+  (`tool-response-without-call` after a plain assistant turn, e.g. a ShareGPT `observation` after
+  `gpt` rather than `function_call`); the number of responses is not checked against the number
+  of calls, as LLaMA-Factory merges several results into one observation and the templates ignore
+  `tool_call_id`;
 - the conversation must end with an assistant turn (a trailing prompt would be untrained,
   and for Qwen3 it would also move the "last user query" and change how thinking renders);
 - every assistant turn must carry something: non-blank content, tool calls or reasoning.
@@ -62,6 +78,21 @@ _ROLE_ALIASES = {
 # transformers copies these into `reasoning_content` before rendering (first non-None wins).
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
+# Record keys that carry media: LLaMA-Factory's and ms-swift's multimodal columns, LLaVA's singular ones.
+_MEDIA_KEYS = ("images", "videos", "audios", "image", "video", "audio")
+
+# Content-part types that carry media (OpenAI chat and Responses, vLLM, Qwen-VL's own messages).
+_MEDIA_PART_TYPES = frozenset(
+    {
+        "image", "image_url", "input_image", "image_pil", "image_embeds",
+        "audio", "audio_url", "input_audio", "audio_embeds",
+        "video", "video_url", "input_video",
+        "file", "input_file",
+    }
+)
+
+_TEXT_ONLY = "qwen-data prepares text-only data"
+
 
 @dataclass
 class Conversation:
@@ -85,6 +116,7 @@ def to_conversation(record: dict, fmt: str = "auto", *, parse_tool_arguments: bo
     """
     if not isinstance(record, dict):
         raise RecordError("not-an-object", f"record is a {type(record).__name__}, not a JSON object")
+    _reject_media_keys(record)
     if fmt == "auto":
         fmt = detect_format(record)
     if fmt == "alpaca":
@@ -99,6 +131,12 @@ def to_conversation(record: dict, fmt: str = "auto", *, parse_tool_arguments: bo
         _parse_string_arguments(conversation)
     validate(conversation)
     return conversation
+
+
+def _reject_media_keys(record: dict) -> None:
+    for key in _MEDIA_KEYS:
+        if record.get(key) not in (None, "", [], {}):
+            raise RecordError("multimodal", f"the record has {key!r}; {_TEXT_ONLY}")
 
 
 def detect_format(record: dict) -> str:
@@ -198,13 +236,33 @@ def _role(value, n: int) -> str:
 def _content(value, n: int) -> str:
     if value is None:
         raise RecordError("missing-field", f"messages[{n}] has no content")
+    if isinstance(value, list):
+        return "".join(_text_part(part, n, i) for i, part in enumerate(value))
     if not isinstance(value, str):
         raise RecordError(
             "non-string-content",
-            f"messages[{n}] content is a {type(value).__name__}; only plain strings are supported "
-            "(flatten multimodal/content-part lists first)",
+            f"messages[{n}] content is a {type(value).__name__}; expected a string or a list of text parts",
         )
     return value
+
+
+def _text_part(part, n: int, i: int) -> str:
+    """The text of one content part (joined as the module docstring says), or RecordError."""
+    where = f"messages[{n}] content part {i}"
+    if not isinstance(part, dict):
+        raise RecordError("bad-content-part", f"{where} is a {type(part).__name__}, not an object")
+    kind = part.get("type")
+    # Qwen-VL's templates take a part holding an `image`/`video` key as media whatever its type
+    if kind in _MEDIA_PART_TYPES or any(part.get(key) is not None for key in ("image", "image_url", "audio", "video")):
+        raise RecordError("multimodal", f"{where} is {kind or 'media'!r}; {_TEXT_ONLY}")
+    if kind != "text":
+        raise RecordError(
+            "unsupported-content-part", f"{where} has type {kind!r}; only 'text' parts are supported"
+        )
+    text = part["text"] if "text" in part else part.get("value")
+    if not isinstance(text, str):
+        raise RecordError("bad-content-part", f"{where} needs a string 'text' (or 'value')")
+    return text
 
 
 def _tool_call(call, n: int) -> dict:
@@ -335,6 +393,10 @@ def validate(conversation: Conversation) -> None:
             if not (message["content"].strip() or message.get("tool_calls") or message.get("reasoning_content")):
                 raise RecordError("empty-assistant-turn", f"assistant turn at message {n} is empty")
         elif role == "tool":
+            if previous == "assistant" and not messages[n - 1].get("tool_calls"):
+                raise RecordError(
+                    "tool-response-without-call", f"tool message {n} follows an assistant turn that made no tool call"
+                )
             if previous not in ("assistant", "tool"):
                 raise RecordError(
                     "misplaced-tool-response", f"tool message {n} does not follow an assistant turn or a tool message"

@@ -1,4 +1,4 @@
-"""The one error type every step raises for a bad input record."""
+"""Errors about the input: one bad record (set aside, the run goes on) or a whole file (the run stops)."""
 
 
 class RecordError(ValueError):
@@ -7,3 +7,7 @@ class RecordError(ValueError):
     def __init__(self, reason: str, message: str = "") -> None:
         super().__init__(message or reason)
         self.reason = reason
+
+
+class InputFileError(ValueError):
+    """A whole input file that cannot be read; the message names it and says what is wrong."""

@@ -36,13 +36,39 @@ class SampleEncoder:
 
     def encode(self, samples: list[Sample]) -> list[tuple[np.ndarray, np.ndarray]]:
         """(ids int32, mask uint8) per sample; RecordError instances stand in for bad samples."""
-        flat, counts = self.tokenizer.encode_batch([s.text for s in samples], special="parse")
         out = []
-        for sample, ids in zip(samples, np.split(flat, np.cumsum(counts)[:-1]) if len(counts) else []):
+        for sample, ids in zip(samples, self._ids(samples)):
             try:
                 out.append((ids, self.mask(sample, ids)))
             except RecordError as error:
                 out.append(error)
+        return out
+
+    def _ids(self, samples: list[Sample]) -> list[np.ndarray]:
+        """Every literal in a sample's text is a control id (as HF parses it), except in marked
+        samples: there only the literals left in `marked_text` are, and the text between them is
+        encoded as plain text, piece by piece, as HF encodes the pieces between added tokens."""
+        tokenizer = self.tokenizer
+        whole = [s.text for s in samples if s.marked_text is None]
+        flat, counts = tokenizer.encode_batch(whole, special="parse")
+        whole_ids = iter(np.split(flat, np.cumsum(counts)[:-1]) if len(counts) else [])
+        out = []
+        for sample in samples:
+            if sample.marked_text is None:
+                out.append(next(whole_ids))
+                continue
+            pieces, controls, position = [], [], 0
+            for match in tokenizer.special_re.finditer(sample.marked_text):
+                pieces.append(sample.text[position:match.start()])
+                controls.append(tokenizer.added_tokens[match.group(0)])
+                position = match.end()
+            pieces.append(sample.text[position:])
+            flat, counts = tokenizer.encode_batch(pieces, special="text")
+            parts = np.split(flat, np.cumsum(counts)[:-1])
+            ids = [parts[0]]
+            for control, part in zip(controls, parts[1:]):
+                ids += [np.asarray([control], dtype=np.int32), part]
+            out.append(np.concatenate(ids).astype(np.int32))
         return out
 
     def mask(self, sample: Sample, ids: np.ndarray) -> np.ndarray:

@@ -3,7 +3,10 @@
 Everything is written under temporary names and renamed into place only when complete, with the
 manifest (`PREFIX.json`) last: a prefix whose manifest exists is complete. On commit the old
 manifest goes first, so a run killed half-way through renaming never leaves new data beside an old
-manifest. A lock file refuses a second run into the same prefix while one is running.
+manifest. Every final file is locked (`FILE.lock`, flock) for the whole run, so two runs whose
+outputs overlap in any file — `-o d/web` with two text keys writes `d/web_text.*`, as does
+`-o d/web_text` — cannot both proceed. The kernel drops a killed run's locks: a stale lock file
+never blocks.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from . import __version__
 
 FORMAT = "qwen-data/1"
 TMP_SUFFIX = ".tmp"
+LOCK_SUFFIX = ".lock"
 
 
 class OutputLocked(RuntimeError):
@@ -26,28 +30,30 @@ class OutputLocked(RuntimeError):
 
 
 class AtomicOutputs:
-    """Temporary paths for a set of final files, committed together.
+    """Temporary paths for a declared set of final files, locked at once and committed together.
 
     `data` files are renamed first, `markers` (manifests) last; every path is removed first when
     the run leaves it out (a stale rejects file from an earlier run, say).
     """
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        directory = os.path.dirname(os.path.abspath(prefix))
-        os.makedirs(directory, exist_ok=True)
-        self._lock_path = prefix + ".lock"
-        self._lock = open(self._lock_path, "a")
+    def __init__(self, final_paths: list[str]) -> None:
+        self._declared = list(dict.fromkeys(final_paths))
+        for directory in {os.path.dirname(os.path.abspath(p)) for p in self._declared}:
+            os.makedirs(directory, exist_ok=True)
+        self._locks: list[tuple[str, object]] = []
         try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise OutputLocked(f"{prefix}: another qwen-data run is writing this prefix ({self._lock_path} is locked)")
+            for path in self._declared:
+                self._locks.append((path + LOCK_SUFFIX, _lock(path + LOCK_SUFFIX)))
+        except BaseException:
+            self._release()
+            raise
         self._files: list[str] = []
         self._obsolete: list[str] = []
 
     def tmp(self, final_path: str) -> str:
-        """The temporary path to write `final_path` under."""
+        """The temporary path to write `final_path` (one of the declared files) under."""
+        if final_path not in self._declared:
+            raise ValueError(f"{final_path} was not declared, so it is not locked")
         self._files.append(final_path)
         return final_path + TMP_SUFFIX
 
@@ -77,9 +83,10 @@ class AtomicOutputs:
         self._release()
 
     def _release(self) -> None:
-        if not self._lock.closed:
-            os.remove(self._lock_path)
-            self._lock.close()
+        while self._locks:
+            path, handle = self._locks.pop()
+            os.remove(path)
+            handle.close()
 
     def __enter__(self):
         return self
@@ -87,18 +94,40 @@ class AtomicOutputs:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             self.abort()
+            if isinstance(exc, OSError) and exc.filename is None:
+                # a failed write (disk full ...) names no file: name the outputs it was for
+                exc.filename = self._declared[0].rsplit(".", 1)[0] + ".*"
         return False
 
 
-def fingerprint(idx_paths: list[str], bin_paths: list[str]) -> str:
-    """Changes whenever the data does: the index bytes and the data files' sizes."""
+def _lock(path: str):
+    """An exclusive flock on `path`, or OutputLocked. Retries when the file was removed between
+    opening and locking it (its holder finished): a lock on a removed file guards nothing."""
+    while True:
+        handle = open(path, "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise OutputLocked(f"{path[:-len(LOCK_SUFFIX)]}: another qwen-data run is writing this file "
+                               f"({path} is locked)") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
+        handle.close()
+
+
+def fingerprint(channels: list[tuple[str, str]]) -> str:
+    """Changes whenever the data does: a hash of each channel's (.idx, .bin) content hashes, in order.
+
+    The pipelines pass `IndexedDatasetWriter.digests` (hashed while writing); `verify` recomputes
+    them by streaming the files.
+    """
     digest = hashlib.sha256()
-    for path in idx_paths:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
-    for path in bin_paths:
-        digest.update(b"%d\0" % os.path.getsize(path))
+    for idx_digest, bin_digest in channels:
+        digest.update(f"{idx_digest} {bin_digest}\n".encode())
     return digest.hexdigest()
 
 

@@ -21,7 +21,7 @@ from .errors import RecordError
 from .indexed import IndexedDatasetWriter, token_dtype
 from .outputs import AtomicOutputs, base_manifest, fingerprint, write_json
 from .progress import Progress
-from .records import DEFAULT_CHUNK_BYTES, RejectLog, check_inputs, parse_line, read_chunks, reject_entry
+from .records import DEFAULT_CHUNK_BYTES, RejectLog, check_inputs, empty_output, parse_line, read_chunks, reject_entry
 from .tokenizer import DEFAULT_PAD_ID, EOD_TOKEN, SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig
 from .workers import ordered_map
 
@@ -50,6 +50,8 @@ class PretrainConfig:
             raise ValueError("--text-key: give one or more distinct keys")
         if self.workers < 1:
             raise ValueError("--workers must be at least 1")
+        if self.chunk_bytes < 1:
+            raise ValueError("--chunk-mb must be above 0")
 
     def prefixes(self) -> list[str]:
         if len(self.text_keys) == 1:
@@ -86,7 +88,7 @@ def tokenize_chunk(chunk) -> ChunkResult:
             # A lone surrogate can only come from a \ud800-\udfff escape in the line.
             maybe_surrogate = b"\\ud" in line or b"\\uD" in line
             values = [_text_field(record, key, maybe_surrogate) for key in keys]
-            special = next((s for s in map(tokenizer.find_special, values) if s), None)
+            special = next((s for v in values if (s := tokenizer.find_special(v, config.special_tokens))), None)
             if special:
                 special_records += 1
                 if config.special_tokens == "reject":
@@ -98,10 +100,9 @@ def tokenize_chunk(chunk) -> ChunkResult:
         text_bytes += len(line)
         for bucket, value in zip(texts, values):
             bucket.append(value)
-    mode = "parse" if config.special_tokens == "parse" else "text"
     ids, lengths = [], []
     for bucket in texts:
-        flat, counts = tokenizer.encode_batch(bucket, special=mode)
+        flat, counts = tokenizer.encode_batch(bucket, special=config.special_tokens)
         doc_ids, doc_lengths = append_eod(flat, counts, _worker["eod_id"])
         ids.append(doc_ids)
         lengths.append(doc_lengths)
@@ -114,8 +115,8 @@ def _text_field(record: dict, key: str, maybe_surrogate: bool = True) -> str:
     value = record[key]
     if not isinstance(value, str):
         raise RecordError("not-a-string", f"{key!r} is a {type(value).__name__}, expected a string")
-    if not value:
-        raise RecordError("empty-text", f"{key!r} is empty")
+    if not value or value.isspace():
+        raise RecordError("empty-text", f"{key!r} is empty" if not value else f"{key!r} holds only whitespace")
     if maybe_surrogate:
         try:
             value.encode("utf-8")
@@ -141,18 +142,20 @@ def run(config: PretrainConfig) -> list[dict]:
     start = time.monotonic()
     check_inputs(config.inputs)
     tokenizer = QwenTokenizer(config.tokenizer)
-    eod_id = tokenizer.token_id(config.eod_token)
+    eod_id = tokenizer.token_id(config.eod_token, "--eod-token")
     dtype = token_dtype(tokenizer.vocab_size)
     prefixes = config.prefixes()
     total_bytes = 0 if any(p.endswith(".gz") for p in config.inputs) else sum(map(os.path.getsize, config.inputs))
     progress = Progress(total_bytes, enabled=not config.quiet)
     special_records = 0
-    tokenizer.prepare("parse" if config.special_tokens == "parse" else "text")
-    with AtomicOutputs(config.output_prefix) as outputs:
+    tokenizer.prepare(config.special_tokens)
+    rejects_path = config.output_prefix + ".rejects.jsonl"
+    finals = [p + ext for p in prefixes for ext in (".bin", ".idx", ".json")] + [rejects_path]
+    with AtomicOutputs(finals) as outputs:
         writers = [
             IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), dtype) for p in prefixes
         ]
-        rejects = RejectLog(outputs.tmp(config.output_prefix + ".rejects.jsonl"), config.max_rejects)
+        rejects = RejectLog(outputs.tmp(rejects_path), config.max_rejects)
         results = ordered_map(
             tokenize_chunk,
             read_chunks(config.inputs, config.chunk_bytes),
@@ -168,9 +171,11 @@ def run(config: PretrainConfig) -> list[dict]:
             special_records += result.special_records
             progress.update(result.records, result.text_bytes, sum(len(i) for i in result.ids))
         progress.close()
+        rejects.close()
+        if writers[0].documents == 0:
+            raise empty_output(config.output_prefix, rejects)
         for writer in writers:
             writer.finalize()
-        rejects.close()
         manifests = []
         for prefix, key, writer in zip(prefixes, config.text_keys, writers):
             manifest = base_manifest("pretrain")
@@ -187,7 +192,7 @@ def run(config: PretrainConfig) -> list[dict]:
                 documents=writer.documents,
                 sequences=writer.sequences,
                 tokens=writer.tokens,
-                fingerprint=fingerprint([writer.idx_path], [writer.bin_path]),
+                fingerprint=fingerprint([writer.digests]),
                 inputs=[{"path": os.path.abspath(p), "bytes": os.path.getsize(p)} for p in config.inputs],
                 rejects=rejects.summary(),
                 wall_seconds=round(time.monotonic() - start, 3),
@@ -195,7 +200,6 @@ def run(config: PretrainConfig) -> list[dict]:
             outputs.tmp(prefix + ".json")
             write_json(prefix + ".json.tmp", manifest)
             manifests.append(manifest)
-        rejects_path = config.output_prefix + ".rejects.jsonl"
         if rejects.count == 0:
             outputs.discard(rejects_path)
         outputs.commit(markers=[p + ".json" for p in prefixes])

@@ -6,7 +6,7 @@ depend only on the input and `chunk_bytes`, never on the worker count, so output
 any number of workers.
 
 `.jsonl` and `.jsonl.gz` stream. A `.json` file holding one array of records (how many SFT
-datasets ship) is loaded whole and re-cut into one record per line; its "line" numbers are then
+datasets ship) is loaded whole and re-cut into one record per line; its record numbers are then
 the record's 1-based position in the array.
 """
 
@@ -15,12 +15,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
 import orjson
 
-from .errors import RecordError
+from .errors import InputFileError, RecordError
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -28,9 +29,8 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 @dataclass
 class Chunk:
     path: str
-    first_line: int  # 1-based number of the first line in `data`
+    first_line: int  # 1-based number of the first line (record) in `data`
     data: bytes  # whole lines, newline-separated
-    unit: str = "line"  # "line", or "record" for .json arrays
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
         """(line number, line without its newline), blank lines included."""
@@ -51,10 +51,17 @@ def check_inputs(paths: list[str]) -> None:
 
 def read_chunks(paths: list[str], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Chunk]:
     for path in paths:
-        if path.endswith((".json", ".json.gz")):
-            yield from _json_array_chunks(path, chunk_bytes)
-        else:
-            yield from _jsonl_chunks(path, chunk_bytes)
+        try:
+            if path.endswith((".json", ".json.gz")):
+                yield from _json_array_chunks(path, chunk_bytes)
+            else:
+                yield from _jsonl_chunks(path, chunk_bytes)
+        except gzip.BadGzipFile:
+            raise InputFileError(f"{path}: not a gzip file, though its name ends in .gz") from None
+        except EOFError:
+            raise InputFileError(f"{path}: the gzip data ends early (a truncated or partly copied file)") from None
+        except zlib.error as exc:
+            raise InputFileError(f"{path}: corrupt gzip data ({exc})") from None
 
 
 def _open(path: str):
@@ -86,19 +93,19 @@ def _json_array_chunks(path: str, chunk_bytes: int) -> Iterator[Chunk]:
         try:
             records = json.load(f)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise RecordError("invalid-json-file", f"{path}: not a JSON array of records ({exc})") from None
+            raise InputFileError(f"{path}: not a JSON array of records ({exc})") from None
     if not isinstance(records, list):
-        raise RecordError("invalid-json-file", f"{path}: top level is {type(records).__name__}, expected an array")
+        raise InputFileError(f"{path}: top level is {type(records).__name__}, expected an array of records")
     first, lines, size = 1, [], 0
     for index, record in enumerate(records, start=1):
         line = json.dumps(record, ensure_ascii=False).encode("utf-8", "surrogatepass")
         lines.append(line)
         size += len(line) + 1
         if size >= chunk_bytes:
-            yield Chunk(path, first, b"\n".join(lines) + b"\n", unit="record")
+            yield Chunk(path, first, b"\n".join(lines) + b"\n")
             first, lines, size = index + 1, [], 0
     if lines:
-        yield Chunk(path, first, b"\n".join(lines) + b"\n", unit="record")
+        yield Chunk(path, first, b"\n".join(lines) + b"\n")
 
 
 def parse_line(line: bytes) -> dict:
@@ -126,10 +133,13 @@ def _parse_line_slowly(line: bytes):
 
 
 def reject_entry(chunk: Chunk, line_no: int, line: bytes, error: RecordError) -> dict:
-    """A line of PREFIX.rejects.jsonl: where, why, and the record itself so it can be fixed."""
+    """A line of PREFIX.rejects.jsonl: where, why, and the record itself so it can be fixed.
+
+    `record` is the record's number in its file counting from 1: the line number in a jsonl file
+    (every line is a record, blank ones included), the position in a .json array."""
     return {
         "file": chunk.path,
-        chunk.unit: line_no,
+        "record": line_no,
         "reason": error.reason,
         "message": str(error),
         "raw": line.decode("utf-8", "backslashreplace"),
@@ -140,10 +150,20 @@ class TooManyRejects(RuntimeError):
     pass
 
 
+class EmptyOutput(RuntimeError):
+    """A run that would write no document: a prefix megatron-core cannot even open."""
+
+
+def empty_output(prefix: str, rejects: "RejectLog") -> EmptyOutput:
+    why = (f"all {rejects.count:,} records were rejected, by reason {rejects.summary()['by_reason']}"
+           if rejects.count else "the input holds no records")
+    return EmptyOutput(f"{prefix}: nothing to write ({why}); no output was written")
+
+
 class RejectLog:
     """Writes rejected records to PREFIX.rejects.jsonl, counts them by reason, shows the first few."""
 
-    SHOWN = 10
+    SHOWN = 5
 
     def __init__(self, path: str, max_rejects: int | None = None) -> None:
         self.path = path
@@ -160,16 +180,19 @@ class RejectLog:
             self.by_reason[entry["reason"]] = self.by_reason.get(entry["reason"], 0) + 1
             self.count += 1
             if self.count <= self.SHOWN:
-                where = "line" if "line" in entry else "record"
-                print(f"rejected {entry['file']}:{where} {entry[where]}: {entry['message']}", file=sys.stderr)
+                print(f"rejected {entry['file']}:{entry['record']}: {entry['message']}", file=sys.stderr)
         if self.max_rejects is not None and self.count > self.max_rejects:
             raise TooManyRejects(
                 f"more than --max-rejects {self.max_rejects} rejected records; last: "
-                f"{entries[-1]['file']} {entries[-1].get('line', entries[-1].get('record'))}: {entries[-1]['message']}"
+                f"{entries[-1]['file']}:{entries[-1]['record']}: {entries[-1]['message']}"
             )
 
     def close(self) -> None:
+        import sys
+
         self._file.close()
+        if self.count > self.SHOWN:
+            print(f"... and {self.count - self.SHOWN:,} more rejected records", file=sys.stderr)
 
     def summary(self) -> dict:
         return {"count": self.count, "by_reason": dict(sorted(self.by_reason.items()))}

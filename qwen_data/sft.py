@@ -12,13 +12,13 @@ reader knows every boundary and samples never need to see each other.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import literals
 from .conversations import FORMATS, to_conversation
 from .errors import RecordError
 from .indexed import IndexedDatasetWriter, token_dtype
@@ -26,9 +26,9 @@ from .masking import MASK_POLICIES, SampleEncoder
 from .outputs import AtomicOutputs, base_manifest, fingerprint, write_json
 from .packing import pack
 from .progress import Progress
-from .records import DEFAULT_CHUNK_BYTES, RejectLog, check_inputs, parse_line, read_chunks, reject_entry
+from .records import DEFAULT_CHUNK_BYTES, RejectLog, check_inputs, empty_output, parse_line, read_chunks, reject_entry
 from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, get_template, render_samples
-from .tokenizer import DEFAULT_PAD_ID, QwenTokenizer, TokenizerConfig
+from .tokenizer import DEFAULT_PAD_ID, FIRST_ADDED_ID, SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig
 from .workers import ordered_map
 
 TASKS_PER_WORKER = 16
@@ -57,7 +57,7 @@ class SFTConfig:
     parse_tool_arguments: bool = False
     pad_id: int | None = None
     pad_token: str | None = None
-    special_tokens: str = "parse"
+    special_tokens: str = "safe"
     workers: int = 2
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     max_rejects: int | None = None
@@ -67,7 +67,7 @@ class SFTConfig:
     def __post_init__(self) -> None:
         choices = {"template": TEMPLATE_NAMES + ("auto",), "format": FORMATS, "overlong": ("drop", "truncate"),
                    "mask": MASK_POLICIES, "assistant_span": tuple(SPAN_KINDS), "history": HISTORY_MODES,
-                   "special_tokens": ("parse", "reject")}
+                   "special_tokens": SPECIAL_POLICIES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}")
@@ -79,6 +79,8 @@ class SFTConfig:
             raise ValueError("give --pad-id or --pad-token, not both")
         if self.workers < 1:
             raise ValueError("--workers must be at least 1")
+        if self.chunk_bytes < 1:
+            raise ValueError("--chunk-mb must be above 0")
 
 
 def resolve_pad_id(config: SFTConfig, tokenizer: QwenTokenizer) -> int:
@@ -86,13 +88,16 @@ def resolve_pad_id(config: SFTConfig, tokenizer: QwenTokenizer) -> int:
     Qwen embedding table. (Data that would contain it is rejected sample by sample.)"""
     pad = config.pad_id if config.pad_id is not None else DEFAULT_PAD_ID
     if config.pad_token is not None:
-        pad = tokenizer.token_id(config.pad_token)
+        pad = tokenizer.token_id(config.pad_token, "--pad-token")
     for name in TEMPLATE_TOKENS:
         if tokenizer.added_tokens.get(name) == pad:
             raise ValueError(f"pad id {pad} is {name}, which the chat templates write: padding must never "
                              "look like real data (the model would never learn to stop). Default: 151654 <|vision_pad|>")
-    if not 0 <= pad < MIN_EMBEDDING_ROWS:
-        raise ValueError(f"pad id {pad} is outside the Qwen embedding tables (0..{MIN_EMBEDDING_ROWS - 1})")
+    if not FIRST_ADDED_ID <= pad < MIN_EMBEDDING_ROWS:
+        raise ValueError(f"pad id {pad} is outside the Qwen embedding tables (0..{MIN_EMBEDDING_ROWS - 1})"
+                         if not 0 <= pad < MIN_EMBEDDING_ROWS else
+                         f"pad id {pad} is an ordinary token that text encodes to; choose an added token "
+                         f"({FIRST_ADDED_ID}..{MIN_EMBEDDING_ROWS - 1}, default {DEFAULT_PAD_ID} <|vision_pad|>)")
     return pad
 
 
@@ -105,6 +110,7 @@ class ChunkResult:
     records: int
     text_bytes: int
     truncated: int
+    special_records: int  # records holding literals the special-token policy acts on
 
 
 _worker: dict = {}
@@ -118,16 +124,24 @@ def process_chunk(chunk) -> ChunkResult:
     config: SFTConfig = _worker["config"]
     tokenizer: QwenTokenizer = _worker["tokenizer"]
     history = "last" if config.mask == "last" else config.history
-    samples, origins, rejects, records, text_bytes = [], [], [], 0, 0
+    policy = config.special_tokens
+    pattern = tokenizer.acted_on(policy)
+    samples, origins, rejects, records, text_bytes, special_records = [], [], [], 0, 0, 0
     for line_no, line in chunk.lines():
         try:
             record = parse_line(line)
             conversation = to_conversation(record, config.format, parse_tool_arguments=config.parse_tool_arguments)
-            if config.special_tokens == "reject":
-                special = tokenizer.find_special(json.dumps([conversation.messages, conversation.tools], ensure_ascii=False))
-                if special:
+            marker = None
+            special = literals.find(conversation, pattern)
+            if special:
+                special_records += 1
+                if policy == "reject":
                     raise RecordError("special-token", f"literal special token {special!r} in the conversation")
+                if policy != "parse":
+                    conversation, marker = literals.mark(conversation, pattern)
             rendered = render_samples(_worker["template"], conversation, history, enable_thinking=config.enable_thinking)
+            if marker:
+                rendered = [literals.unmark(sample, marker) for sample in rendered]
         except RecordError as error:
             rejects.append(reject_entry(chunk, line_no, line, error))
             continue
@@ -151,12 +165,12 @@ def process_chunk(chunk) -> ChunkResult:
         ids_out.append(ids)
         mask_out.append(mask)
         lengths.append(len(ids))
-    rejects.sort(key=lambda r: r.get("line", r.get("record")))
+    rejects.sort(key=lambda r: r["record"])
     return ChunkResult(
         np.concatenate(ids_out) if ids_out else np.zeros(0, np.int32),
         np.concatenate(mask_out) if mask_out else np.zeros(0, np.uint8),
         np.asarray(lengths, dtype=np.int64),
-        rejects, records, text_bytes, truncated,
+        rejects, records, text_bytes, truncated, special_records,
     )
 
 
@@ -177,6 +191,10 @@ def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):
 class MaskedWriter:
     """Token ids and the loss mask, two indexed datasets with one index."""
 
+    @staticmethod
+    def files(prefix: str) -> list[str]:
+        return [prefix + channel + ext for channel in ("", MASK_SUFFIX) for ext in (".bin", ".idx")]
+
     def __init__(self, outputs: AtomicOutputs, prefix: str, dtype) -> None:
         self.ids = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), dtype)
         self.mask = IndexedDatasetWriter(
@@ -192,7 +210,7 @@ class MaskedWriter:
         self.mask.finalize()
 
     def fingerprint(self) -> str:
-        return fingerprint([self.ids.idx_path, self.mask.idx_path], [self.ids.bin_path, self.mask.bin_path])
+        return fingerprint([self.ids.digests, self.mask.digests])
 
 
 def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, seq_length: int, pad_id: int):
@@ -237,12 +255,18 @@ def run(config: SFTConfig) -> dict:
     total_bytes = 0 if any(p.endswith(".gz") for p in config.inputs) else sum(map(os.path.getsize, config.inputs))
     progress = Progress(total_bytes, enabled=not config.quiet)
     prefix = config.output_prefix
+    # Only the parse backend is built before forking: the text one, for the few samples with
+    # literals that stay plain text, is built by a worker when it first meets one (in the main
+    # process it would cost every run ~0.5 s and ~100 MB in each process).
     tokenizer.prepare("parse")
     encoder = SampleEncoder(tokenizer, config.assistant_span, config.mask)
-    with AtomicOutputs(prefix) as outputs:
+    finals = MaskedWriter.files(prefix) + [prefix + ".json", prefix + ".rejects.jsonl"]
+    if config.pack:
+        finals += MaskedWriter.files(prefix + ".unpacked")
+    with AtomicOutputs(finals) as outputs:
         samples = MaskedWriter(outputs, prefix + (".unpacked" if config.pack else ""), dtype)
         rejects = RejectLog(outputs.tmp(prefix + ".rejects.jsonl"), config.max_rejects)
-        all_lengths, truncated = [], 0
+        all_lengths, truncated, special_records = [], 0, 0
         results = ordered_map(
             process_chunk, read_chunks(config.inputs, config.chunk_bytes), config.workers,
             initializer=_init_worker, initargs=(config, tokenizer, template, encoder, pad_id),
@@ -253,10 +277,13 @@ def run(config: SFTConfig) -> dict:
             all_lengths.append(result.lengths)
             rejects.add(result.rejects)
             truncated += result.truncated
+            special_records += result.special_records
             progress.update(result.records, result.text_bytes, len(result.ids))
         progress.close()
-        samples.finalize()
         rejects.close()
+        if samples.ids.documents == 0:
+            raise empty_output(prefix, rejects)
+        samples.finalize()
         lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
         out, sft_stats = samples, {}
         if config.pack:
@@ -285,6 +312,7 @@ def run(config: SFTConfig) -> dict:
                 "history": "last" if config.mask == "last" else config.history,
                 "enable_thinking": config.enable_thinking,
                 "special_tokens": config.special_tokens,
+                "special_token_records": special_records,
                 "seq_length": config.seq_length,
                 "overlong": config.overlong,
                 "packed": config.pack,
@@ -303,57 +331,3 @@ def run(config: SFTConfig) -> dict:
             outputs.discard(prefix + ".rejects.jsonl")
         outputs.commit(markers=[prefix + ".json"])
     return manifest
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--template", default="qwen2p5", choices=TEMPLATE_NAMES + ("auto",),
-                   help="chat template: qwen2, qwen2p5, qwen3, or auto (the --tokenizer directory's chat_template)")
-    p.add_argument("--format", default="auto", choices=FORMATS, help="record format (default: detected per record)")
-    p.add_argument("--seq-length", type=int, default=None, help="longest sample / packed row length in tokens")
-    p.add_argument("--pack", action="store_true", help="pack samples into rows of exactly --seq-length tokens")
-    p.add_argument("--overlong", default="drop", choices=["drop", "truncate"],
-                   help="samples over --seq-length: set aside in the rejects file (default) or truncate")
-    p.add_argument("--mask", default="assistant", choices=MASK_POLICIES,
-                   help="train every assistant turn (default), only the last one, or all tokens (prompt too)")
-    p.add_argument("--assistant-span", default="im_end_nl", choices=sorted(SPAN_KINDS),
-                   help="what of an assistant turn is trained: im_end_nl = content + <|im_end|> + newline "
-                        "(default, as LLaMA-Factory); im_end = content + <|im_end|> (ms-swift); trl = newline after "
-                        "the role + content + <|im_end|> + newline (TRL's generation templates)")
-    p.add_argument("--history", default="rendered", choices=HISTORY_MODES,
-                   help="multi-turn samples: rendered (one sample, as the template renders it), last (only the final "
-                        "turn trained), split (one sample per assistant turn, each rendered as at inference: what "
-                        "Qwen3's history-reasoning stripping calls for)")
-    p.add_argument("--no-thinking", dest="enable_thinking", action="store_const", const=False, default=None,
-                   help="render with enable_thinking=False (Qwen3)")
-    p.add_argument("--parse-tool-arguments", action="store_true",
-                   help="tool-call arguments given as JSON strings are parsed to objects before rendering")
-    p.add_argument("--pad-id", type=int, default=None, help=f"pad id (default {DEFAULT_PAD_ID} <|vision_pad|>)")
-    p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>'")
-    p.add_argument("--special-tokens", default="parse", choices=["parse", "reject"],
-                   help="literal special-token strings in content: parse as control tokens (default, as HF "
-                        "apply_chat_template does) or reject the record")
-
-
-def run_cli(args) -> int:
-    from .cli import EXAMPLES, tokenizer_config
-
-    config = SFTConfig(
-        inputs=args.inputs or [os.path.join(EXAMPLES, "chats.jsonl")],
-        output_prefix=args.output_prefix,
-        template=args.template, format=args.format, seq_length=args.seq_length, pack=args.pack,
-        overlong=args.overlong, mask=args.mask, assistant_span=args.assistant_span, history=args.history,
-        enable_thinking=args.enable_thinking, parse_tool_arguments=args.parse_tool_arguments,
-        pad_id=args.pad_id, pad_token=args.pad_token, special_tokens=args.special_tokens,
-        workers=args.workers, tokenizer=tokenizer_config(args), max_rejects=args.max_rejects,
-        chunk_bytes=int(args.chunk_mb * (1 << 20)), quiet=args.quiet,
-    )
-    m = run(config)
-    s = m["sft"]
-    packed = f", {s['rows']:,} rows of {s['seq_length']} (fill {s['fill']:.2%}, {s['pad_tokens']:,} pad)" if s["packed"] else ""
-    print(f"{config.output_prefix}: {s['samples']:,} samples, {m['tokens']:,} tokens, "
-          f"{s['trained_tokens']:,} trained{packed}; {m['rejects']['count']:,} rejected, {m['wall_seconds']:.1f} s")
-    if m["rejects"]["count"]:
-        print(f"rejected records: {config.output_prefix}.rejects.jsonl {m['rejects']['by_reason']}")
-    print(f"template {s['template']} (sha256 {s['template_sha256'][:12]}), pad id {m['pad_id']}, "
-          f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx")
-    return 0

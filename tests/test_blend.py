@@ -195,6 +195,7 @@ def refusal(capsys, *args):
     return capsys.readouterr().err
 
 
+@pytest.mark.corrupts_outputs
 def test_refuses_disagreeing_manifests(prefixes, tmp_path, capsys):
     d = str(tmp_path)
     other_pad = copy_prefix(prefixes["code"], d + "/pad", lambda m: m.update(pad_id=151643))
@@ -212,6 +213,7 @@ def test_refuses_disagreeing_manifests(prefixes, tmp_path, capsys):
     assert not os.path.exists(d + "/b.json") and not os.path.exists(d + "/b.txt")
 
 
+@pytest.mark.corrupts_outputs
 def test_refuses_missing_or_changed_files(prefixes, tmp_path, capsys):
     d = str(tmp_path)
     no_mask = copy_prefix(prefixes["tools"], d + "/nomask")

@@ -140,7 +140,7 @@ def _chat(*turns, **extra):
         (_chat(("user", "Q"), ("bot", "A")), "unknown-role"),
         ({"messages": [{"content": "Q"}]}, "unknown-role"),
         ({"messages": [{"role": "user"}, {"role": "assistant", "content": "A"}]}, "missing-field"),
-        (_chat(("user", [{"type": "text", "text": "Q"}]), ("assistant", "A")), "non-string-content"),
+        (_chat(("user", [{"type": "refusal", "refusal": "Q"}]), ("assistant", "A")), "unsupported-content-part"),
         (_chat(("user", "Q"), ("assistant", 5)), "non-string-content"),
         (_chat(("assistant", "A"), ("user", "Q"), ("assistant", "A")), "assistant-first"),
         (_chat(("system", "S"), ("assistant", "A")), "assistant-first"),

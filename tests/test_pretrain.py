@@ -66,11 +66,15 @@ def test_ids_equal_hf_and_megatron_reads_them(tmp_path, megatron_indexed, policy
 
 
 def test_reject_policy_sets_special_records_aside(tmp_path, megatron_indexed):
-    src = write_jsonl(tmp_path / "c.jsonl", [{"text": "plain"}, {"text": "a <|im_start|> b"}, {"text": "x<think>"}])
+    # Structural literals (<|...|>) are refused; content tokens such as Qwen3's <think> keep their ids.
+    texts = [{"text": "plain"}, {"text": "a <|im_start|> b"}, {"text": "x<think>"}, {"text": "<|endoftext|>"}]
+    src = write_jsonl(tmp_path / "c.jsonl", texts)
     assert run_cli(src, "-o", tmp_path / "out", "--special-tokens", "reject") == 0
-    assert documents(megatron_indexed, tmp_path / "out") == [hf_plain_text(HF, "plain") + [EOD]]
+    assert documents(megatron_indexed, tmp_path / "out") == [
+        hf_plain_text(HF, "plain") + [EOD], HF.encode("x<think>", add_special_tokens=False).ids + [EOD]]
+    assert 151667 in HF.encode("x<think>", add_special_tokens=False).ids
     rejects = [json.loads(l) for l in open(tmp_path / "out.rejects.jsonl")]
-    assert [(r["line"], r["reason"]) for r in rejects] == [(2, "special-token"), (3, "special-token")]
+    assert [(r["record"], r["reason"]) for r in rejects] == [(2, "special-token"), (4, "special-token")]
 
 
 def test_output_bytes_do_not_depend_on_worker_count(tmp_path):
@@ -100,7 +104,7 @@ def test_every_bad_input_kind_is_rejected_with_its_line(tmp_path, megatron_index
     path.write_bytes(b"\n".join(lines) + b"\n")
     assert run_cli(path, "-o", tmp_path / "out") == 0
     rejects = [json.loads(l) for l in open(tmp_path / "out.rejects.jsonl")]
-    assert [(r["line"], r["reason"]) for r in rejects] == [
+    assert [(r["record"], r["reason"]) for r in rejects] == [
         (2, "invalid-json"), (3, "missing-key"), (4, "not-a-string"), (5, "empty-text"), (6, "invalid-utf8"),
         (7, "blank-line"), (8, "not-an-object"), (9, "invalid-unicode"),
     ]
@@ -119,13 +123,13 @@ def test_max_rejects_fails_fast_and_leaves_nothing(tmp_path):
 def test_gzip_several_files_and_several_keys(tmp_path, megatron_indexed):
     a = write_jsonl(tmp_path / "a.jsonl.gz", [{"q": "question one", "a": "answer one"}])
     b = write_jsonl(tmp_path / "b.jsonl", [{"q": "question two", "a": "answer two"}, {"q": "orphan"}])
-    assert run_cli(a, b, "-o", tmp_path / "qa", "--text-key", "q", "a") == 0
+    assert run_cli(a, b, "-o", tmp_path / "qa", "--text-key", "q", "--text-key", "a") == 0
     q = documents(megatron_indexed, tmp_path / "qa_q")
     a_docs = documents(megatron_indexed, tmp_path / "qa_a")
     assert q == [hf_plain_text(HF, "question one") + [EOD], hf_plain_text(HF, "question two") + [EOD]]
     assert a_docs == [hf_plain_text(HF, "answer one") + [EOD], hf_plain_text(HF, "answer two") + [EOD]]
     rejects = [json.loads(l) for l in open(tmp_path / "qa.rejects.jsonl")]
-    assert [(r["file"], r["line"], r["reason"]) for r in rejects] == [(b, 2, "missing-key")]
+    assert [(r["file"], r["record"], r["reason"]) for r in rejects] == [(b, 2, "missing-key")]
 
 
 def test_gpt_dataset_through_blended_builder(tmp_path):
@@ -183,7 +187,7 @@ def test_killed_run_leaves_no_complete_looking_prefix(tmp_path):
 
 def test_second_run_into_a_busy_prefix_refuses(tmp_path, capsys):
     src = write_jsonl(tmp_path / "c.jsonl", [{"text": "hello"}])
-    holder = AtomicOutputs(str(tmp_path / "out"))
+    holder = AtomicOutputs([str(tmp_path / "out.json")])
     try:
         assert run_cli(src, "-o", tmp_path / "out") == 2
         assert "another qwen-data run" in capsys.readouterr().err

@@ -56,7 +56,9 @@ def records_for(template, count, seed):
 
 
 def sft(*args):
-    return main(["sft", "--quiet", *map(str, args)])
+    # parse: literal special strings in content become control ids, exactly as apply_chat_template
+    # gives them (the generated conversations hold such literals; the default policy is tested apart).
+    return main(["sft", "--quiet", "--special-tokens", "parse", *map(str, args)])
 
 
 def read(indexed, prefix):
@@ -163,7 +165,7 @@ def test_truncate_keeps_a_consistent_prefix(tmp_path, indexed):
     assert sft(src, "-o", tmp_path / "cut", "--seq-length", 96, "--overlong", "truncate") == 0
     full = dict(enumerate(zip(*samples(indexed, tmp_path / "plain"))))
     cut_ids, cut_masks = samples(indexed, tmp_path / "cut")
-    rejects = {json.loads(l)["line"] for l in open(tmp_path / "cut.rejects.jsonl")} if os.path.exists(tmp_path / "cut.rejects.jsonl") else set()
+    rejects = {json.loads(l)["record"] for l in open(tmp_path / "cut.rejects.jsonl")} if os.path.exists(tmp_path / "cut.rejects.jsonl") else set()
     kept = [i for i in range(len(records)) if i + 1 not in rejects]
     assert len(kept) == len(cut_ids)
     for i, ids, m in zip(kept, cut_ids, cut_masks):
@@ -229,8 +231,8 @@ def test_bad_records_are_set_aside_with_their_line(tmp_path, indexed):
     src = write_jsonl(tmp_path / "c.jsonl", lines)
     assert sft(src, "-o", tmp_path / "out", "--seq-length", 128) == 0
     rejects = [json.loads(l) for l in open(tmp_path / "out.rejects.jsonl")]
-    assert [r["line"] for r in rejects] == [2, 3, 4, 5, 6, 7, 8, 9]
-    reasons = {r["line"]: r["reason"] for r in rejects}
+    assert [r["record"] for r in rejects] == [2, 3, 4, 5, 6, 7, 8, 9]
+    reasons = {r["record"]: r["reason"] for r in rejects}
     assert reasons[2] == "invalid-json" and reasons[8] == "too-long" and reasons[9] == "pad-token-in-data"
     assert all(r["file"] == src and r["message"] for r in rejects)
     assert len(samples(indexed, tmp_path / "out")[0]) == 2

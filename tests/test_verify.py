@@ -1,0 +1,254 @@
+"""`qwen-data verify` on prefixes written by the real CLIs: it passes on them, and each kind of damage
+(to the data, the index or the manifest) makes it exit 1 with a problem naming the cause."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from test_blend import copy_prefix, manifest
+from qwen_data.blend import BlendError, plan_blend
+from qwen_data.cli import EXAMPLES, main
+from qwen_data.indexed import file_digest, read_index
+from qwen_data.outputs import fingerprint
+
+EOD, PAD = 151643, 151654
+SEQ = 256
+CHATS = os.path.join(EXAMPLES, "chats.jsonl")
+corrupts = pytest.mark.corrupts_outputs
+
+
+@pytest.fixture(scope="module")
+def prefixes(tmp_path_factory):
+    d = tmp_path_factory.mktemp("verify")
+    run = {"web": ["pretrain"], "unpacked": ["sft", CHATS], "packed": ["sft", CHATS, "--seq-length", SEQ, "--pack"],
+           # a pad id above the tokenizer's ids, inside the embedding table: allowed, and only as padding
+           "high_pad": ["sft", CHATS, "--seq-length", SEQ, "--pack", "--pad-id", 151900]}
+    out = {}
+    for name, args in run.items():
+        out[name] = str(d / name)
+        assert main([args[0], "--quiet", "--workers", "1", *map(str, args[1:]), "-o", out[name]]) == 0
+    return out
+
+
+def verify(capsys, *prefixes):
+    rc = main(["verify", *prefixes])
+    return rc, capsys.readouterr().out
+
+
+def problems(capsys, prefix):
+    """The problem lines `qwen-data verify` prints, after checking it exits 1."""
+    rc, out = verify(capsys, prefix)
+    assert rc == 1, out
+    return [line[4:] for line in out.splitlines() if line.startswith("  - ")]
+
+
+def refingerprint(prefix):
+    """Make the manifest's fingerprint the data's again, so that only the other checks can object."""
+    channels = [prefix] + ([prefix + ".lossmask"] if os.path.exists(prefix + ".lossmask.idx") else [])
+    m = manifest(prefix)
+    m["fingerprint"] = fingerprint([(file_digest(c + ".idx"), file_digest(c + ".bin")) for c in channels])
+    write(prefix, m)
+
+
+def write(prefix, m):
+    with open(prefix + ".json", "w", encoding="utf-8") as f:
+        json.dump(m, f)
+
+
+def test_passes_on_what_the_clis_write(prefixes, capsys):
+    rc, out = verify(capsys, *prefixes.values())
+    assert rc == 0, out
+    for prefix in prefixes.values():
+        m = manifest(prefix)
+        assert f"{prefix}: ok ({m['documents']:,} documents, {m['tokens']:,} tokens)" in out
+    # the fixtures hold what the checks are about: pad rows, and a pad id above the vocabulary
+    for name in ("packed", "high_pad"):
+        m = manifest(prefixes[name])
+        ids = np.fromfile(prefixes[name] + ".bin", np.int32).reshape(-1, SEQ)
+        assert m["sft"]["pad_tokens"] > 0 and (ids[:, -1] == m["pad_id"]).any()
+    assert manifest(prefixes["high_pad"])["pad_id"] >= manifest(prefixes["high_pad"])["tokenizer"]["vocab_size"]
+
+
+def test_index_reader_agrees_with_megatron_core(prefixes):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    for prefix in (prefixes["web"], prefixes["packed"], prefixes["packed"] + ".lossmask"):
+        ours, theirs = read_index(prefix + ".idx"), IndexedDataset(prefix).index
+        assert ours.dtype == theirs.dtype
+        assert np.array_equal(ours.lengths, theirs.sequence_lengths)
+        assert np.array_equal(ours.pointers, theirs.sequence_pointers)
+        assert np.array_equal(ours.document_indices, theirs.document_indices)
+
+
+@corrupts
+def test_flipped_byte_in_bin_only_the_fingerprint_sees(prefixes, tmp_path, capsys):
+    prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"))
+    ids = np.fromfile(prefix + ".bin", np.int32)
+    ends = set(np.cumsum(read_index(prefix + ".idx").lengths) - 1)
+    k = next(i for i, t in enumerate(ids) if i not in ends and (t ^ 1) < 150000)  # still an ordinary id
+    with open(prefix + ".bin", "r+b") as f:
+        f.seek(4 * k)
+        f.write(bytes([int(ids[k]) & 0xFF ^ 1]))
+    found = problems(capsys, prefix)
+    assert len(found) == 1 and "fingerprint" in found[0] and f"{prefix}.bin/.idx changed" in found[0]
+
+
+@corrupts
+def test_flipped_byte_in_loss_mask(prefixes, tmp_path, capsys):
+    prefix = copy_prefix(prefixes["unpacked"], str(tmp_path / "chat"))
+    mask = np.fromfile(prefix + ".lossmask.bin", np.uint8)
+    mask[int(np.argmax(mask == 1))] = 0  # a trained token untrained: still a valid mask
+    mask.tofile(prefix + ".lossmask.bin")
+    found = problems(capsys, prefix)
+    assert any("fingerprint" in p and f"{prefix}.lossmask.bin/.idx" in p for p in found)
+    assert any("sft.trained_tokens" in p for p in found)
+
+
+@corrupts
+@pytest.mark.parametrize("name", ["web", "packed"])
+def test_truncated_bin(prefixes, tmp_path, capsys, name):
+    prefix = copy_prefix(prefixes[name], str(tmp_path / name))
+    size = os.path.getsize(prefix + ".bin")
+    os.truncate(prefix + ".bin", size - 4)
+    found = problems(capsys, prefix)
+    assert any(p.startswith(f"{prefix}.bin: {size - 4} bytes") and "truncated" in p for p in found)
+
+
+@corrupts
+def test_swapped_idx(prefixes, tmp_path, capsys):
+    prefix = copy_prefix(prefixes["unpacked"], str(tmp_path / "chat"))
+    copy_prefix(prefixes["packed"], str(tmp_path / "packed"))
+    os.replace(str(tmp_path / "packed.idx"), prefix + ".idx")
+    found = problems(capsys, prefix)
+    assert any(p.startswith(f"{prefix}.idx: ") and "the manifest" in p for p in found)
+    assert any(p.startswith(f"{prefix}.bin: ") and "describes" in p for p in found)
+
+
+@corrupts
+def test_swapped_idx_of_the_same_size(prefixes, tmp_path, capsys):
+    """Same counts, other lengths: only the index contents tell."""
+    prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"))
+    lengths = read_index(prefix + ".idx").lengths
+    from qwen_data.indexed import IndexedDatasetWriter
+
+    ids = np.fromfile(prefix + ".bin", np.int32)
+    other = IndexedDatasetWriter(str(tmp_path / "other.bin"), str(tmp_path / "other.idx"), np.int32)
+    shifted = np.array(lengths, np.int64)
+    shifted[0], shifted[1] = shifted[0] + 1, shifted[1] - 1
+    other.add_batch(ids, shifted)
+    other.finalize()
+    os.replace(str(tmp_path / "other.idx"), prefix + ".idx")
+    found = problems(capsys, prefix)
+    assert any("documents not ending with the eod id 151643" in p and "document 0 " in p for p in found)
+    assert any("fingerprint" in p for p in found)
+
+
+@corrupts
+@pytest.mark.parametrize("field, value, cause", [
+    ("tokens", lambda m: m["tokens"] + 1, "tokens, but"),
+    ("documents", lambda m: m["documents"] - 1, "documents, the manifest"),
+    ("eod_id", lambda m: 151645, "documents not ending with the eod id 151645"),
+    ("fingerprint", lambda m: "0" + m["fingerprint"][1:], "fingerprint 0"),
+    ("dtype", lambda m: "uint16", "dtype"),
+])
+def test_edited_manifest(prefixes, tmp_path, capsys, field, value, cause):
+    prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"), edit=lambda m: m.update({field: value(m)}))
+    found = problems(capsys, prefix)
+    assert any(cause in p for p in found), found
+
+
+@corrupts
+def test_edited_sft_manifest(prefixes, tmp_path, capsys):
+    prefix = copy_prefix(prefixes["packed"], str(tmp_path / "packed"),
+                         edit=lambda m: m["sft"].update(seq_length=SEQ // 2))
+    assert any(f"packed row 0 holds {SEQ} tokens, not sft.seq_length {SEQ // 2}" in p for p in problems(capsys, prefix))
+
+
+@corrupts
+def test_last_token_not_eod(prefixes, tmp_path, capsys):
+    prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"))
+    ids = np.fromfile(prefix + ".bin", np.int32)
+    end = int(read_index(prefix + ".idx").lengths[:3].sum()) - 1  # document 2's eod
+    assert ids[end] == EOD
+    ids[end] = 13
+    ids.tofile(prefix + ".bin")
+    refingerprint(prefix)
+    assert problems(capsys, prefix) == [
+        f"{prefix}.bin: documents not ending with the eod id {EOD}, 1 in all: document 2 (last id 13)"]
+
+
+@corrupts
+def test_trained_pad(prefixes, tmp_path, capsys):
+    prefix = copy_prefix(prefixes["packed"], str(tmp_path / "packed"))
+    ids = np.fromfile(prefix + ".bin", np.int32)
+    mask = np.fromfile(prefix + ".lossmask.bin", np.uint8)
+    k = int(np.flatnonzero(ids == PAD)[0])
+    mask[k] = 1
+    mask.tofile(prefix + ".lossmask.bin")
+    m = manifest(prefix)
+    m["sft"]["trained_tokens"] += 1
+    write(prefix, m)
+    refingerprint(prefix)
+    assert problems(capsys, prefix) == [
+        f"{prefix}.lossmask.bin: pad positions (id {PAD}) trained (mask 1), 1 in all: token {k} (id {PAD})"]
+
+
+@corrupts
+@pytest.mark.parametrize("name, value, cause", [
+    ("packed", PAD, "packed rows with pad ids outside one trailing pad-only sequence"),  # pad inside a sample
+    ("unpacked", PAD, "pad ids 151654 in unpacked data"),
+    ("unpacked", 151665, "ids outside the vocabulary (0..151664), 1 in all: token 1 (id 151665)"),
+    ("high_pad", 151899, "ids outside the vocabulary (0..151664) other than the pad id 151900"),
+])
+def test_bad_ids(prefixes, tmp_path, capsys, name, value, cause):
+    prefix = copy_prefix(prefixes[name], str(tmp_path / name))
+    ids = np.fromfile(prefix + ".bin", np.int32)
+    ids[1] = value
+    ids.tofile(prefix + ".bin")
+    refingerprint(prefix)
+    assert any(cause in p for p in problems(capsys, prefix))
+
+
+@corrupts
+@pytest.mark.parametrize("damage, cause", [
+    (lambda p: os.remove(p + ".json"), "no manifest"),
+    (lambda p: open(p + ".json", "w").write("{not json"), "unreadable manifest"),
+    (lambda p: open(p + ".json", "w").write("[1, 2]"), "unreadable manifest"),
+    (lambda p: os.remove(p + ".lossmask.bin"), ".lossmask.bin: missing"),
+    (lambda p: os.truncate(p + ".idx", 20), "not a Megatron MMIDIDX index"),
+    (lambda p: os.truncate(p + ".idx", os.path.getsize(p + ".idx") - 8), "truncated or corrupt"),
+])
+def test_missing_or_unreadable_files_are_problems(prefixes, tmp_path, capsys, damage, cause):
+    prefix = copy_prefix(prefixes["unpacked"], str(tmp_path / "chat"))
+    damage(prefix)
+    assert any(cause in p for p in problems(capsys, prefix))
+
+
+@corrupts
+def test_blend_reads_the_index_with_the_reader(prefixes, tmp_path):
+    prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"))
+    os.truncate(prefix + ".idx", os.path.getsize(prefix + ".idx") - 8)
+    with pytest.raises(BlendError, match="web.idx: .* truncated or corrupt"):
+        plan_blend([prefix])
+
+
+@corrupts
+def test_streams_in_blocks(prefixes, tmp_path, monkeypatch, capsys):
+    """Blocks far smaller than the files (rows, documents and eods across block edges) change nothing."""
+    import qwen_data.verify as v
+
+    monkeypatch.setattr(v, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(v, "CHUNK", 3)
+    for prefix in prefixes.values():
+        assert v.verify(prefix) == []
+    prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"))
+    ids = np.fromfile(prefix + ".bin", np.int32)
+    ends = np.cumsum(read_index(prefix + ".idx").lengths) - 1
+    ids[ends[[5, 17]]] = 13
+    ids.tofile(prefix + ".bin")
+    refingerprint(prefix)
+    assert v.verify(prefix) == [
+        f"{prefix}.bin: documents not ending with the eod id {EOD}, 2 in all: document 5 (last id 13), "
+        "document 17 (last id 13)"]
