@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
+import os
+import random
+import shutil
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -16,3 +20,107 @@ def write_jsonl(path, records) -> str:
         for r in records:
             f.write((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n")
     return str(path)
+
+
+def manifest(prefix) -> dict:
+    with open(str(prefix) + ".json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def copy_prefix(prefix, new, edit=None):
+    """A copy of a prefix's files, its manifest optionally edited."""
+    for suffix in (".bin", ".idx", ".lossmask.bin", ".lossmask.idx", ".json"):
+        if os.path.exists(prefix + suffix):
+            shutil.copyfile(prefix + suffix, new + suffix)
+    if edit:
+        m = manifest(new)
+        edit(m)
+        with open(new + ".json", "w", encoding="utf-8") as f:
+            json.dump(m, f)
+    return new
+
+
+# -- small generated corpora and the CLI runs over them --------------------------------------------
+WORDS = ("data model token river stone light cloud number garden window paper music "
+         "北京 数据 模型 Grüße café naïve 東京 δεδομένα данные").split()
+
+
+def words(rng, n):
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def corpus(path, seed, documents, longest):
+    rng = random.Random(seed)
+    return write_jsonl(path, [{"text": words(rng, rng.randint(1, longest))} for _ in range(documents)])
+
+
+def chats(path, seed, count, longest):
+    """Alpaca records and multi-turn chats of varied lengths."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(count):
+        if i % 2:
+            records.append({"instruction": words(rng, rng.randint(1, longest)), "input": "",
+                            "output": words(rng, rng.randint(1, longest))})
+        else:
+            turns = []
+            for _ in range(rng.randint(1, 3)):
+                turns += [{"role": "user", "content": words(rng, rng.randint(1, longest))},
+                          {"role": "assistant", "content": words(rng, rng.randint(1, longest))}]
+            records.append({"messages": turns})
+    return write_jsonl(path, records)
+
+
+def pretrain(inputs, prefix, *extra):
+    from qwen_data.cli import main
+
+    assert main(["pretrain", "--quiet", "--workers", "1", *map(str, inputs), "-o", str(prefix), *extra]) == 0
+    return str(prefix)
+
+
+def sft(inputs, prefix, *extra):
+    from qwen_data.cli import main
+
+    assert main(["sft", "--quiet", "--workers", "1", *map(str, inputs), "-o", str(prefix), *extra]) == 0
+    return str(prefix)
+
+
+# -- HF references -----------------------------------------------------------------------------
+def hf_plain_text(hf, text: str) -> list[int]:
+    """HF's own normalizer, pre-tokenizer and BPE model with no added-token matching: literal
+    special strings are ordinary characters."""
+    ids = []
+    for piece, _ in hf.pre_tokenizer.pre_tokenize_str(hf.normalizer.normalize_str(text)):
+        ids.extend(t.id for t in hf.model.tokenize(piece))
+    return ids
+
+
+ADDED_TOKENS = {"qwen2": 3, "qwen2p5": 22, "qwen3": 26}
+
+
+@functools.lru_cache(maxsize=None)
+def hf_chat_tokenizer(template: str):
+    """transformers' fast tokenizer on the bundled files, added tokens cut to the template's Qwen flavour."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from qwen_data.tokenizer import bundled_tokenizer_dir
+
+    with open(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    spec["added_tokens"] = spec["added_tokens"][: ADDED_TOKENS[template]]
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)))
+
+
+def hf_ids(template: str, record: dict, oracle: str | None = None, assistant_mask=False):
+    """`apply_chat_template(tokenize=True)` with the official template file of `template`."""
+    import copy
+
+    from _oracles import load_oracle
+    from qwen_data.templates import ORACLE_FILES
+
+    return hf_chat_tokenizer(template).apply_chat_template(
+        copy.deepcopy(record["messages"]), tools=copy.deepcopy(record.get("tools")),
+        chat_template=load_oracle(oracle or ORACLE_FILES[template]), tokenize=True, return_dict=True,
+        return_assistant_tokens_mask=assistant_mask,
+    )

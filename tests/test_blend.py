@@ -3,80 +3,14 @@
 import json
 import math
 import os
-import random
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
 from qwen_data.blend import BlendError, parse_split, plan_blend, read_blend
 from qwen_data.cli import main
-
-WORDS = ("data model token river stone light cloud number garden window paper music "
-         "北京 数据 模型 Grüße café naïve 東京 δεδομένα данные").split()
-
-
-def words(rng, n):
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def write_jsonl(path, records):
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    return str(path)
-
-
-def corpus(path, seed, documents, longest):
-    rng = random.Random(seed)
-    return write_jsonl(path, [{"text": words(rng, rng.randint(1, longest))} for _ in range(documents)])
-
-
-def chats(path, seed, count, longest):
-    """Alpaca records and multi-turn chats of varied lengths."""
-    rng = random.Random(seed)
-    records = []
-    for i in range(count):
-        if i % 2:
-            records.append({"instruction": words(rng, rng.randint(1, longest)), "input": "",
-                            "output": words(rng, rng.randint(1, longest))})
-        else:
-            turns = []
-            for _ in range(rng.randint(1, 3)):
-                turns += [{"role": "user", "content": words(rng, rng.randint(1, longest))},
-                          {"role": "assistant", "content": words(rng, rng.randint(1, longest))}]
-            records.append({"messages": turns})
-    return write_jsonl(path, records)
-
-
-def pretrain(inputs, prefix, *extra):
-    assert main(["pretrain", "--quiet", "--workers", "1", *map(str, inputs), "-o", str(prefix), *extra]) == 0
-    return str(prefix)
-
-
-def sft(inputs, prefix, *extra):
-    assert main(["sft", "--quiet", "--workers", "1", *map(str, inputs), "-o", str(prefix), *extra]) == 0
-    return str(prefix)
-
-
-def manifest(prefix):
-    with open(prefix + ".json", encoding="utf-8") as f:
-        return json.load(f)
-
-
-def copy_prefix(prefix, new, edit=None):
-    """A copy of a prefix's files, its manifest optionally edited."""
-    for suffix in (".bin", ".idx", ".lossmask.bin", ".lossmask.idx", ".json"):
-        if os.path.exists(prefix + suffix):
-            shutil.copyfile(prefix + suffix, new + suffix)
-    if edit:
-        m = manifest(new)
-        edit(m)
-        with open(new + ".json", "w", encoding="utf-8") as f:
-            json.dump(m, f)
-    return new
-
 
 @pytest.fixture(scope="module")
 def prefixes(tmp_path_factory):

@@ -9,8 +9,7 @@ import json
 import pytest
 
 from qwen_data.cli import main
-from test_pretrain import write_jsonl
-from test_sft import hf_ids
+from _helpers import hf_ids, write_jsonl
 
 
 def sft(src, prefix, template):

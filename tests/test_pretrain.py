@@ -16,7 +16,7 @@ from multilingual import corpus
 from qwen_data.cli import main
 from qwen_data.outputs import AtomicOutputs
 from qwen_data.tokenizer import bundled_tokenizer_dir
-from test_tokenizer import hf_plain_text
+from _helpers import hf_plain_text
 
 EOD = 151643
 HF = Tokenizer.from_file(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"))

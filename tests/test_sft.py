@@ -1,46 +1,20 @@
 """`qwen-data sft` end to end against transformers' `apply_chat_template` and megatron-core's reader."""
 
-import copy
-import functools
 import json
 import os
 
 import numpy as np
 import pytest
 
-import test_templates as gen
-from _oracles import load_oracle
-from test_pretrain import write_jsonl
+import _conversations as gen
+from _helpers import hf_chat_tokenizer as hf_tokenizer, hf_ids, write_jsonl
 from qwen_data.cli import main
-from qwen_data.templates import ORACLE_FILES, SPAN_KINDS, get_template, render_samples
+from qwen_data.templates import SPAN_KINDS, TEMPLATE_SHA256, get_template, render_samples
 from qwen_data.conversations import to_conversation
-from qwen_data.tokenizer import bundled_tokenizer_dir
 
 PAD = 151654
-ADDED_TOKENS = {"qwen2": 3, "qwen2p5": 22, "qwen3": 26}
 CASES = {"qwen2": dict(tools=False, reasoning=False), "qwen2p5": dict(tools=True, reasoning=False),
          "qwen3": dict(tools=True, reasoning=True)}
-
-
-@functools.lru_cache(maxsize=None)
-def hf_tokenizer(template: str):
-    """transformers' fast tokenizer on the bundled files, added tokens cut to the template's Qwen flavour."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    with open(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"), encoding="utf-8") as f:
-        spec = json.load(f)
-    spec["added_tokens"] = spec["added_tokens"][: ADDED_TOKENS[template]]
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)))
-
-
-def hf_ids(template: str, record: dict, oracle: str | None = None, assistant_mask=False):
-    out = hf_tokenizer(template).apply_chat_template(
-        copy.deepcopy(record["messages"]), tools=copy.deepcopy(record.get("tools")),
-        chat_template=load_oracle(oracle or ORACLE_FILES[template]), tokenize=True, return_dict=True,
-        return_assistant_tokens_mask=assistant_mask,
-    )
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +80,7 @@ def test_ids_equal_apply_chat_template_and_mask_follows_its_definition(tmp_path,
         assert PAD not in got_ids
     manifest = json.load(open(tmp_path / "out.json"))
     assert manifest["kind"] == "sft" and manifest["pad_id"] == PAD and manifest["sft"]["template"] == template
-    assert manifest["sft"]["template_sha256"] == gen.TEMPLATE_SHA256[template] if hasattr(gen, "TEMPLATE_SHA256") else True
+    assert manifest["sft"]["template_sha256"] == TEMPLATE_SHA256[template]
 
 
 @pytest.mark.parametrize("template,span", [("qwen2p5", "trl"), ("qwen3", "im_end_nl")])

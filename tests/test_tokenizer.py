@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from _helpers import hf_plain_text
 from multilingual import SPECIAL_LITERALS, corpus
 from qwen_data.tokenizer import (
     DEFAULT_PAD_ID,
@@ -30,15 +31,6 @@ def hf_reference(flavour: str) -> Tokenizer:
     keep = {"qwen2": 3, "qwen2.5": 22, "qwen3": 26}[flavour]
     spec["added_tokens"] = spec["added_tokens"][:keep]
     return Tokenizer.from_str(json.dumps(spec))
-
-
-def hf_plain_text(hf: Tokenizer, text: str) -> list[int]:
-    """HF's own normalizer, pre-tokenizer and BPE model with no added-token matching: literal
-    special strings are ordinary characters."""
-    ids = []
-    for piece, _ in hf.pre_tokenizer.pre_tokenize_str(hf.normalizer.normalize_str(text)):
-        ids.extend(t.id for t in hf.model.tokenize(piece))
-    return ids
 
 
 def split(flat, lengths):

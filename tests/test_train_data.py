@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_blend import chats, copy_prefix, corpus, manifest, pretrain, sft
+from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
 from qwen_data.blend import BlendError
 from qwen_data.cli import main
 

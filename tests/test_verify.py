@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from test_blend import copy_prefix, manifest
+from _helpers import copy_prefix, manifest
 from qwen_data.blend import BlendError, plan_blend
 from qwen_data.cli import EXAMPLES, main
 from qwen_data.indexed import file_digest, read_index
