@@ -32,6 +32,8 @@ import unicodedata
 import xml.etree.ElementTree as ET
 import zipfile
 
+from qwen_data.outputs import atomic_file
+
 RECIPE = 1  # bump when the way a corpus is built changes: cached corpora then rebuild
 CACHE_DIR = os.path.expanduser(os.environ.get("QWEN_DATA_BENCH_CACHE", "~/.cache/qwen-data-bench"))
 TEXT_TARGET_BYTES = 40_000_000
@@ -328,11 +330,9 @@ def sharegpt_text(wheel: dict):
 
 
 def _write_atomically(path: str, lines, manifest: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(path) as f:
         for line in lines:
             f.write(line)
-    os.replace(tmp, path)
     manifest["bytes"] = os.path.getsize(path)
     manifest["sha256"] = _sha256(path)
     with open(path + ".json", "w", encoding="utf-8") as f:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import resource
-import struct
 import subprocess
 import sys
 import threading
@@ -18,6 +17,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from qwen_data.indexed import read_index  # noqa: E402
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,7 +129,6 @@ def qwen_data_command(*args) -> list:
 
 # --- reading Megatron indexed datasets back (numpy only: megatron-core takes ~8 s to import) ---
 
-_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
 
 
 @dataclass
@@ -143,19 +144,10 @@ class IndexedData:
 
 
 def read_indexed(prefix: str) -> IndexedData:
-    with open(prefix + ".idx", "rb") as f:
-        header = f.read(34)
-        if header[:9] != b"MMIDIDX\x00\x00":
-            raise ValueError(f"{prefix}.idx: not an MMIDIDX index")
-        version, code, sequences, documents = struct.unpack("<QBQQ", header[9:])
-        assert version == 1, version
-        lengths = np.frombuffer(f.read(4 * sequences), dtype=np.int32)
-        f.seek(8 * sequences, os.SEEK_CUR)  # byte offsets: implied by the lengths
-        doc_indices = np.frombuffer(f.read(8 * documents), dtype=np.int64)
-    dtype = np.dtype(_DTYPES[code])
+    index = read_index(prefix + ".idx")
     size = os.path.getsize(prefix + ".bin")
-    tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r") if size else np.zeros(0, dtype)
-    return IndexedData(tokens, lengths, doc_indices)
+    tokens = np.memmap(prefix + ".bin", dtype=index.dtype, mode="r") if size else np.zeros(0, index.dtype)
+    return IndexedData(tokens, np.asarray(index.lengths), np.asarray(index.document_indices))
 
 
 def compare_indexed(ours: str, theirs: str, label: str = "tokens") -> str | None:

@@ -40,7 +40,8 @@ def build(prefix: str, kind: str, tokens: int, seq_length: int, seed: int = 0) -
     from qwen_data.indexed import IndexedDatasetWriter, token_dtype
     from qwen_data.outputs import base_manifest, fingerprint, write_json
     from qwen_data.sft import MASK_SUFFIX
-    from qwen_data.tokenizer import DEFAULT_PAD_ID, QwenTokenizer, TokenizerConfig
+    from qwen_data.qwen import DEFAULT_PAD_ID
+    from qwen_data.tokenizer import QwenTokenizer, TokenizerConfig
 
     tokenizer = QwenTokenizer(TokenizerConfig())
     vocab, eod, pad = tokenizer.vocab_size, tokenizer.eod_id, DEFAULT_PAD_ID

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 from . import __version__
 from .indexed import IndexFormatError, read_index
-from .outputs import read_manifest
+from .outputs import atomic_file, read_manifest
 
 BLEND_FORMAT = "qwen-data/blend/1"
 SIDECAR_SUFFIX = ".qwen-data.json"
@@ -394,10 +394,8 @@ def sidecar(blend: Blend, paths: dict[str, str]) -> dict:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(path) as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 def write_blend(blend: Blend, output: str) -> dict[str, str]:

@@ -10,7 +10,8 @@ import sys
 
 from . import __version__
 from .records import DEFAULT_CHUNK_BYTES
-from .tokenizer import BACKENDS, DEFAULT_PAD_ID, EOD_TOKEN, SPECIAL_POLICIES, TokenizerConfig
+from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN
+from .tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
 
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render with enable_thinking=False (Qwen3)")
     p.add_argument("--parse-tool-arguments", action="store_true",
                    help="tool-call arguments given as JSON strings are parsed to objects before rendering")
-    p.add_argument("--pad-id", type=int, default=None, help=f"pad id (none: {DEFAULT_PAD_ID} <|vision_pad|>)")
+    p.add_argument("--pad-id", type=int, default=None, help=f"pad id (none: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN})")
     p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>'")
     p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
     p.set_defaults(func=_run_sft)

@@ -11,6 +11,7 @@ never blocks.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -98,6 +99,21 @@ class AtomicOutputs:
                 # a failed write (disk full ...) names no file: name the outputs it was for
                 exc.filename = self._declared[0].rsplit(".", 1)[0] + ".*"
         return False
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "w"):
+    """A file object for `path` that appears there whole or not at all: written under a name of
+    this process's own (other processes or ranks may be writing the same path), renamed on success,
+    removed on failure."""
+    tmp = f"{path}.{os.getpid()}{TMP_SUFFIX}"
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _lock(path: str):

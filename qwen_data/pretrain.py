@@ -22,7 +22,8 @@ from .indexed import IndexedDatasetWriter, token_dtype
 from .outputs import AtomicOutputs, base_manifest, fingerprint, write_json
 from .progress import Progress
 from .records import DEFAULT_CHUNK_BYTES, RejectLog, check_inputs, empty_output, parse_line, read_chunks, reject_entry
-from .tokenizer import DEFAULT_PAD_ID, EOD_TOKEN, SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig
+from .qwen import DEFAULT_PAD_ID, EOD_TOKEN
+from .tokenizer import SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig
 from .workers import ordered_map
 
 # Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with

@@ -28,16 +28,12 @@ from .packing import pack
 from .progress import Progress
 from .records import DEFAULT_CHUNK_BYTES, RejectLog, check_inputs, empty_output, parse_line, read_chunks, reject_entry
 from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, get_template, render_samples
-from .tokenizer import DEFAULT_PAD_ID, FIRST_ADDED_ID, SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig
+from .qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
+                   TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
+from .tokenizer import SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig
 from .workers import ordered_map
 
 TASKS_PER_WORKER = 16
-# The smallest Qwen embedding table (Qwen2.5 0.5B-3B, all Qwen3): a pad id must index a row.
-MIN_EMBEDDING_ROWS = 151936
-# Tokens the chat templates themselves produce: a pad among them would collide with real data.
-TEMPLATE_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
-                   "<tool_response>", "</tool_response>", "<think>", "</think>")
-TEMPLATE_FLAVOURS = {"qwen2": "qwen2", "qwen2p5": "qwen2.5", "qwen3": "qwen3"}
 MASK_SUFFIX = ".lossmask"
 
 
@@ -92,12 +88,12 @@ def resolve_pad_id(config: SFTConfig, tokenizer: QwenTokenizer) -> int:
     for name in TEMPLATE_TOKENS:
         if tokenizer.added_tokens.get(name) == pad:
             raise ValueError(f"pad id {pad} is {name}, which the chat templates write: padding must never "
-                             "look like real data (the model would never learn to stop). Default: 151654 <|vision_pad|>")
+                             "look like real data (the model would never learn to stop). Default: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN}")
     if not FIRST_ADDED_ID <= pad < MIN_EMBEDDING_ROWS:
         raise ValueError(f"pad id {pad} is outside the Qwen embedding tables (0..{MIN_EMBEDDING_ROWS - 1})"
                          if not 0 <= pad < MIN_EMBEDDING_ROWS else
                          f"pad id {pad} is an ordinary token that text encodes to; choose an added token "
-                         f"({FIRST_ADDED_ID}..{MIN_EMBEDDING_ROWS - 1}, default {DEFAULT_PAD_ID} <|vision_pad|>)")
+                         f"({FIRST_ADDED_ID}..{MIN_EMBEDDING_ROWS - 1}, default {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN})")
     return pad
 
 

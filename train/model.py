@@ -30,6 +30,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
+from qwen_data.qwen import EMBEDDING_ROWS_LARGE, EMBEDDING_ROWS_SMALL
+
 from .attention import SDPACoreAttention
 
 ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")
@@ -77,26 +79,26 @@ class ModelPreset:
         return 6 * self.matmul_params() + attention
 
 
-def _qwen2(name, layers, hidden, heads, groups, ffn, vocab=151_936, tied=True, head_dim=None, max_pos=32_768):
+def _qwen2(name, layers, hidden, heads, groups, ffn, vocab=EMBEDDING_ROWS_SMALL, tied=True, head_dim=None, max_pos=32_768):
     return ModelPreset(name, layers, hidden, heads, groups, head_dim or hidden // heads, ffn, vocab, tied,
                        qkv_bias=True, qk_norm=False, max_position_embeddings=max_pos)
 
 
 def _qwen3(name, layers, hidden, heads, groups, ffn, tied=True, max_pos=40_960):
-    return ModelPreset(name, layers, hidden, heads, groups, 128, ffn, 151_936, tied,
+    return ModelPreset(name, layers, hidden, heads, groups, 128, ffn, EMBEDDING_ROWS_SMALL, tied,
                        qkv_bias=False, qk_norm=True, max_position_embeddings=max_pos)
 
 
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
     _qwen2("qwen2.5-0.5b", 24, 896, 14, 2, 4864),
     _qwen2("qwen2.5-1.5b", 28, 1536, 12, 2, 8960),
-    _qwen2("qwen2.5-7b", 28, 3584, 28, 4, 18944, vocab=152_064, tied=False),
+    _qwen2("qwen2.5-7b", 28, 3584, 28, 4, 18944, vocab=EMBEDDING_ROWS_LARGE, tied=False),
     _qwen3("qwen3-0.6b", 28, 1024, 16, 8, 3072),
     _qwen3("qwen3-1.7b", 28, 2048, 16, 8, 6144),
     _qwen3("qwen3-8b", 36, 4096, 32, 8, 12288, tied=False),
     # Tests and smoke runs: the real vocabulary (data ids go up to 151,668), a toy body.
     _qwen2("tiny", 2, 64, 4, 2, 128, head_dim=16, max_pos=4096),
-    ModelPreset("tiny-qwen3", 2, 64, 4, 2, 32, 128, 151_936, True, qkv_bias=False, qk_norm=True,
+    ModelPreset("tiny-qwen3", 2, 64, 4, 2, 32, 128, EMBEDDING_ROWS_SMALL, True, qkv_bias=False, qk_norm=True,
                 max_position_embeddings=4096),
 )}
 

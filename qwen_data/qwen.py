@@ -1,0 +1,30 @@
+"""Qwen's facts, stated once: added-token ids per flavour, the tokens that matter, embedding rows.
+
+One byte-level BPE serves Qwen2, 2.5 and 3; the flavours differ only in their added tokens, which
+start at 151643: qwen2 has 3, qwen2.5 22 (to 151664), qwen3 26 (adds `<tool_response>`,
+`</tool_response>`, `<think>`, `</think>`).
+"""
+
+FIRST_ADDED_ID = 151643
+FLAVOUR_ADDED_TOKENS = {"qwen2": 3, "qwen2.5": 22, "qwen3": 26}
+# The flavour each chat template tokenizes with: a Qwen2.5 tokenizer has no <think> token.
+TEMPLATE_FLAVOURS = {"qwen2": "qwen2", "qwen2p5": "qwen2.5", "qwen3": "qwen3"}
+
+EOD_TOKEN = "<|endoftext|>"  # 151643: end of document in pretraining, whatever eos says
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+# Padding must never be the end-of-document/eos/<|im_end|> id, or readers that mask "pad" by id
+# also mask the real end of text and the model never learns to stop. <|vision_pad|> is inside every
+# Qwen embedding table and never occurs in text data (pipelines reject data that would produce it).
+DEFAULT_PAD_TOKEN = "<|vision_pad|>"
+DEFAULT_PAD_ID = 151654
+
+# Added tokens that chat content legitimately holds (tool calls written inline, Qwen3 reasoning and
+# tool responses); the rest of a flavour's added tokens are structural.
+CONTENT_TOKENS = frozenset({"<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"})
+# Tokens the chat templates themselves write: a pad among them would collide with real data.
+TEMPLATE_TOKENS = (EOD_TOKEN, IM_START, IM_END) + tuple(sorted(CONTENT_TOKENS))
+
+# Embedding rows (the padded vocabulary): Qwen2.5 0.5B-3B and every Qwen3; Qwen2/2.5 7B-72B.
+EMBEDDING_ROWS_SMALL = 151_936
+EMBEDDING_ROWS_LARGE = 152_064
