@@ -21,10 +21,6 @@ SPECIAL_HELP = ("literal special-token strings in the text: text = all as plain 
                 "holding a <|...|> literal")
 
 
-class UsageError(ValueError):
-    """A command line that cannot mean anything sensible."""
-
-
 # -- argument types: nonsense is refused while parsing --------------------------------------------
 def _at_least(minimum, kind=int):
     def parse(text: str):
@@ -48,7 +44,7 @@ def _positive_float(text: str) -> float:
 
 
 def _keys(text: str) -> list[str]:
-    keys = [k for k in text.split(",")]
+    keys = text.split(",")
     if not all(keys):
         raise argparse.ArgumentTypeError(f"{text!r}: empty key")
     return keys

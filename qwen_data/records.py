@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 import zlib
 from dataclasses import dataclass
 from typing import Iterator
@@ -173,8 +174,6 @@ class RejectLog:
         self._file = open(path, "w", encoding="utf-8")
 
     def add(self, entries: list[dict]) -> None:
-        import sys
-
         for entry in entries:
             self._file.write(json.dumps(entry, ensure_ascii=False) + "\n")
             self.by_reason[entry["reason"]] = self.by_reason.get(entry["reason"], 0) + 1
@@ -188,8 +187,6 @@ class RejectLog:
             )
 
     def close(self) -> None:
-        import sys
-
         self._file.close()
         if self.count > self.SHOWN:
             print(f"... and {self.count - self.SHOWN:,} more rejected records", file=sys.stderr)

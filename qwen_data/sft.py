@@ -88,11 +88,12 @@ def resolve_pad_id(config: SFTConfig, tokenizer: QwenTokenizer) -> int:
     for name in TEMPLATE_TOKENS:
         if tokenizer.added_tokens.get(name) == pad:
             raise ValueError(f"pad id {pad} is {name}, which the chat templates write: padding must never "
-                             "look like real data (the model would never learn to stop). Default: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN}")
-    if not FIRST_ADDED_ID <= pad < MIN_EMBEDDING_ROWS:
-        raise ValueError(f"pad id {pad} is outside the Qwen embedding tables (0..{MIN_EMBEDDING_ROWS - 1})"
-                         if not 0 <= pad < MIN_EMBEDDING_ROWS else
-                         f"pad id {pad} is an ordinary token that text encodes to; choose an added token "
+                             "look like real data (the model would never learn to stop). "
+                             f"Default: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN}")
+    if not 0 <= pad < MIN_EMBEDDING_ROWS:
+        raise ValueError(f"pad id {pad} is outside the Qwen embedding tables (0..{MIN_EMBEDDING_ROWS - 1})")
+    if pad < FIRST_ADDED_ID:
+        raise ValueError(f"pad id {pad} is an ordinary token that text encodes to; choose an added token "
                          f"({FIRST_ADDED_ID}..{MIN_EMBEDDING_ROWS - 1}, default {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN})")
     return pad
 
