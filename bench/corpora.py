@@ -33,6 +33,7 @@ import xml.etree.ElementTree as ET
 import zipfile
 
 from qwen_data.outputs import atomic_file
+from qwen_data.tokenizer import QwenTokenizer, TokenizerConfig
 
 RECIPE = 1  # bump when the way a corpus is built changes: cached corpora then rebuild
 CACHE_DIR = os.path.expanduser(os.environ.get("QWEN_DATA_BENCH_CACHE", "~/.cache/qwen-data-bench"))
@@ -55,13 +56,7 @@ SOURCE_WEIGHTS = {"code": 4.0, "sharegpt": 4.0}
 
 # Added-token strings of the Qwen3 tokenizer: a corpus holding them literally would make the HF
 # baseline (which parses them as control tokens) and `--special-tokens text` disagree by design.
-QWEN_ADDED_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-)  # fmt: skip
+QWEN_ADDED_TOKENS = tuple(QwenTokenizer(TokenizerConfig(flavour="qwen3")).added_tokens)
 MIN_DOC_CHARS = 200
 
 

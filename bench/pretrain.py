@@ -36,7 +36,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import measure  # noqa: E402
 from measure import MB  # noqa: E402
 
-EOD_ID = 151643
+from qwen_data.qwen import FIRST_ADDED_ID as EOD_ID  # noqa: E402  <|endoftext|>, the first added token
 CHUNKSIZE = 32  # preprocess_data.py's pool.imap chunk size
 SPEED_TARGET = 5.0
 RAW_TARGET = 0.85

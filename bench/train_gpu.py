@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from train.attention import _flex, document_mask  # noqa: E402
 from train.data import samples_of_row  # noqa: E402
-from train.loop import forward, init_distributed  # noqa: E402
+from train.distributed import init_distributed  # noqa: E402
+from train.step import forward  # noqa: E402
 from train.model import PRESETS, build_model  # noqa: E402
 
 

@@ -37,62 +37,59 @@ def files(prefix: str) -> list[str]:
 
 def build(prefix: str, kind: str, tokens: int, seq_length: int, seed: int = 0) -> None:
     """A prefix of about `tokens` random tokens, laid out as the pipelines lay it out."""
-    from qwen_data.indexed import IndexedDatasetWriter, token_dtype
-    from qwen_data.outputs import base_manifest, fingerprint, write_json
-    from qwen_data.sft import MASK_SUFFIX
+    from qwen_data.indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
+    from qwen_data.manifest import Manifest, fingerprint
     from qwen_data.qwen import DEFAULT_PAD_ID
     from qwen_data.tokenizer import QwenTokenizer, TokenizerConfig
 
     tokenizer = QwenTokenizer(TokenizerConfig())
-    vocab, eod, pad = tokenizer.vocab_size, tokenizer.eod_id, DEFAULT_PAD_ID
-    dtype = token_dtype(vocab)
+    dtype = token_dtype(tokenizer.vocab_size)
     rng = np.random.default_rng(seed)
-    ids = IndexedDatasetWriter(prefix + ".bin", prefix + ".idx", dtype)
-    mask = IndexedDatasetWriter(prefix + MASK_SUFFIX + ".bin", prefix + MASK_SUFFIX + ".idx", np.uint8) if kind == "sft" else None
-    written = pad_tokens = trained = samples = 0
-    while written < tokens:
-        if kind == "pretrain":
+    sft = None
+    if kind == "pretrain":
+        writer = IndexedDatasetWriter(prefix + ".bin", prefix + ".idx", dtype)
+        while writer.tokens < tokens:
             lengths = rng.integers(1, 2000, 4096)
             batch = rng.integers(0, 151000, int(lengths.sum()), dtype=np.int32)
-            batch[np.cumsum(lengths) - 1] = eod
-            ids.add_batch(batch, lengths)
-        else:  # rows of seq_length: samples, then one pad-only sequence when the row is not full
-            rows = 256
-            seq_lengths, per_row, tok_parts, mask_parts = [], [], [], []
-            for _ in range(rows):
-                row = [int(n) for n in rng.integers(64, seq_length // 3, 4)]
-                while sum(row) > seq_length:
-                    row.pop()
-                filled = sum(row)
-                parts = [rng.integers(0, 151000, filled, dtype=np.int32)]
-                m = [rng.integers(0, 2, filled, dtype=np.uint8)]
-                if filled < seq_length:
-                    row.append(seq_length - filled)
-                    parts.append(np.full(seq_length - filled, pad, np.int32))
-                    m.append(np.zeros(seq_length - filled, np.uint8))
-                    pad_tokens += seq_length - filled
-                samples += len(row) - (filled < seq_length)
-                seq_lengths += row
-                per_row.append(len(row))
-                tok_parts += parts
-                mask_parts += m
-            batch, batch_mask = np.concatenate(tok_parts), np.concatenate(mask_parts)
-            trained += int(batch_mask.sum())
-            ids.add_batch(batch, seq_lengths, per_row)
-            mask.add_batch(batch_mask, seq_lengths, per_row)
-        written += len(batch)
-    writers = [w for w in (ids, mask) if w is not None]
-    for w in writers:
-        w.finalize()
-    manifest = base_manifest(kind)
-    manifest.update(tokenizer=tokenizer.identity(), eod_id=eod, pad_id=pad, dtype=dtype.name,
-                    documents=ids.documents, sequences=ids.sequences, tokens=ids.tokens,
-                    fingerprint=fingerprint([w.digests for w in writers]))
-    if kind == "sft":
-        manifest["sft"] = {"seq_length": seq_length, "packed": True, "samples": samples, "rows": ids.documents,
-                           "sample_tokens": ids.tokens - pad_tokens, "pad_tokens": pad_tokens, "trained_tokens": trained}
-    write_json(prefix + ".json.tmp", manifest)
+            batch[np.cumsum(lengths) - 1] = tokenizer.eod_id
+            writer.add_batch(batch, lengths)
+        writer.finalize()
+        ids, digests = writer, [writer.digests]
+    else:
+        writer = MaskedWriter(MaskedWriter.files(prefix), dtype)
+        sft = {"seq_length": seq_length, "packed": True, "samples": 0, "pad_tokens": 0, "trained_tokens": 0}
+        while writer.ids.tokens < tokens:
+            _packed_rows(writer, rng, seq_length, DEFAULT_PAD_ID, sft)
+        writer.finalize()
+        ids, digests = writer.ids, writer.digests
+        sft.update(rows=ids.documents, sample_tokens=ids.tokens - sft["pad_tokens"])
+    Manifest(kind=kind, tokenizer=tokenizer.identity(), eod_id=tokenizer.eod_id, pad_id=DEFAULT_PAD_ID,
+             dtype=dtype.name, documents=ids.documents, sequences=ids.sequences, tokens=ids.tokens,
+             fingerprint=fingerprint(digests), sft=sft).write(prefix + ".json.tmp")
     os.replace(prefix + ".json.tmp", prefix + ".json")  # a prefix is reused only once complete
+
+
+def _packed_rows(writer, rng, seq_length: int, pad: int, sft: dict, rows: int = 256) -> None:
+    """Rows of seq_length: samples, then one pad-only sequence when the row is not full; counts into `sft`."""
+    seq_lengths, per_row, tok_parts, mask_parts = [], [], [], []
+    for _ in range(rows):
+        row = [int(n) for n in rng.integers(64, seq_length // 3, 4)]
+        while sum(row) > seq_length:
+            row.pop()
+        filled = sum(row)
+        tok_parts.append(rng.integers(0, 151000, filled, dtype=np.int32))
+        mask_parts.append(rng.integers(0, 2, filled, dtype=np.uint8))
+        sft["samples"] += len(row)
+        if filled < seq_length:
+            row.append(seq_length - filled)
+            tok_parts.append(np.full(seq_length - filled, pad, np.int32))
+            mask_parts.append(np.zeros(seq_length - filled, np.uint8))
+            sft["pad_tokens"] += seq_length - filled
+        seq_lengths += row
+        per_row.append(len(row))
+    mask = np.concatenate(mask_parts)
+    sft["trained_tokens"] += int(mask.sum())
+    writer.add_batch(np.concatenate(tok_parts), mask, seq_lengths, per_row)
 
 
 def child(work: str, prefix: str, cpu: int) -> None:

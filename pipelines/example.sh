@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out/example}
-train=(python3 -m train --model tiny --seq-length 512 --micro-batch-size 2 --global-batch-size 4
+train=(qwen-data train --model tiny --seq-length 512 --micro-batch-size 2 --global-batch-size 4
        --train-iters 4 --log-interval 1 --num-workers 0)
 
 # 1. Prefixes (no input files: the bundled corpus and chats, the bundled Qwen tokenizer).

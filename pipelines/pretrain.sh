@@ -23,7 +23,7 @@ qwen-data pretrain $CODE -o "$out/code" --workers "$WORKERS"
 qwen-data blend "$out/web=0.7" "$out/code=0.3" --split 98,2,0 -o "$out/blend" \
   --train-iters "$ITERS" --global-batch-size "$GBS" --seq-length "$SEQ"
 
-torchrun --nproc-per-node "$GPUS" -m train --data "$out/blend.txt" --model "$MODEL" --tp "$TP" \
+torchrun --nproc-per-node "$GPUS" -m qwen_data_train --data "$out/blend.txt" --model "$MODEL" --tp "$TP" \
   --seq-length "$SEQ" --micro-batch-size 1 --global-batch-size "$GBS" --train-iters "$ITERS" \
   --lr 3e-4 --min-lr 3e-5 --warmup-iters $((ITERS / 50 + 1)) \
   --eval-interval 200 --eval-iters 10 --save "$out/ckpt" --save-interval 500 --load "$out/ckpt" \

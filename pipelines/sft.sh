@@ -24,7 +24,7 @@ qwen-data blend "$out/train" --valid "$out/valid" -o "$out/blend.json" \
 
 # Packed rows: samples never attend to each other (FlexAttention document mask, or THD with
 # Transformer Engine); loss only on assistant tokens; the pad id comes from the manifests.
-torchrun --nproc-per-node "$GPUS" -m train --data "$out/blend.json" --model "$MODEL" --tp "$TP" \
+torchrun --nproc-per-node "$GPUS" -m qwen_data_train --data "$out/blend.json" --model "$MODEL" --tp "$TP" \
   --seq-length "$SEQ" --micro-batch-size 1 --global-batch-size "$GBS" --train-iters "$ITERS" \
   --lr 1e-5 --min-lr 1e-6 --warmup-iters $((ITERS / 30 + 1)) --weight-decay 0.0 \
   --eval-interval 100 --eval-iters 20 --save "$out/ckpt" --save-interval 250 --load "$out/ckpt" \

@@ -1,5 +1,8 @@
-"""`qwen-data` command line: pretrain, sft, blend. Every argument and printed summary lives here;
-the pipelines take typed configs and return manifests."""
+"""qwen-data: Megatron datasets for training Qwen (pretrain, sft, blend, verify), and a train stage.
+
+Every argument and every printed summary lives here; the pipelines take typed configs, return
+manifests (blend: a BlendResult) and print nothing but their progress line. `qwen-data train` hands
+its arguments to the train stage (`qwen_data_train`, the repo's train/)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import sys
 
 from . import __version__
 from .records import DEFAULT_CHUNK_BYTES
-from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN
+from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END
 from .tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
@@ -79,7 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen-data", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"qwen-data {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_pretrain_parser(sub)
+    _add_sft_parser(sub)
+    _add_blend_parser(sub)
+    _add_verify_parser(sub)
+    _add_train_parser(sub)
+    return parser
 
+
+def _add_pretrain_parser(sub) -> None:
     p = _subparser(sub, "pretrain", "jsonl text → Megatron indexed dataset (.bin/.idx)")
     _add_common(p, "out/web", "corpus.jsonl")
     p.add_argument("--text-key", type=_keys, action="append", default=None, metavar="KEY[,KEY...]",
@@ -89,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eod-token", default=EOD_TOKEN, help="end-of-document token")
     p.set_defaults(func=_run_pretrain)
 
+
+def _add_sft_parser(sub) -> None:
     from .masking import MASK_POLICIES
     from .conversations import FORMATS
     from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
@@ -122,21 +135,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
     p.set_defaults(func=_run_sft)
 
-    from . import blend
 
-    p = sub.add_parser("blend", help="weighted prefixes → Megatron --data-args-path / --per-split-data-args-path",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    blend.add_arguments(p)
-    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    p.set_defaults(func=blend.run)
+def _add_train_parser(sub) -> None:
+    help = ("train a Qwen-architecture GPTModel on prepared prefixes in this process (CPU or one GPU; on several: "
+            "torchrun -m qwen_data_train); its options: qwen-data train --help")
+    # Every argument after `train` is the train stage's own (see `_main`).
+    p = sub.add_parser("train", help=help, description=help, add_help=False)
+    p.set_defaults(func=_run_train, debug=False)
 
+
+def _add_verify_parser(sub) -> None:
     p = sub.add_parser("verify", help="re-read prefixes as a reader would and check them against their manifests",
                        description="Checks sizes, counts, dtype, ids, eod, loss mask, packing and the fingerprint; "
                                    "exit 0 when every prefix is ok, 1 with the list of problems.")
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="output prefixes (PREFIX.bin/.idx/.json)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_verify)
-    return parser
+
+
+def _add_blend_parser(sub) -> None:
+    """`qwen-data blend`; what the options mean at length: `qwen_data.blend_files` and `blend_weights`."""
+    p = sub.add_parser("blend", help="weighted prefixes → Megatron --data-args-path / --per-split-data-args-path",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("train", nargs="+", metavar="PREFIX[=W]",
+                   help="train prefixes, each optionally with a weight (out/web=0.7)")
+    p.add_argument("-o", "--output", default="out/blend.json",
+                   help="NAME.json: writes NAME.json (--per-split-data-args-path), NAME.txt "
+                        "(--data-args-path) and NAME.qwen-data.json (our record); default out/blend.json")
+    p.add_argument("--by", choices=["ratio", "tokens"], default=None,
+                   help="weights from the PREFIX=W ratios (default when given) or from the "
+                        "manifests' token counts (default otherwise)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="weigh by tokens**(1/T): 1 = by tokens, larger flattens towards uniform")
+    p.add_argument("--ratio-unit", choices=["tokens", "samples"], default="tokens",
+                   help="what ratios are shares of: training tokens (default; converted to "
+                        "Megatron's per-sample weights for SFT) or samples (written unchanged)")
+    p.add_argument("--valid", nargs="+", default=[], metavar="PREFIX[=W]",
+                   help="separate validation prefixes (per-split blend)")
+    p.add_argument("--test", nargs="+", default=[], metavar="PREFIX[=W]",
+                   help="separate test prefixes (per-split blend)")
+    p.add_argument("--split", default=None,
+                   help="cut every prefix like Megatron's --split (e.g. 98,2,0); writes no per-split JSON")
+    p.add_argument("--absolute", action="store_true", help="write absolute prefix paths")
+    p.add_argument("--train-tokens", type=int, default=None, help="budget: data tokens the run trains on")
+    p.add_argument("--train-samples", type=int, default=None, help="budget: samples (with --seq-length)")
+    p.add_argument("--train-iters", type=int, default=None, help="budget: iterations (with --global-batch-size)")
+    p.add_argument("--global-batch-size", type=int, default=None)
+    p.add_argument("--seq-length", type=int, default=None)
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    p.set_defaults(func=_run_blend)
 
 
 # -- commands -------------------------------------------------------------------------------------
@@ -157,8 +204,8 @@ def _common(args) -> dict:
                 max_rejects=args.max_rejects, chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))), quiet=args.quiet)
 
 
-def _print_rejects(prefix: str, manifest: dict) -> None:
-    rejects = manifest["rejects"]
+def _print_rejects(prefix: str, manifest) -> None:
+    rejects = manifest.rejects
     if rejects["count"]:
         print(f"{rejects['count']:,} records rejected (by reason {rejects['by_reason']}): {prefix}.rejects.jsonl "
               "lists each with its file and record number (counting from 1)")
@@ -172,21 +219,21 @@ def _run_pretrain(args) -> int:
                             special_tokens=args.special_tokens, eod_token=args.eod_token, **_common(args))
     manifests = run(config)
     for prefix, m in zip(config.prefixes(), manifests):
-        print(f"{prefix}: {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}), "
-              f"{m['wall_seconds']:.1f} s")
+        print(f"{prefix}: {m.documents:,} documents, {m.tokens:,} tokens ({m.dtype}), {m.wall_seconds:.1f} s")
     _print_rejects(config.output_prefix, manifests[0])
     m = manifests[0]
     print("Megatron-LM flags:")
     print(f"  --data-path {' '.join(config.prefixes())} --split 99,1,0 --tokenizer-type HuggingFaceTokenizer "
-          f"--tokenizer-model {m['tokenizer']['path']}")
-    print(f"  Every document ends with {m['eod_id']} {m['eod_token']}. Megatron's HF tokenizer takes eod from eos "
-          f"(151645 <|im_end|> for Qwen3 and instruct tokenizers); `python -m train` takes it from "
+          f"--tokenizer-model {m.tokenizer['path']}")
+    print(f"  Every document ends with {m.eod_id} {m.eod_token}. Megatron's HF tokenizer takes eod from eos "
+          f"({IM_END} for Qwen3 and instruct tokenizers); `qwen-data train` takes it from "
           f"{config.prefixes()[0]}.json.")
     return 0
 
 
 def _run_sft(args) -> int:
-    from .sft import MASK_SUFFIX, SFTConfig, run
+    from .indexed import MASK_SUFFIX
+    from .sft import SFTConfig, run
 
     config = SFTConfig(
         inputs=_inputs(args, "chats.jsonl"), template=args.template, format=args.format, seq_length=args.seq_length,
@@ -195,19 +242,99 @@ def _run_sft(args) -> int:
         pad_id=args.pad_id, pad_token=args.pad_token, special_tokens=args.special_tokens, **_common(args),
     )
     m = run(config)
-    s = m["sft"]
+    s = m.sft
     packed = f", {s['rows']:,} rows of {s['seq_length']} (fill {s['fill']:.2%}, {s['pad_tokens']:,} pad)" if s["packed"] else ""
-    print(f"{config.output_prefix}: {s['samples']:,} samples, {m['tokens']:,} tokens, "
-          f"{s['trained_tokens']:,} trained{packed}; {m['wall_seconds']:.1f} s")
+    print(f"{config.output_prefix}: {s['samples']:,} samples, {m.tokens:,} tokens, "
+          f"{s['trained_tokens']:,} trained{packed}; {m.wall_seconds:.1f} s")
     _print_rejects(config.output_prefix, m)
-    print(f"template {s['template']} (sha256 {s['template_sha256'][:12]}), pad id {m['pad_id']}, "
+    print(f"template {s['template']} (sha256 {s['template_sha256'][:12]}), pad id {m.pad_id}, "
           f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx")
     return 0
 
 
+def _blend_budget(args):
+    """The budget options → a `Budget`, or None without one."""
+    from .blend_files import BlendError
+    from .blend_weights import Budget
+
+    if args.train_iters is not None or args.global_batch_size is not None:
+        if args.train_iters is None or args.global_batch_size is None:
+            raise BlendError("--train-iters and --global-batch-size go together")
+        if args.train_samples is not None or args.train_tokens is not None:
+            raise BlendError("give one budget: --train-tokens, --train-samples or --train-iters")
+        samples = args.train_iters * args.global_batch_size
+    elif args.train_samples is not None:
+        if args.train_tokens is not None:
+            raise BlendError("give one budget: --train-tokens, --train-samples or --train-iters")
+        samples = args.train_samples
+    elif args.train_tokens is not None:
+        return Budget(tokens=args.train_tokens, seq_length=args.seq_length)
+    else:
+        return None
+    return Budget(samples=samples, seq_length=args.seq_length)
+
+
+def _run_blend(args) -> int:
+    from .blend import BlendConfig, make_blend
+
+    config = BlendConfig(train=args.train, valid=args.valid, test=args.test, output=args.output, by=args.by,
+                         temperature=args.temperature, ratio_unit=args.ratio_unit, split=args.split,
+                         absolute=args.absolute, budget=_blend_budget(args))
+    result = make_blend(config)
+    _print_blend(result)
+    if result.budget is not None:
+        for line in _format_budget(result.budget, approximate=result.blend.split is not None):
+            print(line)
+    return 0
+
+
+def _print_blend(result) -> None:
+    from .blend_files import SPLITS
+
+    blend = result.blend
+    print(f"{blend.kind} blend of {len(blend.splits['train'])} train source(s), weights by {blend.by}"
+          + (f" (temperature {blend.temperature:g})" if blend.temperature else ""))
+    for name in SPLITS:
+        for e in blend.splits.get(name) or ():
+            print(f"  {name:<5}  {e.source.prefix}  weight {e.weight:.4f}  tokens {100 * e.share:.2f}%  "
+                  f"({e.source.real_tokens:,} tokens, {e.source.documents:,} documents)")
+    print("wrote " + ", ".join(result.written))
+    print("Megatron-LM flags: " + " ".join(result.megatron_args))
+    if blend.split is None and "valid" not in blend.splits:
+        print("note: no validation data (give --valid PREFIX ... or --split 98,2,0)")
+    train = {e.source.prefix for e in blend.splits["train"]}
+    for name in ("valid", "test"):
+        shared = [e.source.prefix for e in blend.splits.get(name) or () if e.source.prefix in train]
+        if shared:
+            print(f"warning: {name} prefixes also trained on: {', '.join(shared)}")
+
+
+def _format_budget(rows, approximate: bool) -> list[str]:
+    """The budget table: one row per train source, and a note for each source seen more than once."""
+    columns = [("source", "<", lambda r: r.prefix),
+               ("weight", ">", lambda r: f"{r.weight:.4f}"),
+               ("tokens%", ">", lambda r: f"{100 * r.share:.2f}%"),
+               ("tokens avail" + (" (≈)" if approximate else ""), ">", lambda r: f"{r.available_tokens:,.0f}"),
+               ("samples", ">", lambda r: "-" if r.samples is None else f"{r.samples:,.0f}"),
+               ("tokens used", ">", lambda r: f"{r.tokens:,.0f}"),
+               ("epochs", ">", lambda r: f"{r.epochs:.3f}")]
+    cells = [[title for title, _, _ in columns]] + [[get(r) for _, _, get in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(f"{cell:{align}{w}}" for cell, (_, align, _), w in zip(row, columns, widths)).rstrip()
+             for row in cells]
+    lines += [f"note: {r.prefix} is repeated {r.epochs:.2f} times" for r in rows if r.epochs > 1]
+    return lines
+
+
+def _run_train(args) -> int:
+    from qwen_data_train.loop import main as train
+
+    return train(args.train_args)
+
+
 def _run_verify(args) -> int:
-    from .blend import strip_suffix
-    from .outputs import read_manifest
+    from .blend_files import strip_suffix
+    from .manifest import Manifest
     from .verify import verify
 
     failed = 0
@@ -218,8 +345,8 @@ def _run_verify(args) -> int:
             print(f"{prefix}: {len(problems)} problem(s)")
             print("".join(f"  - {problem}\n" for problem in problems), end="")
         else:
-            m = read_manifest(prefix)
-            print(f"{prefix}: ok ({m['documents']:,} documents, {m['tokens']:,} tokens)")
+            m = Manifest.read(prefix)
+            print(f"{prefix}: ok ({m.documents:,} documents, {m.tokens:,} tokens)")
     return 1 if failed else 0
 
 
@@ -260,7 +387,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.train_args = rest
     try:
         return args.func(args)
     except KeyboardInterrupt:

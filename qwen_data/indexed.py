@@ -138,6 +138,36 @@ class IndexedDatasetWriter:
                 os.remove(path)
 
 
+# SFT data is two datasets with one index: the ids at PREFIX, the uint8 loss mask at PREFIX.lossmask.
+MASK_SUFFIX = ".lossmask"
+
+
+class MaskedWriter:
+    """Token ids and their loss mask, written as two datasets with the identical index."""
+
+    @staticmethod
+    def files(prefix: str) -> list[str]:
+        return [prefix + channel + ext for channel in ("", MASK_SUFFIX) for ext in (".bin", ".idx")]
+
+    def __init__(self, paths: list[str], dtype) -> None:
+        """`paths`: where to write `files(prefix)`, in that order."""
+        ids_bin, ids_idx, mask_bin, mask_idx = paths
+        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype)
+        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8)
+
+    def add_batch(self, ids, mask, sequence_lengths, sequences_per_document=None) -> None:
+        self.ids.add_batch(ids, sequence_lengths, sequences_per_document)
+        self.mask.add_batch(mask, sequence_lengths, sequences_per_document)
+
+    def finalize(self) -> None:
+        self.ids.finalize()
+        self.mask.finalize()
+
+    @property
+    def digests(self) -> list[tuple[str, str]]:
+        return [self.ids.digests, self.mask.digests]
+
+
 class _Hashed:
     """A file opened for writing that hashes what goes through it."""
 

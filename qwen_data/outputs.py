@@ -13,15 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import json
 import os
-import sys
-import time
 
-from . import __version__
 
-FORMAT = "qwen-data/1"
 TMP_SUFFIX = ".tmp"
 LOCK_SUFFIX = ".lock"
 
@@ -133,42 +127,3 @@ def _lock(path: str):
         except FileNotFoundError:
             pass
         handle.close()
-
-
-def fingerprint(channels: list[tuple[str, str]]) -> str:
-    """Changes whenever the data does: a hash of each channel's (.idx, .bin) content hashes, in order.
-
-    The pipelines pass `IndexedDatasetWriter.digests` (hashed while writing); `verify` recomputes
-    them by streaming the files.
-    """
-    digest = hashlib.sha256()
-    for idx_digest, bin_digest in channels:
-        digest.update(f"{idx_digest} {bin_digest}\n".encode())
-    return digest.hexdigest()
-
-
-def base_manifest(kind: str) -> dict:
-    return {
-        "format": FORMAT,
-        "kind": kind,
-        "qwen_data_version": __version__,
-        "command": sys.argv,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
-def write_json(path: str, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-
-
-def read_manifest(prefix: str) -> dict:
-    path = prefix + ".json"
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{prefix}: no manifest {path} (not a qwen-data output, or an unfinished run)")
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a {FORMAT} manifest")
-    return manifest

@@ -29,6 +29,8 @@ from functools import cached_property
 
 import numpy as np
 
+from .indexed import MaskedWriter
+
 
 @dataclass(frozen=True)
 class PackPlan:
@@ -224,3 +226,31 @@ def _validated(lengths, capacity) -> np.ndarray:
             f" ({bad.size} such sample{'s' if bad.size > 1 else ''})"
         )
     return array
+
+
+def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, seq_length: int, pad_id: int):
+    """Pack the finished unpacked samples into rows of exactly `seq_length`; returns the plan."""
+    plan = pack(lengths, seq_length)
+    ids = np.memmap(samples.ids.bin_path, dtype=samples.ids.dtype, mode="r") if len(lengths) else np.zeros(0)
+    mask = np.memmap(samples.mask.bin_path, dtype=np.uint8, mode="r") if len(lengths) else np.zeros(0)
+    starts = np.cumsum(lengths) - lengths
+    sequence_lengths, per_row = plan.sequence_layout(lengths)
+    row_starts = plan.row_starts
+    rows_per_batch = 4096
+    seq_cursor = 0
+    for first in range(0, plan.rows, rows_per_batch):
+        last = min(first + rows_per_batch, plan.rows)
+        ids_parts, mask_parts = [], []
+        for row in range(first, last):
+            for s in plan.order[row_starts[row]: row_starts[row] + plan.row_sizes[row]]:
+                ids_parts.append(ids[starts[s]: starts[s] + lengths[s]])
+                mask_parts.append(mask[starts[s]: starts[s] + lengths[s]])
+            pad = seq_length - plan.row_tokens[row]
+            if pad:
+                ids_parts.append(np.full(pad, pad_id, dtype=np.int32))
+                mask_parts.append(np.zeros(pad, dtype=np.uint8))
+        n_seq = int(per_row[first:last].sum())
+        out.add_batch(np.concatenate(ids_parts), np.concatenate(mask_parts),
+                      sequence_lengths[seq_cursor: seq_cursor + n_seq], per_row[first:last])
+        seq_cursor += n_seq
+    return plan

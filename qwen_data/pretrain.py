@@ -1,6 +1,6 @@
 """Pretraining data: jsonl text → token ids + end-of-document → Megatron indexed dataset.
 
-  read_chunks (main) → tokenize_chunk (workers) → IndexedDatasetWriter (main) → manifest
+  read_chunks (main) → Tokenize.process (workers) → IndexedDatasetWriter per text key (main) → manifest
 
 One document per record: the record's text tokens followed by the end-of-document id, which is
 `<|endoftext|>` (151643) whatever the tokenizer's eos says (Megatron's own preprocess writes the
@@ -11,48 +11,30 @@ any key is rejected for all.
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import pipeline
 from .errors import RecordError
 from .indexed import IndexedDatasetWriter, token_dtype
-from .outputs import AtomicOutputs, base_manifest, fingerprint, write_json
-from .progress import Progress
-from .records import DEFAULT_CHUNK_BYTES, RejectLog, check_inputs, empty_output, parse_line, read_chunks, reject_entry
+from .manifest import Manifest, fingerprint
+from .outputs import AtomicOutputs
+from .pipeline import ChunkResult, RunConfig
 from .qwen import DEFAULT_PAD_ID, EOD_TOKEN
-from .tokenizer import SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig
-from .workers import ordered_map
-
-# Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with
-# the text a worker has seen, and restarting bounds it, so peak memory does not grow with the corpus.
-TASKS_PER_WORKER = 16
+from .records import Chunk, parse_line, reject_entry
+from .tokenizer import QwenTokenizer
 
 
-@dataclass
-class PretrainConfig:
-    inputs: list[str]
-    output_prefix: str
+@dataclass(kw_only=True)
+class PretrainConfig(RunConfig):
     text_keys: list[str] = field(default_factory=lambda: ["text"])
-    workers: int = 2
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    special_tokens: str = "text"
     eod_token: str = EOD_TOKEN
-    max_rejects: int | None = None
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    quiet: bool = False
 
     def __post_init__(self) -> None:
-        if self.special_tokens not in SPECIAL_POLICIES:
-            raise ValueError(f"--special-tokens must be one of {SPECIAL_POLICIES}")
+        super().__post_init__()
         if not self.text_keys or len(set(self.text_keys)) != len(self.text_keys):
             raise ValueError("--text-key: give one or more distinct keys")
-        if self.workers < 1:
-            raise ValueError("--workers must be at least 1")
-        if self.chunk_bytes < 1:
-            raise ValueError("--chunk-mb must be above 0")
 
     def prefixes(self) -> list[str]:
         if len(self.text_keys) == 1:
@@ -61,53 +43,98 @@ class PretrainConfig:
 
 
 @dataclass
-class ChunkResult:
+class Documents(ChunkResult):
     ids: list[np.ndarray]  # per text key: tokens of the chunk's documents, eod included
     lengths: list[np.ndarray]  # per text key: each document's length
-    rejects: list[dict]
-    records: int
-    text_bytes: int
-    special_records: int  # records holding literal added-token strings
 
 
-_worker: dict = {}
+def run(config: PretrainConfig) -> list[Manifest]:
+    """The manifest of each output prefix."""
+    return pipeline.run(Tokenize(config), config)
 
 
-def _init_worker(tokenizer: QwenTokenizer, config: PretrainConfig, eod_id: int) -> None:
-    _worker.update(tokenizer=tokenizer, config=config, eod_id=eod_id)
+class Tokenize:
+    """The pretrain step: each record's text (per key) → its ids and the end-of-document id."""
+
+    def __init__(self, config: PretrainConfig) -> None:
+        self.config = config
+        self.tokenizer = QwenTokenizer(config.tokenizer)
+        self.eod_id = self.tokenizer.token_id(config.eod_token, "--eod-token")
+        self.tokenizer.prepare(config.special_tokens)
+
+    def files(self) -> list[str]:
+        return [p + ext for p in self.config.prefixes() for ext in (".bin", ".idx", ".json")]
+
+    def process(self, chunk: Chunk) -> Documents:
+        texts, rejects, text_bytes, special_records = self._texts(chunk)
+        ids, lengths = [], []
+        for bucket in texts:
+            flat, counts = self.tokenizer.encode_batch(bucket, special=self.config.special_tokens)
+            doc_ids, doc_lengths = append_eod(flat, counts, self.eod_id)
+            ids.append(doc_ids)
+            lengths.append(doc_lengths)
+        records = len(texts[0])
+        return Documents(rejects, records, text_bytes, sum(map(len, ids)), special_records, ids, lengths)
+
+    def _texts(self, chunk: Chunk) -> tuple[list[list[str]], list[dict], int, int]:
+        """Per text key, the texts of the chunk's good records; the rejects; bytes and literal counts."""
+        keys, policy = self.config.text_keys, self.config.special_tokens
+        texts: list[list[str]] = [[] for _ in keys]
+        rejects, text_bytes, special_records = [], 0, 0
+        for line_no, line in chunk.lines():
+            try:
+                record = parse_line(line)
+                # A lone surrogate can only come from a \ud800-\udfff escape in the line.
+                maybe_surrogate = b"\\ud" in line or b"\\uD" in line
+                values = [_text_field(record, key, maybe_surrogate) for key in keys]
+                special = next((s for v in values if (s := self.tokenizer.find_special(v, policy))), None)
+                if special:
+                    special_records += 1
+                    if policy == "reject":
+                        raise RecordError("special-token", f"literal special token {special!r} in text")
+            except RecordError as error:
+                rejects.append(reject_entry(chunk, line_no, line, error))
+                continue
+            text_bytes += len(line)
+            for bucket, value in zip(texts, values):
+                bucket.append(value)
+        return texts, rejects, text_bytes, special_records
+
+    def open(self, outputs: AtomicOutputs) -> "PretrainWriter":
+        return PretrainWriter(self, outputs)
 
 
-def tokenize_chunk(chunk) -> ChunkResult:
-    tokenizer: QwenTokenizer = _worker["tokenizer"]
-    config: PretrainConfig = _worker["config"]
-    keys = config.text_keys
-    texts: list[list[str]] = [[] for _ in keys]
-    rejects, text_bytes, special_records, records = [], 0, 0, 0
-    for line_no, line in chunk.lines():
-        try:
-            record = parse_line(line)
-            # A lone surrogate can only come from a \ud800-\udfff escape in the line.
-            maybe_surrogate = b"\\ud" in line or b"\\uD" in line
-            values = [_text_field(record, key, maybe_surrogate) for key in keys]
-            special = next((s for v in values if (s := tokenizer.find_special(v, config.special_tokens))), None)
-            if special:
-                special_records += 1
-                if config.special_tokens == "reject":
-                    raise RecordError("special-token", f"literal special token {special!r} in text")
-        except RecordError as error:
-            rejects.append(reject_entry(chunk, line_no, line, error))
-            continue
-        records += 1
-        text_bytes += len(line)
-        for bucket, value in zip(texts, values):
-            bucket.append(value)
-    ids, lengths = [], []
-    for bucket in texts:
-        flat, counts = tokenizer.encode_batch(bucket, special=config.special_tokens)
-        doc_ids, doc_lengths = append_eod(flat, counts, _worker["eod_id"])
-        ids.append(doc_ids)
-        lengths.append(doc_lengths)
-    return ChunkResult(ids, lengths, rejects, records, text_bytes, special_records)
+class PretrainWriter:
+    """One indexed dataset per text key, documents aligned."""
+
+    def __init__(self, step: Tokenize, outputs: AtomicOutputs) -> None:
+        self.step = step
+        self.dtype = token_dtype(step.tokenizer.vocab_size)
+        self.writers = {
+            p: IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), self.dtype)
+            for p in step.config.prefixes()
+        }
+        self.documents = self.special_records = 0
+
+    def add(self, result: Documents) -> None:
+        for writer, ids, lengths in zip(self.writers.values(), result.ids, result.lengths):
+            writer.add_batch(ids, lengths)
+        self.documents += result.records
+        self.special_records += result.special_records
+
+    def close(self) -> dict[str, Manifest]:
+        config = self.step.config
+        manifests = {}
+        for (prefix, writer), key in zip(self.writers.items(), config.text_keys):
+            writer.finalize()
+            manifests[prefix] = Manifest(
+                kind="pretrain", tokenizer=self.step.tokenizer.identity(), eod_id=self.step.eod_id,
+                eod_token=config.eod_token, pad_id=DEFAULT_PAD_ID, text_key=key,
+                special_tokens=config.special_tokens, special_token_records=self.special_records,
+                dtype=self.dtype.name, documents=writer.documents, sequences=writer.sequences,
+                tokens=writer.tokens, fingerprint=fingerprint([writer.digests]),
+            )
+        return manifests
 
 
 def _text_field(record: dict, key: str, maybe_surrogate: bool = True) -> str:
@@ -136,72 +163,3 @@ def append_eod(flat: np.ndarray, counts: np.ndarray, eod_id: int) -> tuple[np.nd
     out[eod_positions] = eod_id
     out[is_text] = flat
     return out, counts + 1
-
-
-def run(config: PretrainConfig) -> list[dict]:
-    """Run the pipeline; returns the manifest of each output prefix."""
-    start = time.monotonic()
-    check_inputs(config.inputs)
-    tokenizer = QwenTokenizer(config.tokenizer)
-    eod_id = tokenizer.token_id(config.eod_token, "--eod-token")
-    dtype = token_dtype(tokenizer.vocab_size)
-    prefixes = config.prefixes()
-    total_bytes = 0 if any(p.endswith(".gz") for p in config.inputs) else sum(map(os.path.getsize, config.inputs))
-    progress = Progress(total_bytes, enabled=not config.quiet)
-    special_records = 0
-    tokenizer.prepare(config.special_tokens)
-    rejects_path = config.output_prefix + ".rejects.jsonl"
-    finals = [p + ext for p in prefixes for ext in (".bin", ".idx", ".json")] + [rejects_path]
-    with AtomicOutputs(finals) as outputs:
-        writers = [
-            IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), dtype) for p in prefixes
-        ]
-        rejects = RejectLog(outputs.tmp(rejects_path), config.max_rejects)
-        results = ordered_map(
-            tokenize_chunk,
-            read_chunks(config.inputs, config.chunk_bytes),
-            config.workers,
-            initializer=_init_worker,
-            initargs=(tokenizer, config, eod_id),
-            tasks_per_worker=TASKS_PER_WORKER,
-        )
-        for result in results:
-            for writer, ids, lengths in zip(writers, result.ids, result.lengths):
-                writer.add_batch(ids, lengths)
-            rejects.add(result.rejects)
-            special_records += result.special_records
-            progress.update(result.records, result.text_bytes, sum(len(i) for i in result.ids))
-        progress.close()
-        rejects.close()
-        if writers[0].documents == 0:
-            raise empty_output(config.output_prefix, rejects)
-        for writer in writers:
-            writer.finalize()
-        manifests = []
-        for prefix, key, writer in zip(prefixes, config.text_keys, writers):
-            manifest = base_manifest("pretrain")
-            manifest.update(
-                tokenizer=tokenizer.identity(),
-                eod_id=eod_id,
-                eod_token=config.eod_token,
-                # Recorded so train stages never mistake padding for the real end-of-document.
-                pad_id=DEFAULT_PAD_ID,
-                text_key=key,
-                special_tokens=config.special_tokens,
-                special_token_records=special_records,
-                dtype=dtype.name,
-                documents=writer.documents,
-                sequences=writer.sequences,
-                tokens=writer.tokens,
-                fingerprint=fingerprint([writer.digests]),
-                inputs=[{"path": os.path.abspath(p), "bytes": os.path.getsize(p)} for p in config.inputs],
-                rejects=rejects.summary(),
-                wall_seconds=round(time.monotonic() - start, 3),
-            )
-            outputs.tmp(prefix + ".json")
-            write_json(prefix + ".json.tmp", manifest)
-            manifests.append(manifest)
-        if rejects.count == 0:
-            outputs.discard(rejects_path)
-        outputs.commit(markers=[p + ".json" for p in prefixes])
-    return manifests

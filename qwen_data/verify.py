@@ -24,9 +24,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from .indexed import DTYPE_CODES, IndexFormatError, file_digest, new_hash, read_index, token_dtype
-from .outputs import fingerprint, read_manifest
-from .sft import MASK_SUFFIX
+from .indexed import MASK_SUFFIX, IndexFormatError, file_digest, new_hash, read_index
+from .manifest import Manifest, fingerprint, load, problems as manifest_problems
 
 BLOCK_BYTES = 1 << 24  # .bin bytes read at a time
 CHUNK = 1 << 20  # index entries checked at a time
@@ -35,19 +34,17 @@ SHOWN = 5  # offending positions named in one problem
 
 def verify(prefix: str) -> list[str]:
     """The problems of `prefix` as sentences; an empty list means it is ok."""
+    where = f"{prefix}.json"
     try:
-        manifest = read_manifest(prefix)
-    except FileNotFoundError as exc:
+        data = load(prefix)
+    except (OSError, ValueError) as exc:  # missing, bad JSON
         return [str(exc)]
-    except (OSError, ValueError, AttributeError) as exc:  # bad JSON, not an object, another format
-        message = str(exc)
-        return [message if message.startswith(prefix) else f"{prefix}.json: unreadable manifest: {message}"]
-    problems: list[str] = []
-    facts = _facts(prefix, manifest, problems)
-    if facts is None:
+    problems = manifest_problems(data, where)
+    if problems:
         return problems
-    channels = [(prefix, np.dtype(facts["dtype"]))]
-    if facts["kind"] == "sft":
+    manifest = Manifest.from_json(data, where)
+    channels = [(prefix, np.dtype(manifest.dtype))]
+    if manifest.kind == "sft":
         channels.append((prefix + MASK_SUFFIX, np.dtype(np.uint8)))
     indexes = []
     for name, dtype in channels:
@@ -60,71 +57,19 @@ def verify(prefix: str) -> list[str]:
     sound = sound and _check_sizes(prefix, indexes, manifest, problems)
     if sound and len(indexes) == 2:
         sound = _same_index(indexes[0], indexes[1], problems)
-    sound = sound and _check_layout(indexes[0], facts, problems)
-    stats = _stream(indexes, facts, sound, problems)
+    sound = sound and _check_layout(indexes[0], manifest, problems)
+    stats = _stream(indexes, manifest, sound, problems)
     _check_fingerprint(prefix, indexes, stats, manifest, problems)
-    if facts["kind"] == "sft" and sound:
-        _check_sft_stats(prefix, indexes[0], facts, stats, manifest, problems)
+    if manifest.kind == "sft" and sound:
+        _check_sft_stats(prefix, indexes[0], stats, manifest, problems)
     return problems
-
-
-# ---------------------------------------------------------------------------------------------
-# The manifest
-
-
-def _facts(prefix: str, manifest: dict, problems: list[str]) -> dict | None:
-    """The manifest fields the checks need, or None (with the problems) when one is missing or wrong."""
-    where = f"{prefix}.json"
-    if not isinstance(manifest, dict):
-        problems.append(f"{where}: the manifest is not a JSON object")
-        return None
-    tokenizer = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
-    sft = manifest.get("sft") if isinstance(manifest.get("sft"), dict) else {}
-    facts = {"kind": manifest.get("kind"), "dtype": manifest.get("dtype"), "vocab_size": tokenizer.get("vocab_size"),
-             "eod_id": manifest.get("eod_id"), "pad_id": manifest.get("pad_id"),
-             "seq_length": sft.get("seq_length"), "packed": sft.get("packed", False)}
-    before = len(problems)
-    if facts["kind"] not in ("pretrain", "sft"):
-        problems.append(f"{where}: kind {facts['kind']!r} is neither 'pretrain' nor 'sft'")
-    if facts["dtype"] not in {dt.name for dt in DTYPE_CODES}:
-        problems.append(f"{where}: dtype {facts['dtype']!r} is not a Megatron dtype")
-    for name in ("vocab_size", "eod_id", "pad_id"):
-        if not _is_int(facts[name]) or facts[name] < 0:
-            label = "tokenizer.vocab_size" if name == "vocab_size" else name
-            problems.append(f"{where}: {label} is {facts[name]!r}, not a non-negative integer")
-    for name in ("documents", "sequences", "tokens"):
-        if not _is_int(manifest.get(name)) or manifest[name] < 0:
-            problems.append(f"{where}: {name} is {manifest.get(name)!r}, not a count")
-    if not isinstance(manifest.get("fingerprint"), str):
-        problems.append(f"{where}: no fingerprint")
-    if facts["kind"] == "sft":
-        if not isinstance(manifest.get("sft"), dict):
-            problems.append(f"{where}: an SFT manifest without its sft section")
-        elif not isinstance(facts["packed"], bool):
-            problems.append(f"{where}: sft.packed is {facts['packed']!r}, not true or false")
-        elif facts["seq_length"] is not None and (not _is_int(facts["seq_length"]) or facts["seq_length"] < 1):
-            problems.append(f"{where}: sft.seq_length is {facts['seq_length']!r}, not a length")
-        elif facts["packed"] and facts["seq_length"] is None:
-            problems.append(f"{where}: packed SFT data without sft.seq_length")
-    if len(problems) > before:
-        return None
-    if facts["dtype"] != token_dtype(facts["vocab_size"]).name:
-        problems.append(f"{where}: dtype {facts['dtype']} is not the one Megatron uses for a vocabulary of "
-                        f"{facts['vocab_size']} ids ({token_dtype(facts['vocab_size']).name})")
-    if facts["eod_id"] >= facts["vocab_size"]:
-        problems.append(f"{where}: eod id {facts['eod_id']} is outside the vocabulary ({facts['vocab_size']} ids)")
-    return facts
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # ---------------------------------------------------------------------------------------------
 # The indexes
 
 
-def _open_channel(name: str, dtype: np.dtype, manifest: dict, problems: list[str]):
+def _open_channel(name: str, dtype: np.dtype, manifest: Manifest, problems: list[str]):
     """The channel's index if its files are there and it reads; counts checked against the manifest."""
     missing = [name + s for s in (".bin", ".idx") if not os.path.isfile(name + s)]
     if missing:
@@ -139,8 +84,8 @@ def _open_channel(name: str, dtype: np.dtype, manifest: dict, problems: list[str
         problems.append(f"{index.path}: dtype {index.dtype.name}, expected {dtype.name}")
         return None
     for label, count in (("documents", index.documents), ("sequences", index.sequences)):
-        if count != manifest[label]:
-            problems.append(f"{index.path}: {count} {label}, the manifest {manifest[label]}")
+        if count != getattr(manifest, label):
+            problems.append(f"{index.path}: {count} {label}, the manifest {getattr(manifest, label)}")
     return index
 
 
@@ -204,7 +149,7 @@ def _tokens(index) -> int:
     return int(index.pointers[-1]) // index.dtype.itemsize + int(index.lengths[-1])
 
 
-def _check_sizes(prefix: str, indexes, manifest: dict, problems: list[str]) -> bool:
+def _check_sizes(prefix: str, indexes, manifest: Manifest, problems: list[str]) -> bool:
     ok = True
     for index in indexes:
         bin_path = index.path[: -len(".idx")] + ".bin"
@@ -214,16 +159,16 @@ def _check_sizes(prefix: str, indexes, manifest: dict, problems: list[str]) -> b
                             f"{index.dtype.itemsize} bytes ({tokens * index.dtype.itemsize} bytes): truncated or extended")
             ok = False
     tokens = _tokens(indexes[0])
-    if tokens != manifest["tokens"]:
-        problems.append(f"{prefix}.json: {manifest['tokens']} tokens, but {indexes[0].path} describes {tokens}")
+    if tokens != manifest.tokens:
+        problems.append(f"{prefix}.json: {manifest.tokens} tokens, but {indexes[0].path} describes {tokens}")
     return ok
 
 
-def _check_layout(index, facts: dict, problems: list[str]) -> bool:
+def _check_layout(index, manifest: Manifest, problems: list[str]) -> bool:
     """What the kind promises about documents and sequences (index only)."""
     name = index.path
-    if facts["kind"] == "pretrain" or not facts["packed"]:
-        unit = "document" if facts["kind"] == "pretrain" else "sample"
+    if manifest.kind == "pretrain" or not manifest.packed:
+        unit = "document" if manifest.kind == "pretrain" else "sample"
         for start, chunk in _chunks(index.document_indices, overlap=1):
             if (np.diff(chunk) != 1).any():
                 d = start + int(np.argmax(np.diff(chunk) != 1))
@@ -234,13 +179,13 @@ def _check_layout(index, facts: dict, problems: list[str]) -> bool:
             if (lengths == 0).any():
                 problems.append(f"{name}: {unit} {start + int(np.argmax(lengths == 0))} is empty")
                 return False
-            limit = facts["seq_length"]
-            if facts["kind"] == "sft" and limit and (lengths > limit).any():
+            limit = manifest.seq_length
+            if manifest.kind == "sft" and limit and (lengths > limit).any():
                 s = start + int(np.argmax(lengths > limit))
                 problems.append(f"{name}: sample {s} has {lengths[s - start]} tokens, over sft.seq_length {limit}")
                 return False
         return True
-    seq_length, itemsize, total = facts["seq_length"], index.dtype.itemsize, _tokens(index)
+    seq_length, itemsize, total = manifest.seq_length, index.dtype.itemsize, _tokens(index)
     n = index.sequences
     for start, chunk in _chunks(index.document_indices, overlap=1):
         # token offset of each document boundary: its first sequence's pointer, or the end
@@ -309,13 +254,13 @@ def _fill(f, view) -> int:
     return done
 
 
-def _stream(indexes, facts: dict, sound: bool, problems: list[str]) -> _Stats:
+def _stream(indexes, manifest: Manifest, sound: bool, problems: list[str]) -> _Stats:
     """Hash both .bin files and check every token, block by block. Layout checks need `sound` indexes."""
     ids_index = indexes[0]
     ids_path = ids_index.path[: -len(".idx")] + ".bin"
     mask_path = indexes[1].path[: -len(".idx")] + ".bin" if len(indexes) == 2 else None
-    kind, packed, seq_length = facts["kind"], facts["packed"], facts["seq_length"]
-    vocab, eod, pad = facts["vocab_size"], facts["eod_id"], facts["pad_id"]
+    kind, packed, seq_length = manifest.kind, manifest.packed, manifest.seq_length
+    vocab, eod, pad = manifest.vocab_size, manifest.eod_id, manifest.pad_id
     block = max(BLOCK_BYTES // ids_index.dtype.itemsize, 1)
     if packed:
         block = max(block // seq_length, 1) * seq_length  # whole rows
@@ -348,6 +293,12 @@ def _stream(indexes, facts: dict, sound: bool, problems: list[str]) -> _Stats:
                 found.add("eod", first + wrong, last[wrong])
             position += len(ids)
     stats.bin_digests = [h.hexdigest() for h in hashes]
+    _report(found, ids_path, mask_path, manifest, problems)
+    return stats
+
+
+def _report(found: "_Found", ids_path: str, mask_path: str | None, manifest: Manifest, problems: list[str]) -> None:
+    vocab, eod, pad, packed = manifest.vocab_size, manifest.eod_id, manifest.pad_id, manifest.packed
     names = {"vocab": (ids_path, f"ids outside the vocabulary (0..{vocab - 1})"
                        + (f" other than the pad id {pad}" if packed else ""), "token", "id"),
              "eod": (ids_path, f"documents not ending with the eod id {eod}", "document", "last id"),
@@ -359,7 +310,6 @@ def _stream(indexes, facts: dict, sound: bool, problems: list[str]) -> _Stats:
              "row-empty": (ids_path, "packed rows with no sample, only pad", "row", "pad ids")}
     for key, (path, what, unit, value) in names.items():
         problems.extend(found.sentences(key, path, what, unit, value))
-    return stats
 
 
 class _Found:
@@ -432,30 +382,30 @@ def _check_rows(index, is_pad, position: int, seq_length: int, stats: _Stats, fo
 # Against the manifest
 
 
-def _check_fingerprint(prefix: str, indexes, stats: _Stats, manifest: dict, problems: list[str]) -> None:
+def _check_fingerprint(prefix: str, indexes, stats: _Stats, manifest: Manifest, problems: list[str]) -> None:
     digests = [(file_digest(index.path), bin_digest) for index, bin_digest in zip(indexes, stats.bin_digests)]
     recomputed = fingerprint(digests)
-    if recomputed != manifest["fingerprint"]:
+    if recomputed != manifest.fingerprint:
         files = ", ".join(f"{i.path[:-4]}.bin/.idx" for i in indexes)
-        problems.append(f"{prefix}.json: fingerprint {manifest['fingerprint'][:16]}… is not the data's "
+        problems.append(f"{prefix}.json: fingerprint {manifest.fingerprint[:16]}… is not the data's "
                         f"{recomputed[:16]}…: {files} changed after the manifest was written, or the manifest was edited"
                         + (" (or it was written by qwen-data < 0.2, whose fingerprints did not cover the .bin "
                            "contents: rewrite it)" if _version(manifest) < (0, 2) else ""))
 
 
-def _version(manifest: dict) -> tuple[int, ...]:
+def _version(manifest: Manifest) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in str(manifest.get("qwen_data_version", "0")).split(".")[:2])
+        return tuple(int(part) for part in str(manifest.qwen_data_version).split(".")[:2])
     except ValueError:
         return (0,)
 
 
-def _check_sft_stats(prefix: str, index, facts: dict, stats: _Stats, manifest: dict, problems: list[str]) -> None:
-    sft = manifest["sft"]
-    samples = index.sequences - stats.pad_sequences if facts["packed"] else index.documents
+def _check_sft_stats(prefix: str, index, stats: _Stats, manifest: Manifest, problems: list[str]) -> None:
+    sft = manifest.sft
+    samples = index.sequences - stats.pad_sequences if manifest.packed else index.documents
     expected = {"trained_tokens": stats.trained, "samples": samples,
                 "sample_tokens": _tokens(index) - stats.pad_tokens}
-    if facts["packed"]:
+    if manifest.packed:
         expected.update(rows=index.documents, pad_tokens=stats.pad_tokens)
     for key, value in expected.items():
         if key in sft and sft[key] != value:

@@ -2,15 +2,18 @@
 modules share helpers through `_helpers`/`_conversations`/`_oracles`, never through each other."""
 
 import ast
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 from _helpers import REPO_ROOT
 
-PACKAGES = ("qwen_data", "train")
+PACKAGES = {"qwen_data": "qwen_data", "qwen_data_train": "train"}  # installed name: folder
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+def _module_name(package: str, path: Path) -> str:
+    parts = (package,) + path.relative_to(REPO_ROOT / PACKAGES[package]).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -38,7 +41,7 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    files = {_module_name(p): p for package in PACKAGES for p in (REPO_ROOT / package).rglob("*.py")}
+    files = {_module_name(package, p): p for package in PACKAGES for p in (REPO_ROOT / PACKAGES[package]).rglob("*.py")}
     return {name: _imports(path, name, set(files)) for name, path in files.items()}
 
 
@@ -67,6 +70,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_package_imports_form_no_circle():
     graph = import_graph()
     assert "qwen_data.cli" in graph and "qwen_data.sft" in graph["qwen_data.cli"]  # the graph is really read
+    assert "qwen_data_train.loop" in graph["qwen_data.cli"] and "qwen_data.blend_files" in graph["qwen_data_train.data"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     # The check can fail: a circle like the one cli.py and sft.py once formed is found.
     assert find_cycle({**graph, "qwen_data.sft": graph["qwen_data.sft"] | {"qwen_data.cli"}})
@@ -79,3 +83,11 @@ def test_no_test_module_imports_another():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not (set(names) & tests), f"{path.name} imports {set(names) & tests}"
+
+
+def test_the_train_stage_installs_under_its_own_name(tmp_path):
+    """A top-level `train` in site-packages would shadow (or be shadowed by) any other project's."""
+    outside = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('train'))"],
+                             cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert outside.stdout.strip() == "None"
+    assert Path(importlib.util.find_spec("qwen_data_train").origin).parent == REPO_ROOT / "train"

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
-from qwen_data.blend import BlendError, parse_split, plan_blend, read_blend
+from qwen_data.blend_files import BlendError, read_blend
+from qwen_data.blend_weights import parse_split, plan_blend
 from qwen_data.cli import main
 
 @pytest.fixture(scope="module")
@@ -89,11 +90,11 @@ def test_split_mode(prefixes, tmp_path):
     assert blend(prefixes["web"], prefixes["code"], "--split", "98,2,0", "-o", out) == 0
     assert not out.exists()  # a per-split file cannot carry a split: a stale one would drop it
     record = read_blend(str(out))
-    assert record["split"] == "98,2,0" and not record["per_split"]
-    assert record["splits"]["train"][0] == [prefixes["web"], prefixes["code"]]
+    assert record.split == "98,2,0" and not record.per_split
+    assert record.splits["train"][0] == [prefixes["web"], prefixes["code"]]
     txt = read_blend(str(tmp_path / "b.txt"))
     # Megatron reads the split of NAME.txt from its command line; ours keeps the one the blend was made with
-    assert txt["splits"]["train"] == record["splits"]["train"] and txt["split"] == "98,2,0"
+    assert txt.splits["train"] == record.splits["train"] and txt.split == "98,2,0"
 
 
 def test_absolute_and_file_names(prefixes, tmp_path, monkeypatch):
@@ -171,9 +172,9 @@ def test_refuses_bad_arguments(prefixes, tmp_path, capsys):
         plan_blend(["a b"])
 
 
-def test_module_entry_point(prefixes, tmp_path):
+def test_command_line_entry_point(prefixes, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    run = subprocess.run([sys.executable, "-m", "qwen_data.blend", prefixes["web"], "-o", str(tmp_path / "m.json")],
+    run = subprocess.run([sys.executable, "-m", "qwen_data.cli", "blend", prefixes["web"], "-o", str(tmp_path / "m.json")],
                          cwd=root, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert json.loads((tmp_path / "m.json").read_text())["train"] == [prefixes["web"]]

@@ -1,6 +1,5 @@
 """`qwen-data pretrain` end to end, read back with megatron-core's own readers."""
 
-import gzip
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ from multilingual import corpus
 from qwen_data.cli import main
 from qwen_data.outputs import AtomicOutputs
 from qwen_data.tokenizer import bundled_tokenizer_dir
-from _helpers import hf_plain_text
+from _helpers import hf_plain_text, write_jsonl
 
 EOD = 151643
 HF = Tokenizer.from_file(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"))
@@ -28,14 +27,6 @@ def megatron_indexed():
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     return IndexedDataset
-
-
-def write_jsonl(path, records):
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "wt", encoding="utf-8") as f:
-        for r in records:
-            f.write((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n")
-    return str(path)
 
 
 def run_cli(*args):

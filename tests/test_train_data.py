@@ -7,7 +7,6 @@ megatron-core's reader and of train/data.py.
 import glob
 import json
 import os
-import struct
 import subprocess
 import sys
 
@@ -16,29 +15,14 @@ import pytest
 import torch
 
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
+from _train import docs_of, raw_documents, stream_check
 from qwen_data.blend import BlendError
 from qwen_data.cli import main
 
 pytest.importorskip("megatron.core")
-from train import data  # noqa: E402  (imports megatron-core, ~8 s, once for the module)
+from qwen_data_train import data  # noqa: E402  (imports megatron-core, ~8 s, once for the module)
 
 PAD, EOD = 151654, 151643
-
-
-def raw_documents(prefix):
-    """[[sequence array, ...] per document] straight from the files."""
-    with open(prefix + ".idx", "rb") as f:
-        idx = f.read()
-    assert idx[:9] == b"MMIDIDX\x00\x00"
-    dtype = {1: np.uint8, 4: np.int32}[idx[17]]
-    n, d = struct.unpack("<QQ", idx[18:34])
-    lengths = np.frombuffer(idx, np.int32, n, 34)
-    pointers = np.frombuffer(idx, np.int64, n, 34 + 4 * n)
-    doc_index = np.frombuffer(idx, np.int64, d, 34 + 12 * n)
-    values = np.fromfile(prefix + ".bin", dtype)
-    itemsize = np.dtype(dtype).itemsize
-    seqs = [values[p // itemsize: p // itemsize + n_] for p, n_ in zip(pointers, lengths)]
-    return [seqs[a:b] for a, b in zip(doc_index[:-1], doc_index[1:])]
 
 
 def expected_sft(tokens_seqs, mask_seqs, s):
@@ -122,7 +106,7 @@ def test_sft_samples_equal_the_files(prefixes, kind):
 def write_sft_prefix(prefix, documents, like):
     """An SFT prefix from [(tokens, mask, sequence lengths)], with `like`'s manifest fields."""
     from qwen_data.indexed import IndexedDatasetWriter
-    from qwen_data.outputs import fingerprint
+    from qwen_data.manifest import fingerprint
 
     ids = IndexedDatasetWriter(prefix + ".bin", prefix + ".idx", np.int32)
     mask = IndexedDatasetWriter(prefix + ".lossmask.bin", prefix + ".lossmask.idx", np.uint8)
@@ -196,32 +180,6 @@ def test_sft_weighted_blend(prefixes, tmp_path):
     assert ids == {0, 1}
     record = json.loads((tmp_path / "sft_blend.qwen-data.json").read_text())
     assert train.weights == pytest.approx([e["weight"] for e in record["splits"]["train"]])
-
-
-def stream_check(sample, documents):
-    """A GPTDataset window is documents back to back: cut after each end of document, the inner
-    pieces are whole documents, the first ends one, the last begins one."""
-    window = sample["tokens"].tolist() + sample["labels"].tolist()[-1:]
-    pieces, current = [], []
-    for t in window:
-        current.append(t)
-        if t == EOD:
-            pieces.append(current)
-            current = []
-    if current:
-        pieces.append(current)
-    if len(pieces) == 1:
-        n = len(window)
-        assert any(d[i: i + n] == window for d in documents for i in range(len(d) - n + 1))
-        return
-    first, *inner, last = pieces
-    assert any(d[len(d) - len(first):] == first for d in documents)
-    assert all(piece in documents for piece in inner)
-    assert any(d[: len(last)] == last for d in documents)
-
-
-def docs_of(prefix):
-    return [np.concatenate(doc).tolist() for doc in raw_documents(prefix)]
 
 
 def test_pretrain_weighted_blend(prefixes, tmp_path):
@@ -346,33 +304,35 @@ def test_build_datasets_refuses_mismatched_manifests(prefixes, tmp_path):
 
 
 def test_boundary_helpers():
+    from qwen_data_train.attention import document_mask
     tokens = torch.tensor([[5, EOD, 7, 8, EOD, 9], [EOD, 1, 2, 3, 4, 5]])
     segments = data.segment_ids_from_eod(tokens, EOD)
     assert segments.tolist() == [[0, 0, 1, 1, 1, 2], [0, 1, 1, 1, 1, 1]]
-    mask = data.block_causal_mask(segments)
-    assert mask.shape == (2, 1, 6, 6)
+    may_attend = document_mask(segments).dense()  # what SDPA (and, negated, megatron's local attention) gets
+    assert may_attend.shape == (2, 1, 6, 6)
     for b in range(2):
         for q in range(6):
             for k in range(6):
                 allowed = k <= q and segments[b, q] == segments[b, k]
-                assert bool(mask[b, 0, q, k]) == (not allowed)
+                assert bool(may_attend[b, 0, q, k]) == allowed
 
 
 def test_txt_blend_split_and_empty_parts(tmp_path):
     """A NAME.txt blend keeps the split it was made with, and a part of the split that holds no
     documents never hangs megatron-core: unasked it is left unbuilt, asked for it is refused."""
-    from qwen_data.blend import read_blend
+    from qwen_data.blend_files import read_blend
 
     small = [pretrain([corpus(tmp_path / f"{n}.jsonl", seed, 20, 30)], tmp_path / n)
              for n, seed in (("a", 31), ("b", 32))]
     out = tmp_path / "mix.json"
     assert main(["blend", f"{small[0]}=1", f"{small[1]}=1", "--split", "90,10,0", "-o", str(out)]) == 0
-    assert read_blend(str(tmp_path / "mix.txt"))["split"] == "90,10,0"
+    assert read_blend(str(tmp_path / "mix.txt")).split == "90,10,0"
     # megatron-core builds parts in worker threads and its hang cannot be interrupted: a child process
     check = f"""
 import pytest
 from qwen_data.blend import BlendError
-from test_train_data import data, docs_of, stream_check
+from _train import docs_of, stream_check
+from qwen_data_train import data
 small = {small!r}
 train, valid, test = data.build_datasets({str(tmp_path / "mix.txt")!r}, 16, 20, 4, 0)
 assert len(valid) >= 4 and test is None

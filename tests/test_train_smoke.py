@@ -53,12 +53,12 @@ def prefixes(tmp_path_factory):
 
 
 def _train(args, log, nproc=1):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     if nproc == 1:
-        command = [sys.executable, "-m", "train"]
+        command = [sys.executable, "-m", "qwen_data.cli", "train"]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                   "--master-port", str(29400 + os.getpid() % 500), "-m", "train"]
+                   "--master-port", str(29400 + os.getpid() % 500), "-m", "qwen_data_train"]
     done = subprocess.run(command + args + ["--log-json", str(log)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -109,17 +109,14 @@ def test_tensor_and_data_parallel_match_one_process(prefixes, full_run, tmp_path
 
 @pytest.fixture(scope="module")
 def megatron_cpu():
-    from megatron.core import parallel_state
-
-    from train.loop import init_distributed
-    device = init_distributed(1)
-    yield device
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
+    from qwen_data_train.distributed import distributed
+    from qwen_data_train.patches import megatron_on_cpu
+    with megatron_on_cpu(), distributed(1) as device:
+        yield device
 
 
 def _packed_batch(prefixes, least_segments=3):
-    from train.data import build_datasets
+    from qwen_data_train.data import build_datasets
     train, _, _ = build_datasets(str(prefixes / "sft_blend.json"), 256, train_samples=8, valid_samples=0,
                                  test_samples=0, seed=1)
     for i in range(len(train)):
@@ -130,15 +127,15 @@ def _packed_batch(prefixes, least_segments=3):
 
 
 def _model(name, attention):
-    from train.model import PRESETS, build_model
+    from qwen_data_train.model import PRESETS, build_model
     torch.manual_seed(3)
     return build_model(PRESETS[name], attention=attention, max_sequence_length=256).eval()
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
 def test_packed_row_equals_its_samples_alone(prefixes, megatron_cpu, name):
-    from train.data import samples_of_row
-    from train.loop import forward
+    from qwen_data_train.data import samples_of_row
+    from qwen_data_train.step import forward
     batch = _packed_batch(prefixes)
     model = _model(name, "sdpa")
     with torch.no_grad():
@@ -152,8 +149,7 @@ def test_packed_row_equals_its_samples_alone(prefixes, megatron_cpu, name):
 
 
 def test_sdpa_attention_equals_megatron_local_attention(prefixes, megatron_cpu):
-    from train.data import samples_of_row
-    from train.loop import forward
+    from qwen_data_train.step import forward
     batch = _packed_batch(prefixes)
     with torch.no_grad():
         ours = forward(_model("tiny-qwen3", "sdpa"), batch, "sdpa", megatron_cpu, autocast=False)
@@ -162,10 +158,36 @@ def test_sdpa_attention_equals_megatron_local_attention(prefixes, megatron_cpu):
 
 
 def test_presets_match_the_real_models():
-    from train.model import PRESETS
+    from qwen_data_train.model import PRESETS
     # Parameter counts of the released models, tied embeddings counted once (Qwen3's technical
     # report: 0.6B = 0.44B non-embedding + 151,936 × 1024; 1.7B = 1.4B + 151,936 × 2048).
     expected = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-7b": 7_615_616_512,
                 "qwen3-0.6b": 596_049_920, "qwen3-1.7b": 1_720_574_976, "qwen3-8b": 8_190_735_360}
     for name, count in expected.items():
         assert PRESETS[name].parameters() == count, name
+
+
+def test_config_is_built_once_from_the_command_line():
+    import dataclasses
+
+    from qwen_data_train.config import TrainConfig
+    config = TrainConfig.parse(["--data", "out/blend.json", "--train-iters", "250", "--tp", "2", "--lr", "1e-3"])
+    assert config.data.path == "out/blend.json" and config.model.name == "tiny" and config.model.tp == 2
+    assert config.optim.lr == 1e-3 and config.optim.warmup_iters == 2  # 1% of the iterations
+    assert config.global_batch_size is None  # micro batch × DP, once the ranks are known
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.optim.lr = 1.0
+
+
+def test_cpu_patches_are_undone_on_exit():
+    from megatron.core import tensor_parallel
+
+    from qwen_data_train.patches import megatron_on_cpu, single_process_rank
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    state = lambda: (torch.cuda.current_device, torch.cuda.synchronize, vars(tracker).get("fork"),  # noqa: E731
+                     torch.distributed.get_rank)
+    before = state()
+    with megatron_on_cpu(), single_process_rank():
+        if not torch.cuda.is_available():
+            assert torch.cuda.current_device() == "cpu" and state() != before
+    assert state() == before

@@ -11,7 +11,7 @@ from _helpers import copy_prefix, manifest
 from qwen_data.blend import BlendError, plan_blend
 from qwen_data.cli import EXAMPLES, main
 from qwen_data.indexed import file_digest, read_index
-from qwen_data.outputs import fingerprint
+from qwen_data.manifest import fingerprint
 
 EOD, PAD = 151643, 151654
 SEQ = 256

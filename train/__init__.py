@@ -1,9 +1,20 @@
 """Train stage: Qwen-architecture megatron-core GPTModels on qwen-data prefixes.
 
-    python -m train --data out/pretrain_blend.json --model qwen2.5-0.5b --seq-length 4096
-    torchrun --nproc-per-node 8 -m train --data out/sft_blend.json --model qwen3-1.7b --tp 2
+    qwen-data train --data out/pretrain_blend.json --model qwen2.5-0.5b --seq-length 4096
+    torchrun --nproc-per-node 8 -m qwen_data_train --data out/sft_blend.json --model qwen3-1.7b --tp 2
 
-Modules: `train.model` (presets, GPTModel build), `train.attention` (fused core attention and the
-document mask for packed rows), `train.data` (datasets through megatron-core's builder),
-`train.loop` (the loop, checkpoints, logging; `python -m train --help`).
+(installed as `qwen_data_train`; at the repo root `python -m train` works too)
+
+Modules, in the order a run uses them:
+  config       the command line (`qwen-data train --help`) and the frozen `TrainConfig` made of it
+  patches      scoped stand-ins for CUDA and a process group where megatron-core assumes them
+  distributed  process groups and the parallel `Layout` of a step
+  model        presets with the real shapes, the GPTModel build
+  attention    fused core attention and the document mask for packed rows
+  data         datasets through megatron-core's builder
+  loader       the run's splits and each rank's micro-batches
+  step         forward, gradient clipping, AdamW and its schedule, validation loss
+  checkpoint   `Checkpointer`: dist_checkpointing save and resume
+  metrics      `Metrics`: the log line, the JSON records, the steady-state summary
+  loop         `Trainer` (set-up, `run`, `train_step`) and `main`
 """

@@ -33,7 +33,6 @@ prefix rewritten by qwen-data never reuses an index built for its old contents.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import warnings
@@ -50,15 +49,17 @@ from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
 from qwen_data.outputs import atomic_file
-from qwen_data.blend import (
+from qwen_data.blend_files import (
     BlendError,
     Source,
     blend_from_list,
     check_agreement,
     load_source,
-    parse_split,
     read_blend,
 )
+from qwen_data.blend_weights import parse_split
+
+from .patches import single_process_rank
 
 # Megatron-LM's --split default when a blend comes without one.
 DEFAULT_SPLIT = "969,30,1"
@@ -80,21 +81,21 @@ class ManifestTokenizer:
 
     def __init__(self, sources: list[Source]) -> None:
         first = sources[0].manifest
-        self.eod = int(first["eod_id"])
-        self.pad = int(first["pad_id"])
+        self.eod = int(first.eod_id)
+        self.pad = int(first.pad_id)
         if self.pad == self.eod:
             raise BlendError(f"{sources[0].prefix}: pad id equals the eod id {self.eod}: Megatron would "
                              "mask every real end of document; rebuild with a distinct pad id")
-        self.vocab_size = int(first["tokenizer"]["vocab_size"])
+        self.vocab_size = int(first.vocab_size)
         self.unique_identifiers = {
             "class": "qwen_data.ManifestTokenizer",
-            "tokenizer_sha256": first["tokenizer"].get("sha256"),
+            "tokenizer_sha256": first.tokenizer.get("sha256"),
             "eod": self.eod,
             "pad": self.pad,
             "vocab_size": self.vocab_size,
             # Megatron keys its index caches on this dict: a rewritten prefix changes its
             # fingerprint, hence the cache key.
-            "fingerprints": {s.prefix: s.manifest.get("fingerprint") for s in sorted(sources, key=lambda s: s.prefix)},
+            "fingerprints": {s.prefix: s.manifest.fingerprint for s in sorted(sources, key=lambda s: s.prefix)},
         }
 
 
@@ -121,14 +122,6 @@ def segment_ids_from_eod(tokens: torch.Tensor, eod: int) -> torch.Tensor:
     """Segment of every position: a new one starts after each end-of-document token (any batch shape)."""
     ends = (tokens == eod).to(torch.int32)
     return torch.cumsum(ends, dim=-1) - ends
-
-
-def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """[b, 1, s, s] bool, True = masked (megatron-core's convention): causal and within a segment."""
-    s = segment_ids.shape[-1]
-    same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
-    causal = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).tril()
-    return ~(same & causal).unsqueeze(-3)
 
 
 def samples_of_row(row: dict):
@@ -325,34 +318,18 @@ def _parse_blend(blend, split: Optional[str]):
     if os.path.isfile(path + ".bin"):  # a single prefix
         return ([path], None), None, split or DEFAULT_SPLIT, {}
     record = read_blend(path)
-    splits = record["splits"]
-    if record["per_split"] and split is None:
-        return None, [splits[n] for n in ("train", "valid", "test")], None, record["fingerprints"]
+    splits = record.splits
+    if record.per_split and split is None:
+        return None, [splits[n] for n in ("train", "valid", "test")], None, record.fingerprints
     if not _only_train(splits):
         raise BlendError(f"{path}: a blend with separate valid/test prefixes cannot also be cut by split={split!r}")
-    if split is not None and record["split"] not in (None, split):
-        warnings.warn(f"{path}: using split {split}, not the blend's {record['split']}")
-    return splits["train"], None, split or record["split"] or DEFAULT_SPLIT, record["fingerprints"]
+    if split is not None and record.split not in (None, split):
+        warnings.warn(f"{path}: using split {split}, not the blend's {record.split}")
+    return splits["train"], None, split or record.split or DEFAULT_SPLIT, record.fingerprints
 
 
 def _only_train(splits) -> bool:
     return splits.get("valid") is None and splits.get("test") is None
-
-
-@contextlib.contextmanager
-def _single_process_rank():
-    """megatron-core ≤0.17 calls torch.distributed.get_rank() unguarded when it writes a
-    BlendedDataset cache; a process outside any process group is rank 0."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        yield
-        return
-    original = dist.get_rank
-    dist.get_rank = lambda group=None: 0
-    try:
-        yield
-    finally:
-        dist.get_rank = original
 
 
 def build_datasets(
@@ -381,52 +358,51 @@ def build_datasets(
     splits segment_ids at each end of document) and `eod_mask_loss`.
     """
     blend_, per_split, split_, expected = _parse_blend(blend, split)
-    blends = [blend_] if blend_ is not None else [b for b in per_split if b is not None]
+    sources = _load_sources([blend_] if blend_ is not None else [b for b in per_split if b is not None], expected)
+    sizes = _sizes([train_samples, valid_samples, test_samples], blend_, per_split, split_)
+    common = dict(random_seed=seed, sequence_length=seq_length, blend=blend_, blend_per_split=per_split,
+                  split=split_ if blend_ is not None else None, path_to_cache=cache_dir,
+                  tokenizer=ManifestTokenizer(sources), mid_level_dataset_surplus=mid_level_dataset_surplus)
+    if sources[0].kind == "pretrain":
+        cls, config = PretrainDataset, GPTDatasetConfig(
+            **common, reset_position_ids=reset_position_ids, reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss, create_attention_mask=create_attention_mask)
+    else:
+        cls, config = SFTDataset, SFTDatasetConfig(**common, overlong=overlong, shuffle=shuffle_sft)
+    if blend_ is not None:
+        config.split_matrix = _requested_split_matrix(config.split_matrix, sizes, sources)
+    with single_process_rank():
+        datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
+    return tuple(datasets)
+
+
+def _load_sources(blends, expected: dict) -> list[Source]:
+    """The manifests of every prefix the blends name, checked to agree; a prefix rewritten since
+    the blend file was made (`expected` fingerprints) is warned about."""
     prefixes = list(dict.fromkeys(p for prefixes_, _ in blends for p in prefixes_))
     if not prefixes:
         raise BlendError("the blend names no prefixes")
     sources = [load_source(p) for p in prefixes]
     check_agreement(sources)
     for s in sources:
-        if expected.get(s.prefix) not in (None, s.manifest.get("fingerprint")):
+        if expected.get(s.prefix) not in (None, s.manifest.fingerprint):
             warnings.warn(f"{s.prefix} was rewritten after the blend was made (its weights may be stale): "
                           "re-run `qwen-data blend`")
-    kind = sources[0].kind
-    sizes = [train_samples, valid_samples, test_samples]
+    return sources
+
+
+def _sizes(sizes: list, blend, per_split, split: Optional[str]) -> list:
+    """Sample counts per split; a weighted part nobody asked samples of gets 0 (megatron-core
+    wants a size beside weights) where it is an empty part of the split, else an error."""
+    sizes = list(sizes)
     for i, name in enumerate(("train", "valid", "test")):
-        b = per_split[i] if per_split else blend_
+        b = per_split[i] if per_split else blend
         if b is None or b[1] is None or sizes[i] is not None:
             continue
-        if per_split or parse_split(split_)[i] > 0:
+        if per_split or parse_split(split)[i] > 0:
             raise BlendError(f"a weighted {name} blend needs {name}_samples")
-        sizes[i] = 0  # an empty part of the split; megatron-core wants a size beside weights
-    common = dict(
-        random_seed=seed,
-        sequence_length=seq_length,
-        blend=blend_,
-        blend_per_split=per_split,
-        split=split_ if blend_ is not None else None,
-        path_to_cache=cache_dir,
-        tokenizer=ManifestTokenizer(sources),
-        mid_level_dataset_surplus=mid_level_dataset_surplus,
-    )
-    if kind == "pretrain":
-        cls = PretrainDataset
-        config = GPTDatasetConfig(
-            **common,
-            reset_position_ids=reset_position_ids,
-            reset_attention_mask=reset_attention_mask,
-            eod_mask_loss=eod_mask_loss,
-            create_attention_mask=create_attention_mask,
-        )
-    else:
-        cls = SFTDataset
-        config = SFTDatasetConfig(**common, overlong=overlong, shuffle=shuffle_sft)
-    if blend_ is not None:
-        config.split_matrix = _requested_split_matrix(config.split_matrix, sizes, sources)
-    with _single_process_rank():
-        datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
-    return tuple(datasets)
+        sizes[i] = 0
+    return sizes
 
 
 def _requested_split_matrix(matrix, sizes, sources):

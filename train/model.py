@@ -19,7 +19,6 @@ Attention ("auto" picks the first that applies):
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 from dataclasses import dataclass
 
@@ -181,7 +180,7 @@ def build_model(preset: ModelPreset, *, attention: str = "auto", tensor_parallel
     attention = resolve_attention(attention)
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
                                 sequence_parallel=sequence_parallel, recompute=recompute)
-    model = GPTModel(
+    return GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(preset, attention),
         vocab_size=preset.vocab_size,
@@ -191,27 +190,3 @@ def build_model(preset: ModelPreset, *, attention: str = "auto", tensor_parallel
         rotary_base=preset.rotary_base,
         share_embeddings_and_output_weights=preset.tied_embeddings,
     )
-    model.attention = attention  # the loop feeds packed rows differently for te and sdpa
-    return model
-
-
-_cpu_patched = False
-
-
-def patch_megatron_for_cpu() -> None:
-    """Let megatron-core's local spec run on a machine without CUDA (smoke tests, CI).
-
-    megatron-core asks `torch.cuda.current_device()` for the device of RoPE's inverse frequencies
-    and of its global memory buffer, forks the CUDA RNG tracker around dropout, and
-    dist_checkpointing synchronises CUDA before writing: all pointed at the CPU (or made no-ops)
-    here. Only ever applied when CUDA is absent.
-    """
-    global _cpu_patched
-    if _cpu_patched or torch.cuda.is_available():
-        return
-    from megatron.core import tensor_parallel
-
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda device=None: None
-    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    _cpu_patched = True

@@ -1,0 +1,370 @@
+"""The blend contract: what `qwen-data blend` writes, what `train.data` reads back.
+
+Files, for `-o NAME.json`:
+  NAME.json            `--per-split-data-args-path`: {"train": [w1, p1, ...], "valid": [...] | null,
+                       "test": [...] | null}, weights and prefixes as strings, as Megatron-LM's
+                       `get_blend_and_blend_per_split` reads it. Not written with `--split` (see below).
+  NAME.txt             `--data-args-path`: the train blend `w1 p1 w2 p2 ...` (whitespace separated).
+  NAME.qwen-data.json  our own record, which Megatron never reads: each source's manifest
+                       fingerprint, token share and Megatron weight, the kind, tokenizer, eod/pad
+                       ids, template, and the Megatron flags to use. `train.data` reads it.
+
+Validation data, two ways, as Megatron-LM itself offers them (they exclude each other there too):
+  --valid P[=w] ... / --test P[=w] ...   separate prefixes: NAME.json carries one blend per split;
+                                         train with `--per-split-data-args-path NAME.json`.
+  --split 98,2,0                         one distribution cut by Megatron (the last sequences of
+                                         every prefix go to valid/test): train with
+                                         `--data-args-path NAME.txt --split 98,2,0`. Megatron's
+                                         per-split file cannot carry a split, so NAME.json is not
+                                         written (a stale one is removed).
+With neither, NAME.json has no validation data (`"valid": null`).
+
+Prefixes are written as given (relative ones resolve against the training job's working
+directory, as in Megatron); `--absolute` writes absolute paths.
+
+Checks, before anything is written: every prefix has `.bin`, `.idx`, `.json` (and
+`.lossmask.bin/.idx` for SFT) whose sizes match its manifest; all manifests agree on kind,
+tokenizer (sha256), eod id, pad id and chat template; otherwise the refusal names the disagreeing
+prefixes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import __version__
+from .indexed import IndexFormatError, read_index
+from .manifest import Manifest
+from .outputs import atomic_file
+
+BLEND_FORMAT = "qwen-data/blend/1"
+SIDECAR_SUFFIX = ".qwen-data.json"
+SPLITS = ("train", "valid", "test")
+
+# megatron-core's blend of one split: (prefixes, weights or None for equal weights).
+MegatronBlend = tuple[list[str], list[float] | None]
+
+
+class BlendError(ValueError):
+    """A blend that cannot be written or read; the message says which prefixes and why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
+
+
+@dataclass
+class Source:
+    """One prefix of a blend and its manifest; `ratio` is the user's weight, if any."""
+
+    prefix: str
+    manifest: Manifest
+    ratio: float | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.kind
+
+    @property
+    def documents(self) -> int:
+        return self.manifest.documents
+
+    @property
+    def real_tokens(self) -> int:
+        """Data tokens, packing pad excluded."""
+        return self.manifest.tokens - int((self.manifest.sft or {}).get("pad_tokens") or 0)
+
+    @property
+    def tokens_per_sample(self) -> float | None:
+        """Mean real tokens per sample for SFT (one sample = one document); None for pretraining."""
+        return self.real_tokens / self.documents if self.kind == "sft" else None
+
+
+def strip_suffix(path: str) -> str:
+    """Accept a data file's name for its prefix (`out/web.bin` → `out/web`)."""
+    for suffix in (".lossmask.bin", ".lossmask.idx", ".bin", ".idx", ".json"):
+        if path.endswith(suffix):
+            return path[: -len(suffix)]
+    return path
+
+
+def load_source(prefix: str, ratio: float | None = None) -> Source:
+    """Read a prefix's manifest and check its files are there and match it."""
+    if not prefix or any(c.isspace() for c in prefix):
+        raise BlendError(f"{prefix!r}: prefixes must be non-empty and free of whitespace "
+                         "(Megatron splits blend files on whitespace)")
+    try:
+        manifest = Manifest.read(prefix)
+    except FileNotFoundError as exc:
+        raise BlendError(str(exc)) from None
+    except (ValueError, OSError) as exc:
+        raise BlendError(f"{prefix}: unreadable manifest: {exc}") from None
+    source = Source(prefix, manifest, ratio)
+    if source.documents <= 0 or source.real_tokens <= 0:
+        raise BlendError(f"{prefix}: the manifest counts no documents or tokens: nothing to train on")
+    itemsize = np.dtype(manifest.dtype).itemsize
+    _check_channel(prefix, prefix, itemsize, manifest)
+    if source.kind == "sft":
+        _check_channel(prefix, prefix + ".lossmask", 1, manifest)
+    return source
+
+
+def _check_channel(prefix: str, channel: str, itemsize: int, manifest: Manifest) -> None:
+    """The files exist and their sizes/counts are the manifest's (cheap: headers and sizes only)."""
+    for suffix in (".bin", ".idx"):
+        if not os.path.isfile(channel + suffix):
+            raise BlendError(f"{prefix}: missing {channel + suffix}")
+    bin_bytes = os.path.getsize(channel + ".bin")
+    if bin_bytes != manifest.tokens * itemsize:
+        raise BlendError(
+            f"{prefix}: {channel}.bin holds {bin_bytes} bytes, the manifest says {manifest.tokens} "
+            f"tokens of {itemsize} bytes: the data was changed after {prefix}.json was written"
+        )
+    try:
+        index = read_index(channel + ".idx")
+    except IndexFormatError as exc:
+        raise BlendError(f"{prefix}: {exc}") from None
+    sequences, documents = index.sequences, index.documents
+    if sequences != manifest.sequences or documents != manifest.documents:
+        raise BlendError(
+            f"{prefix}: {channel}.idx counts {sequences} sequences / {documents} documents, the "
+            f"manifest {manifest.sequences} / {manifest.documents}: data and manifest disagree"
+        )
+
+
+# What every source of a blend must share, as (label, getter).
+AGREEMENT = (
+    ("kind", lambda m: m.kind),
+    ("tokenizer sha256", lambda m: m.tokenizer.get("sha256")),
+    # Same files, other flavour: a literal <think> is one id to qwen3 and several to qwen2.5.
+    ("tokenizer flavour", lambda m: m.tokenizer.get("flavour")),
+    ("eod id", lambda m: m.eod_id),
+    ("pad id", lambda m: m.pad_id),
+    ("chat template", lambda m: (m.sft or {}).get("template")),
+)
+
+
+def check_agreement(sources: list[Source]) -> None:
+    """Refuse sources whose manifests disagree on kind, tokenizer, eod, pad or template."""
+    problems = []
+    for label, get in AGREEMENT:
+        groups: dict = {}
+        for source in sources:
+            groups.setdefault(json.dumps(get(source.manifest)), []).append(source.prefix)
+        if len(groups) > 1:
+            parts = [f"{json.loads(value)!r} ({', '.join(dict.fromkeys(prefixes))})"
+                     for value, prefixes in groups.items()]
+            problems.append(f"{label}: " + " vs ".join(parts))
+    if problems:
+        raise BlendError("manifests disagree, these prefixes cannot be trained together:\n  "
+                         + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# A weighed blend
+
+
+@dataclass
+class Entry:
+    """A source in one split of the blend: its token share and its Megatron (sample) weight."""
+
+    source: Source
+    share: float
+    weight: float
+
+
+@dataclass
+class Blend:
+    splits: dict[str, list[Entry]]  # "train" always; "valid"/"test" when given
+    by: str
+    temperature: float | None
+    ratio_unit: str
+    split: str | None = None
+    sources: list[Source] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.sources[0].kind
+
+    def megatron_list(self, split: str) -> list[str] | None:
+        """`[w1, p1, w2, p2, ...]` (a lone prefix goes unweighted), or None for an absent split."""
+        entries = self.splits.get(split)
+        if not entries:
+            return None
+        if len(entries) == 1:
+            return [entries[0].source.prefix]
+        return [item for e in entries for item in (repr(e.weight), e.source.prefix)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+@dataclass(frozen=True)
+class BlendPaths:
+    """The three files of a blend named NAME.json, NAME.txt or NAME.qwen-data.json."""
+
+    per_split: str
+    data_args: str
+    sidecar: str
+
+
+def output_paths(output: str) -> BlendPaths:
+    stem = output
+    for suffix in (SIDECAR_SUFFIX, ".json", ".txt"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    return BlendPaths(per_split=stem + ".json", data_args=stem + ".txt", sidecar=stem + SIDECAR_SUFFIX)
+
+
+def megatron_flags(blend: Blend, paths: BlendPaths) -> list[str]:
+    if blend.split is not None:
+        return ["--data-args-path", paths.data_args, "--split", blend.split]
+    return ["--per-split-data-args-path", paths.per_split]
+
+
+def sidecar(blend: Blend, paths: BlendPaths) -> dict:
+    first = blend.sources[0].manifest
+    return {
+        "format": BLEND_FORMAT,
+        "qwen_data_version": __version__,
+        "kind": blend.kind,
+        "tokenizer": first.tokenizer,
+        "eod_id": first.eod_id,
+        "pad_id": first.pad_id,
+        "template": (first.sft or {}).get("template"),
+        "weighting": {"by": blend.by, "temperature": blend.temperature, "ratio_unit": blend.ratio_unit},
+        "split": blend.split,
+        "splits": {name: [_sidecar_entry(e) for e in blend.splits[name]] if name in blend.splits else None
+                   for name in SPLITS},
+        "megatron_args": megatron_flags(blend, paths),
+        "files": {"per_split_data_args": None if blend.split is not None else paths.per_split,
+                  "data_args": paths.data_args},
+        "command": sys.argv,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _sidecar_entry(e: Entry) -> dict:
+    return {
+        "prefix": e.source.prefix,
+        "weight": e.weight,
+        "token_share": e.share,
+        "fingerprint": e.source.manifest.fingerprint,
+        "tokens": e.source.real_tokens,
+        "documents": e.source.documents,
+        "sequences": e.source.manifest.sequences,
+    }
+
+
+def write_blend(blend: Blend, output: str) -> BlendPaths:
+    """Write the Megatron files and our sidecar (sidecar last: its presence means complete)."""
+    paths = output_paths(output)
+    os.makedirs(os.path.dirname(os.path.abspath(paths.sidecar)), exist_ok=True)
+    if os.path.exists(paths.sidecar):
+        os.remove(paths.sidecar)
+    with atomic_file(paths.data_args) as f:
+        f.write(" ".join(blend.megatron_list("train")) + "\n")
+    if blend.split is None:
+        with atomic_file(paths.per_split) as f:
+            f.write(json.dumps({name: blend.megatron_list(name) for name in SPLITS}, indent=2) + "\n")
+    elif os.path.exists(paths.per_split):
+        os.remove(paths.per_split)  # a stale per-split file would silently drop the split
+    with atomic_file(paths.sidecar) as f:
+        f.write(json.dumps(sidecar(blend, paths), indent=2, ensure_ascii=False) + "\n")
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass(frozen=True)
+class BlendRecord:
+    """A blend as a trainer takes it.
+
+    `splits` holds every name of SPLITS: megatron-core's (prefixes, weights) or None. With
+    `per_split` each split is its own blend (NAME.json); without, "train" is one distribution that
+    `split` (None: the trainer's choice) cuts. `fingerprints` are the sources' manifest fingerprints
+    when the blend was made, by prefix (empty without our sidecar).
+    """
+
+    splits: dict[str, MegatronBlend | None]
+    per_split: bool
+    split: str | None = None
+    fingerprints: dict[str, str] = field(default_factory=dict)
+
+
+def read_blend(path: str) -> BlendRecord:
+    """Read a blend: one of the files `qwen-data blend` writes, or a Megatron blend file.
+
+    The file named decides the meaning, as for Megatron: NAME.json is a per-split blend, NAME.txt
+    one distribution (to be cut by a split), NAME.qwen-data.json whatever the blend was written as
+    (also used when NAME.json was not written because of --split).
+    """
+    paths = output_paths(path)
+    record = _read_sidecar(paths.sidecar)
+    if record is not None and (path.endswith(SIDECAR_SUFFIX) or not os.path.isfile(path)):
+        return _from_sidecar(record)
+    if not os.path.isfile(path):
+        raise BlendError(f"{path}: no such blend file (nor {paths.sidecar})")
+    fingerprints = _fingerprints(record) if record is not None else {}
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".json"):
+        return BlendRecord(_per_split_lists(path, json.loads(text)), True, None, fingerprints)
+    # Megatron takes the split of a NAME.txt blend from the command line; ours recorded it.
+    splits = {"train": blend_from_list(text.split()), "valid": None, "test": None}
+    return BlendRecord(splits, False, record.get("split") if record else None, fingerprints)
+
+
+def _read_sidecar(path: str) -> dict | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        record = json.load(f)
+    if record.get("format") != BLEND_FORMAT:
+        raise BlendError(f"{path}: not a {BLEND_FORMAT} record")
+    return record
+
+
+def _fingerprints(record: dict) -> dict[str, str]:
+    return {e["prefix"]: e["fingerprint"] for entries in record["splits"].values() for e in entries or ()}
+
+
+def _from_sidecar(record: dict) -> BlendRecord:
+    splits = {}
+    for name in SPLITS:
+        entries = record["splits"].get(name)
+        splits[name] = None if not entries else (
+            [e["prefix"] for e in entries], [e["weight"] for e in entries] if len(entries) > 1 else None)
+    return BlendRecord(splits, record.get("split") is None, record.get("split"), _fingerprints(record))
+
+
+def _per_split_lists(path: str, data: dict) -> dict[str, MegatronBlend | None]:
+    missing = [name for name in SPLITS if name not in data]
+    if missing:
+        raise BlendError(f"{path}: a per-split blend needs keys train, valid, test (missing {missing})")
+    return {name: blend_from_list(data[name].split() if isinstance(data[name], str) else data[name])
+            for name in SPLITS}
+
+
+def blend_from_list(items) -> MegatronBlend | None:
+    """Megatron's reading of `[w1, p1, ...]` or `[p1, p2, ...]`."""
+    if not items:
+        return None
+    items = [str(i) for i in items]
+    if len(items) % 2 == 0:
+        try:
+            weights = [float(w) for w in items[0::2]]
+            return [p.strip() for p in items[1::2]], weights
+        except ValueError:
+            pass
+    return [p.strip() for p in items], None

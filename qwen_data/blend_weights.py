@@ -1,0 +1,205 @@
+"""Blend weights: prefixes given as `PREFIX[=W]` → a `Blend` whose entries carry token shares and
+Megatron's sample weights; and what a training budget consumes of each source.
+
+Weights. `P=w` gives ratios (`--by ratio`, the default when weights are given); `--by tokens`
+(the default without weights) weighs each source by its token count from the manifest, so every
+source is consumed at the same rate; `--temperature T` weighs by tokens**(1/T) (T=1 is
+`--by tokens`, larger T flattens the mix towards uniform). Ratios mean shares of training *tokens*.
+Megatron's weights mean shares of *samples*: for pretraining (every sample is seq-length tokens)
+the two are the same; for SFT (one sample = one conversation or packed row) each weight is
+divided by the source's mean real tokens per sample, so a 0.7 share of tokens stays 0.7 whatever
+the sources' conversation lengths. `--ratio-unit samples` writes ratios as sample weights unchanged.
+
+Budget: `--train-tokens N`, `--train-samples N --seq-length S`, or `--train-iters I
+--global-batch-size B --seq-length S` gives how many samples, tokens and epochs of each train
+source the run consumes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+
+from .blend_files import SPLITS, Blend, BlendError, Entry, Source, check_agreement, load_source, strip_suffix
+
+
+def parse_spec(text: str) -> tuple[str, float | None]:
+    """`PREFIX=W` or `PREFIX` → (prefix, weight or None)."""
+    prefix, sep, weight = text.rpartition("=")
+    if sep:
+        try:
+            value = float(weight)
+        except ValueError:
+            return text, None
+        if not (value > 0 and math.isfinite(value)):
+            raise BlendError(f"{text}: weights must be positive numbers")
+        return prefix, value
+    return text, None
+
+
+def token_shares(sources: list[Source], by: str, temperature: float | None) -> list[float]:
+    """Each source's share of training tokens (sums to 1)."""
+    if by == "ratio":
+        raw = [s.ratio for s in sources]
+    else:
+        exponent = 1.0 / (temperature or 1.0)
+        raw = [float(s.real_tokens) ** exponent for s in sources]
+    total = sum(raw)
+    return [r / total for r in raw]
+
+
+def megatron_weights(sources: list[Source], shares: list[float], ratio_unit: str = "tokens") -> list[float]:
+    """Sample weights (what Megatron's blend weights mean) for token shares, normalised."""
+    if ratio_unit == "samples" or sources[0].kind == "pretrain":
+        raw = list(shares)  # pretraining samples are all seq-length tokens: tokens ∝ samples
+    else:
+        raw = [share / s.tokens_per_sample for s, share in zip(sources, shares)]
+    total = sum(raw)
+    # 12 digits: what the blend files carry, so our record and Megatron's reading agree exactly.
+    return [float(f"{r / total:.12g}") for r in raw]
+
+
+def parse_split(split: str) -> list[float]:
+    """Megatron's `--split` reading: the numbers in the string, padded to 3, normalised."""
+    values = [float(v) for v in re.findall(r"[.0-9]+", split)]
+    if not values or len(values) > 3:
+        raise BlendError(f"--split {split!r}: expected up to 3 numbers like 98,2,0")
+    values += [0.0] * (3 - len(values))
+    total = sum(values)
+    if total <= 0 or values[0] <= 0:
+        raise BlendError(f"--split {split!r}: the train part must be positive")
+    return [v / total for v in values]
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning a blend
+
+
+def plan_blend(
+    train: list[str],
+    valid: list[str] = (),
+    test: list[str] = (),
+    *,
+    by: str | None = None,
+    temperature: float | None = None,
+    ratio_unit: str = "tokens",
+    split: str | None = None,
+    absolute: bool = False,
+) -> Blend:
+    """Read and check every source, then weigh each split."""
+    by = _weighting_asked(train, valid, test, by, temperature, split)
+    specs = {name: [parse_spec(text) for text in texts] for name, texts in zip(SPLITS, (train, valid, test))}
+    chosen: dict[str, tuple[str, list[Source]]] = {}
+    for name, items in specs.items():
+        if items:
+            split_by, items = _split_weighting(name, items, by)
+            chosen[name] = split_by, _load_split(name, items, absolute)
+    everything = [s for _, sources in chosen.values() for s in sources]
+    check_agreement(everything)  # before weighing: SFT and pretraining weights differ in meaning
+    splits = {name: _weigh(sources, split_by, temperature, ratio_unit)
+              for name, (split_by, sources) in chosen.items()}
+    train_by = by or ("ratio" if any(w is not None for _, w in specs["train"]) else "tokens")
+    return Blend(splits, train_by, temperature, ratio_unit, split, everything)
+
+
+def _weighting_asked(train, valid, test, by: str | None, temperature: float | None, split: str | None) -> str | None:
+    """Refuse options that contradict each other; → the weighting asked for, if any."""
+    if not train:
+        raise BlendError("no train prefixes given")
+    if split is not None and (valid or test):
+        raise BlendError("--split and --valid/--test exclude each other (as in Megatron-LM): "
+                         "either cut every prefix by --split, or name separate validation prefixes")
+    if split is not None:
+        parse_split(split)
+    if temperature is None:
+        return by
+    if not temperature > 0:
+        raise BlendError("--temperature must be positive")
+    if by == "ratio":
+        raise BlendError("--temperature weighs by token counts; it cannot be used with --by ratio")
+    return "tokens"
+
+
+def _split_weighting(name: str, items: list, by: str | None) -> tuple[str, list]:
+    """How one split is weighed ("ratio" or "tokens"), and its (prefix, ratio) items."""
+    if len(items) == 1:  # a lone prefix takes the whole split, whatever the weighting
+        return "tokens", [(items[0][0], None)]
+    given = [w is not None for _, w in items]
+    if any(given) and by == "tokens":
+        raise BlendError(f"{name}: weights (PREFIX=W) and --by tokens/--temperature exclude each other")
+    # Validation/test prefixes without weights mirror their natural (token) mix.
+    split_by = "ratio" if any(given) or (by == "ratio" and name == "train") else "tokens"
+    if split_by == "ratio" and not all(given):
+        missing = [p for p, w in items if w is None]
+        raise BlendError(f"{name}: --by ratio needs a weight for every prefix (PREFIX=W); "
+                         f"none for {', '.join(missing)}")
+    return split_by, items
+
+
+def _load_split(name: str, items: list, absolute: bool) -> list[Source]:
+    sources = []
+    for prefix, ratio in items:
+        prefix = strip_suffix(prefix)
+        source = load_source(prefix, ratio)
+        if absolute:
+            source.prefix = os.path.abspath(prefix)
+        sources.append(source)
+    seen = [s.prefix for s in sources]
+    duplicates = sorted({p for p in seen if seen.count(p) > 1})
+    if duplicates:
+        raise BlendError(f"{name}: prefix given twice: {', '.join(duplicates)}")
+    return sources
+
+
+def _weigh(sources: list[Source], by: str, temperature: float | None, ratio_unit: str) -> list[Entry]:
+    shares = token_shares(sources, by, temperature)
+    weights = megatron_weights(sources, shares, ratio_unit)
+    return [Entry(s, share, weight) for s, share, weight in zip(sources, shares, weights)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Budget
+
+
+@dataclass
+class Budget:
+    """What the run consumes: either data tokens in total, or samples (× seq length)."""
+
+    tokens: int | None = None
+    samples: int | None = None
+    seq_length: int | None = None
+
+
+@dataclass
+class BudgetRow:
+    """What the run takes of one train source, and how many epochs of it that is."""
+
+    prefix: str
+    weight: float
+    share: float
+    available_tokens: float
+    samples: float | None
+    tokens: float
+    epochs: float
+
+
+def budget_rows(blend: Blend, budget: Budget) -> list[BudgetRow]:
+    """Per train source: samples and tokens the run takes, and how many epochs that is."""
+    fraction = parse_split(blend.split)[0] if blend.split else 1.0
+    rows = []
+    for e in blend.splits["train"]:
+        s = e.source
+        available_tokens = s.real_tokens * fraction
+        available_samples = s.documents * fraction
+        if budget.tokens is not None:
+            tokens = budget.tokens * e.share
+            per_sample = s.tokens_per_sample or budget.seq_length
+            samples = tokens / per_sample if per_sample else None
+        else:
+            samples = budget.samples * e.weight
+            tokens = samples * (s.tokens_per_sample or budget.seq_length)
+        epochs = samples / available_samples if s.kind == "sft" else tokens / available_tokens
+        rows.append(BudgetRow(s.prefix, e.weight, e.share, available_tokens, samples, tokens, epochs))
+    return rows

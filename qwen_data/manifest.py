@@ -1,0 +1,162 @@
+"""PREFIX.json, the manifest: what a qwen-data dataset is and how it was made.
+
+It is written last, so a prefix that has one is complete (see `outputs.AtomicOutputs`). `blend`,
+`verify` and the train stage read datasets through it: the tokenizer, the eod and pad ids, the
+dtype, the counts the index must agree with, and the fingerprint of the data's bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from . import __version__
+from .indexed import DTYPE_CODES, token_dtype
+
+FORMAT = "qwen-data/1"
+KINDS = ("pretrain", "sft")
+
+
+class ManifestError(ValueError):
+    pass
+
+
+@dataclass(kw_only=True)
+class Manifest:
+    kind: str  # one of KINDS
+    tokenizer: dict  # QwenTokenizer.identity(): path, sha256, vocab_size, flavour ...
+    eod_id: int
+    eod_token: str | None = None  # pretrain: the token every document ends with
+    pad_id: int  # never data: SFT pads with it; recorded for pretrain so trainers never pad with eod
+    text_key: str | None = None  # pretrain
+    special_tokens: str | None = None  # pretrain: the policy for literal special tokens
+    special_token_records: int | None = None  # pretrain: records that held such literals
+    dtype: str
+    documents: int
+    sequences: int
+    tokens: int
+    fingerprint: str  # see `fingerprint`
+    sft: dict | None = None  # SFT: template, mask policy, packing and sample counts
+    inputs: list[dict] = field(default_factory=list)
+    rejects: dict = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    format: str = FORMAT
+    qwen_data_version: str = __version__
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer["vocab_size"]
+
+    @property
+    def packed(self) -> bool:
+        return bool(self.sft and self.sft.get("packed"))
+
+    @property
+    def seq_length(self) -> int | None:
+        return self.sft.get("seq_length") if self.sft else None
+
+    def to_json(self) -> dict:
+        """The file's object: how it was made first, then what it is; absent parts left out."""
+        fields = dataclasses.asdict(self)
+        head = {name: fields.pop(name) for name in ("format", "kind", "qwen_data_version", "command", "created")}
+        return head | {name: value for name, value in fields.items() if value is not None}
+
+    def write(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=2, ensure_ascii=False)
+            f.write("\n")
+
+    @classmethod
+    def from_json(cls, data, where: str) -> "Manifest":
+        found = problems(data, where)
+        if found:
+            raise ManifestError("; ".join(found))
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})  # later versions may add fields
+
+    @classmethod
+    def read(cls, prefix: str) -> "Manifest":
+        return cls.from_json(load(prefix), f"{prefix}.json")
+
+
+def load(prefix: str) -> dict:
+    """PREFIX.json as JSON, unchecked (`verify` reports its problems one by one)."""
+    path = prefix + ".json"
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{prefix}: no manifest {path} (not a qwen-data output, or an unfinished run)")
+    with open(path, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except ValueError as exc:
+            raise ManifestError(f"{path}: unreadable manifest: {exc}") from None
+
+
+def problems(data, where: str) -> list[str]:
+    """What is missing or wrong in a manifest's JSON, as sentences naming `where`."""
+    if not isinstance(data, dict):
+        return [f"{where}: unreadable manifest: not a JSON object"]
+    if data.get("format") != FORMAT:
+        return [f"{where}: not a {FORMAT} manifest"]
+    found = []
+    kind, dtype = data.get("kind"), data.get("dtype")
+    tokenizer = data.get("tokenizer") if isinstance(data.get("tokenizer"), dict) else {}
+    vocab_size = tokenizer.get("vocab_size")
+    if kind not in KINDS:
+        found.append(f"{where}: kind {kind!r} is neither 'pretrain' nor 'sft'")
+    if dtype not in {dt.name for dt in DTYPE_CODES}:
+        found.append(f"{where}: dtype {dtype!r} is not a Megatron dtype")
+    for label, value in (("tokenizer.vocab_size", vocab_size), ("eod_id", data.get("eod_id")),
+                         ("pad_id", data.get("pad_id"))):
+        if not _is_count(value):
+            found.append(f"{where}: {label} is {value!r}, not a non-negative integer")
+    for name in ("documents", "sequences", "tokens"):
+        if not _is_count(data.get(name)):
+            found.append(f"{where}: {name} is {data.get(name)!r}, not a count")
+    if not isinstance(data.get("fingerprint"), str):
+        found.append(f"{where}: no fingerprint")
+    if kind == "sft":
+        found += _sft_problems(data.get("sft"), where)
+    if found:
+        return found
+    if dtype != token_dtype(vocab_size).name:
+        found.append(f"{where}: dtype {dtype} is not the one Megatron uses for a vocabulary of "
+                     f"{vocab_size} ids ({token_dtype(vocab_size).name})")
+    if data["eod_id"] >= vocab_size:
+        found.append(f"{where}: eod id {data['eod_id']} is outside the vocabulary ({vocab_size} ids)")
+    return found
+
+
+def _sft_problems(sft, where: str) -> list[str]:
+    if not isinstance(sft, dict):
+        return [f"{where}: an SFT manifest without its sft section"]
+    packed, seq_length = sft.get("packed", False), sft.get("seq_length")
+    if not isinstance(packed, bool):
+        return [f"{where}: sft.packed is {packed!r}, not true or false"]
+    if seq_length is not None and (not _is_count(seq_length) or seq_length < 1):
+        return [f"{where}: sft.seq_length is {seq_length!r}, not a length"]
+    if packed and seq_length is None:
+        return [f"{where}: packed SFT data without sft.seq_length"]
+    return []
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def fingerprint(channels: list[tuple[str, str]]) -> str:
+    """Changes whenever the data does: a hash of each channel's (.idx, .bin) content hashes, in order.
+
+    The pipelines pass `IndexedDatasetWriter.digests` (hashed while writing); `verify` recomputes
+    them by streaming the files.
+    """
+    digest = hashlib.sha256()
+    for idx_digest, bin_digest in channels:
+        digest.update(f"{idx_digest} {bin_digest}\n".encode())
+    return digest.hexdigest()

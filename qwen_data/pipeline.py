@@ -1,0 +1,118 @@
+"""The pipeline core: reader → step → writer, with what every run owes done once.
+
+    read_chunks (main) → step.process (workers, results in input order) → step's writer (main)
+    → one manifest per dataset, committed last
+
+A step (`pretrain.Tokenize`, `sft.ChatSamples`) says what a worker makes of a chunk of records and
+how the results are written. `run` does the rest for any step: input checks, the workers,
+progress, rejected records, refusing empty output, atomic outputs, manifests and the commit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .manifest import Manifest
+from .outputs import AtomicOutputs
+from .progress import Progress
+from .records import DEFAULT_CHUNK_BYTES, Chunk, RejectLog, check_inputs, empty_output, read_chunks
+from .tokenizer import SPECIAL_POLICIES, TokenizerConfig
+from .workers import ordered_map
+
+# Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with
+# the text a worker has seen, and restarting bounds it, so peak memory does not grow with the corpus.
+TASKS_PER_WORKER = 16
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """What every pipeline takes besides its step's own settings."""
+
+    inputs: list[str]
+    output_prefix: str
+    workers: int = 2
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    special_tokens: str = "text"
+    max_rejects: int | None = None
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.special_tokens not in SPECIAL_POLICIES:
+            raise ValueError(f"--special-tokens must be one of {SPECIAL_POLICIES}")
+        if self.workers < 1:
+            raise ValueError("--workers must be at least 1")
+        if self.chunk_bytes < 1:
+            raise ValueError("--chunk-mb must be above 0")
+
+    @property
+    def rejects_path(self) -> str:
+        return self.output_prefix + ".rejects.jsonl"
+
+
+@dataclass
+class ChunkResult:
+    """What a worker made of one chunk; a step's result adds its data."""
+
+    rejects: list[dict]
+    records: int  # records kept
+    text_bytes: int  # their size in the input
+    tokens: int
+    special_records: int  # records holding literals the special-token policy acts on
+
+
+class Writer(Protocol):
+    documents: int  # written so far
+
+    def add(self, result: ChunkResult) -> None: ...
+
+    def close(self) -> dict[str, Manifest]:
+        """Finish the files; the manifest of each dataset by its prefix (inputs, rejects and time
+        are filled in by `run`)."""
+
+
+class Step(Protocol):
+    def files(self) -> list[str]:
+        """Every file the step writes, manifests included (declared up front: they are locked)."""
+
+    def process(self, chunk: Chunk) -> ChunkResult:
+        """Runs in a worker process."""
+
+    def open(self, outputs: AtomicOutputs) -> Writer: ...
+
+
+def run(step: Step, config: RunConfig) -> list[Manifest]:
+    start = time.monotonic()
+    check_inputs(config.inputs)
+    with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
+        writer = step.open(outputs)
+        rejects = RejectLog(outputs.tmp(config.rejects_path), config.max_rejects)
+        _consume(step, config, writer, rejects)
+        if writer.documents == 0:
+            raise empty_output(config.output_prefix, rejects)
+        manifests = writer.close()
+        inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p)} for p in config.inputs]
+        for prefix, manifest in manifests.items():
+            manifest.inputs, manifest.rejects = inputs, rejects.summary()
+            manifest.wall_seconds = round(time.monotonic() - start, 3)
+            manifest.write(outputs.tmp(prefix + ".json"))
+        if rejects.count == 0:
+            outputs.discard(config.rejects_path)
+        outputs.commit(markers=[prefix + ".json" for prefix in manifests])
+    return list(manifests.values())
+
+
+def _consume(step: Step, config: RunConfig, writer: Writer, rejects: RejectLog) -> None:
+    compressed = any(p.endswith(".gz") for p in config.inputs)
+    progress = Progress(0 if compressed else sum(map(os.path.getsize, config.inputs)), enabled=not config.quiet)
+    chunks = read_chunks(config.inputs, config.chunk_bytes)
+    # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
+    for result in ordered_map(step.process, chunks, config.workers, tasks_per_worker=TASKS_PER_WORKER):
+        writer.add(result)
+        rejects.add(result.rejects)
+        progress.update(result.records, result.text_bytes, result.tokens)
+    progress.close()
+    rejects.close()

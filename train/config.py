@@ -1,0 +1,151 @@
+"""The command line and the typed configuration it becomes, once, before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Optional
+
+from .model import ATTENTION_CHOICES, PRESETS
+
+DESCRIPTION = "Train Qwen-architecture megatron-core GPTModels on qwen-data prefixes."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qwen-data train", description=DESCRIPTION,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("data")
+    g.add_argument("--data", required=True, help="a `qwen-data blend` JSON, a Megatron blend, or one prefix")
+    g.add_argument("--split", default=None, help="Megatron split (e.g. 98,2,0) for blends without their own")
+    g.add_argument("--data-cache", default=None, help="where megatron-core caches sample indices")
+    g.add_argument("--num-workers", type=int, default=2, help="DataLoader workers per rank")
+    g.add_argument("--reset-position-ids", action="store_true", help="pretraining: positions restart after EOD")
+    g.add_argument("--reset-attention-mask", action="store_true",
+                   help="pretraining: documents in a row never attend to each other (document mask)")
+    g.add_argument("--eod-mask-loss", action="store_true", help="pretraining: no loss on predicting from EOD")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="tiny", choices=sorted(PRESETS))
+    g.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES)
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / tp)")
+    g.add_argument("--sequence-parallel", action="store_true", help="with TP and Transformer Engine only")
+    g.add_argument("--recompute", action="store_true", help="full activation recompute, one layer at a time")
+    g.add_argument("--seq-length", type=int, default=4096)
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--micro-batch-size", type=int, default=1)
+    g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch × data parallel")
+    g.add_argument("--train-iters", type=int, default=100)
+    g.add_argument("--lr", type=float, default=3e-4)
+    g.add_argument("--min-lr", type=float, default=3e-5)
+    g.add_argument("--warmup-iters", type=int, default=None, help="default: 1%% of train iters, at least 1")
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="0 = no clipping")
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--fp32", action="store_true", help="no bf16 autocast (the CPU always runs float32)")
+    g = p.add_argument_group("checkpoints and logs")
+    g.add_argument("--save", default=None, help="checkpoint directory")
+    g.add_argument("--save-interval", type=int, default=0, help="0 = only at the end")
+    g.add_argument("--load", default=None, help="resume from this checkpoint directory (its latest iteration)")
+    g.add_argument("--eval-interval", type=int, default=0, help="0 = no evaluation")
+    g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--log-interval", type=int, default=10)
+    g.add_argument("--log-json", default=None, help="append one JSON line per log interval here (rank 0)")
+    g.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak per GPU for MFU (default: by name)")
+    g.add_argument("--exit-after", type=int, default=None, help="stop (and save) after this iteration")
+    return p
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str  # --data
+    split: Optional[str]
+    data_cache: Optional[str]
+    num_workers: int
+    reset_position_ids: bool
+    reset_attention_mask: bool
+    eod_mask_loss: bool
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str  # --model: a key of PRESETS
+    attention: str  # as asked ("auto" included); the trainer resolves it
+    tp: int
+    sequence_parallel: bool
+    recompute: bool
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float
+    min_lr: float
+    warmup_iters: int
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    clip_grad: float  # 0 = measure the norm only
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save: Optional[str]
+    save_interval: int  # 0 = only at the end (and at --exit-after)
+    load: Optional[str]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    eval_interval: int  # 0 = no evaluation
+    eval_iters: int  # global batches per evaluation
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    log_interval: int
+    log_json: Optional[str]
+    peak_tflops: Optional[float]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run is told, in the sections of `--help`. Frozen: what depends on the ranks
+    (the default global batch) is worked out by the trainer (`distributed.Layout`)."""
+
+    data: DataConfig
+    model: ModelConfig
+    optim: OptimConfig
+    checkpoint: CheckpointConfig
+    eval: EvalConfig
+    log: LogConfig
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: Optional[int]  # None: one micro-batch per data-parallel rank
+    train_iters: int
+    seed: int
+    fp32: bool
+    exit_after: Optional[int]
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> TrainConfig:
+        warmup = ns.warmup_iters if ns.warmup_iters is not None else max(1, ns.train_iters // 100)
+        sections = dict(
+            data=_section(DataConfig, ns, path=ns.data),
+            model=_section(ModelConfig, ns, name=ns.model),
+            optim=_section(OptimConfig, ns, warmup_iters=warmup),
+            checkpoint=_section(CheckpointConfig, ns),
+            eval=_section(EvalConfig, ns),
+            log=_section(LogConfig, ns),
+        )
+        return cls(**sections, **{f.name: getattr(ns, f.name) for f in fields(cls) if f.name not in sections})
+
+    @classmethod
+    def parse(cls, argv: Optional[list[str]] = None) -> TrainConfig:
+        return cls.from_args(build_parser().parse_args(argv))
+
+
+def _section(cls, ns: argparse.Namespace, **given):
+    """A config section: each field from the flag of the same name unless `given`."""
+    return cls(**{f.name: given[f.name] if f.name in given else getattr(ns, f.name) for f in fields(cls)})

@@ -1,0 +1,207 @@
+"""What the run reports: one record per log interval (printed, and a JSON line with --log-json)
+and the steady-state summary at the end.
+
+Token counts are the job's (one replica's tokens × data parallel); MFU divides by every GPU's
+peak. The first interval (iteration 1) is reported on its own and left out of the summary: its
+loss is the starting point, its time holds compilation and warm-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from .config import LogConfig
+from .distributed import Layout, is_rank0, log0
+
+# Dense bf16 peak of the chips we run on (datasheet), for MFU.
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def peak_flops(device: torch.device, override_tflops: Optional[float]) -> Optional[float]:
+    if override_tflops:
+        return override_tflops * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+@dataclass
+class StepStats:
+    """One optimizer step on this rank."""
+
+    loss: torch.Tensor  # [Σ loss × loss_mask, Σ loss_mask]
+    tokens: int  # positions fed, padding included
+    real_tokens: int  # positions that are not padding
+    data_seconds: float  # waiting for the micro-batches
+    lr: float
+    grad_norm: torch.Tensor
+
+
+@dataclass
+class StepRecord:
+    """One log interval. MFU is None where the chip's peak is unknown, memory on the CPU; the JSON
+    line leaves such fields out."""
+
+    iteration: int
+    loss: float
+    lr: float
+    grad_norm: float
+    step_ms: float
+    tokens_per_s: float
+    real_tokens_per_s: float
+    data_share: float  # of the interval's time spent waiting for data
+    consumed_samples: int
+    mfu: Optional[float] = None
+    max_memory_gib: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def line(self, total_iters: int) -> str:
+        parts = [f"iter {self.iteration:>6}/{total_iters}", f"loss {self.loss:.4f}", f"lr {self.lr:.2e}",
+                 f"grad {self.grad_norm:.3f}", f"{self.step_ms:.0f} ms/step",
+                 f"{self.tokens_per_s / 1e3:.1f}k tok/s", f"real {self.real_tokens_per_s / 1e3:.1f}k tok/s"]
+        if self.mfu is not None:
+            parts.append(f"MFU {100 * self.mfu:.1f}%")
+        parts.append(f"data {100 * self.data_share:.2f}%")
+        if self.max_memory_gib is not None:
+            parts.append(f"mem {self.max_memory_gib:.1f} GiB")
+        return " | ".join(parts)
+
+
+@dataclass
+class Summary:
+    iterations: int
+    history: list[StepRecord]
+    tokens_per_s: Optional[float] = None  # steady state: after iteration 1
+    real_tokens_per_s: Optional[float] = None
+    data_share: Optional[float] = None
+    mfu: Optional[float] = None
+
+
+@dataclass
+class _Window:
+    """What one rank accumulates between two log lines."""
+
+    loss: torch.Tensor
+    started: float = field(default_factory=time.perf_counter)
+    tokens: int = 0
+    real_tokens: int = 0
+    data_seconds: float = 0.0
+    steps: int = 0
+    last: Optional[StepStats] = None
+
+
+@dataclass
+class _Totals:
+    """The job's counts over the steady-state intervals."""
+
+    tokens: int = 0
+    real_tokens: int = 0
+    data_seconds: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tokens: int, real_tokens: int, data_seconds: float, seconds: float) -> None:
+        self.tokens += tokens
+        self.real_tokens += real_tokens
+        self.data_seconds += data_seconds
+        self.seconds += seconds
+
+
+class Metrics:
+    """The run's records: steps are added, every `log_interval` iterations an interval is closed."""
+
+    def __init__(self, config: LogConfig, device: torch.device, layout: Layout, flops_per_token: float,
+                 total_iters: int) -> None:
+        self.device, self.layout, self.flops_per_token, self.total_iters = device, layout, flops_per_token, total_iters
+        self.log_interval, self.json_path = config.log_interval, config.log_json
+        self.peak = peak_flops(device, config.peak_tflops)
+        self.history: list[StepRecord] = []
+        self.totals = _Totals()
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """A new interval from now."""
+        self.window = _Window(loss=torch.zeros(2, device=self.device))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent in the block (evaluation, a save) is not counted as the steps' time."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.window.started += time.perf_counter() - started
+
+    def add(self, step: StepStats) -> None:
+        w = self.window
+        w.loss += step.loss
+        w.tokens += step.tokens
+        w.real_tokens += step.real_tokens
+        w.data_seconds += step.data_seconds
+        w.steps += 1
+        w.last = step
+
+    def due(self, iteration: int) -> bool:
+        return iteration % self.log_interval == 0 or iteration in (1, self.total_iters)
+
+    def log(self, iteration: int, consumed_samples: int) -> StepRecord:
+        """Close the interval (a collective: every rank calls it), print and keep its record."""
+        w = self.window
+        loss = w.loss.clone()
+        dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - w.started
+        if self.history:  # not the first interval
+            self.totals.add(w.tokens * self.layout.dp, w.real_tokens * self.layout.dp, w.data_seconds, elapsed)
+        record = self._record(iteration, consumed_samples, loss, elapsed)
+        self.history.append(record)
+        log0(record.line(self.total_iters))
+        if self.json_path and is_rank0():
+            with open(self.json_path, "a") as f:
+                f.write(json.dumps(record.as_dict()) + "\n")
+        self.restart_clock()
+        return record
+
+    def _record(self, iteration: int, consumed_samples: int, loss: torch.Tensor, elapsed: float) -> StepRecord:
+        w, dp = self.window, self.layout.dp
+        cuda = self.device.type == "cuda"
+        return StepRecord(
+            iteration=iteration, loss=(loss[0] / loss[1]).item() if loss[1] > 0 else math.nan,
+            lr=w.last.lr, grad_norm=w.last.grad_norm.item(), step_ms=1000 * elapsed / w.steps,
+            tokens_per_s=w.tokens * dp / elapsed, real_tokens_per_s=w.real_tokens * dp / elapsed,
+            data_share=w.data_seconds / elapsed, consumed_samples=consumed_samples,
+            mfu=self._mfu(w.tokens * dp, elapsed),
+            max_memory_gib=torch.cuda.max_memory_allocated(self.device) / 2**30 if cuda else None,
+        )
+
+    def _mfu(self, tokens: int, seconds: float) -> Optional[float]:
+        if not self.peak:
+            return None
+        return tokens * self.flops_per_token / seconds / self.layout.world / self.peak
+
+    def summary(self, iterations: int) -> Summary:
+        """The steady-state rates (printed) and every record."""
+        t = self.totals
+        rates = {}
+        if t.seconds > 0:
+            rates = {"tokens_per_s": t.tokens / t.seconds, "real_tokens_per_s": t.real_tokens / t.seconds,
+                     "data_share": t.data_seconds / t.seconds}
+            if self.peak:
+                rates["mfu"] = self._mfu(t.tokens, t.seconds)
+            log0("steady state (after iteration 1): " + ", ".join(f"{k} {v:.4g}" for k, v in rates.items()))
+        if self.device.type == "cuda":
+            log0(f"peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.1f} GiB")
+        return Summary(iterations, self.history, **rates)

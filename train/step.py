@@ -1,0 +1,115 @@
+"""What one training step computes, apart from the loop around it.
+
+A micro-batch's forward under bf16 autocast gives the unmasked per-token loss (megatron-core's
+GPTModel returns it); the trainer weighs it by the loss mask over the whole global batch. Then
+the global gradient norm is clipped (tensor-parallel shards counted once) and AdamW steps with a
+warmup + cosine learning rate. Validation averages the same masked loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+
+from .attention import document_mask
+from .config import OptimConfig
+
+
+def thd_params(batch: dict) -> tuple[dict, PackedSeqParams]:
+    """Transformer Engine's packed form: the micro-batch as one [1, b·s] row of variable-length
+    sequences, cu_seqlens over all of them (padding positions are a sequence of their own)."""
+    b, s = batch["tokens"].shape
+    starts = []
+    for row in range(b):
+        cu = batch["cu_seqlens"][row]
+        starts.append(cu[cu < s] + row * s)
+    cu = torch.cat(starts + [torch.tensor([b * s], dtype=torch.int32)]).to(torch.int32)
+    longest = int(batch["max_seqlen"].max())
+    flat = {k: batch[k].reshape(1, b * s) for k in ("tokens", "labels", "loss_mask", "position_ids")}
+    return flat, PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                 max_seqlen_q=longest, max_seqlen_kv=longest)
+
+
+def forward(model, batch: dict, attention: str, device: torch.device, autocast: bool) -> torch.Tensor:
+    """Per-token loss [b, s] (float32, unmasked) of one micro-batch (CPU tensors from the loader).
+
+    Rows that hold several segments (packed SFT, or pretraining with --reset-attention-mask) get a
+    document mask (sdpa) or THD packing (te); single-segment rows run plain causal attention.
+    """
+    packed = bool(batch["segment_ids"].amax() > 0)
+    packed_seq_params = None
+    if packed and attention == "te":
+        batch, packed_seq_params = thd_params(batch)
+        packed_seq_params = PackedSeqParams(**{k: (v.to(device) if torch.is_tensor(v) else v)
+                                               for k, v in vars(packed_seq_params).items()})
+    to = lambda name: batch[name].to(device, non_blocking=True)  # noqa: E731
+    tokens, labels, position_ids = to("tokens"), to("labels"), to("position_ids")
+    mask = None
+    if packed and attention == "sdpa":
+        mask = document_mask(to("segment_ids"))
+    elif attention == "local":  # megatron's own attention: a dense [b, 1, s, s] mask, True = masked
+        mask = ~document_mask(to("segment_ids")).dense()
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        return model(tokens, position_ids, mask, labels=labels, packed_seq_params=packed_seq_params)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global L2 norm of the gradients over the model-parallel group (a TP-replicated parameter
+    counted once), scaled down to `max_norm` if above (0 = measure only)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    unique = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
+    norm_sq = torch.stack(torch._foreach_norm(unique)).float().square().sum()
+    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+        dist.all_reduce(norm_sq, group=parallel_state.get_tensor_model_parallel_group())
+    norm = norm_sq.sqrt()
+    if max_norm > 0:
+        torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Linear warmup to `lr`, then cosine decay to `min_lr` at `total` iterations."""
+
+    lr: float
+    min_lr: float
+    warmup: int
+    total: int
+
+    def __call__(self, it: int) -> float:
+        if it < self.warmup:
+            return self.lr * (it + 1) / self.warmup
+        progress = min(1.0, (it - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+    """AdamW; no weight decay on biases and norm weights (the 1-D parameters), as Megatron."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+                             eps=config.adam_eps, fused=next(model.parameters()).is_cuda)
+
+
+@torch.no_grad()
+def evaluate(model, batches: Iterator[dict], iters: int, attention: str, device, autocast: bool) -> Optional[float]:
+    """Mean masked loss over up to `iters` micro-batches of every data-parallel rank."""
+    model.eval()
+    total = torch.zeros(2, device=device)
+    for _ in range(iters):
+        batch = next(batches, None)
+        if batch is None:
+            break
+        mask = batch["loss_mask"].to(device)
+        total += torch.stack([(forward(model, batch, attention, device, autocast) * mask).sum(), mask.sum()])
+    model.train()
+    dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    return (total[0] / total[1]).item() if total[1] > 0 else None
