@@ -342,6 +342,32 @@ def _cached(path: str, rebuild: bool, target: int) -> bool:
     return manifest.get("recipe") == RECIPE and manifest.get("target_bytes") == target
 
 
+def _balanced(groups: dict, target_bytes: int, rng: random.Random) -> tuple[list[str], dict]:
+    """jsonl lines up to `target_bytes`, the next always from the group that has given the least bytes
+    per unit of weight; and what each group gave."""
+    heap = []
+    for group in sorted(groups):
+        rng.shuffle(groups[group])
+        weight = SOURCE_WEIGHTS.get(group.split("/")[0], 1.0)
+        heap.append((0.0, group, weight))
+    heapq.heapify(heap)
+    chosen, total, taken = [], 0, {}
+    while heap and total < target_bytes:
+        share, group, weight = heapq.heappop(heap)
+        docs = groups[group]
+        if not docs:
+            continue
+        line = json.dumps({"text": docs.pop()}, ensure_ascii=False) + "\n"
+        size = len(line.encode("utf-8"))
+        chosen.append(line)
+        total += size
+        stats = taken.setdefault(group, {"documents": 0, "bytes": 0})
+        stats["documents"] += 1
+        stats["bytes"] += size
+        heapq.heappush(heap, (share + size / weight, group, weight))
+    return chosen, taken
+
+
 def text_corpus(rebuild: bool = False, target_bytes: int = TEXT_TARGET_BYTES) -> str:
     """Path of the multilingual text corpus (built on first use)."""
     path = os.path.join(CACHE_DIR, "text.jsonl")
@@ -365,26 +391,7 @@ def text_corpus(rebuild: bool = False, target_bytes: int = TEXT_TARGET_BYTES) ->
                 groups.setdefault(group, []).append(text)
 
     rng = random.Random(0)
-    heap = []
-    for group in sorted(groups):
-        rng.shuffle(groups[group])
-        weight = SOURCE_WEIGHTS.get(group.split("/")[0], 1.0)
-        heap.append((0.0, group, weight))
-    heapq.heapify(heap)
-    chosen, total, taken = [], 0, {}
-    while heap and total < target_bytes:
-        share, group, weight = heapq.heappop(heap)
-        docs = groups[group]
-        if not docs:
-            continue
-        line = json.dumps({"text": docs.pop()}, ensure_ascii=False) + "\n"
-        size = len(line.encode("utf-8"))
-        chosen.append(line)
-        total += size
-        stats = taken.setdefault(group, {"documents": 0, "bytes": 0})
-        stats["documents"] += 1
-        stats["bytes"] += size
-        heapq.heappush(heap, (share + size / weight, group, weight))
+    chosen, taken = _balanced(groups, target_bytes, rng)
     rng.shuffle(chosen)
     manifest = {
         "recipe": RECIPE,

@@ -165,6 +165,30 @@ def best_of(repeat: int, runs: dict) -> dict:
     return best
 
 
+def raw_comparison(args, corpus: str, workdir: str, results: dict, tokens: dict, documents: int, labels: dict) -> None:
+    """Ours against the raw tokenizer on one core, times the workers: the pipeline's overhead."""
+    raw = raw_tokenizer_speed(corpus, args.tokenizer, args.repeat)
+    raw_mbs = raw["text_bytes"] / MB / raw["seconds"]
+    print(f"raw gigatoken, 1 core, in-process: {raw_mbs:.2f} MB/s of text, {raw['tokens'] / 1e6 / raw['seconds']:.3f} Mtok/s "
+          f"(CPU/wall {raw['cpu_seconds'] / raw['seconds']:.2f}; NFC beforehand, untimed: {raw['text_bytes'] / MB / raw['nfc_seconds']:.0f} MB/s)")  # fmt: skip
+    if raw["cpu_seconds"] < 0.9 * raw["seconds"]:
+        print("  warning: the raw run got less than 90% of a core: the machine is busy, figures are understated")
+    for name, m in results.items():
+        content_tokens = tokens[name] - documents
+        if content_tokens != raw["tokens"]:
+            print(f"  warning: {labels[name]} wrote {content_tokens:,} tokens besides eod, raw gigatoken {raw['tokens']:,}")
+    if "ours" in results:
+        # Same measure on both sides: text bytes per second (ours reads the jsonl around them).
+        share = raw["text_bytes"] / results["ours"].wall_s / (raw_mbs * MB * args.workers)
+        print(f"ours / (raw x {args.workers} workers): {share:.0%} (target >= {RAW_TARGET:.0%}: {'met' if share >= RAW_TARGET else 'NOT met'})")
+        # Diagnosis, not a target: how much of ours is fixed start-up cost.
+        fixed = run_ours(limited_corpus(corpus, 1, workdir), os.path.join(workdir, "one"), args.workers, args.tokenizer).wall_s
+        net = results["ours"].wall_s - fixed
+        if net > 0:
+            print(f"  ours on 1 document: {fixed:.2f} s; net of that: {raw['text_bytes'] / MB / net:.2f} MB/s of text, "
+                  f"{raw['text_bytes'] / net / (raw_mbs * MB * args.workers):.0%} of raw x {args.workers}")  # fmt: skip
+
+
 def speed_benchmark(args, workdir: str) -> int:
     import corpora
 
@@ -202,26 +226,7 @@ def speed_benchmark(args, workdir: str) -> int:
         status |= diff is not None
 
     if not args.no_raw:
-        raw = raw_tokenizer_speed(corpus, args.tokenizer, args.repeat)
-        raw_mbs = raw["text_bytes"] / MB / raw["seconds"]
-        print(f"raw gigatoken, 1 core, in-process: {raw_mbs:.2f} MB/s of text, {raw['tokens'] / 1e6 / raw['seconds']:.3f} Mtok/s "
-              f"(CPU/wall {raw['cpu_seconds'] / raw['seconds']:.2f}; NFC beforehand, untimed: {raw['text_bytes'] / MB / raw['nfc_seconds']:.0f} MB/s)")  # fmt: skip
-        if raw["cpu_seconds"] < 0.9 * raw["seconds"]:
-            print("  warning: the raw run got less than 90% of a core: the machine is busy, figures are understated")
-        for name, m in results.items():
-            content_tokens = tokens[name] - documents
-            if content_tokens != raw["tokens"]:
-                print(f"  warning: {labels[name]} wrote {content_tokens:,} tokens besides eod, raw gigatoken {raw['tokens']:,}")
-        if "ours" in results:
-            # Same measure on both sides: text bytes per second (ours reads the jsonl around them).
-            share = raw["text_bytes"] / results["ours"].wall_s / (raw_mbs * MB * args.workers)
-            print(f"ours / (raw x {args.workers} workers): {share:.0%} (target >= {RAW_TARGET:.0%}: {'met' if share >= RAW_TARGET else 'NOT met'})")
-            # Diagnosis, not a target: how much of ours is fixed start-up cost.
-            fixed = run_ours(limited_corpus(corpus, 1, workdir), os.path.join(workdir, "one"), args.workers, args.tokenizer).wall_s
-            net = results["ours"].wall_s - fixed
-            if net > 0:
-                print(f"  ours on 1 document: {fixed:.2f} s; net of that: {raw['text_bytes'] / MB / net:.2f} MB/s of text, "
-                      f"{raw['text_bytes'] / net / (raw_mbs * MB * args.workers):.0%} of raw x {args.workers}")  # fmt: skip
+        raw_comparison(args, corpus, workdir, results, tokens, documents, labels)
     return status
 
 

@@ -39,6 +39,7 @@ def build(prefix: str, kind: str, tokens: int, seq_length: int, seed: int = 0) -
     """A prefix of about `tokens` random tokens, laid out as the pipelines lay it out."""
     from qwen_data.indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
     from qwen_data.manifest import Manifest, fingerprint
+    from qwen_data.outputs import atomic_file
     from qwen_data.qwen import DEFAULT_PAD_ID
     from qwen_data.tokenizer import QwenTokenizer, TokenizerConfig
 
@@ -63,10 +64,11 @@ def build(prefix: str, kind: str, tokens: int, seq_length: int, seed: int = 0) -
         writer.finalize()
         ids, digests = writer.ids, writer.digests
         sft.update(rows=ids.documents, sample_tokens=ids.tokens - sft["pad_tokens"])
-    Manifest(kind=kind, tokenizer=tokenizer.identity(), eod_id=tokenizer.eod_id, pad_id=DEFAULT_PAD_ID,
-             dtype=dtype.name, documents=ids.documents, sequences=ids.sequences, tokens=ids.tokens,
-             fingerprint=fingerprint(digests), sft=sft).write(prefix + ".json.tmp")
-    os.replace(prefix + ".json.tmp", prefix + ".json")  # a prefix is reused only once complete
+    manifest = Manifest(kind=kind, tokenizer=tokenizer.identity(), eod_id=tokenizer.eod_id, pad_id=DEFAULT_PAD_ID,
+                        dtype=dtype.name, documents=ids.documents, sequences=ids.sequences, tokens=ids.tokens,
+                        fingerprint=fingerprint(digests), sft=sft)
+    with atomic_file(prefix + ".json") as f:  # a prefix is reused only once complete
+        f.write(manifest.text())
 
 
 def _packed_rows(writer, rng, seq_length: int, pad: int, sft: dict, rows: int = 256) -> None:

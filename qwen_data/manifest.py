@@ -68,10 +68,12 @@ class Manifest:
         head = {name: fields.pop(name) for name in ("format", "kind", "qwen_data_version", "command", "created")}
         return head | {name: value for name, value in fields.items() if value is not None}
 
+    def text(self) -> str:
+        return json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n"
+
     def write(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=2, ensure_ascii=False)
-            f.write("\n")
+            f.write(self.text())
 
     @classmethod
     def from_json(cls, data, where: str) -> "Manifest":
