@@ -1,4 +1,4 @@
-"""Atomic outputs and the manifest.
+"""Atomic outputs: a run's files appear complete, together, or not at all (one file: `atomic_file`).
 
 Everything is written under temporary names and renamed into place only when complete, with the
 manifest (`PREFIX.json`) last: a prefix whose manifest exists is complete. On commit the old

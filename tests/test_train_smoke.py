@@ -18,20 +18,13 @@ import sys
 import pytest
 import torch
 
+from _helpers import write_jsonl
 from qwen_data.cli import main as qwen_data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("data model token river stone light cloud number garden window paper music "
          "北京 数据 模型 Grüße café naïve 東京 δεδομένα данные").split()
 TRAIN = ["--model", "tiny", "--seq-length", "128", "--micro-batch-size", "2", "--global-batch-size", "4",
          "--log-interval", "1", "--num-workers", "0", "--lr", "1e-2", "--min-lr", "1e-3", "--warmup-iters", "1"]
-
-
-def _write_jsonl(path, records):
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +33,9 @@ def prefixes(tmp_path_factory):
     rng = random.Random(7)
     words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
     for name, docs in (("web", 300), ("code", 120)):
-        src = _write_jsonl(d / f"{name}.jsonl", [{"text": words(rng.randint(5, 120))} for _ in range(docs)])
+        src = write_jsonl(d / f"{name}.jsonl", [{"text": words(rng.randint(5, 120))} for _ in range(docs)])
         assert qwen_data(["pretrain", src, "-o", str(d / name), "--workers", "1", "--quiet"]) == 0
-    chats = _write_jsonl(d / "chats.jsonl", [
+    chats = write_jsonl(d / "chats.jsonl", [
         {"messages": [{"role": "user", "content": words(rng.randint(2, 30))},
                       {"role": "assistant", "content": words(rng.randint(2, 40))}]} for _ in range(120)])
     assert qwen_data(["sft", chats, "-o", str(d / "chat"), "--template", "qwen2p5", "--seq-length", "256",
