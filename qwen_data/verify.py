@@ -37,8 +37,11 @@ def verify(prefix: str) -> list[str]:
     where = f"{prefix}.json"
     try:
         data = load(prefix)
-    except (OSError, ValueError) as exc:  # missing, bad JSON
+    except FileNotFoundError as exc:
         return [str(exc)]
+    except (OSError, ValueError) as exc:  # unreadable file, bad JSON
+        message = str(exc)
+        return [message if message.startswith(prefix) else f"{where}: unreadable manifest: {message}"]
     problems = manifest_problems(data, where)
     if problems:
         return problems

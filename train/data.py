@@ -50,6 +50,7 @@ from megatron.core.datasets.utils import Split
 
 from qwen_data.outputs import atomic_file
 from qwen_data.blend_files import (
+    SPLITS,
     BlendError,
     Source,
     blend_from_list,
@@ -81,12 +82,11 @@ class ManifestTokenizer:
 
     def __init__(self, sources: list[Source]) -> None:
         first = sources[0].manifest
-        self.eod = int(first.eod_id)
-        self.pad = int(first.pad_id)
+        self.eod, self.pad = first.eod_id, first.pad_id
         if self.pad == self.eod:
             raise BlendError(f"{sources[0].prefix}: pad id equals the eod id {self.eod}: Megatron would "
                              "mask every real end of document; rebuild with a distinct pad id")
-        self.vocab_size = int(first.vocab_size)
+        self.vocab_size = first.vocab_size
         self.unique_identifiers = {
             "class": "qwen_data.ManifestTokenizer",
             "tokenizer_sha256": first.tokenizer.get("sha256"),
@@ -395,7 +395,7 @@ def _sizes(sizes: list, blend, per_split, split: Optional[str]) -> list:
     """Sample counts per split; a weighted part nobody asked samples of gets 0 (megatron-core
     wants a size beside weights) where it is an empty part of the split, else an error."""
     sizes = list(sizes)
-    for i, name in enumerate(("train", "valid", "test")):
+    for i, name in enumerate(SPLITS):
         b = per_split[i] if per_split else blend
         if b is None or b[1] is None or sizes[i] is not None:
             continue
