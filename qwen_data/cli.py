@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sft_parser(sub)
     _add_blend_parser(sub)
     _add_verify_parser(sub)
-    _add_train_parser(sub)
+    _add_train_parser(sub)  # and convert, whose arguments also pass through
     return parser
 
 
@@ -142,6 +142,10 @@ def _add_train_parser(sub) -> None:
     # Every argument after `train` is the train stage's own (see `_main`).
     p = sub.add_parser("train", help=help, description=help, add_help=False)
     p.set_defaults(func=_run_train, debug=False)
+    help = ("convert between a Hugging Face Qwen folder and a megatron-core checkpoint (hf-to-mcore, mcore-to-hf); "
+            "its options: qwen-data convert --help")
+    p = sub.add_parser("convert", help=help, description=help, add_help=False)
+    p.set_defaults(func=_run_convert, debug=False)
 
 
 def _add_verify_parser(sub) -> None:
@@ -332,6 +336,12 @@ def _run_train(args) -> int:
     return train(args.train_args)
 
 
+def _run_convert(args) -> int:
+    from qwen_data_train.convert import main as convert
+
+    return convert(args.train_args)
+
+
 def _run_verify(args) -> int:
     from .blend_files import strip_suffix
     from .manifest import Manifest
@@ -389,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "train":
+    if rest and args.command not in ("train", "convert"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.train_args = rest
     try:

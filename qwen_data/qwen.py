@@ -12,6 +12,8 @@ TEMPLATE_FLAVOURS = {"qwen2": "qwen2", "qwen2p5": "qwen2.5", "qwen3": "qwen3"}
 
 EOD_TOKEN = "<|endoftext|>"  # 151643: end of document in pretraining, whatever eos says
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+# Their ids in every flavour: the first added tokens, in this order.
+EOD_ID, IM_START_ID, IM_END_ID = FIRST_ADDED_ID, FIRST_ADDED_ID + 1, FIRST_ADDED_ID + 2
 
 # Padding must never be the end-of-document/eos/<|im_end|> id, or readers that mask "pad" by id
 # also mask the real end of text and the model never learns to stop. <|vision_pad|> is inside every

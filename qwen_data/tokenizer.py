@@ -78,6 +78,22 @@ def resolve_tokenizer_dir(name: str | None) -> tuple[str, str]:
     return name, path
 
 
+def directory_of(identity: dict) -> str:
+    """The directory of the tokenizer a manifest names (`QwenTokenizer.identity()`): where it was,
+    or where its name resolves to here; either only if its files still hash to the manifest's."""
+    name, sha256 = identity.get("name"), identity.get("sha256")
+    candidates = [identity.get("path")]
+    try:
+        candidates.append(resolve_tokenizer_dir(None if name == BUNDLED_NAME else name)[1])
+    except TokenizerNotFound:
+        pass
+    for directory in candidates:
+        if directory and os.path.isdir(directory) and files_sha256(directory) == sha256:
+            return directory
+    raise TokenizerNotFound(f"{name}: no tokenizer with the files the data was made with (sha256 {sha256}) "
+                            f"at {identity.get('path')} nor under that name here")
+
+
 def files_sha256(directory: str) -> str:
     digest = hashlib.sha256()
     for fname in _IDENTITY_FILES:

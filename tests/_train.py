@@ -1,13 +1,50 @@
-"""Helpers of the train-stage tests: qwen-data prefixes read straight from their bytes (own
-parser, independent of megatron-core's reader and of train/data.py)."""
+"""Helpers of the train-stage tests: the train stage run as a user runs it, and qwen-data
+prefixes read straight from their bytes (own parser, independent of megatron-core's reader and
+of train/data.py)."""
 
 from __future__ import annotations
 
+import json
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 
 EOD = 151643
+
+
+def torchrun(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-port", str(29400 + os.getpid() % 500)]
+
+
+def run(command: list[str]) -> str:
+    """Run a train-stage command (one thread per process); → its stdout."""
+    done = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done.stdout
+
+
+def run_train(args, log, nproc=1):
+    """`qwen-data train ARGS` (torchrun -m qwen_data_train for several processes); → (the JSON log
+    records, stdout)."""
+    if nproc == 1:
+        command = [sys.executable, "-m", "qwen_data.cli", "train"]
+    else:
+        command = torchrun(nproc) + ["-m", "qwen_data_train"]
+    stdout = run(command + list(args) + ["--log-json", str(log)])
+    with open(log) as f:
+        return [json.loads(line) for line in f], stdout
+
+
+def run_convert(args, nproc=1) -> str:
+    """`qwen-data convert ARGS` (torchrun -m qwen_data_train.convert for several processes)."""
+    if nproc == 1:
+        return run([sys.executable, "-m", "qwen_data.cli", "convert"] + list(args))
+    return run(torchrun(nproc) + ["-m", "qwen_data_train.convert"] + list(args))
 
 
 def raw_documents(prefix):

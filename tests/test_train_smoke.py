@@ -9,16 +9,13 @@ dataset builder.
     SDPA core attention equals megatron-core's own local attention.
 """
 
-import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from _helpers import write_jsonl
+from _train import run_train as _train
 from qwen_data.cli import main as qwen_data
 
 WORDS = ("data model token river stone light cloud number garden window paper music "
@@ -43,20 +40,6 @@ def prefixes(tmp_path_factory):
     assert qwen_data(["blend", f"{d / 'web'}=0.7", f"{d / 'code'}=0.3", "-o", str(d / "pretrain_blend.json")]) == 0
     assert qwen_data(["blend", str(d / "chat"), "-o", str(d / "sft_blend.json")]) == 0
     return d
-
-
-def _train(args, log, nproc=1):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if nproc == 1:
-        command = [sys.executable, "-m", "qwen_data.cli", "train"]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                   "--master-port", str(29400 + os.getpid() % 500), "-m", "qwen_data_train"]
-    done = subprocess.run(command + args + ["--log-json", str(log)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    with open(log) as f:
-        return [json.loads(line) for line in f], done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +148,7 @@ def test_config_is_built_once_from_the_command_line():
 
     from qwen_data_train.config import TrainConfig
     config = TrainConfig.parse(["--data", "out/blend.json", "--train-iters", "250", "--tp", "2", "--lr", "1e-3"])
-    assert config.data.path == "out/blend.json" and config.model.name == "tiny" and config.model.tp == 2
+    assert config.data.path == "out/blend.json" and config.model.name is None and config.model.tp == 2
     assert config.optim.lr == 1e-3 and config.optim.warmup_iters == 2  # 1% of the iterations
     assert config.global_batch_size is None  # micro batch × DP, once the ranks are known
     with pytest.raises(dataclasses.FrozenInstanceError):

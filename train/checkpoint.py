@@ -1,14 +1,21 @@
 """Checkpoints as megatron-core `dist_checkpointing` (torch_dist) directories: sharded, and
-loadable under any TP/DP layout.
+loadable under any TP/DP layout; and Hugging Face folders of the same weights.
 
     root/iter_0000200/                      one directory per saved iteration
     root/latest_checkpointed_iteration.txt  the iteration `--load root` resumes from
+
+Beside the tensors a checkpoint stores its model (`hf_config`: the config.json it came from or
+would be exported with), so `--load root` alone rebuilds the model, the converter exports it, and
+loading it into a model of another shape is refused. A checkpoint without optimizer state (made
+by `python -m qwen_data_train.convert hf-to-mcore`) starts a run: its weights, fresh AdamW moments.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -17,38 +24,70 @@ from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_p
 
 from .config import CheckpointConfig
 from .distributed import is_rank0, log0
+from .hf_checkpoint import HFExport, save_hf
+from .model import ModelShape
 
 LATEST = "latest_checkpointed_iteration.txt"
 
 
+def latest(root: Optional[str]) -> Optional[str]:
+    """The directory of the latest iteration saved under `root`, or None."""
+    marker = os.path.join(root, LATEST) if root else None
+    if marker is None or not os.path.isfile(marker):
+        return None
+    with open(marker) as f:
+        return os.path.join(root, f"iter_{int(f.read().strip()):07d}")
+
+
+def stored(path: str) -> dict:
+    """What a checkpoint directory holds besides tensors (iteration, model, tokenizer ...)."""
+    return dist_checkpointing.load_common_state_dict(path)
+
+
+def shape_fields(shape: ModelShape) -> dict:
+    """The shape as compared between a run and a checkpoint: everything but its display name."""
+    return {k: v for k, v in dataclasses.asdict(shape).items() if k != "name"}
+
+
 class Checkpointer:
-    """Saves and resumes the model, the AdamW moments and where the run stands.
+    """Saves and resumes the model, the AdamW moments and where the run stands (`--save`,
+    `--load`), and exports Hugging Face folders (`--save-hf`)."""
 
-    `run_info` (model name, sequence length, global batch) is stored beside them; the model name
-    must match on load.
-    """
-
-    def __init__(self, config: CheckpointConfig, core: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 **run_info) -> None:
-        self.config, self.core, self.optimizer, self.run_info = config, core, optimizer, run_info
+    def __init__(self, config: CheckpointConfig, core: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
+                 export: HFExport, tokenizer: Optional[dict] = None, **run_info) -> None:
+        self.config, self.core, self.optimizer, self.export = config, core, optimizer, export
+        self.run_info = dict(run_info, hf_config=export.config, generation=export.generation,
+                             model_shape=shape_fields(export.shape), tokenizer=tokenizer)
 
     def due(self, iteration: int, last: bool) -> bool:
         """Save after this iteration? Every `save_interval`, and after the last one."""
         every = self.config.save_interval
-        return bool(self.config.save) and (last or (every > 0 and iteration % every == 0))
+        wanted = bool(self.config.save or self.config.save_hf)
+        return wanted and (last or (every > 0 and iteration % every == 0))
 
-    def save(self, iteration: int, consumed_samples: int) -> None:
+    def save(self, iteration: int, consumed_samples: int, last: bool = False) -> None:
+        if self.config.save:
+            self.save_megatron(self.config.save, iteration, consumed_samples)
+        if self.config.save_hf:
+            out = self.config.save_hf if last else os.path.join(self.config.save_hf, f"iter_{iteration:07d}")
+            save_hf(self.core, self.export, out)
+            log0(f"saved Hugging Face model {out}")
+
+    def save_megatron(self, root: str, iteration: int, consumed_samples: int) -> None:
         if importlib.util.find_spec("psutil") is None:
             # megatron-core ≤0.16 writes from a child process that needs psutil; without it the
             # child dies and the save hangs forever instead of failing.
             raise RuntimeError("checkpointing needs psutil (pip install psutil)")
-        root = self.config.save
         path = os.path.join(root, f"iter_{iteration:07d}")
         if is_rank0():
             os.makedirs(path, exist_ok=True)
         dist.barrier()
-        state = self._sharded(self.optimizer.state_dict())
-        state.update(iteration=iteration, consumed_samples=consumed_samples, **self.run_info)
+        if self.optimizer is None:
+            state = {"model": self.core.sharded_state_dict()}
+        else:
+            state = self._sharded(self.optimizer.state_dict())
+        state.update(iteration=iteration, consumed_samples=consumed_samples, has_optimizer=self.optimizer is not None,
+                     **self.run_info)
         dist_checkpointing.save(state, path)
         dist.barrier()
         if is_rank0():
@@ -60,17 +99,19 @@ class Checkpointer:
         """(iteration, consumed samples) of the latest checkpoint under `--load`, or (0, 0) if
         there is none (or no `--load`)."""
         root = self.config.load
-        if not root:
+        path = latest(root)
+        if path is None:
+            if root:
+                log0(f"no checkpoint in {root}: starting from scratch")
             return 0, 0
-        latest = os.path.join(root, LATEST)
-        if not os.path.isfile(latest):
-            log0(f"no checkpoint in {root}: starting from scratch")
-            return 0, 0
-        with open(latest) as f:
-            path = os.path.join(root, f"iter_{int(f.read().strip()):07d}")
+        common = stored(path)
+        self._check_model(path, common)
+        if not common.get("has_optimizer", True) or self.optimizer is None:
+            state = dist_checkpointing.load({"model": self.core.sharded_state_dict()}, path)
+            self.core.load_state_dict(state["model"])
+            log0(f"loaded the weights of {path} (iteration {common['iteration']})")
+            return common["iteration"], common["consumed_samples"]
         state = dist_checkpointing.load(self._sharded(self._fresh_optimizer_state()), path)
-        if state["model_name"] != self.run_info["model_name"]:
-            raise ValueError(f"{path} holds a {state['model_name']} model, not {self.run_info['model_name']}")
         self.core.load_state_dict(state["model"])
         steps = torch.tensor(float(state["iteration"]))  # every parameter is stepped every iteration
         self.optimizer.load_state_dict({
@@ -79,6 +120,18 @@ class Checkpointer:
         })
         log0(f"resumed from {path} (iteration {state['iteration']}, {state['consumed_samples']} samples consumed)")
         return state["iteration"], state["consumed_samples"]
+
+    def _check_model(self, path: str, common: dict) -> None:
+        ours = self.run_info["model_shape"]
+        theirs = common.get("model_shape")
+        if theirs is None:  # saved before shapes were stored: by preset name
+            if common.get("model_name") != self.export.shape.name:
+                raise ValueError(f"{path} holds a {common.get('model_name')} model, not {self.export.shape.name}")
+            return
+        differ = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+        if differ:
+            shown = ", ".join(f"{k} {a} (checkpoint) vs {b}" for k, (a, b) in differ.items())
+            raise ValueError(f"{path} holds another model: {shown}")
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]

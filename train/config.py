@@ -24,7 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pretraining: documents in a row never attend to each other (document mask)")
     g.add_argument("--eod-mask-loss", action="store_true", help="pretraining: no loss on predicting from EOD")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="tiny", choices=sorted(PRESETS))
+    g.add_argument("--model", default=None, choices=sorted(PRESETS),
+                   help="a preset shape with random weights (default: tiny, unless --hf-model or the --load "
+                        "checkpoint gives the model)")
+    g.add_argument("--hf-model", default=None, metavar="DIR",
+                   help="start from this Hugging Face Qwen2/2.5/3 dense checkpoint folder (its config.json "
+                        "gives the shape)")
     g.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES)
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / tp)")
     g.add_argument("--sequence-parallel", action="store_true", help="with TP and Transformer Engine only")
@@ -35,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch × data parallel")
     g.add_argument("--train-iters", type=int, default=100)
     g.add_argument("--lr", type=float, default=3e-4)
-    g.add_argument("--min-lr", type=float, default=3e-5)
+    g.add_argument("--min-lr", type=float, default=None, help="default: lr / 10")
     g.add_argument("--warmup-iters", type=int, default=None, help="default: 1%% of train iters, at least 1")
     g.add_argument("--weight-decay", type=float, default=0.1)
     g.add_argument("--adam-beta1", type=float, default=0.9)
@@ -48,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save", default=None, help="checkpoint directory")
     g.add_argument("--save-interval", type=int, default=0, help="0 = only at the end")
     g.add_argument("--load", default=None, help="resume from this checkpoint directory (its latest iteration)")
+    g.add_argument("--save-hf", default=None, metavar="OUT",
+                   help="also save as a Hugging Face folder: OUT at the end, OUT/iter_N at each --save-interval")
     g.add_argument("--eval-interval", type=int, default=0, help="0 = no evaluation")
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--log-interval", type=int, default=10)
@@ -70,7 +77,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str  # --model: a key of PRESETS
+    name: Optional[str]  # --model: a key of PRESETS
+    hf_model: Optional[str]  # a Hugging Face folder to start from
     attention: str  # as asked ("auto" included); the trainer resolves it
     tp: int
     sequence_parallel: bool
@@ -94,6 +102,7 @@ class CheckpointConfig:
     save: Optional[str]
     save_interval: int  # 0 = only at the end (and at --exit-after)
     load: Optional[str]
+    save_hf: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -130,11 +139,14 @@ class TrainConfig:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> TrainConfig:
+        if ns.model and ns.hf_model:
+            raise SystemExit("qwen-data train: give --model or --hf-model, not both")
         warmup = ns.warmup_iters if ns.warmup_iters is not None else max(1, ns.train_iters // 100)
         sections = dict(
             data=_section(DataConfig, ns, path=ns.data),
             model=_section(ModelConfig, ns, name=ns.model),
-            optim=_section(OptimConfig, ns, warmup_iters=warmup),
+            optim=_section(OptimConfig, ns, warmup_iters=warmup,
+                           min_lr=ns.lr / 10 if ns.min_lr is None else ns.min_lr),
             checkpoint=_section(CheckpointConfig, ns),
             eval=_section(EvalConfig, ns),
             log=_section(LogConfig, ns),

@@ -87,6 +87,7 @@ class ManifestTokenizer:
             raise BlendError(f"{sources[0].prefix}: pad id equals the eod id {self.eod}: Megatron would "
                              "mask every real end of document; rebuild with a distinct pad id")
         self.vocab_size = first.vocab_size
+        self.identity = first.tokenizer  # QwenTokenizer.identity() of the data
         self.unique_identifiers = {
             "class": "qwen_data.ManifestTokenizer",
             "tokenizer_sha256": first.tokenizer.get("sha256"),

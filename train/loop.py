@@ -16,6 +16,8 @@ Weights are float32 master weights, run in bf16 by autocast.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import sys
 import time
 import warnings
@@ -26,12 +28,16 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from .checkpoint import Checkpointer
+from qwen_data.tokenizer import directory_of
+
+from .checkpoint import Checkpointer, latest, stored
 from .config import TrainConfig
 from .distributed import Layout, distributed, log0
+from .hf_checkpoint import GENERATION, HFExport, load_hf_weights
+from .hf_config import config_dtype, config_of_shape, generation_config, read_config, shape_from_config
 from .loader import build_splits, make_loader
 from .metrics import Metrics, StepStats, Summary
-from .model import PRESETS, build_model, resolve_attention
+from .model import PRESETS, ModelShape, build_model, resolve_attention
 from .patches import megatron_on_cpu
 from .step import Schedule, build_optimizer, clip_grad_norm, evaluate, forward
 
@@ -45,19 +51,26 @@ class Trainer:
         self.layout = Layout.current(config.micro_batch_size, config.global_batch_size)
         self.attention = resolve_attention(config.model.attention)
         self.autocast = device.type == "cuda" and not config.fp32
-        self.preset = PRESETS[config.model.name]
+        self.shape, hf_config, generation = model_of(config)
+        self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
+        tokenizer = self.train_ds.config.tokenizer
+        if tokenizer.vocab_size > self.shape.vocab_size:
+            raise ValueError(f"the data's tokenizer has {tokenizer.vocab_size} ids; the model's embedding only "
+                             f"{self.shape.vocab_size} rows")
+        self.pad = tokenizer.pad
         self.core = self._build_model()
         self.params = [p for p in self.core.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.core, config.optim)
         self.schedule = Schedule(config.optim.lr, config.optim.min_lr, config.optim.warmup_iters, config.train_iters)
-        self.checkpointer = Checkpointer(config.checkpoint, self.core, self.optimizer, model_name=config.model.name,
-                                         seq_length=config.seq_length, global_batch_size=self.layout.global_batch)
+        export = HFExport(self.shape, hf_config, config_dtype(hf_config),
+                          directory_of(tokenizer.identity) if config.checkpoint.save_hf else None, generation)
+        self.checkpointer = Checkpointer(config.checkpoint, self.core, self.optimizer, export,
+                                         tokenizer=tokenizer.identity, seq_length=config.seq_length,
+                                         global_batch_size=self.layout.global_batch)
         self.iteration, self.consumed = self.checkpointer.load()
         self.model = self._data_parallel(self.core)
-        self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
-        self.pad = self.train_ds.config.tokenizer.pad
         self.batches = self._loader(self.train_ds, self.consumed)
-        self.metrics = Metrics(config.log, device, self.layout, self.preset.train_flops_per_token(config.seq_length),
+        self.metrics = Metrics(config.log, device, self.layout, self.shape.train_flops_per_token(config.seq_length),
                                config.train_iters)
         self._announce()
 
@@ -76,7 +89,7 @@ class Trainer:
             stop = config.exit_after is not None and self.iteration >= config.exit_after
             if self.checkpointer.due(self.iteration, last=stop or self.iteration == config.train_iters):
                 with self.metrics.paused():
-                    self.checkpointer.save(self.iteration, self.consumed)
+                    self.checkpointer.save(self.iteration, self.consumed, last=self.iteration == config.train_iters)
             if stop:
                 break
         return self.metrics.summary(self.iteration)
@@ -133,9 +146,12 @@ class Trainer:
         torch.manual_seed(seed)  # the same weights on every rank and under every TP layout
         if self.device.type == "cuda":
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        return build_model(self.preset, attention=self.attention, tensor_parallel=model.tp,
+        core = build_model(self.shape, attention=self.attention, tensor_parallel=model.tp,
                            sequence_parallel=model.sequence_parallel, recompute=model.recompute,
-                           max_sequence_length=self.config.seq_length).to(self.device)
+                           max_sequence_length=self.config.seq_length, initialize=model.hf_model is None)
+        if model.hf_model:
+            load_hf_weights(core, model.hf_model, self.shape)
+        return core.to(self.device)
 
     def _data_parallel(self, core: torch.nn.Module) -> torch.nn.Module:
         if self.layout.dp == 1:
@@ -148,11 +164,35 @@ class Trainer:
 
     def _announce(self) -> None:
         c, lay, cuda = self.config, self.layout, self.device.type == "cuda"
-        log0(f"model {self.preset.name}: {self.preset.parameters() / 1e6:.1f}M parameters, attention {self.attention}, "
+        log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, attention {self.attention}, "
              f"TP {lay.tp} × DP {lay.dp}, micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "
              f"{'bf16 autocast' if self.autocast else 'float32'}")
+
+
+def model_of_folder(hf_model: str) -> tuple[ModelShape, dict, dict]:
+    """(shape, config.json, generation_config.json) of a Hugging Face model folder."""
+    hf_config = read_config(hf_model)
+    generation = generation_config()
+    if os.path.isfile(os.path.join(hf_model, GENERATION)):
+        with open(os.path.join(hf_model, GENERATION), encoding="utf-8") as f:
+            generation = json.load(f)
+    return shape_from_config(hf_config, hf_model), hf_config, generation
+
+
+def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
+    """The run's model (as `model_of_folder`): from --hf-model, else from the --load checkpoint,
+    else the --model preset (default tiny)."""
+    if config.model.hf_model:
+        return model_of_folder(config.model.hf_model)
+    checkpoint = latest(config.checkpoint.load)
+    if checkpoint and config.model.name is None:
+        common = stored(checkpoint)
+        if "hf_config" in common:
+            return shape_from_config(common["hf_config"], config.checkpoint.load), common["hf_config"], common["generation"]
+    shape = PRESETS[config.model.name or "tiny"]
+    return shape, config_of_shape(shape, torch.bfloat16), generation_config()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

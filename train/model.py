@@ -37,7 +37,7 @@ ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")
 
 
 @dataclass(frozen=True)
-class ModelPreset:
+class ModelShape:
     name: str
     num_layers: int
     hidden_size: int
@@ -50,7 +50,7 @@ class ModelPreset:
     qkv_bias: bool  # Qwen2/2.5
     qk_norm: bool  # Qwen3
     max_position_embeddings: int
-    rotary_base: int = 1_000_000
+    rotary_base: float = 1_000_000.0
     norm_epsilon: float = 1e-6
 
     def matmul_params(self) -> int:
@@ -79,16 +79,16 @@ class ModelPreset:
 
 
 def _qwen2(name, layers, hidden, heads, groups, ffn, vocab=EMBEDDING_ROWS_SMALL, tied=True, head_dim=None, max_pos=32_768):
-    return ModelPreset(name, layers, hidden, heads, groups, head_dim or hidden // heads, ffn, vocab, tied,
+    return ModelShape(name, layers, hidden, heads, groups, head_dim or hidden // heads, ffn, vocab, tied,
                        qkv_bias=True, qk_norm=False, max_position_embeddings=max_pos)
 
 
 def _qwen3(name, layers, hidden, heads, groups, ffn, tied=True, max_pos=40_960):
-    return ModelPreset(name, layers, hidden, heads, groups, 128, ffn, EMBEDDING_ROWS_SMALL, tied,
+    return ModelShape(name, layers, hidden, heads, groups, 128, ffn, EMBEDDING_ROWS_SMALL, tied,
                        qkv_bias=False, qk_norm=True, max_position_embeddings=max_pos)
 
 
-PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
+PRESETS: dict[str, ModelShape] = {p.name: p for p in (
     _qwen2("qwen2.5-0.5b", 24, 896, 14, 2, 4864),
     _qwen2("qwen2.5-1.5b", 28, 1536, 12, 2, 8960),
     _qwen2("qwen2.5-7b", 28, 3584, 28, 4, 18944, vocab=EMBEDDING_ROWS_LARGE, tied=False),
@@ -97,7 +97,7 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
     _qwen3("qwen3-8b", 36, 4096, 32, 8, 12288, tied=False),
     # Tests and smoke runs: the real vocabulary (data ids go up to 151,668), a toy body.
     _qwen2("tiny", 2, 64, 4, 2, 128, head_dim=16, max_pos=4096),
-    ModelPreset("tiny-qwen3", 2, 64, 4, 2, 32, 128, EMBEDDING_ROWS_SMALL, True, qkv_bias=False, qk_norm=True,
+    ModelShape("tiny-qwen3", 2, 64, 4, 2, 32, 128, EMBEDDING_ROWS_SMALL, True, qkv_bias=False, qk_norm=True,
                 max_position_embeddings=4096),
 )}
 
@@ -116,13 +116,17 @@ def resolve_attention(attention: str) -> str:
     return attention
 
 
-def transformer_config(preset: ModelPreset, *, attention: str, tensor_parallel: int = 1,
-                       sequence_parallel: bool = False, recompute: bool = False) -> TransformerConfig:
+def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1,
+                       sequence_parallel: bool = False, recompute: bool = False,
+                       initialize: bool = True) -> TransformerConfig:
     """megatron-core's TransformerConfig for `preset` (attention already resolved).
 
     Parameters stay float32 (the optimizer's master weights); the loop runs the model under bf16
     autocast. Weights are initialised on the CPU from the global seed and then split, so every
-    tensor-parallel layout starts from the same model.
+    tensor-parallel layout starts from the same model. `initialize=False` (weights about to be
+    loaded) initialises them where they live, the current device: faster, and any values do.
+    (megatron's perform_initialization=False would skip marking the tensor-parallel split on
+    the parameters, which the gradient norm and the checkpoints read.)
     """
     te = attention == "te"
     return TransformerConfig(
@@ -154,13 +158,13 @@ def transformer_config(preset: ModelPreset, *, attention: str, tensor_parallel: 
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
-        use_cpu_initialization=True,
+        use_cpu_initialization=initialize,
         params_dtype=torch.float32,
         transformer_impl="transformer_engine" if te else "local",
     )
 
 
-def layer_spec(preset: ModelPreset, attention: str):
+def layer_spec(preset: ModelShape, attention: str):
     if attention == "te":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=preset.qk_norm)
@@ -170,16 +174,16 @@ def layer_spec(preset: ModelPreset, attention: str):
     return spec
 
 
-def build_model(preset: ModelPreset, *, attention: str = "auto", tensor_parallel: int = 1,
+def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel: int = 1,
                 sequence_parallel: bool = False, recompute: bool = False,
-                max_sequence_length: int | None = None) -> GPTModel:
+                max_sequence_length: int | None = None, initialize: bool = True) -> GPTModel:
     """The GPTModel, on the CPU, float32 (move it with `.to(device)`).
 
     Needs `parallel_state.initialize_model_parallel(tensor_parallel, 1)` first.
     """
     attention = resolve_attention(attention)
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
-                                sequence_parallel=sequence_parallel, recompute=recompute)
+                                sequence_parallel=sequence_parallel, recompute=recompute, initialize=initialize)
     return GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(preset, attention),

@@ -1,0 +1,172 @@
+"""Hugging Face checkpoints into the train stage and back out, against transformers itself.
+
+Two small random models built by transformers and saved with `save_pretrained`: a Qwen2 (QKV
+bias, tied embeddings, sharded safetensors with an index) and a Qwen3 (QK-norm, head_dim unlike
+hidden / heads, untied). Every parameter is drawn at random (norm weights and biases too), so a
+tensor put in the wrong place cannot go unnoticed.
+"""
+
+import glob
+import json
+import random
+
+import pytest
+import torch
+
+from _helpers import write_jsonl
+from _train import docs_of, run, run_convert, run_train, torchrun
+from qwen_data.cli import main as qwen_data
+
+WORDS = "data model token river stone light cloud 北京 数据 Grüße café δεδομένα данные".split()
+SEQ = ["--seq-length", "256", "--micro-batch-size", "2", "--global-batch-size", "4", "--num-workers", "0",
+       "--log-interval", "1", "--train-iters", "1"]
+
+
+def _hf_model(kind, directory):
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+    common = dict(vocab_size=151_936, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    if kind == "qwen2":
+        config = Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6)
+    else:
+        config = Qwen3Config(**common, head_dim=32, tie_word_embeddings=False, rope_theta=5e5)
+    torch.manual_seed(0 if kind == "qwen2" else 1)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1 if p.ndim > 1 else 1.0)
+    model.save_pretrained(directory, max_shard_size="20MB" if kind == "qwen2" else "1GB")
+    return str(directory)
+
+
+def tensors(directory):
+    from safetensors.torch import load_file
+    found = {}
+    for path in glob.glob(f"{directory}/*.safetensors"):
+        found.update(load_file(path))
+    return found
+
+
+def assert_same_tensors(a, b):
+    mine, theirs = tensors(a), tensors(b)
+    assert sorted(mine) == sorted(theirs)
+    for name, tensor in theirs.items():
+        assert mine[name].dtype == tensor.dtype and torch.equal(mine[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf")
+    folders = {kind: _hf_model(kind, d / kind) for kind in ("qwen2", "qwen3")}
+    assert (d / "qwen2" / "model.safetensors.index.json").is_file()  # sharded
+    assert not (d / "qwen3" / "model.safetensors.index.json").is_file()  # one file
+    rng = random.Random(3)
+    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    chats = write_jsonl(d / "chats.jsonl", [
+        {"messages": [{"role": "system", "content": words(5)}, {"role": "user", "content": words(rng.randint(2, 30))},
+                      {"role": "assistant", "content": words(rng.randint(2, 40))}]} for _ in range(24)])
+    assert qwen_data(["sft", chats, "-o", str(d / "chat"), "--template", "qwen2p5", "--seq-length", "256",
+                      "--workers", "1", "--quiet"]) == 0
+    assert qwen_data(["blend", str(d / "chat"), "-o", str(d / "blend.json")]) == 0
+    return dict(folders, blend=str(d / "blend.json"), prefix=str(d / "chat"), dir=d)
+
+
+def test_logits_equal_transformers_under_tp_1_and_2(hf, tmp_path):
+    tokens = [doc[:48] for doc in docs_of(hf["prefix"])[:2]]  # real ids: chat markers, CJK, Cyrillic
+    (tmp_path / "tokens.json").write_text(json.dumps(tokens))
+    run(torchrun(2) + ["tests/_hf_logits.py", str(tmp_path / "out.json"), str(tmp_path / "tokens.json"),
+                       hf["qwen2"], hf["qwen3"]])
+    diffs = json.loads((tmp_path / "out.json").read_text())
+    for kind in ("qwen2", "qwen3"):
+        assert diffs[hf[kind]]["1"] <= 1e-4 and diffs[hf[kind]]["2"] <= 1e-4, diffs
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_lr_0_round_trip_is_bit_identical_and_first_loss_is_transformers(hf, kind, tmp_path):
+    out = tmp_path / "out"
+    records, stdout = run_train(["--data", hf["blend"], "--hf-model", hf[kind], "--lr", "0", "--save-hf", str(out),
+                                 *SEQ], tmp_path / "log.jsonl")
+    assert_same_tensors(out, hf[kind])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    assert AutoTokenizer.from_pretrained(out).chat_template  # the data's tokenizer, with its template
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
+
+
+def _transformers_loss(model, hf):
+    """transformers' loss on the run's first global batch: labels = the next tokens where the
+    loss mask is 1, -100 elsewhere, as HF shifts them."""
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.loader import build_splits
+    config = TrainConfig.parse(["--data", hf["blend"], *SEQ])
+    train, _ = build_splits(config, 4)
+    batch = [train[i] for i in range(4)]  # one data-parallel rank: samples 0..3
+    tokens = torch.stack([s["tokens"] for s in batch])
+    trained = torch.stack([torch.where(s["loss_mask"] > 0, s["labels"], -100) for s in batch])
+    assert (trained[:, -1] == -100).all()  # HF's shift cannot express the last position
+    labels = torch.cat([torch.full((4, 1), -100), trained[:, :-1]], 1)
+    with torch.no_grad():
+        return model(input_ids=tokens, labels=labels).loss.item()
+
+
+def test_tp2_training_saves_the_same_tensors(hf, tmp_path):
+    run_train(["--data", hf["blend"], "--hf-model", hf["qwen2"], "--lr", "0", "--save-hf", str(tmp_path / "out"),
+               "--tp", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)
+    assert_same_tensors(tmp_path / "out", hf["qwen2"])
+
+
+@pytest.fixture(scope="module")
+def converted(hf, tmp_path_factory):
+    """The Qwen3 folder converted to a checkpoint under TP=2."""
+    root = tmp_path_factory.mktemp("converted") / "ck"
+    run_convert(["hf-to-mcore", hf["qwen3"], str(root), "--tp", "2"], nproc=2)
+    return root
+
+
+def test_conversion_both_ways_under_any_tp(hf, converted, tmp_path):
+    """HF → checkpoint under TP=2 → HF under TP=1, and TP=1 → TP=2; a converted checkpoint
+    starts a run with --load alone (its model comes with it)."""
+    run_convert(["mcore-to-hf", str(converted), str(tmp_path / "back1")])
+    assert_same_tensors(tmp_path / "back1", hf["qwen3"])
+    run_convert(["hf-to-mcore", hf["qwen2"], str(tmp_path / "ck1")])
+    run_convert(["mcore-to-hf", str(tmp_path / "ck1"), str(tmp_path / "back2"), "--tp", "2"], nproc=2)
+    assert_same_tensors(tmp_path / "back2", hf["qwen2"])
+    records, stdout = run_train(["--data", hf["blend"], "--load", str(converted), "--lr", "0",
+                                 "--save-hf", str(tmp_path / "trained"), *SEQ], tmp_path / "log.jsonl")
+    assert "loaded the weights of" in stdout
+    assert_same_tensors(tmp_path / "trained", hf["qwen3"])
+
+
+def test_a_checkpoint_of_another_model_is_refused(hf, converted):
+    from qwen_data_train.checkpoint import Checkpointer
+    from qwen_data_train.config import CheckpointConfig
+    from qwen_data_train.distributed import distributed
+    from qwen_data_train.hf_checkpoint import HFExport
+    from qwen_data_train.hf_config import read_config, shape_from_config
+    from qwen_data_train.model import build_model
+    from qwen_data_train.patches import megatron_on_cpu
+    config = read_config(hf["qwen2"])
+    shape = shape_from_config(config, hf["qwen2"])
+    with megatron_on_cpu(), distributed(1):
+        model = build_model(shape, attention="sdpa")
+        checkpointer = Checkpointer(CheckpointConfig(save=None, save_interval=0, load=str(converted), save_hf=None),
+                                    model, None, HFExport(shape, config, torch.float32, None, {}))
+        with pytest.raises(ValueError, match="holds another model: .*qk_norm True .checkpoint. vs False"):
+            checkpointer.load()
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("model_type", "qwen2_moe", "model_type"),
+    ("num_experts", 8, "num_experts"),
+    ("use_sliding_window", True, "use_sliding_window"),
+    ("layer_types", ["full_attention", "sliding_attention"], "layer_types"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling"),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, "rope_parameters.rope_type"),
+    ("hidden_act", "gelu", "hidden_act"),
+])
+def test_unsupported_checkpoints_are_refused_naming_the_field(hf, field, value, named):
+    from qwen_data_train.hf_config import UnsupportedCheckpoint, read_config, shape_from_config
+    config = read_config(hf["qwen2"])
+    shape_from_config(config)  # as saved: supported
+    with pytest.raises(UnsupportedCheckpoint, match=named):
+        shape_from_config(dict(config, **{field: value}))

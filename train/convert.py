@@ -1,0 +1,105 @@
+"""Hugging Face folder ↔ megatron-core dist_checkpointing checkpoint, on its own.
+
+    qwen-data convert hf-to-mcore Qwen2.5-7B-Instruct ckpt/qwen7b          # then: qwen-data train --load ckpt/qwen7b
+    qwen-data convert mcore-to-hf ckpt/run1 out/hf [--tokenizer DIR]
+    torchrun --nproc-per-node 4 -m qwen_data_train.convert hf-to-mcore DIR CKPT --tp 4
+
+A dist_checkpointing checkpoint is not tied to a tensor-parallel layout: converted under any
+--tp, it loads under any other. `hf-to-mcore` writes iteration 0 with the weights only (a run
+that loads it starts with fresh AdamW moments) and the folder's config.json and
+generation_config.json beside them; `mcore-to-hf` exports the latest iteration of a checkpoint
+saved by the train stage or by `hf-to-mcore`.
+
+The parameter names a checkpoint holds follow the layer spec: one converted under Transformer
+Engine (--attention te, or auto where TE is importable) loads into TE runs, one converted without
+it into sdpa/local runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from typing import Optional
+
+import torch
+
+from qwen_data.tokenizer import directory_of, files_sha256
+
+from .checkpoint import Checkpointer, latest, stored
+from .config import CheckpointConfig
+from .distributed import distributed, log0
+from .hf_checkpoint import HFExport, load_hf_weights, save_hf
+from .hf_config import config_dtype, shape_from_config
+from .loop import model_of_folder
+from .model import ATTENTION_CHOICES, build_model, resolve_attention
+from .patches import megatron_on_cpu
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qwen-data convert", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = p.add_subparsers(dest="direction", required=True)
+    a = sub.add_parser("hf-to-mcore", help="a Hugging Face Qwen folder → a checkpoint for --load")
+    a.add_argument("hf_model", metavar="HF_DIR")
+    a.add_argument("checkpoint", metavar="CKPT")
+    b = sub.add_parser("mcore-to-hf", help="a checkpoint's latest iteration → a Hugging Face folder")
+    b.add_argument("checkpoint", metavar="CKPT")
+    b.add_argument("hf_out", metavar="OUT")
+    b.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="tokenizer files to put in OUT (default: the tokenizer the checkpoint names)")
+    for s in (a, b):
+        s.add_argument("--tp", type=int, default=1, help="tensor-parallel size of this conversion (world size)")
+        s.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
+                       help="the layer spec, which decides the checkpoint's parameter names")
+    return p
+
+
+def hf_to_mcore(hf_model: str, root: str, tp: int, attention: str) -> None:
+    shape, hf_config, generation = model_of_folder(hf_model)
+    model = build_model(shape, attention=attention, tensor_parallel=tp, initialize=False)
+    load_hf_weights(model, hf_model, shape)
+    has_tokenizer = os.path.isfile(os.path.join(hf_model, "tokenizer.json"))
+    tokenizer = {"name": os.path.abspath(hf_model), "path": os.path.abspath(hf_model),
+                 "sha256": files_sha256(hf_model)} if has_tokenizer else None
+    export = HFExport(shape, hf_config, config_dtype(hf_config), None, generation)
+    Checkpointer(CheckpointConfig(save=root, save_interval=0, load=None, save_hf=None), model, None, export,
+                 tokenizer=tokenizer).save_megatron(root, 0, 0)
+
+
+def mcore_to_hf(root: str, out: str, tp: int, attention: str, tokenizer_dir: Optional[str]) -> None:
+    path = latest(root)
+    if path is None:
+        raise FileNotFoundError(f"{root}: no checkpoint (no latest_checkpointed_iteration.txt)")
+    common = stored(path)
+    if "hf_config" not in common:
+        raise ValueError(f"{path}: saved without its model's config (by an older qwen-data): cannot export it")
+    hf_config = common["hf_config"]
+    shape = shape_from_config(hf_config, path)
+    if tokenizer_dir is None and common.get("tokenizer"):
+        tokenizer_dir = directory_of(common["tokenizer"])
+    if tokenizer_dir is None:
+        log0(f"note: {path} names no tokenizer: {out} gets none (give --tokenizer DIR)")
+    model = build_model(shape, attention=attention, tensor_parallel=tp, initialize=False)
+    export = HFExport(shape, hf_config, config_dtype(hf_config), tokenizer_dir, common["generation"])
+    Checkpointer(CheckpointConfig(save=None, save_interval=0, load=root, save_hf=None), model, None, export).load()
+    save_hf(model, export, out)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).* not installed")
+    attention = resolve_attention(args.attention)
+    with megatron_on_cpu(), distributed(args.tp), torch.no_grad():
+        if args.direction == "hf-to-mcore":
+            hf_to_mcore(args.hf_model, args.checkpoint, args.tp, attention)
+            log0(f"wrote {args.checkpoint} (load it with --load {args.checkpoint})")
+        else:
+            mcore_to_hf(args.checkpoint, args.hf_out, args.tp, attention, args.tokenizer)
+            log0(f"wrote {args.hf_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
