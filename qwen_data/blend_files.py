@@ -267,6 +267,11 @@ def _sidecar_entry(e: Entry) -> dict:
 def write_blend(blend: Blend, output: str) -> BlendPaths:
     """Write the Megatron files and our sidecar (sidecar last: its presence means complete)."""
     paths = output_paths(output)
+    ours = {os.path.abspath(p) for p in (paths.per_split, paths.data_args, paths.sidecar)}
+    for source in blend.sources:
+        if os.path.abspath(source.prefix + ".json") in ours:
+            raise BlendError(f"-o {output} would overwrite {source.prefix}.json, the manifest of a source: "
+                             "give the blend another name")
     os.makedirs(os.path.dirname(os.path.abspath(paths.sidecar)), exist_ok=True)
     if os.path.exists(paths.sidecar):
         os.remove(paths.sidecar)

@@ -168,6 +168,10 @@ def test_refuses_bad_arguments(prefixes, tmp_path, capsys):
     assert "exclude" in refusal(capsys, f"{prefixes['web']}=1", f"{prefixes['code']}=2", "--by", "tokens", *o)
     assert "given twice" in refusal(capsys, prefixes["web"], prefixes["web"], *o)
     assert "positive" in refusal(capsys, f"{prefixes['web']}=0", f"{prefixes['code']}=1", *o)
+    # A blend named like a source would replace (or, cut by a split, remove) its manifest.
+    for args in ([], ["--split", "98,2,0"]):
+        err = refusal(capsys, prefixes["web"], *args, "-o", prefixes["web"] + ".json")
+        assert "manifest of a source" in err and os.path.isfile(prefixes["web"] + ".json")
     with pytest.raises(BlendError, match="whitespace"):
         plan_blend(["a b"])
 

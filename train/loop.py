@@ -133,8 +133,7 @@ class Trainer:
         skip = (self.iteration // evals.eval_interval - 1) * evals.eval_iters * global_batch
         loss = evaluate(self.model, self._loader(self.valid_ds, skip), evals.eval_iters * self.layout.accumulation,
                         self.attention, self.device, self.autocast)
-        shown = "n/a (no trained tokens in its batches)" if loss is None else f"{loss:.4f}"
-        log0(f"validation at iteration {self.iteration}: loss {shown}")
+        self.metrics.validation(self.iteration, loss)
         return loss
 
     def _evaluation_due(self) -> bool:

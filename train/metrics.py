@@ -169,11 +169,20 @@ class Metrics:
         record = self._record(iteration, consumed_samples, loss, elapsed)
         self.history.append(record)
         log0(record.line(self.total_iters))
-        if self.json_path and is_rank0():
-            with open(self.json_path, "a") as f:
-                f.write(json.dumps(record.as_dict()) + "\n")
+        self._json(record.as_dict())
         self.restart_clock()
         return record
+
+    def validation(self, iteration: int, loss: Optional[float]) -> None:
+        """Report a validation loss (None: its batches held no trained token); JSON: {iteration, valid_loss}."""
+        shown = "n/a (no trained tokens in its batches)" if loss is None else f"{loss:.4f}"
+        log0(f"validation at iteration {iteration}: loss {shown}")
+        self._json({"iteration": iteration, "valid_loss": loss})
+
+    def _json(self, record: dict) -> None:
+        if self.json_path and is_rank0():
+            with open(self.json_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
 
     def _record(self, iteration: int, consumed_samples: int, loss: torch.Tensor, elapsed: float) -> StepRecord:
         w, dp = self.window, self.layout.dp
