@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sft_parser(sub)
     _add_blend_parser(sub)
     _add_verify_parser(sub)
-    _add_train_parser(sub)  # and convert, whose arguments also pass through
+    _add_train_parser(sub)
+    _add_convert_parser(sub)
     return parser
 
 
@@ -142,6 +143,10 @@ def _add_train_parser(sub) -> None:
     # Every argument after `train` is the train stage's own (see `_main`).
     p = sub.add_parser("train", help=help, description=help, add_help=False)
     p.set_defaults(func=_run_train, debug=False)
+
+
+def _add_convert_parser(sub) -> None:
+    # Like train: every argument after `convert` is the converter's own.
     help = ("convert between a Hugging Face Qwen folder and a megatron-core checkpoint (hf-to-mcore, mcore-to-hf); "
             "its options: qwen-data convert --help")
     p = sub.add_parser("convert", help=help, description=help, add_help=False)

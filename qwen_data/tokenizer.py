@@ -78,6 +78,12 @@ def resolve_tokenizer_dir(name: str | None) -> tuple[str, str]:
     return name, path
 
 
+def folder_identity(directory: str) -> dict:
+    """What `directory_of` needs to find a tokenizer folder again (a subset of `QwenTokenizer.identity()`)."""
+    path = os.path.abspath(directory)
+    return {"name": path, "path": path, "sha256": files_sha256(directory)}
+
+
 def directory_of(identity: dict) -> str:
     """The directory of the tokenizer a manifest names (`QwenTokenizer.identity()`): where it was,
     or where its name resolves to here; either only if its files still hash to the manifest's."""

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from qwen_data.tokenizer import directory_of, files_sha256
+from qwen_data.tokenizer import directory_of, folder_identity
 
 from .checkpoint import Checkpointer, latest, stored
 from .config import CheckpointConfig
@@ -61,8 +61,7 @@ def hf_to_mcore(hf_model: str, root: str, tp: int, attention: str) -> None:
     model = build_model(shape, attention=attention, tensor_parallel=tp, initialize=False)
     load_hf_weights(model, hf_model, shape)
     has_tokenizer = os.path.isfile(os.path.join(hf_model, "tokenizer.json"))
-    tokenizer = {"name": os.path.abspath(hf_model), "path": os.path.abspath(hf_model),
-                 "sha256": files_sha256(hf_model)} if has_tokenizer else None
+    tokenizer = folder_identity(hf_model) if has_tokenizer else None
     export = HFExport(shape, hf_config, config_dtype(hf_config), None, generation)
     Checkpointer(CheckpointConfig(save=root, save_interval=0, load=None, save_hf=None), model, None, export,
                  tokenizer=tokenizer).save_megatron(root, 0, 0)
