@@ -12,7 +12,7 @@ import os
 import sys
 
 from . import __version__
-from .records import DEFAULT_CHUNK_BYTES
+from .readers import DEFAULT_CHUNK_BYTES, Shard
 from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END
 from .tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
 
@@ -60,7 +60,20 @@ def _subparser(sub, name: str, help: str) -> argparse.ArgumentParser:
 
 def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -> None:
     p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help=f"input files; with none at all, the bundled example {example} is used")
+                   help="input files (.jsonl[.gz|.zst|.xz], .json, .parquet, .arrow), directories, globs, - for "
+                        "standard input, a datasets save_to_disk folder, or hf:NAME[:CONFIG] from the local Hugging "
+                        f"Face cache; with none at all, the bundled example {example} is used")
+    p.add_argument("--hf-split", default=None,
+                   help="split of a hf:NAME dataset (default train) or of a saved DatasetDict")
+    p.add_argument("--shard", type=Shard.parse, default=None, metavar="K/N",
+                   help="process only part K (from 0) of N of the inputs, for `qwen-data merge` to join")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: worker processes here; ray: shards as Ray tasks across a cluster's nodes, then merged "
+                        "(-o must be on a file system every node sees)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (e.g. auto, or ray://head:10001); none: a local Ray starts")
+    p.add_argument("--ray-shards", type=_at_least(1), default=None,
+                   help="shards (Ray tasks) to cut the inputs into (none: from the input size and the cluster's CPUs)")
     p.add_argument("-o", "--output-prefix", default=default_output, help="output prefix: writes PREFIX.bin/.idx/.json")
     p.add_argument("--workers", type=_at_least(1), default=min(8, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--tokenizer", default=None,
@@ -84,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_pretrain_parser(sub)
     _add_sft_parser(sub)
+    _add_merge_parser(sub)
     _add_blend_parser(sub)
     _add_verify_parser(sub)
     _add_train_parser(sub)
@@ -134,6 +148,13 @@ def _add_sft_parser(sub) -> None:
     p.add_argument("--pad-id", type=int, default=None, help=f"pad id (none: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN})")
     p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>'")
     p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
+    columns = p.add_mutually_exclusive_group()
+    columns.add_argument("--columns", default=None, metavar="KEY=COLUMN[,...]",
+                         help="the records' own column names, e.g. instruction=prompt,output=answer (keys: "
+                              "instruction, input, output, system, history, tools, messages, conversations)")
+    columns.add_argument("--dataset-info", default=None, metavar="FILE:NAME",
+                         help="read the records as entry NAME of a LLaMA-Factory dataset_info.json says "
+                              "(formatting, columns, tags; with no INPUT, its file_name or hf_hub_url)")
     p.set_defaults(func=_run_sft)
 
 
@@ -160,6 +181,17 @@ def _add_verify_parser(sub) -> None:
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="output prefixes (PREFIX.bin/.idx/.json)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_verify)
+
+
+def _add_merge_parser(sub) -> None:
+    help = ("join prefixes (the shards of a --shard K/N run, or datasets made alike) into one; a sharded --pack "
+            "run is packed here")
+    p = sub.add_parser("merge", help=help, description=help)
+    p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="prefixes to join (shards: in any order)")
+    p.add_argument("-o", "--output-prefix", required=True, help="the joined prefix")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    p.set_defaults(func=_run_merge)
 
 
 def _add_blend_parser(sub) -> None:
@@ -209,8 +241,21 @@ def _inputs(args, example: str) -> list[str]:
 
 
 def _common(args) -> dict:
-    return dict(output_prefix=args.output_prefix, workers=args.workers, tokenizer=tokenizer_config(args),
+    return dict(output_prefix=args.output_prefix, hf_split=args.hf_split, shard=args.shard,
+                workers=args.workers, tokenizer=tokenizer_config(args),
                 max_rejects=args.max_rejects, chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))), quiet=args.quiet)
+
+
+def execute(run, config, prefixes: list[str], args) -> list:
+    """`run(config)` here, or as shards on Ray; the manifests of `prefixes`."""
+    if args.executor == "local":
+        manifests = run(config)
+        return manifests if isinstance(manifests, list) else [manifests]
+    if config.shard is not None:
+        raise ValueError("--executor ray makes the shards itself: leave out --shard")
+    from .executors import run_on_ray
+
+    return run_on_ray(run, config, prefixes, address=args.ray_address, shards=args.ray_shards)
 
 
 def _print_rejects(prefix: str, manifest) -> None:
@@ -226,7 +271,7 @@ def _run_pretrain(args) -> int:
     text_keys = [k for group in args.text_key for k in group] if args.text_key else ["text"]
     config = PretrainConfig(inputs=_inputs(args, "corpus.jsonl"), text_keys=text_keys,
                             special_tokens=args.special_tokens, eod_token=args.eod_token, **_common(args))
-    manifests = run(config)
+    manifests = execute(run, config, config.prefixes(), args)
     for prefix, m in zip(config.prefixes(), manifests):
         print(f"{prefix}: {m.documents:,} documents, {m.tokens:,} tokens ({m.dtype}), {m.wall_seconds:.1f} s")
     _print_rejects(config.output_prefix, manifests[0])
@@ -240,17 +285,38 @@ def _run_pretrain(args) -> int:
     return 0
 
 
+def _column_map(args):
+    """--columns / --dataset-info → (ColumnMap or None, the inputs the dataset_info entry names)."""
+    from .columns import parse_columns, read_dataset_info
+
+    if args.columns:
+        return parse_columns(args.columns), []
+    if not args.dataset_info:
+        return None, []
+    columns = read_dataset_info(args.dataset_info)
+    if columns.folder:
+        raise ValueError(f"{columns.origin}: a hf_hub_url entry with a 'folder' is not supported: give its files "
+                         "as INPUT")
+    if columns.location and columns.location.startswith("hf:"):
+        args.hf_split = args.hf_split or columns.split
+        return columns, [columns.location + (f":{columns.subset}" if columns.subset else "")]
+    return columns, [columns.location] if columns.location else []
+
+
 def _run_sft(args) -> int:
     from .indexed import MASK_SUFFIX
     from .sft import SFTConfig, run
 
+    columns, named = _column_map(args)
+    if named and not args.inputs:
+        args.inputs = named
     config = SFTConfig(
-        inputs=_inputs(args, "chats.jsonl"), template=args.template, format=args.format, seq_length=args.seq_length,
+        columns=columns, inputs=_inputs(args, "chats.jsonl"), template=args.template, format=args.format, seq_length=args.seq_length,
         pack=args.pack, overlong=args.overlong, mask=args.mask, assistant_span=args.assistant_span,
         history=args.history, enable_thinking=args.enable_thinking, parse_tool_arguments=args.parse_tool_arguments,
         pad_id=args.pad_id, pad_token=args.pad_token, special_tokens=args.special_tokens, **_common(args),
     )
-    m = run(config)
+    m = execute(run, config, [config.output_prefix], args)[0]
     s = m.sft
     packed = f", {s['rows']:,} rows of {s['seq_length']} (fill {s['fill']:.2%}, {s['pad_tokens']:,} pad)" if s["packed"] else ""
     print(f"{config.output_prefix}: {s['samples']:,} samples, {m.tokens:,} tokens, "
@@ -258,6 +324,17 @@ def _run_sft(args) -> int:
     _print_rejects(config.output_prefix, m)
     print(f"template {s['template']} (sha256 {s['template_sha256'][:12]}), pad id {m.pad_id}, "
           f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx")
+    return 0
+
+
+def _run_merge(args) -> int:
+    from .blend_files import strip_suffix
+    from .merge import merge
+
+    m = merge([strip_suffix(p) for p in args.prefixes], args.output_prefix, quiet=args.quiet)
+    rows = f", {m.sft['rows']:,} rows of {m.seq_length}" if m.packed else ""
+    print(f"{args.output_prefix}: {m.documents:,} documents, {m.tokens:,} tokens{rows} from {len(args.prefixes)} "
+          f"prefixes; {m.rejects['count']:,} rejected records")
     return 0
 
 

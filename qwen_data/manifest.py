@@ -42,6 +42,7 @@ class Manifest:
     tokens: int
     fingerprint: str  # see `fingerprint`
     sft: dict | None = None  # SFT: template, mask policy, packing and sample counts
+    shard: dict | None = None  # {"index", "count"}: one part of a sharded run, to be joined by `merge`
     inputs: list[dict] = field(default_factory=list)
     rejects: dict = field(default_factory=dict)
     wall_seconds: float = 0.0

@@ -1,6 +1,6 @@
 """The pipeline core: reader → step → writer, with what every run owes done once.
 
-    read_chunks (main) → step.process (workers, results in input order) → step's writer (main)
+    readers.read_chunks (main) → step.process (workers, results in input order) → step's writer (main)
     → one manifest per dataset, committed last
 
 A step (`pretrain.Tokenize`, `sft.ChatSamples`) says what a worker makes of a chunk of records and
@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from .manifest import Manifest
 from .outputs import AtomicOutputs
 from .progress import Progress
-from .records import DEFAULT_CHUNK_BYTES, Chunk, RejectLog, check_inputs, empty_output, read_chunks
+from .readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, Shard, Source, expand, read_chunks
+from .records import RejectLog, empty_output
 from .tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .workers import ordered_map
 
@@ -31,8 +33,10 @@ TASKS_PER_WORKER = 16
 class RunConfig:
     """What every pipeline takes besides its step's own settings."""
 
-    inputs: list[str]
+    inputs: list[str]  # as given: files, directories, globs, hf:NAME, - (see `readers`)
     output_prefix: str
+    hf_split: str | None = None
+    shard: Shard | None = None  # this run's part of the inputs; its output is for `merge`
     workers: int = 2
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     special_tokens: str = "text"
@@ -78,25 +82,34 @@ class Step(Protocol):
     def files(self) -> list[str]:
         """Every file the step writes, manifests included (declared up front: they are locked)."""
 
+    def columns(self) -> list[str] | None:
+        """The record keys the step reads (None: all); columnar inputs read only these."""
+
     def process(self, chunk: Chunk) -> ChunkResult:
         """Runs in a worker process."""
 
     def open(self, outputs: AtomicOutputs) -> Writer: ...
 
 
-def run(step: Step, config: RunConfig) -> list[Manifest]:
+def run(step: Step, config: RunConfig, progress: Progress | None = None) -> list[Manifest]:
+    """`progress`: where to report (default: a display on stderr unless `config.quiet`)."""
     start = time.monotonic()
-    check_inputs(config.inputs)
+    sources = expand(config.inputs, config.hf_split)
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         writer = step.open(outputs)
         rejects = RejectLog(outputs.tmp(config.rejects_path), config.max_rejects)
-        _consume(step, config, writer, rejects)
-        if writer.documents == 0:
+        total = sum(s.size for s in sources)
+        if progress is None:
+            progress = Progress(total if config.shard is None else total // config.shard.count,
+                                enabled=not config.quiet)
+        _consume(step, config, sources, writer, rejects, progress)
+        if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
             raise empty_output(config.output_prefix, rejects)
         manifests = writer.close()
-        inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p)} for p in config.inputs]
         for prefix, manifest in manifests.items():
-            manifest.inputs, manifest.rejects = inputs, rejects.summary()
+            manifest.inputs, manifest.rejects = input_list(sources), rejects.summary()
+            manifest.shard = None if config.shard is None else {"index": config.shard.index,
+                                                                "count": config.shard.count}
             manifest.wall_seconds = round(time.monotonic() - start, 3)
             manifest.write(outputs.tmp(prefix + ".json"))
         if rejects.count == 0:
@@ -105,14 +118,25 @@ def run(step: Step, config: RunConfig) -> list[Manifest]:
     return list(manifests.values())
 
 
-def _consume(step: Step, config: RunConfig, writer: Writer, rejects: RejectLog) -> None:
-    compressed = any(p.endswith(".gz") for p in config.inputs)
-    progress = Progress(0 if compressed else sum(map(os.path.getsize, config.inputs)), enabled=not config.quiet)
-    chunks = read_chunks(config.inputs, config.chunk_bytes)
+def input_list(sources: list[Source]) -> list[dict]:
+    """The manifest's `inputs`: every file read, in order, with its size."""
+    return [{"path": s.path if s.path == STDIN else os.path.abspath(s.path), "bytes": s.size} for s in sources]
+
+
+def _consume(step: Step, config: RunConfig, sources: list[Source], writer: Writer, rejects: RejectLog,
+             progress: Progress) -> None:
+    chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
+    sizes: deque[int] = deque()  # on-disk bytes of each chunk handed out, in order
+
+    def counted(chunks) -> Iterator[Chunk]:
+        for chunk in chunks:
+            sizes.append(chunk.input_bytes)
+            yield chunk
+
     # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
-    for result in ordered_map(step.process, chunks, config.workers, tasks_per_worker=TASKS_PER_WORKER):
+    for result in ordered_map(step.process, counted(chunks), config.workers, tasks_per_worker=TASKS_PER_WORKER):
         writer.add(result)
         rejects.add(result.rejects)
-        progress.update(result.records, result.text_bytes, result.tokens)
+        progress.update(result.records, result.text_bytes, result.tokens, sizes.popleft())
     progress.close()
     rejects.close()

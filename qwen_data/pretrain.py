@@ -1,6 +1,6 @@
 """Pretraining data: jsonl text → token ids + end-of-document → Megatron indexed dataset.
 
-  read_chunks (main) → Tokenize.process (workers) → IndexedDatasetWriter per text key (main) → manifest
+  readers (main) → Tokenize.process (workers) → IndexedDatasetWriter per text key (main) → manifest
 
 One document per record: the record's text tokens followed by the end-of-document id, which is
 `<|endoftext|>` (151643) whatever the tokenizer's eos says (Megatron's own preprocess writes the
@@ -22,7 +22,8 @@ from .manifest import Manifest, fingerprint
 from .outputs import AtomicOutputs
 from .pipeline import ChunkResult, RunConfig
 from .qwen import DEFAULT_PAD_ID, EOD_TOKEN
-from .records import Chunk, parse_line, reject_entry
+from .readers import Chunk
+from .records import reject_entry
 from .tokenizer import QwenTokenizer
 
 
@@ -48,9 +49,9 @@ class Documents(ChunkResult):
     lengths: list[np.ndarray]  # per text key: each document's length
 
 
-def run(config: PretrainConfig) -> list[Manifest]:
-    """The manifest of each output prefix."""
-    return pipeline.run(Tokenize(config), config)
+def run(config: PretrainConfig, progress=None) -> list[Manifest]:
+    """The manifest of each output prefix; `progress` as `pipeline.run` takes it."""
+    return pipeline.run(Tokenize(config), config, progress)
 
 
 class Tokenize:
@@ -64,6 +65,9 @@ class Tokenize:
 
     def files(self) -> list[str]:
         return [p + ext for p in self.config.prefixes() for ext in (".bin", ".idx", ".json")]
+
+    def columns(self) -> list[str]:
+        return self.config.text_keys
 
     def process(self, chunk: Chunk) -> Documents:
         texts, rejects, text_bytes, special_records = self._texts(chunk)
@@ -81,11 +85,12 @@ class Tokenize:
         keys, policy = self.config.text_keys, self.config.special_tokens
         texts: list[list[str]] = [[] for _ in keys]
         rejects, text_bytes, special_records = [], 0, 0
-        for line_no, line in chunk.lines():
+        for number, raw, record, size in chunk.records():
             try:
-                record = parse_line(line)
-                # A lone surrogate can only come from a \ud800-\udfff escape in the line.
-                maybe_surrogate = b"\\ud" in line or b"\\uD" in line
+                if isinstance(record, RecordError):
+                    raise record
+                # A lone surrogate can only come from a \ud800-\udfff escape in a jsonl line.
+                maybe_surrogate = isinstance(raw, bytes) and (b"\\ud" in raw or b"\\uD" in raw)
                 values = [_text_field(record, key, maybe_surrogate) for key in keys]
                 special = next((s for v in values if (s := self.tokenizer.find_special(v, policy))), None)
                 if special:
@@ -93,9 +98,9 @@ class Tokenize:
                     if policy == "reject":
                         raise RecordError("special-token", f"literal special token {special!r} in text")
             except RecordError as error:
-                rejects.append(reject_entry(chunk, line_no, line, error))
+                rejects.append(reject_entry(chunk, number, raw, error))
                 continue
-            text_bytes += len(line)
+            text_bytes += size
             for bucket, value in zip(texts, values):
                 bucket.append(value)
         return texts, rejects, text_bytes, special_records

@@ -1,6 +1,6 @@
 """SFT data: chat/instruction records → ChatML samples → ids + loss mask → indexed datasets.
 
-  read_chunks (main) → ChatSamples.process (workers: to_conversation → render_samples → SampleEncoder)
+  readers (main) → ChatSamples.process (workers: to_conversation → render_samples → SampleEncoder)
   → MaskedWriter (main: ids, and a uint8 loss mask with the identical index)
   → [--pack: best-fit rows of exactly --seq-length] → manifest
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import literals, pipeline
+from .columns import ColumnMap
 from .conversations import FORMATS, to_conversation
 from .errors import RecordError
 from .indexed import MaskedWriter, token_dtype
@@ -27,7 +28,8 @@ from .packing import write_packed
 from .pipeline import ChunkResult, RunConfig
 from .qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
                    TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
-from .records import Chunk, parse_line, reject_entry
+from .readers import Chunk
+from .records import reject_entry
 from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template, render_samples
 from .tokenizer import QwenTokenizer, TokenizerConfig
 
@@ -47,6 +49,7 @@ class SFTConfig(RunConfig):
     pad_id: int | None = None
     pad_token: str | None = None
     special_tokens: str = "safe"
+    columns: ColumnMap | None = None  # --columns / --dataset-info: the records' own column names
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,6 +64,11 @@ class SFTConfig(RunConfig):
             raise ValueError("--seq-length must be at least 2")
         if self.pad_id is not None and self.pad_token is not None:
             raise ValueError("give --pad-id or --pad-token, not both")
+
+    @property
+    def packs(self) -> bool:
+        """Whether this run packs: a shard leaves its samples unpacked, for `merge` to pack them all."""
+        return self.pack and self.shard is None
 
     @property
     def rendered_history(self) -> str:
@@ -94,8 +102,8 @@ class Samples(ChunkResult):
     truncated: int
 
 
-def run(config: SFTConfig) -> Manifest:
-    return pipeline.run(ChatSamples(config), config)[0]
+def run(config: SFTConfig, progress=None) -> Manifest:
+    return pipeline.run(ChatSamples(config), config, progress)[0]
 
 
 class ChatSamples:
@@ -120,13 +128,16 @@ class ChatSamples:
 
     def files(self) -> list[str]:
         prefix = self.config.output_prefix
-        unpacked = MaskedWriter.files(prefix + ".unpacked") if self.config.pack else []
+        unpacked = MaskedWriter.files(prefix + UNPACKED) if self.config.packs else []
         return MaskedWriter.files(prefix) + [prefix + ".json"] + unpacked
+
+    def columns(self) -> list[str] | None:
+        return self.config.columns.columns_read() if self.config.columns else None
 
     def process(self, chunk: Chunk) -> Samples:
         samples, origins, rejects, records, text_bytes, special_records = self._render(chunk)
         ids_out, mask_out, truncated = [], [], 0
-        for (line_no, line, k, n), encoded in zip(origins, self.encoder.encode(samples) if samples else []):
+        for (number, raw, k, n), encoded in zip(origins, self.encoder.encode(samples) if samples else []):
             try:
                 if isinstance(encoded, RecordError):
                     raise encoded
@@ -134,7 +145,7 @@ class ChatSamples:
             except RecordError as error:
                 if n > 1:
                     error = RecordError(error.reason, f"sample {k + 1} of {n}: {error}")
-                rejects.append(reject_entry(chunk, line_no, line, error))
+                rejects.append(reject_entry(chunk, number, raw, error))
                 continue
             truncated += was_truncated
             ids_out.append(ids)
@@ -146,23 +157,27 @@ class ChatSamples:
                        np.concatenate(mask_out) if mask_out else np.zeros(0, np.uint8), lengths, truncated)
 
     def _render(self, chunk: Chunk):
-        """The chunk's samples, each with its origin (line number, line, k-th of n samples of its record)."""
-        config = self.config
+        """The chunk's samples, each with its origin (record number, raw record, k-th of n samples of it)."""
+        config, columns = self.config, self.config.columns
+        fmt = columns.format if columns and columns.format else config.format
         samples, origins, rejects, records, text_bytes, special_records = [], [], [], 0, 0, 0
-        for line_no, line in chunk.lines():
+        for number, raw, record, size in chunk.records():
             try:
-                conversation = to_conversation(parse_line(line), config.format,
-                                               parse_tool_arguments=config.parse_tool_arguments)
+                if isinstance(record, RecordError):
+                    raise record
+                if columns:
+                    record = columns.apply(record)
+                conversation = to_conversation(record, fmt, parse_tool_arguments=config.parse_tool_arguments)
                 special = literals.find(conversation, self.acted_on)
                 special_records += bool(special)
                 rendered = self._render_conversation(conversation, special)
             except RecordError as error:
-                rejects.append(reject_entry(chunk, line_no, line, error))
+                rejects.append(reject_entry(chunk, number, raw, error))
                 continue
             records += 1
-            text_bytes += len(line)
+            text_bytes += size
             samples.extend(rendered)
-            origins.extend((line_no, line, k, len(rendered)) for k in range(len(rendered)))
+            origins.extend((number, raw, k, len(rendered)) for k in range(len(rendered)))
         return samples, origins, rejects, records, text_bytes, special_records
 
     def _render_conversation(self, conversation, special: str | None) -> list[Sample]:
@@ -203,7 +218,7 @@ class SFTWriter:
         self.step, self.outputs = step, outputs
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.prefix = step.config.output_prefix
-        self.samples = self._writer(self.prefix + (".unpacked" if step.config.pack else ""))
+        self.samples = self._writer(self.prefix + (UNPACKED if step.config.packs else ""))
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
 
@@ -223,15 +238,12 @@ class SFTWriter:
     def close(self) -> dict[str, Manifest]:
         config, step = self.step.config, self.step
         self.samples.finalize()
-        lengths = np.concatenate(self.lengths)
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         out, packing = self.samples, {}
-        if config.pack:
-            out = self._writer(self.prefix)
-            plan = write_packed(self.samples, lengths, out, config.seq_length, step.pad_id)
-            out.finalize()
-            for path in MaskedWriter.files(self.prefix + ".unpacked"):
-                self.outputs.discard(path)
-            packing = {"rows": plan.rows, "fill": round(plan.fill, 6), "pad_tokens": plan.pad_tokens}
+        if config.packs:
+            out, packing = pack(self.outputs, self.prefix, self.samples, lengths, config.seq_length, step.pad_id)
+        elif config.pack:
+            packing = {"pack_on_merge": True}
         manifest = Manifest(
             kind="sft", tokenizer=step.tokenizer.identity(), eod_id=step.tokenizer.eod_id, pad_id=step.pad_id,
             dtype=self.dtype.name, documents=out.ids.documents, sequences=out.ids.sequences, tokens=out.ids.tokens,
@@ -241,12 +253,32 @@ class SFTWriter:
 
     def _section(self, out: MaskedWriter, lengths: np.ndarray) -> dict:
         config, template = self.step.config, self.step.template
-        trained = int(np.asarray(np.memmap(out.mask.bin_path, np.uint8, "r")).sum()) if out.mask.tokens else 0
+        trained = trained_tokens(out)
         return {
             "template": template.name, "template_sha256": template.sha256, "format": config.format,
             "mask_policy": config.mask, "assistant_span": config.assistant_span, "history": config.rendered_history,
             "enable_thinking": config.enable_thinking, "special_tokens": config.special_tokens,
             "special_token_records": self.special_records, "seq_length": config.seq_length,
-            "overlong": config.overlong, "packed": config.pack, "samples": int(len(lengths)),
+            "overlong": config.overlong, "packed": config.packs, "samples": int(len(lengths)),
             "sample_tokens": int(lengths.sum()), "trained_tokens": trained, "truncated": self.truncated,
         }
+
+
+# Where a packing run keeps its samples until they are packed (removed at the end).
+UNPACKED = ".unpacked"
+
+
+def pack(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, seq_length: int,
+         pad_id: int) -> tuple[MaskedWriter, dict]:
+    """Pack the finished samples at PREFIX.unpacked into PREFIX's rows, best fit over all of them;
+    the rows' writer and the manifest's packing counts."""
+    out = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
+    plan = write_packed(samples, lengths, out, seq_length, pad_id)
+    out.finalize()
+    for path in MaskedWriter.files(prefix + UNPACKED):
+        outputs.discard(path)
+    return out, {"rows": plan.rows, "fill": round(plan.fill, 6), "pad_tokens": plan.pad_tokens}
+
+
+def trained_tokens(data: MaskedWriter) -> int:
+    return int(np.asarray(np.memmap(data.mask.bin_path, np.uint8, "r")).sum()) if data.mask.tokens else 0

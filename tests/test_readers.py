@@ -1,0 +1,274 @@
+"""Corpora as they come: every reader gives the bytes the jsonl of the same records gives; a run
+cut into shards and merged gives the bytes of one run; LLaMA-Factory dataset_info entries read
+without conversion."""
+
+import gzip
+import json
+import lzma
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from _helpers import REPO_ROOT, chats, corpus, manifest, pretrain, sft, write_jsonl
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+zstandard = pytest.importorskip("zstandard")
+
+
+def read_jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def same_data(a, b, channels=("",)):
+    for channel in channels:
+        for ext in (".bin", ".idx"):
+            with open(f"{a}{channel}{ext}", "rb") as x, open(f"{b}{channel}{ext}", "rb") as y:
+                assert x.read() == y.read(), f"{a}{channel}{ext} differs from {b}{channel}{ext}"
+    assert manifest(a)["fingerprint"] == manifest(b)["fingerprint"]
+
+
+def arrow_table(records):
+    # pa.array infers the columns of all records (Table.from_pylist and Dataset.from_list: the first one's)
+    return pa.Table.from_struct_array(pa.array(records))
+
+
+def write_parquet(path, records, row_group_size=50):
+    pq.write_table(arrow_table(records), path, row_group_size=row_group_size)
+    return str(path)
+
+
+def write_compressed(path, source):
+    data = open(source, "rb").read()
+    if str(path).endswith(".zst"):
+        # two frames: a reader must go on past the first
+        half = data.index(b"\n", len(data) // 2) + 1
+        c = zstandard.ZstdCompressor()
+        data = c.compress(data[:half]) + c.compress(data[half:])
+    else:
+        data = (gzip.compress if str(path).endswith(".gz") else lzma.compress)(data)
+    open(path, "wb").write(data)
+    return str(path)
+
+
+def saved_dataset(path, records):
+    import datasets
+
+    datasets.Dataset(datasets.table.InMemoryTable(arrow_table(records))).save_to_disk(str(path))
+    return str(path)
+
+
+def variants(tmp_path, source):
+    """The same records as every kind of input qwen-data reads."""
+    records = read_jsonl(source)
+    split = tmp_path / "folder"
+    split.mkdir()
+    for i, part in enumerate((records[:40], records[40:41], records[41:])):
+        write_jsonl(split / f"part-{i:02d}.jsonl", part)
+    return {
+        "gz": [write_compressed(tmp_path / "c.jsonl.gz", source)],
+        "zst": [write_compressed(tmp_path / "c.jsonl.zst", source)],
+        "xz": [write_compressed(tmp_path / "c.jsonl.xz", source)],
+        "json array": [_json_array(tmp_path / "c.json", records)],
+        "parquet": [write_parquet(tmp_path / "c.parquet", records)],
+        "save_to_disk": [saved_dataset(tmp_path / "saved", records)],
+        "directory": [str(split)],
+        "glob": [str(split / "part-*.jsonl")],
+    }
+
+
+def _json_array(path, records):
+    path.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
+    return str(path)
+
+
+def test_every_reader_gives_the_jsonl_bytes_pretrain(tmp_path):
+    source = corpus(tmp_path / "c.jsonl", seed=3, documents=300, longest=60)
+    reference = pretrain([source], tmp_path / "ref")
+    for name, inputs in variants(tmp_path, source).items():
+        out = pretrain(inputs, tmp_path / name.replace(" ", "_"), "--chunk-mb", "0.004")
+        same_data(reference, out)
+        assert manifest(out)["documents"] == 300, name
+
+
+def test_every_reader_gives_the_jsonl_bytes_sft(tmp_path):
+    # alpaca and chat records in one file: in parquet the columns one kind lacks are null
+    source = chats(tmp_path / "c.jsonl", seed=4, count=160, longest=30)
+    reference = sft([source], tmp_path / "ref", "--seq-length", "512", "--pack")
+    for name, inputs in variants(tmp_path, source).items():
+        out = sft(inputs, tmp_path / name.replace(" ", "_"), "--seq-length", "512", "--pack", "--chunk-mb", "0.004")
+        same_data(reference, out, ("", ".lossmask"))
+
+
+def test_standard_input(tmp_path):
+    source = corpus(tmp_path / "c.jsonl", seed=5, documents=50, longest=30)
+    reference = pretrain([source], tmp_path / "ref")
+    with open(source, "rb") as f:
+        subprocess.run([sys.executable, "-m", "qwen_data.cli", "pretrain", "-", "-o", str(tmp_path / "stdin"),
+                        "--quiet", "--workers", "1"], stdin=f, check=True, cwd=REPO_ROOT, capture_output=True)
+    same_data(reference, tmp_path / "stdin")
+    assert manifest(tmp_path / "stdin")["inputs"] == [{"path": "-", "bytes": 0}]
+
+
+def test_a_dataset_in_the_hub_cache_by_name(tmp_path):
+    """hf:NAME reads the files `huggingface-cli download --repo-type dataset NAME` left in the cache."""
+    source = corpus(tmp_path / "c.jsonl", seed=6, documents=120, longest=30)
+    records = read_jsonl(source)
+    reference = pretrain([source], tmp_path / "ref")
+    repo = tmp_path / "home" / "hub" / "datasets--acme--web"
+    snapshot = repo / "snapshots" / ("a" * 40) / "data"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    write_parquet(snapshot / "train-00000-of-00002.parquet", records[:70])
+    write_parquet(snapshot / "train-00001-of-00002.parquet", records[70:])
+    write_parquet(snapshot / "validation-00000-of-00001.parquet", records[:5])
+    env = {**os.environ, "HF_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "qwen_data.cli", "pretrain", "--quiet", "--workers", "1"]
+    subprocess.run(command + ["hf:acme/web", "-o", str(tmp_path / "hub")], env=env, check=True, cwd=REPO_ROOT)
+    same_data(reference, tmp_path / "hub")
+    subprocess.run(command + ["hf:acme/web", "--hf-split", "validation", "-o", str(tmp_path / "valid")], env=env,
+                   check=True, cwd=REPO_ROOT)
+    assert manifest(tmp_path / "valid")["documents"] == 5
+    missing = subprocess.run(command + ["hf:acme/nothing", "-o", str(tmp_path / "x")], env=env, cwd=REPO_ROOT,
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "not in the local Hugging Face cache" in missing.stderr
+
+
+def test_parquet_rejects_name_the_row_group_and_row(tmp_path):
+    from qwen_data.cli import main
+
+    records = [{"text": f"document {i}"} for i in range(30)]
+    records[23]["text"] = "   "
+    path = write_parquet(tmp_path / "c.parquet", records, row_group_size=10)
+    assert main(["pretrain", "--quiet", "--workers", "1", path, "-o", str(tmp_path / "out")]) == 0
+    (reject,) = read_jsonl(tmp_path / "out.rejects.jsonl")
+    assert (reject["file"], reject["record"], reject["row_group"], reject["row_in_group"]) == (path, 24, 2, 3)
+    assert reject["reason"] == "empty-text" and json.loads(reject["raw"]) == {"text": "   "}
+
+
+@pytest.mark.parametrize("name, says", [("cut.jsonl.zst", "ends early"), ("cut.jsonl.xz", "ends early"),
+                                        ("bad.parquet", "not readable as parquet")])
+def test_broken_compressed_and_parquet_files_are_named(tmp_path, capsys, name, says):
+    from qwen_data.cli import main
+
+    source = corpus(tmp_path / "c.jsonl", seed=7, documents=2000, longest=40)
+    whole = write_compressed(tmp_path / ("whole" + name[3:]), source) if not name.endswith(".parquet") else None
+    data = open(whole, "rb").read() if whole else b"PAR1 this is not parquet PAR1"
+    (tmp_path / name).write_bytes(data[: len(data) // 2] if whole else data)
+    assert main(["pretrain", "--quiet", "--workers", "1", str(tmp_path / name), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / name) in err and says in err, err
+    assert not os.path.exists(tmp_path / "out.json")
+
+
+# -- shards and merge ------------------------------------------------------------------------------
+def mixed_inputs(tmp_path, make):
+    """One corpus as three inputs of different kinds: a jsonl file, a parquet file of several row
+    groups, a gzip file; shard boundaries fall inside the first two."""
+    records = read_jsonl(make(tmp_path / "all.jsonl"))
+    records.insert(17, "{not json")
+    third = len(records) // 3
+    return [write_jsonl(tmp_path / "a.jsonl", records[:third]),
+            write_parquet(tmp_path / "b.parquet", [r for r in records[third:2 * third] if isinstance(r, dict)], 20),
+            write_jsonl(tmp_path / "c.jsonl.gz", records[2 * third:])]
+
+
+def run_sharded(tmp_path, run, inputs, n, extra):
+    from qwen_data.cli import main
+
+    shards = [run(inputs, tmp_path / f"shard{k}of{n}", "--shard", f"{k}/{n}", *extra) for k in range(n)]
+    random.Random(n).shuffle(shards)  # merge puts shards in order itself
+    assert main(["merge", "--quiet", *shards, "-o", str(tmp_path / f"merged{n}")]) == 0
+    return tmp_path / f"merged{n}"
+
+
+@pytest.mark.parametrize("kind", ["pretrain", "sft", "sft packed"])
+def test_shards_merged_equal_one_run(tmp_path, kind):
+    if kind == "pretrain":
+        inputs = mixed_inputs(tmp_path, lambda p: corpus(p, seed=8, documents=240, longest=40))
+        run, extra, channels = pretrain, [], ("",)
+    else:
+        inputs = mixed_inputs(tmp_path, lambda p: chats(p, seed=9, count=150, longest=25))
+        run, channels = sft, ("", ".lossmask")
+        extra = ["--seq-length", "300"] + (["--pack"] if kind == "sft packed" else [])
+    one = run(inputs, tmp_path / "one", *extra)
+    for n in (1, 3, 7):
+        merged = run_sharded(tmp_path, run, inputs, n, extra)
+        same_data(one, merged, channels)
+        a, b = manifest(one), manifest(merged)
+        for field in ("documents", "sequences", "tokens", "rejects", "inputs", "sft", "special_token_records"):
+            assert a.get(field) == b.get(field), (n, field)
+        assert open(f"{one}.rejects.jsonl").read() == open(f"{merged}.rejects.jsonl").read()
+    shard = manifest(tmp_path / "shard2of3")
+    assert shard["shard"] == {"index": 2, "count": 3} and "shard" not in manifest(merged)
+    if kind == "sft packed":
+        assert shard["sft"]["packed"] is False and shard["sft"]["pack_on_merge"] is True
+
+
+def test_merge_refuses_what_would_not_be_one_run(tmp_path, capsys):
+    from qwen_data.cli import main
+
+    source = corpus(tmp_path / "c.jsonl", seed=10, documents=60, longest=20)
+    s0, s1, s2 = (pretrain([source], tmp_path / f"s{k}", "--shard", f"{k}/3") for k in range(3))
+    other = pretrain([source], tmp_path / "other", "--shard", "1/3", "--eod-token", "<|im_end|>")
+    packed = sft([chats(tmp_path / "chats.jsonl", seed=1, count=20, longest=10)], tmp_path / "packed",
+                 "--seq-length", "256", "--pack")
+    cases = [([s0, s2], "each of 0/3 .. 2/3 exactly once"), ([s0, s1, s1, s2], "exactly once"),
+             ([s0, other, s2], "made differently: eod_id"), ([packed, packed], "is packed"),
+             ([s0, s1, s2, pretrain([source], tmp_path / "whole")], "is not a shard")]
+    for prefixes, says in cases:
+        assert main(["merge", "--quiet", *prefixes, "-o", str(tmp_path / "m")]) == 2
+        err = capsys.readouterr().err
+        assert says in err, err
+        assert not os.path.exists(tmp_path / "m.json")
+
+
+# -- LLaMA-Factory dataset_info.json ---------------------------------------------------------------
+def test_dataset_info_entries_read_without_conversion(tmp_path):
+    """An alpaca entry with its own column names and a sharegpt entry with its own tags give the
+    bytes their canonical records give."""
+    rng = random.Random(11)
+    words = "river stone light cloud 数据 garden".split()
+
+    def text(n):
+        return " ".join(rng.choice(words) for _ in range(rng.randint(1, n)))
+
+    alpaca = [{"instruction": text(8), "input": text(4) if i % 2 else "", "output": text(12),
+               "system": text(5), "history": [[text(4), text(4)]] if i % 3 == 0 else []} for i in range(30)]
+    sharegpt = [{"conversations": [{"from": "system", "value": text(5)}] * (i % 2) + [
+        {"from": "human", "value": text(6)}, {"from": "gpt", "value": text(9)},
+        {"from": "human", "value": text(6)}, {"from": "gpt", "value": text(9)}]} for i in range(30)]
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "qa.jsonl", [{"question": r["instruction"], "context": r["input"], "answer": r["output"],
+                                    "sys_prompt": r["system"], "past": r["history"], "system": "ignored: unmapped"}
+                                   for r in alpaca])
+    tags = {"human": "user", "gpt": "bot", "system": "sys"}
+    write_jsonl(data / "dialogs.jsonl", [{"dialog": [{"role": tags[m["from"]], "text": m["value"]}
+                                                     for m in r["conversations"]]} for r in sharegpt])
+    (data / "dataset_info.json").write_text(json.dumps({
+        "qa": {"file_name": "qa.jsonl", "columns": {"prompt": "question", "query": "context", "response": "answer",
+                                                    "system": "sys_prompt", "history": "past"}},
+        "dialogs": {"file_name": "dialogs.jsonl", "formatting": "sharegpt", "columns": {"messages": "dialog"},
+                    "tags": {"role_tag": "role", "content_tag": "text", "user_tag": "user",
+                             "assistant_tag": "bot", "system_tag": "sys"}},
+    }))
+    for name, records in (("qa", alpaca), ("dialogs", sharegpt)):
+        reference = sft([write_jsonl(tmp_path / f"{name}.jsonl", records)], tmp_path / f"{name}_ref")
+        out = sft([], tmp_path / name, "--dataset-info", f"{data / 'dataset_info.json'}:{name}")
+        same_data(reference, out, ("", ".lossmask"))
+        assert manifest(out)["documents"] == 30
+    # --columns renames only what it names
+    renamed = write_jsonl(tmp_path / "renamed.jsonl", [{"prompt": r["instruction"], "input": r["input"],
+                                                       "answer": r["output"]} for r in alpaca])
+    plain = sft([write_jsonl(tmp_path / "plain.jsonl", [{k: r[k] for k in ("instruction", "input", "output")}
+                                                        for r in alpaca])], tmp_path / "plain")
+    same_data(plain, sft([renamed], tmp_path / "cols", "--columns", "instruction=prompt,output=answer"),
+              ("", ".lossmask"))
+    shutil.rmtree(data)
