@@ -7,11 +7,11 @@ its arguments to the train stage (`qwen_data_train`, the repo's train/)."""
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 
 from . import __version__
+from .errors import describe
 from .readers import DEFAULT_CHUNK_BYTES, Shard
 from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END
 from .tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
@@ -442,30 +442,7 @@ def _run_verify(args) -> int:
     return 1 if failed else 0
 
 
-# -- errors ---------------------------------------------------------------------------------------
-_OS_HINTS = {
-    errno.ENOSPC: "no space left on the device: free some or write elsewhere (-o)",
-    errno.EDQUOT: "disk quota exceeded: free some space or write elsewhere (-o)",
-    errno.EFBIG: "file too large for this file system or limit: write elsewhere (-o)",
-    errno.EROFS: "read-only file system: write elsewhere (-o)",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-    errno.ENOENT: "no such file or directory",
-    errno.ENOTDIR: "a part of this path is a file, not a directory",
-    errno.EISDIR: "is a directory, expected a file",
-    errno.EEXIST: "exists and is not a directory",
-}
-
-
-def describe(exc: BaseException) -> str:
-    """One line a person can act on."""
-    if isinstance(exc, OSError) and exc.errno in _OS_HINTS and exc.filename:
-        return f"{exc.filename}: {_OS_HINTS[exc.errno]}"
-    if isinstance(exc, OSError) and exc.filename:
-        return f"{exc.filename}: {exc.strerror or exc}"
-    return str(exc)
-
-
+# -- entry point (errors told in one line: errors.describe) --------------------------------------
 def main(argv: list[str] | None = None) -> int:
     try:
         try:

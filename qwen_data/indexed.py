@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +56,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class IndexedDatasetWriter:
     """Streams documents into `bin_path` and writes the matching index at `idx_path`."""
 
-    def __init__(self, bin_path: str, idx_path: str, dtype) -> None:
+    def __init__(self, bin_path: str, idx_path: str, dtype, hash_beside: bool = False) -> None:
+        """`hash_beside`: hash each batch in a thread while the next one is written (two cores for
+        one stream of bytes: `merge`). Not for a process that forks: the thread would not follow."""
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} has no Megatron code")
@@ -64,6 +67,8 @@ class IndexedDatasetWriter:
         self._lengths = open(idx_path + ".lengths", "wb")
         self._doc_ends = open(idx_path + ".docends", "wb")
         self._bin_hash, self._idx_hash = new_hash(), new_hash()
+        self._hasher = ThreadPoolExecutor(1) if hash_beside else None
+        self._hashing = None  # the previous batch's hash, while it runs
         self.sequences = 0
         self.documents = 0
         self.tokens = 0
@@ -95,8 +100,8 @@ class IndexedDatasetWriter:
             info = np.iinfo(self.dtype)
             if tokens.min() < info.min or tokens.max() > info.max:
                 raise ValueError(f"token id outside {self.dtype}")
-        data = np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
-        self._bin_hash.update(data)
+        data = np.ascontiguousarray(tokens, dtype=self.dtype)  # hashed and written as it is, no copy
+        self._hash(data)
         self._bin.write(data)
         self._lengths.write(lengths.astype(np.int32).tobytes())
         self._doc_ends.write((self.sequences + np.cumsum(per_doc)).astype(np.int64).tobytes())
@@ -104,8 +109,23 @@ class IndexedDatasetWriter:
         self.documents += len(per_doc)
         self.tokens += len(tokens)
 
+    def _hash(self, data: np.ndarray) -> None:
+        if self._hasher is None:
+            self._bin_hash.update(data)
+            return
+        if self._hashing is not None:
+            self._hashing.result()  # in order, and one batch held at a time
+        self._hashing = self._hasher.submit(self._bin_hash.update, data)  # hashlib lets go of the GIL
+
+    def _hashed(self) -> None:
+        if self._hasher is not None:
+            if self._hashing is not None:
+                self._hashing.result()
+            self._hasher.shutdown()
+
     def finalize(self) -> None:
         """Close the data file and write the index."""
+        self._hashed()
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         itemsize = self.dtype.itemsize
@@ -131,6 +151,7 @@ class IndexedDatasetWriter:
 
     def abort(self) -> None:
         """Close and remove everything written so far."""
+        self._hashed()
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         for path in (self.bin_path, self.idx_path, self._lengths.name, self._doc_ends.name):
@@ -149,11 +170,11 @@ class MaskedWriter:
     def files(prefix: str) -> list[str]:
         return [prefix + channel + ext for channel in ("", MASK_SUFFIX) for ext in (".bin", ".idx")]
 
-    def __init__(self, paths: list[str], dtype) -> None:
+    def __init__(self, paths: list[str], dtype, hash_beside: bool = False) -> None:
         """`paths`: where to write `files(prefix)`, in that order."""
         ids_bin, ids_idx, mask_bin, mask_idx = paths
-        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype)
-        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8)
+        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype, hash_beside)
+        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8, hash_beside)
 
     def add_batch(self, ids, mask, sequence_lengths, sequences_per_document=None) -> None:
         self.ids.add_batch(ids, sequence_lengths, sequences_per_document)

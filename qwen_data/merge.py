@@ -52,10 +52,11 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
         dtype = np.dtype(first.dtype)
         if sft:
             data = MaskedWriter([outputs.tmp(f) for f in MaskedWriter.files(output + (UNPACKED if packs else ""))],
-                                dtype)
+                                dtype, hash_beside=True)
             channels = [(data.ids, ""), (data.mask, MASK_SUFFIX)]
         else:
-            data = IndexedDatasetWriter(outputs.tmp(output + ".bin"), outputs.tmp(output + ".idx"), dtype)
+            data = IndexedDatasetWriter(outputs.tmp(output + ".bin"), outputs.tmp(output + ".idx"), dtype,
+                                        hash_beside=True)
             channels = [(data, "")]
         lengths = [_copy(prefix, channels, progress) for prefix, _ in parts]
         data.finalize()

@@ -19,6 +19,20 @@ import os
 TMP_SUFFIX = ".tmp"
 LOCK_SUFFIX = ".lock"
 
+# Every lock this process holds. A forked worker closes its copies at once: an flock belongs to the
+# open file, which a fork shares, so a worker still dying after a killed run would otherwise keep
+# that run's outputs locked for a moment.
+_held: set = set()
+
+
+def _close_inherited_locks() -> None:
+    for handle in _held:
+        handle.close()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
 
 class OutputLocked(RuntimeError):
     pass
@@ -81,6 +95,7 @@ class AtomicOutputs:
         while self._locks:
             path, handle = self._locks.pop()
             os.remove(path)
+            _held.discard(handle)
             handle.close()
 
     def __enter__(self):
@@ -123,6 +138,7 @@ def _lock(path: str):
                                f"({path} is locked)") from None
         try:
             if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                _held.add(handle)
                 return handle
         except FileNotFoundError:
             pass

@@ -59,7 +59,7 @@ class Tokenize:
 
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
-        self.tokenizer = QwenTokenizer(config.tokenizer)
+        self.tokenizer = QwenTokenizer.shared(config.tokenizer)
         self.eod_id = self.tokenizer.token_id(config.eod_token, "--eod-token")
         self.tokenizer.prepare(config.special_tokens)
 

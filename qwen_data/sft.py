@@ -116,7 +116,7 @@ class ChatSamples:
             # A Qwen2.5 model's tokenizer has no <think> token: render for the template's own flavour.
             tokenizer_config = TokenizerConfig(tokenizer_config.name, TEMPLATE_FLAVOURS[config.template],
                                                tokenizer_config.backend)
-        self.tokenizer = QwenTokenizer(tokenizer_config)
+        self.tokenizer = QwenTokenizer.shared(tokenizer_config)
         self.template = get_template(config.template, self.tokenizer.directory)
         self.pad_id = resolve_pad_id(config, self.tokenizer)
         # Only the parse backend is built before forking: the text one, for the few samples with

@@ -133,6 +133,22 @@ class QwenTokenizer:
     Picklable: worker processes rebuild the backend from the config.
     """
 
+    _built: dict[tuple, "QwenTokenizer"] = {}
+
+    @classmethod
+    def shared(cls, config: "TokenizerConfig" = TokenizerConfig()) -> "QwenTokenizer":
+        """The one built for `config` earlier in this process, while its files are unchanged: the
+        shards a Ray worker process runs one after another build it once (about a second each).
+        Its backends are only warmed here; the bulk of the encoding happens in forked workers,
+        so nothing grows from run to run."""
+        directory = resolve_tokenizer_dir(config.name)[1]
+        paths = [os.path.join(directory, name) for name in _IDENTITY_FILES]
+        files = tuple((os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths if os.path.exists(p))
+        key = (config, directory, files)
+        if key not in cls._built:
+            cls._built = {key: cls(config)}  # one at a time: a process rarely switches tokenizers
+        return cls._built[key]
+
     def __init__(self, config: TokenizerConfig = TokenizerConfig()) -> None:
         if config.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}")

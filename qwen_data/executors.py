@@ -1,0 +1,370 @@
+"""`--executor ray`: a run cut into shards, each a Ray task on some node of a cluster, then merged.
+
+    driver: lock the final outputs → N tasks `run(config with shard=Shard(k, N))`, each writing
+    PREFIX.shards/k → `merge` per output prefix → all final files committed together → PREFIX.shards removed
+
+The output prefix (-o) must be on a file system every node sees (NFS, Lustre, a mounted bucket...):
+every task writes its shard under `PREFIX.shards/` and the driver merges them from there. The
+inputs must be readable at the same paths on every node too, and the driver's working directory
+(tasks run in it, so relative paths mean what they mean to the driver); every node needs the same
+qwen-data and tokenizer files installed. The result is byte for byte what one local run over the
+same inputs writes (`merge` guarantees it); only the manifest's `command`, `created` and
+`wall_seconds` (the whole run's, Ray's start included) differ. `--workers` does not apply.
+
+Tasks take one CPU each (`num_cpus=1`); inside, the pipeline tokenizes in one forked worker
+process. A task whose process dies (killed, out of memory, node lost) is run again by Ray, up to
+`RETRIES` times, and so is one that fails with an OSError (a shared file system's hiccup) or loses
+its forked worker (`workers.WorkerError`). Any other error (bad input: a ValueError; too many
+rejects ...) is not retried: the run stops at once, the other tasks are cancelled, and the error
+names the shard and the cause. On failure nothing is left behind: no final output (the final
+files are committed only after every merge succeeded) and no `PREFIX.shards/` folder (a run has
+no way to resume, so partial shards would only take space). `PREFIX.shards/` belongs to the
+executor: a stale one, left by a killed run, is removed when the next run on PREFIX starts.
+
+Progress: tasks report absolute per-shard totals to a small actor (a retried shard starts again
+from zero, so nothing is counted twice); the driver polls it about once a second and shows the sum.
+
+Without an address a local Ray instance starts, with every CPU of the machine (`RAY_OVERRIDE_RESOURCES=
+'{"CPU": 4}'` gives fewer); it takes a few seconds ("ray: started a local instance in X s" on stderr
+unless --quiet) and it is shut down at the end. A joined cluster (`address`, or $RAY_ADDRESS) is only
+disconnected from, and a Ray this process already started or joined is used as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+
+from .errors import describe
+from .indexed import MaskedWriter
+from .manifest import Manifest
+from .outputs import AtomicOutputs
+from .progress import Progress
+from .readers import STDIN, Shard, expand
+from .records import EmptyOutput
+from .workers import WorkerError
+
+RETRIES = 3  # per task, for a dead process or a retryable exception
+RETRY_EXCEPTIONS = [OSError, WorkerError]
+SHARD_BYTES = 1 << 30  # the default shard count gives shards of at most about this size ...
+SHARDS_PER_CPU = 2  # ... and at least this many shards per CPU of the cluster (the last ones balance the load)
+POLL_SECONDS = 1.0  # how often the driver asks for progress
+CANCEL_WAIT_SECONDS = 30.0  # how long a failed run waits for the cancelled tasks to end
+SHARDS_SUFFIX = ".shards"
+STAGING = "merged"  # PREFIX.shards/merged/out*: the merges, before they are committed under PREFIX
+
+
+class ShardFailed(RuntimeError):
+    """A shard's task failed (and was not, or no longer, retried); `shard` and `cause` say which and why."""
+
+    def __init__(self, message: str, shard: Shard, cause: BaseException | None) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.cause = cause
+
+
+class ShardInputError(ShardFailed, ValueError):
+    """A shard failed on its input (the task raised a ValueError): bad data, never retried."""
+
+
+def run_on_ray(run, config, prefixes: list[str], address: str | None = None, shards: int | None = None,
+               info: dict | None = None) -> list[Manifest]:
+    """`run(config, progress)` (`pretrain.run`, `sft.run`) as `shards` Ray tasks, merged into the
+    output prefixes `prefixes` (those `run(config)` writes); their manifests, in that order.
+
+    `address`: the Ray cluster to join (None: start a local one, or use the one this process
+    already joined). `shards`: how many (None: `default_shards`). `info`, when given, is filled
+    as the run goes: ray_start_seconds (0 when joined), cpus, shards, attempts (per shard),
+    tasks_seconds, ray_stop_seconds (when started here), merge_seconds.
+    """
+    start = time.monotonic()
+    info = {} if info is None else info
+    if config.shard is not None:
+        raise ValueError("the Ray executor makes the shards itself: leave out --shard")
+    sources = expand(config.inputs, config.hf_split)
+    if any(s.path == STDIN for s in sources):
+        raise ValueError("the Ray executor cannot read standard input (-): give files every node can read")
+    suffixes = [_suffix(p, config.output_prefix) for p in prefixes]
+    final = [config.output_prefix + s for s in suffixes]
+    declared = [p + ext for p in final for ext in (".bin", ".idx", ".json")]
+    declared += [f for p in final for f in MaskedWriter.files(p)] + [config.rejects_path]
+    # The final files stay locked for the whole run, as a local run's do: a second run writing
+    # any of them (or using PREFIX.shards/) is refused before anything starts.
+    with AtomicOutputs(declared) as outputs:
+        shards_dir = config.output_prefix + SHARDS_SUFFIX
+        shutil.rmtree(shards_dir, ignore_errors=True)  # a killed run's leftovers
+        ray, started = _connect(address, config.quiet, info)
+        try:
+            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            count = shards or default_shards(sources, cpus, config.chunk_bytes)
+            info.update(cpus=cpus, shards=count)
+            if not config.quiet:
+                print(f"ray: {count} shards on {cpus} CPUs, under {shards_dir}/", file=sys.stderr)
+            configs = [dataclasses.replace(config, shard=Shard(k, count), workers=1, quiet=True,
+                                           output_prefix=os.path.join(shards_dir, str(k))) for k in range(count)]
+            t = time.monotonic()
+            try:
+                results = _run_tasks(ray, run, configs, sum(s.size for s in sources), config, info)
+            except BaseException:
+                shutil.rmtree(shards_dir, ignore_errors=True)
+                raise
+            info["tasks_seconds"] = round(time.monotonic() - t, 3)
+            if not config.quiet:
+                retried = sum(n - 1 for n in info.get("attempts", {}).values())
+                print(f"ray: {count} shards done in {info['tasks_seconds']:.1f} s"
+                      + (f" ({retried} attempts repeated)" if retried else ""), file=sys.stderr)
+        finally:
+            if started:
+                t = time.monotonic()
+                ray.shutdown()
+                info["ray_stop_seconds"] = round(time.monotonic() - t, 3)
+        try:
+            _check_not_empty(config.output_prefix, [r[0] for r in results])
+            t = time.monotonic()
+            manifests = _merge(configs, suffixes, final, outputs, config, start)
+            info["merge_seconds"] = round(time.monotonic() - t, 3)
+        finally:
+            shutil.rmtree(shards_dir, ignore_errors=True)
+    return manifests
+
+
+def default_shards(sources, cpus: int, chunk_bytes: int) -> int:
+    """SHARDS_PER_CPU per CPU, more for big inputs (shards of at most SHARD_BYTES), but never more
+    than there are pieces to hand out: a shard gets at least one chunk of an uncompressed jsonl
+    file, one whole file of any other kind (parquet counted by size, like jsonl)."""
+    total = sum(s.size for s in sources)
+    wanted = max(SHARDS_PER_CPU * cpus, math.ceil(total / SHARD_BYTES))
+    pieces = sum(max(1, math.ceil(s.size / chunk_bytes)) if s.splittable or s.kind == "parquet" else 1
+                 for s in sources)
+    return max(1, min(wanted, pieces))
+
+
+# -- the driver ------------------------------------------------------------------------------------
+def _suffix(prefix: str, output_prefix: str) -> str:
+    """What an output prefix adds to -o (pretrain with several keys: _KEY)."""
+    absolute = os.path.abspath(prefix)
+    if not absolute.startswith(os.path.abspath(output_prefix)):
+        raise ValueError(f"{prefix}: an output prefix that does not start with -o {output_prefix}")
+    return absolute[len(os.path.abspath(output_prefix)):]
+
+
+def _connect(address: str | None, quiet: bool, info: dict):
+    """Ray, initialised; whether this call started it (then it is shut down at the end)."""
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--executor ray needs Ray: pip install 'qwen-data[ray]'") from None
+    if ray.is_initialized():  # a caller (a test, a notebook) joined or started one already
+        info["ray_start_seconds"] = 0.0
+        return ray, False
+    t = time.monotonic()
+    local = address is None and not os.environ.get("RAY_ADDRESS")
+    quiet_init = dict(log_to_driver=False, logging_level=logging.ERROR)
+    where = "start a local Ray instance" if local else f"join the Ray cluster at {address or os.environ['RAY_ADDRESS']}"
+    try:
+        if local:
+            ray.init(include_dashboard=False, **quiet_init)
+        else:
+            ray.init(address=address, **quiet_init)
+    except Exception as exc:  # (a ConnectionError would read as a problem with the output files)
+        lines = str(exc).strip().splitlines()
+        raise RuntimeError(f"could not {where}: {lines[0] if lines else type(exc).__name__}") from exc
+    seconds = time.monotonic() - t
+    info["ray_start_seconds"] = round(seconds, 3) if local else 0.0
+    if not quiet:
+        print(f"ray: started a local instance in {seconds:.1f} s" if local
+              else f"ray: joined the cluster at {address or os.environ['RAY_ADDRESS']} in {seconds:.1f} s",
+              file=sys.stderr)
+    return ray, True
+
+
+def _run_tasks(ray, run, configs: list, total_bytes: int, config, info: dict) -> list[list[Manifest]]:
+    """Every shard's manifests, in shard order; on the first failure, the others cancelled and a ShardFailed."""
+    tally = ray.remote(num_cpus=0)(_Tally).remote()
+    task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
+    refs = {task.remote(run, c, os.getcwd(), tally): c.shard for c in configs}
+    pending = list(refs)
+    results: dict[int, list[Manifest]] = {}
+    progress = Progress(total_bytes, enabled=not config.quiet, label="ray")
+    polled = time.monotonic()
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+            for ref in done:
+                shard = refs[ref]
+                try:
+                    results[shard.index] = ray.get(ref)
+                except Exception as exc:
+                    _poll(ray, tally, progress, info)
+                    attempts = info.get("attempts", {}).get(shard.index, 1)
+                    raise _failure(ray, exc, shard, attempts, config.output_prefix) from None
+            if time.monotonic() - polled >= POLL_SECONDS:
+                _poll(ray, tally, progress, info)
+                polled = time.monotonic()
+        _poll(ray, tally, progress, info)
+        progress.close()
+    finally:
+        if pending:  # failed, or interrupted: stop the others before their files are removed
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_SECONDS)
+        try:
+            ray.kill(tally)
+        except Exception:  # (Ray itself failing: the error that brought us here says more)
+            pass
+    return [results[k] for k in range(len(configs))]
+
+
+def _poll(ray, tally, progress: Progress, info: dict) -> None:
+    try:
+        totals, attempts = ray.get(tally.totals.remote(), timeout=10)
+    except Exception:  # progress is a display: never the reason a run fails
+        return
+    info["attempts"] = attempts
+    progress.set(*totals)
+
+
+def _failure(ray, exc: Exception, shard: Shard, attempts: int, output_prefix: str) -> ShardFailed:
+    if isinstance(exc, ray.exceptions.RayTaskError):  # the task raised
+        cause = exc.cause
+        text = describe(cause)
+    else:  # its process or node died on every attempt, or Ray itself failed
+        cause = exc
+        lines = str(exc).strip().splitlines()
+        text = f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
+    if attempts > 1:
+        text += f" (on attempt {attempts})"
+    kind = ShardInputError if isinstance(cause, ValueError) else ShardFailed
+    return kind(f"shard {shard} of {output_prefix} failed: {text}; no output was written", shard, cause)
+
+
+def _check_not_empty(output_prefix: str, manifests: list[Manifest]) -> None:
+    """As a local run: refuse to write a dataset of no document (a shard alone may be empty)."""
+    if sum(m.documents for m in manifests):
+        return
+    by_reason: dict[str, int] = {}
+    for m in manifests:
+        for reason, n in m.rejects.get("by_reason", {}).items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+    count = sum(by_reason.values())
+    why = (f"all {count:,} records were rejected, by reason {dict(sorted(by_reason.items()))}" if count
+           else "the input holds no records")
+    raise EmptyOutput(f"{output_prefix}: nothing to write ({why}); no output was written")
+
+
+def _merge(configs: list, suffixes: list[str], final: list[str], outputs: AtomicOutputs, config,
+           start: float) -> list[Manifest]:
+    """Each output prefix merged from its shards under PREFIX.shards/merged/, then all committed at once."""
+    from .merge import merge
+
+    staging_dir = os.path.join(config.output_prefix + SHARDS_SUFFIX, STAGING)
+    staging = os.path.join(staging_dir, "out")
+    manifests = []
+    for suffix in suffixes:
+        merged = merge([c.output_prefix + suffix for c in configs], staging + suffix, quiet=config.quiet)
+        merged.wall_seconds = round(time.monotonic() - start, 3)
+        manifests.append(merged)
+    for root, _, names in os.walk(staging_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            target = config.output_prefix + path[len(staging):]
+            if target.endswith(".json") and target[:-5] in final or target.endswith(".rejects.jsonl"):
+                continue  # manifests are written below, with the whole run's time; rejects are joined below
+            os.replace(path, outputs.tmp(target))
+    # One rejects file per run, as a local run (with several text keys, not one per prefix).
+    if _join([c.rejects_path for c in configs], outputs.tmp(config.rejects_path)) == 0:
+        outputs.discard(config.rejects_path)
+    for prefix, manifest in zip(final, manifests):
+        manifest.write(outputs.tmp(prefix + ".json"))
+    outputs.commit(markers=[p + ".json" for p in final])
+    return manifests
+
+
+def _join(paths: list[str], out_path: str) -> int:
+    """The files that exist, concatenated in order; the bytes written."""
+    written = 0
+    with open(out_path, "wb") as out:
+        for path in paths:
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    shutil.copyfileobj(f, out)
+                written += os.path.getsize(path)
+    return written
+
+
+# -- in the tasks ----------------------------------------------------------------------------------
+def _shard_task(run, config, cwd: str, tally) -> list[Manifest]:
+    """One shard, in a Ray worker: `run` in the driver's directory (relative paths mean there what
+    they mean to the driver), with a progress that reports to the tally actor."""
+    import ray
+
+    try:
+        os.chdir(cwd)
+    except OSError as exc:  # not retried: another attempt on this node would not find it either
+        raise RuntimeError(f"{cwd}: the driver's working directory is not there on this node ({exc.strerror}): "
+                           "run from a directory on a file system every node sees") from None
+    try:
+        attempt = ray.get(tally.begin.remote(config.shard.index), timeout=60)
+    except Exception:  # no progress shown for this shard, but the work goes on
+        attempt = None
+    manifests = run(config, _Reporter(tally, config.shard.index, attempt))
+    return manifests if isinstance(manifests, list) else [manifests]
+
+
+class _Reporter:
+    """The progress object a task hands to `pipeline.run`: sends its shard's totals to the tally,
+    at most every POLL_SECONDS without waiting, and once at the end, waiting for it."""
+
+    def __init__(self, tally, shard: int, attempt: int | None) -> None:
+        self.tally, self.shard, self.attempt = tally, shard, attempt
+        self.counts = [0, 0, 0, 0]  # records, text bytes, tokens, input bytes
+        self._next = time.monotonic() + POLL_SECONDS
+
+    def update(self, records: int, text_bytes: int, tokens: int, input_bytes: int = 0) -> None:
+        for i, n in enumerate((records, text_bytes, tokens, input_bytes)):
+            self.counts[i] += n
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + POLL_SECONDS
+            self._send()
+
+    def close(self) -> None:
+        self._send(wait=True)  # the final totals are in before the task's result is
+
+    def _send(self, wait: bool = False) -> None:
+        if self.attempt is None:
+            return
+        try:
+            sent = self.tally.report.remote(self.shard, self.attempt, tuple(self.counts))
+            if wait:
+                import ray
+
+                ray.get(sent, timeout=10)
+        except Exception:  # progress is a display: never the reason a task fails
+            self.attempt = None
+
+
+class _Tally:
+    """The Ray actor holding each shard's latest totals; reports of an earlier attempt are ignored."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, tuple] = {}
+        self.attempts: dict[int, int] = {}
+
+    def begin(self, shard: int) -> int:
+        self.attempts[shard] = self.attempts.get(shard, 0) + 1
+        self.counts[shard] = (0, 0, 0, 0)
+        return self.attempts[shard]
+
+    def report(self, shard: int, attempt: int, counts: tuple) -> None:
+        if attempt == self.attempts.get(shard):
+            self.counts[shard] = counts
+
+    def totals(self) -> tuple[tuple, dict[int, int]]:
+        summed = tuple(sum(c[i] for c in self.counts.values()) for i in range(4))
+        return summed, dict(self.attempts)
