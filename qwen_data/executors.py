@@ -11,10 +11,12 @@ qwen-data and tokenizer files installed. The result is byte for byte what one lo
 same inputs writes (`merge` guarantees it); only the manifest's `command`, `created` and
 `wall_seconds` (the whole run's, Ray's start included) differ. `--workers` does not apply.
 
-Tasks take one CPU each (`num_cpus=1`); inside, the pipeline tokenizes in one forked worker
-process. A task whose process dies (killed, out of memory, node lost) is run again by Ray, up to
-`RETRIES` times, and so is one that fails with an OSError (a shared file system's hiccup) or loses
-its forked worker (`workers.WorkerError`). Any other error (bad input: a ValueError; too many
+Tasks take one CPU each (`num_cpus=1`) and tokenize in their own process (`workers=0`): a task
+is the worker, and a forked one would only add a second process per CPU and a pipe every byte
+crosses twice. The tokenizer's cache then grows with the shard's text instead of being reset every
+~64 MB by a worker restart; shards are at most about SHARD_BYTES. A task whose process dies
+(killed, out of memory, node lost) is run again by Ray, up to `RETRIES` times, and so is one that
+fails with an OSError (a shared file system's hiccup). Any other error (bad input: a ValueError; too many
 rejects ...) is not retried: the run stops at once, the other tasks are cancelled, and the error
 names the shard and the cause. On failure nothing is left behind: no final output (the final
 files are committed only after every merge succeeded) and no `PREFIX.shards/` folder (a run has
@@ -47,10 +49,9 @@ from .outputs import AtomicOutputs
 from .progress import Progress
 from .readers import STDIN, Shard, expand
 from .records import EmptyOutput
-from .workers import WorkerError
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
-RETRY_EXCEPTIONS = [OSError, WorkerError]
+RETRY_EXCEPTIONS = [OSError]
 SHARD_BYTES = 1 << 30  # the default shard count gives shards of at most about this size ...
 SHARDS_PER_CPU = 2  # ... and at least this many shards per CPU of the cluster (the last ones balance the load)
 POLL_SECONDS = 1.0  # how often the driver asks for progress
@@ -105,7 +106,7 @@ def run_on_ray(run, config, prefixes: list[str], address: str | None = None, sha
             info.update(cpus=cpus, shards=count)
             if not config.quiet:
                 print(f"ray: {count} shards on {cpus} CPUs, under {shards_dir}/", file=sys.stderr)
-            configs = [dataclasses.replace(config, shard=Shard(k, count), workers=1, quiet=True,
+            configs = [dataclasses.replace(config, shard=Shard(k, count), workers=0, quiet=True,
                                            output_prefix=os.path.join(shards_dir, str(k))) for k in range(count)]
             t = time.monotonic()
             try:

@@ -37,7 +37,7 @@ class RunConfig:
     output_prefix: str
     hf_split: str | None = None
     shard: Shard | None = None  # this run's part of the inputs; its output is for `merge`
-    workers: int = 2
+    workers: int = 2  # 0: in this process (a Ray task, which is itself the worker)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     special_tokens: str = "text"
     max_rejects: int | None = None
@@ -47,7 +47,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.special_tokens not in SPECIAL_POLICIES:
             raise ValueError(f"--special-tokens must be one of {SPECIAL_POLICIES}")
-        if self.workers < 1:
+        if self.workers < 0:
             raise ValueError("--workers must be at least 1")
         if self.chunk_bytes < 1:
             raise ValueError("--chunk-mb must be above 0")
@@ -134,7 +134,9 @@ def _consume(step: Step, config: RunConfig, sources: list[Source], writer: Write
             yield chunk
 
     # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
-    for result in ordered_map(step.process, counted(chunks), config.workers, tasks_per_worker=TASKS_PER_WORKER):
+    results = (map(step.process, counted(chunks)) if config.workers == 0 else
+               ordered_map(step.process, counted(chunks), config.workers, tasks_per_worker=TASKS_PER_WORKER))
+    for result in results:
         writer.add(result)
         rejects.add(result.rejects)
         progress.update(result.records, result.text_bytes, result.tokens, sizes.popleft())

@@ -6,6 +6,7 @@ with megatron-core's `IndexedDataset`.
 
 import copy
 import functools
+import glob
 import gzip
 import json
 import os
@@ -234,6 +235,18 @@ def test_nonsensical_numbers_are_refused_when_parsing(tmp_path, capsys, args):
 
 # -- 4. overlapping prefixes ----------------------------------------------------------------------
 
+def _holders(path: str) -> set[int]:
+    """The processes that have `path` open (from /proc/*/fd)."""
+    found = set()
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        try:
+            if any(os.readlink(os.path.join(fd_dir, fd)) == path for fd in os.listdir(fd_dir)):
+                found.add(int(fd_dir.split("/")[2]))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
 def test_runs_whose_outputs_overlap_exclude_each_other_and_a_killed_run_never_blocks(tmp_path, capsys):
     big = write_jsonl(tmp_path / "big.jsonl", [{"text": "some words here " * 400, "code": "x = 1\n" * 300}] * 3000)
     d = tmp_path / "d"
@@ -245,6 +258,9 @@ def test_runs_whose_outputs_overlap_exclude_each_other_and_a_killed_run_never_bl
         while time.time() < deadline and not os.path.exists(d / "web_text.bin.tmp"):
             time.sleep(0.05)
         assert proc.poll() is None, "the first run ended before the second could start: make the input bigger"
+        # Only the run's own process holds its locks: its forked worker closed its copies, so the
+        # locks go the moment the run is killed, not when the worker has died too.
+        assert _holders(str(d / "web_text.bin.lock")) == {proc.pid}
         small = write_jsonl(tmp_path / "small.jsonl", [{"text": "hello"}])
         assert run("pretrain", "--quiet", small, "-o", d / "web_text") == 2
         assert "another qwen-data run is writing" in capsys.readouterr().err
