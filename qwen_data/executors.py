@@ -13,11 +13,12 @@ same inputs writes (`merge` guarantees it); only the manifest's `command`, `crea
 
 Tasks take one CPU each (`num_cpus=1`) and tokenize in their own process (`workers=0`): a task
 is the worker, and a forked one would only add a second process per CPU and a pipe every byte
-crosses twice. The tokenizer's cache then grows with the shard's text instead of being reset every
-~64 MB by a worker restart; shards are at most about SHARD_BYTES. A task whose process dies
-(killed, out of memory, node lost) is run again by Ray, up to `RETRIES` times, and so is one that
-fails with an OSError (a shared file system's hiccup). Any other error (bad input: a ValueError; too many
-rejects ...) is not retried: the run stops at once, the other tasks are cancelled, and the error
+crosses twice. The tokenizer's cache then grows with the text a task's process encodes, up to
+`tokenizer.SHARED_TEXT_BUDGET` characters (then the tokenizer is built anew), instead of being
+reset every ~64 MB by a worker restart. A task whose process dies (killed, out of memory, node
+lost) is run again by Ray, up to `RETRIES` times, and so is one that fails with an OSError (a
+shared file system's hiccup). Any other error (bad input: a ValueError; too many rejects ...) is
+not retried: the run stops at once, the other tasks are cancelled, and the error
 names the shard and the cause. On failure nothing is left behind: no final output (the final
 files are committed only after every merge succeeded) and no `PREFIX.shards/` folder (a run has
 no way to resume, so partial shards would only take space). `PREFIX.shards/` belongs to the

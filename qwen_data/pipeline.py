@@ -48,7 +48,7 @@ class RunConfig:
         if self.special_tokens not in SPECIAL_POLICIES:
             raise ValueError(f"--special-tokens must be one of {SPECIAL_POLICIES}")
         if self.workers < 0:
-            raise ValueError("--workers must be at least 1")
+            raise ValueError("--workers must be at least 1 (0: in this process)")
         if self.chunk_bytes < 1:
             raise ValueError("--chunk-mb must be above 0")
 

@@ -312,11 +312,6 @@ class _Counted:
         self.count += len(data)
         return data
 
-    def readinto(self, buffer) -> int:
-        n = self.f.readinto(buffer)
-        self.count += n
-        return n
-
     def __getattr__(self, name):
         return getattr(self.f, name)
 
@@ -354,7 +349,7 @@ def _jsonl_chunks(source: Source, part, chunk_bytes: int, columns=None) -> Itera
             budget = chunk_bytes if stop is None else min(chunk_bytes, stop - stream.tell())
             block = stream.read(budget) if budget > 0 else b""
             if not block:
-                if rest and stop is not None and not rest.endswith(b"\n"):
+                if rest and stop is not None:
                     rest += stream.readline()  # the last line starts inside the part
                     counter.count = stream.tell()
                 break
@@ -489,10 +484,9 @@ def _arrow_chunks(source: Source, part, chunk_bytes: int, columns: list[str] | N
 def _slices(table, chunk_bytes: int):
     """(offset, rows) pieces of about `chunk_bytes`, cut by row count alone (deterministic)."""
     rows = table.num_rows
-    per = max(1, rows * chunk_bytes // max(1, table.nbytes)) if table.nbytes > chunk_bytes else rows
-    for offset in range(0, max(rows, 1), per):
-        if rows:
-            yield offset, table.slice(offset, per)
+    per = max(1, rows * chunk_bytes // table.nbytes) if table.nbytes > chunk_bytes else max(rows, 1)
+    for offset in range(0, rows, per):
+        yield offset, table.slice(offset, per)
 
 
 _READERS = {"jsonl": _jsonl_chunks, "json": _json_array_chunks, "parquet": _parquet_chunks, "arrow": _arrow_chunks}

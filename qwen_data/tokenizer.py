@@ -127,6 +127,11 @@ class TokenizerConfig:
     backend: str = "gigatoken"
 
 
+# A shared tokenizer (`QwenTokenizer.shared`) that has encoded this many characters is built anew:
+# its backends cache what they meet, as a forked worker's do (pipeline.TASKS_PER_WORKER restarts those).
+SHARED_TEXT_BUDGET = 1 << 30
+
+
 class QwenTokenizer:
     """Exact Qwen encoding plus the facts pipelines record: flavour, eod, vocab size, identity.
 
@@ -137,15 +142,15 @@ class QwenTokenizer:
 
     @classmethod
     def shared(cls, config: "TokenizerConfig" = TokenizerConfig()) -> "QwenTokenizer":
-        """The one built for `config` earlier in this process, while its files are unchanged: the
-        shards a Ray worker process runs one after another build it once (about a second each).
-        Its backends are only warmed here; the bulk of the encoding happens in forked workers,
-        so nothing grows from run to run."""
+        """The one built for `config` earlier in this process, while its files are unchanged and it
+        has encoded less than SHARED_TEXT_BUDGET characters: the shards a Ray worker process runs one
+        after another build it once (about a second each), and their text, encoded in this process,
+        grows its backends' caches no further than the budget."""
         directory = resolve_tokenizer_dir(config.name)[1]
         paths = [os.path.join(directory, name) for name in _IDENTITY_FILES]
         files = tuple((os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths if os.path.exists(p))
         key = (config, directory, files)
-        if key not in cls._built:
+        if key not in cls._built or cls._built[key].encoded > SHARED_TEXT_BUDGET:
             cls._built = {key: cls(config)}  # one at a time: a process rarely switches tokenizers
         return cls._built[key]
 
@@ -176,6 +181,7 @@ class QwenTokenizer:
         self.special_re = _literal_pattern(self.added_tokens)
         self._structural_re = _literal_pattern(set(self.added_tokens) - CONTENT_TOKENS)
         self._backends: dict[frozenset, object] = {}
+        self.encoded = 0  # characters encoded by this object (see `shared`)
         self._starts: np.ndarray | None = None  # see _spelling_starts
 
     def __getstate__(self):
@@ -244,6 +250,7 @@ class QwenTokenizer:
         control ids (reject encodes as safe: the records it refuses never get here).
         """
         backend = self._backend(special)
+        self.encoded += sum(map(len, texts))
         if self.config.backend == "gigatoken":
             import awkward as ak
 

@@ -112,3 +112,18 @@ def test_local_directory_and_hub_cache(tmp_path, monkeypatch):
     assert tok.name == "Qwen/Qwen3-0.6B" and tok.sha256 == QwenTokenizer().sha256
     with pytest.raises(TokenizerNotFound, match="never downloads"):
         QwenTokenizer(TokenizerConfig(name="Qwen/Not-In-Cache"))
+
+
+def test_a_shared_tokenizer_is_reused_until_its_text_budget_is_spent(monkeypatch):
+    """Runs in one process share a built tokenizer, but not past SHARED_TEXT_BUDGET characters of
+    encoded text: its backends' caches grow with that text."""
+    import qwen_data.tokenizer as tokenizer
+
+    first = tokenizer.QwenTokenizer.shared(tokenizer.TokenizerConfig())
+    assert tokenizer.QwenTokenizer.shared(tokenizer.TokenizerConfig()) is first
+    monkeypatch.setattr(tokenizer, "SHARED_TEXT_BUDGET", first.encoded + 10)
+    first.encode_batch(["eleven char"])
+    assert first.encoded > tokenizer.SHARED_TEXT_BUDGET
+    renewed = tokenizer.QwenTokenizer.shared(tokenizer.TokenizerConfig())
+    assert renewed is not first and renewed.encoded == 0
+    assert tokenizer.QwenTokenizer.shared(tokenizer.TokenizerConfig()) is renewed
