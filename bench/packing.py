@@ -3,8 +3,9 @@
     python3 bench/packing.py [--samples 1000000] [--capacity 4096] [--ffd-subset 50000]
 
 Lengths come from the realistic SFT mix of tests/test_packing.py (its docstring says how it
-was calibrated). Baselines: next-fit in input order (concatenate, start a new row when the
-sample does not fit: what naive packers do) on all samples, and a plain first-fit-decreasing
+was calibrated). Baselines: `next_fit` in input order (concatenate, start a new row when the
+sample does not fit: what naive packers and Pai-Megatron-Patch do; `--packing next-fit`) on all
+samples, and a plain first-fit-decreasing
 (a numpy scan of all open rows per sample, O(samples x rows)) on a subset, too slow for all.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qwen_data.packing import pack  # noqa: E402
+from qwen_data.packing import next_fit, pack  # noqa: E402
 
 
 def load_realistic_lengths():
@@ -29,15 +30,6 @@ def load_realistic_lengths():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.realistic_sft_lengths
-
-
-def next_fit_in_order(lengths, capacity) -> int:
-    rows, free = 0, 0
-    for s in lengths:
-        if s > free:
-            rows, free = rows + 1, capacity
-        free -= s
-    return rows
 
 
 def first_fit_decreasing(lengths, capacity) -> int:
@@ -83,7 +75,8 @@ def main() -> None:
           f" fill {plan.fill:.6f}, pad {plan.pad_tokens:,} tokens,"
           f" rows / lower bound {plan.rows / bound:.6f}")
 
-    t_next, next_rows = timed(next_fit_in_order, lengths.tolist(), cap)
+    t_next, next_plan = timed(next_fit, lengths, cap)
+    next_rows = next_plan.rows
     next_fill = tokens / (next_rows * cap)
     print(f"baseline next-fit in input order: {t_next:.3f} s, {next_rows:,} rows, fill {next_fill:.6f}")
     print(f"  pack vs next-fit: time x{t_pack / t_next:.2f}, rows x{plan.rows / next_rows:.4f},"

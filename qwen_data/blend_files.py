@@ -23,9 +23,10 @@ Prefixes are written as given (relative ones resolve against the training job's 
 directory, as in Megatron); `--absolute` writes absolute paths.
 
 Checks, before anything is written: every prefix has `.bin`, `.idx`, `.json` (and
-`.lossmask.bin/.idx` for SFT) whose sizes match its manifest; all manifests agree on kind,
-tokenizer (sha256), eod id, pad id and chat template; otherwise the refusal names the disagreeing
-prefixes.
+`.lossmask.bin/.idx` for SFT in the mask layout) whose sizes match its manifest; all manifests agree
+on kind, tokenizer (sha256), eod id, pad id, chat template and SFT layout (and, in the pai layout,
+seq length: Pai's trainer reads rows of exactly 2 x its --seq-length); otherwise the refusal names
+the disagreeing prefixes.
 """
 
 from __future__ import annotations
@@ -77,8 +78,11 @@ class Source:
 
     @property
     def real_tokens(self) -> int:
-        """Data tokens, packing pad excluded."""
-        return self.manifest.tokens - int((self.manifest.sft or {}).get("pad_tokens") or 0)
+        """Data tokens: padding excluded, and the labels half of pai-layout rows."""
+        sft = self.manifest.sft or {}
+        if self.manifest.layout == "pai":
+            return int(sft["sample_tokens"])
+        return self.manifest.tokens - int(sft.get("pad_tokens") or 0)
 
     @property
     def tokens_per_sample(self) -> float | None:
@@ -110,7 +114,7 @@ def load_source(prefix: str, ratio: float | None = None) -> Source:
         raise BlendError(f"{prefix}: the manifest counts no documents or tokens: nothing to train on")
     itemsize = np.dtype(manifest.dtype).itemsize
     _check_channel(prefix, prefix, itemsize, manifest)
-    if source.kind == "sft":
+    if manifest.layout == "mask":
         _check_channel(prefix, prefix + ".lossmask", 1, manifest)
     return source
 
@@ -147,6 +151,8 @@ AGREEMENT = (
     ("eod id", lambda m: m.eod_id),
     ("pad id", lambda m: m.pad_id),
     ("chat template", lambda m: (m.sft or {}).get("template")),
+    ("SFT layout", lambda m: m.layout),
+    ("pai-layout seq length", lambda m: m.seq_length if m.layout == "pai" else None),
 )
 
 
@@ -240,6 +246,7 @@ def sidecar(blend: Blend, paths: BlendPaths) -> dict:
         "eod_id": first.eod_id,
         "pad_id": first.pad_id,
         "template": (first.sft or {}).get("template"),
+        "layout": first.layout,
         "weighting": {"by": blend.by, "temperature": blend.temperature, "ratio_unit": blend.ratio_unit},
         "split": blend.split,
         "splits": {name: [_sidecar_entry(e) for e in blend.splits[name]] if name in blend.splits else None

@@ -119,6 +119,8 @@ def _add_pretrain_parser(sub) -> None:
 def _add_sft_parser(sub) -> None:
     from .masking import MASK_POLICIES
     from .conversations import FORMATS
+    from .packing import PACKINGS
+    from .manifest import LAYOUTS
     from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
 
     p = _subparser(sub, "sft", "chat/instruction records → tokens + loss mask indexed datasets")
@@ -129,14 +131,24 @@ def _add_sft_parser(sub) -> None:
     p.add_argument("--seq-length", type=_at_least(2), default=None,
                    help="longest sample / packed row length in tokens (none: no limit)")
     p.add_argument("--pack", action="store_true", help="pack samples into rows of exactly --seq-length tokens")
-    p.add_argument("--overlong", default="drop", choices=["drop", "truncate"],
-                   help="samples over --seq-length: set aside in the rejects file (drop) or truncate")
+    p.add_argument("--packing", default="best-fit", choices=sorted(PACKINGS),
+                   help="how --pack fills rows: best-fit (fewest rows) or next-fit (input order, as Pai-Megatron-Patch)")
+    p.add_argument("--layout", default="mask", choices=LAYOUTS,
+                   help="mask: ids + a loss-mask dataset (PREFIX.lossmask); pai: "
+                        "Pai-Megatron-Patch's rows of 2 x --seq-length (ids, then labels with -100), with its defaults "
+                        "for --overlong, --assistant-span and --input-separator")
+    p.add_argument("--overlong", default=None, choices=["drop", "truncate"],
+                   help="samples over --seq-length: set aside in the rejects file (drop) or truncate "
+                        "(default: drop; truncate with --layout pai)")
+    p.add_argument("--input-separator", default=None, metavar="TEXT",
+                   help="between an alpaca instruction and its input (default: a newline; nothing with --layout pai)")
     p.add_argument("--mask", default="assistant", choices=MASK_POLICIES,
                    help="train every assistant turn, only the last one, or all tokens (prompt too)")
-    p.add_argument("--assistant-span", default="im_end_nl", choices=sorted(SPAN_KINDS),
+    p.add_argument("--assistant-span", default=None, choices=sorted(SPAN_KINDS),
                    help="what of an assistant turn is trained: im_end_nl = content + <|im_end|> + newline "
-                        "(as LLaMA-Factory); im_end = content + <|im_end|> (ms-swift); trl = newline after "
-                        "the role + content + <|im_end|> + newline (TRL's generation templates)")
+                        "(as LLaMA-Factory; the default); im_end = content + <|im_end|> (ms-swift); trl = newline after "
+                        "the role + content + <|im_end|> + newline (TRL's generation templates); turn = all of it from "
+                        "<|im_start|> (Pai-Megatron-Patch; the default with --layout pai)")
     p.add_argument("--history", default="rendered", choices=HISTORY_MODES,
                    help="multi-turn samples: rendered (one sample, as the template renders it), last (only the final "
                         "turn trained), split (one sample per assistant turn, each rendered as at inference: what "
@@ -145,7 +157,8 @@ def _add_sft_parser(sub) -> None:
                    help="render with enable_thinking=False (Qwen3)")
     p.add_argument("--parse-tool-arguments", action="store_true",
                    help="tool-call arguments given as JSON strings are parsed to objects before rendering")
-    p.add_argument("--pad-id", type=int, default=None, help=f"pad id (none: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN})")
+    p.add_argument("--pad-id", type=int, default=None, help=f"pad id (none: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN}; with --layout pai, "
+                        "the tokenizer's first free id, where Pai-Megatron-Patch adds <|extra_0|>)")
     p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>'")
     p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
     columns = p.add_mutually_exclusive_group()
@@ -312,18 +325,20 @@ def _run_sft(args) -> int:
         args.inputs = named
     config = SFTConfig(
         columns=columns, inputs=_inputs(args, "chats.jsonl"), template=args.template, format=args.format, seq_length=args.seq_length,
-        pack=args.pack, overlong=args.overlong, mask=args.mask, assistant_span=args.assistant_span,
+        pack=args.pack, packing=args.packing, layout=args.layout, overlong=args.overlong, mask=args.mask,
+        assistant_span=args.assistant_span, input_separator=args.input_separator,
         history=args.history, enable_thinking=args.enable_thinking, parse_tool_arguments=args.parse_tool_arguments,
         pad_id=args.pad_id, pad_token=args.pad_token, special_tokens=args.special_tokens, **_common(args),
     )
     m = execute(run, config, [config.output_prefix], args)[0]
     s = m.sft
     packed = f", {s['rows']:,} rows of {s['seq_length']} (fill {s['fill']:.2%}, {s['pad_tokens']:,} pad)" if s["packed"] else ""
-    print(f"{config.output_prefix}: {s['samples']:,} samples, {m.tokens:,} tokens, "
+    print(f"{config.output_prefix}: {s['samples']:,} samples, {s['sample_tokens']:,} tokens, "
           f"{s['trained_tokens']:,} trained{packed}; {m.wall_seconds:.1f} s")
     _print_rejects(config.output_prefix, m)
-    print(f"template {s['template']} (sha256 {s['template_sha256'][:12]}), pad id {m.pad_id}, "
-          f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx")
+    where = (f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx" if s["layout"] == "mask" else
+             f"{s['layout']} layout: rows of 2 x {s['seq_length']} (ids, then labels)")
+    print(f"template {s['template']} (sha256 {s['template_sha256'][:12]}), pad id {m.pad_id}, {where}")
     return 0
 
 

@@ -12,9 +12,9 @@ Input formats (`fmt="auto"` picks per record by its keys: `messages` -> chat,
   `output`, optional `system` (an empty one counts as absent), optional `history` as
   [[user, assistant], ...].
   The user turn is the non-empty ones of instruction and input joined by "\\n", as
-  LLaMA-Factory's AlpacaDatasetConverter does. (Pai-Megatron-Patch's
-  build_idxmap_sft_dataset.py concatenates them with no separator and ignores `system`
-  and `history`; we follow LLaMA-Factory, which keeps the two parts apart.)
+  LLaMA-Factory's AlpacaDatasetConverter does (`input_separator`). Pai-Megatron-Patch's
+  build_idxmap_sft_dataset.py concatenates them with no separator (`sft --layout pai` does
+  too) and ignores `system` and `history` (we never do).
 - chat: `{"messages": [...], "tools"?}`. Reasoning may come as `reasoning_content`, or under
   the aliases transformers also accepts (`thinking`, `reasoning`).
 - sharegpt: `{"conversations": [{"from", "value"}], "system"?, "tools"?}` (LLaMA-Factory's
@@ -107,12 +107,14 @@ class Conversation:
         return [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
 
 
-def to_conversation(record: dict, fmt: str = "auto", *, parse_tool_arguments: bool = False) -> Conversation:
+def to_conversation(record: dict, fmt: str = "auto", *, parse_tool_arguments: bool = False,
+                    input_separator: str = "\n") -> Conversation:
     """Convert one SFT record to a validated Conversation, or raise RecordError.
 
     parse_tool_arguments: OpenAI-style data carries tool-call arguments as JSON strings.
     Qwen2.5's template `tojson`s them again (a double-encoded string); set this to parse a
     string holding a JSON object into a dict first, so every template renders an object.
+    input_separator: between an alpaca instruction and its input, when both are there.
     """
     if not isinstance(record, dict):
         raise RecordError("not-an-object", f"record is a {type(record).__name__}, not a JSON object")
@@ -120,7 +122,7 @@ def to_conversation(record: dict, fmt: str = "auto", *, parse_tool_arguments: bo
     if fmt == "auto":
         fmt = detect_format(record)
     if fmt == "alpaca":
-        conversation = _from_alpaca(record)
+        conversation = _from_alpaca(record, input_separator)
     elif fmt == "chat":
         conversation = _from_chat(record)
     elif fmt == "sharegpt":
@@ -158,7 +160,7 @@ def detect_format(record: dict) -> str:
 # alpaca
 
 
-def _from_alpaca(record: dict) -> Conversation:
+def _from_alpaca(record: dict, input_separator: str = "\n") -> Conversation:
     for key in ("instruction", "output"):
         if key not in record or record[key] is None:
             raise RecordError("missing-field", f"alpaca record has no {key!r}")
@@ -180,7 +182,7 @@ def _from_alpaca(record: dict) -> Conversation:
                 if not isinstance(text, str):
                     raise RecordError("non-string-content", f"history[{n}] {role} text is a {type(text).__name__}")
                 messages.append({"role": role, "content": text})
-    messages.append({"role": "user", "content": "\n".join(part for part in (instruction, query) if part)})
+    messages.append({"role": "user", "content": input_separator.join(part for part in (instruction, query) if part)})
     messages.append({"role": "assistant", "content": output})
     return Conversation(messages, None)
 

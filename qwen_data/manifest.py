@@ -20,6 +20,9 @@ from .indexed import DTYPE_CODES, token_dtype
 
 FORMAT = "qwen-data/1"
 KINDS = ("pretrain", "sft")
+# SFT layouts (sft.layout): "mask", ids + a loss-mask dataset at PREFIX.lossmask (`qwen_data.sft`);
+# "pai", Pai-Megatron-Patch's rows of ids then labels (`qwen_data.pai`).
+LAYOUTS = ("mask", "pai")
 
 
 class ManifestError(ValueError):
@@ -58,6 +61,11 @@ class Manifest:
     @property
     def packed(self) -> bool:
         return bool(self.sft and self.sft.get("packed"))
+
+    @property
+    def layout(self) -> str | None:
+        """SFT: "mask" (ids + PREFIX.lossmask) or "pai" (`qwen_data.pai`); absent before layouts were named."""
+        return self.sft.get("layout", "mask") if self.sft else None
 
     @property
     def seq_length(self) -> int | None:
@@ -128,7 +136,10 @@ def problems(data, where: str) -> list[str]:
         found += _sft_problems(data.get("sft"), where)
     if found:
         return found
-    if dtype != token_dtype(vocab_size).name:
+    if kind == "sft" and data["sft"].get("layout", "mask") == "pai":
+        if dtype != "int32":
+            found.append(f"{where}: dtype {dtype} in the pai layout, which is int32 (it stores negative values)")
+    elif dtype != token_dtype(vocab_size).name:
         found.append(f"{where}: dtype {dtype} is not the one Megatron uses for a vocabulary of "
                      f"{vocab_size} ids ({token_dtype(vocab_size).name})")
     if data["eod_id"] >= vocab_size:
@@ -146,6 +157,11 @@ def _sft_problems(sft, where: str) -> list[str]:
         return [f"{where}: sft.seq_length is {seq_length!r}, not a length"]
     if packed and seq_length is None:
         return [f"{where}: packed SFT data without sft.seq_length"]
+    layout = sft.get("layout", "mask")
+    if layout not in LAYOUTS:
+        return [f"{where}: sft.layout is {layout!r}, not one of {', '.join(LAYOUTS)}"]
+    if layout == "pai" and seq_length is None:
+        return [f"{where}: pai-layout data without sft.seq_length"]
     return []
 
 

@@ -2,13 +2,14 @@
 
 The shards of a sharded run (`--shard K/N`, K = 0..N-1) join, in shard order, into exactly the
 prefix one run over all the inputs writes: the same .bin/.idx bytes (so the same fingerprint), the
-counts and rejects summed, the rejects files concatenated. A sharded `--pack` run leaves its samples
-unpacked (packing is best fit over all samples, so it cannot be done in parts) and the merge packs
-them. Prefixes that are not shards join in the order given.
+counts and rejects summed, the rejects files concatenated. A sharded `--pack` or `--layout pai` run
+leaves its samples as they are (best fit packs over all samples, so it cannot be done in parts) and
+the merge packs them and lays them out (`sft.finish`). Prefixes that are not shards join in the
+order given.
 
 Refused, naming the prefix and the field: prefixes of another kind, tokenizer, eod/pad id, dtype or
 SFT settings; an incomplete or repeated set of shards, or shards of other inputs; already packed
-data; an index whose counts disagree with its manifest. (`verify` re-hashes the data itself.)
+data and data in the pai layout; an index whose counts disagree with its manifest. (`verify` re-hashes the data itself.)
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ import time
 import numpy as np
 
 from .indexed import IndexedDatasetWriter, MaskedWriter, MASK_SUFFIX, read_index
-from .manifest import Manifest, fingerprint
+from .manifest import Manifest
 from .outputs import AtomicOutputs
 from .progress import Progress
-from .sft import UNPACKED, pack, trained_tokens
+from .sft import UNPACKED, counts_of, finish, trained_tokens
 
 # Fields of a manifest that say how data was made: equal in every part of a merge.
 SETTINGS = ("kind", "tokenizer", "eod_id", "eod_token", "pad_id", "text_key", "special_tokens", "dtype")
-SFT_SETTINGS = ("template", "template_sha256", "format", "mask_policy", "assistant_span", "history",
-                "enable_thinking", "special_tokens", "seq_length", "overlong", "packed", "pack_on_merge")
+SFT_SETTINGS = ("template", "template_sha256", "format", "input_separator", "mask_policy", "assistant_span",
+                "history", "enable_thinking", "special_tokens", "seq_length", "overlong", "packed", "pack_on_merge",
+                "packing", "layout", "layout_on_merge")
+ON_MERGE = ("pack_on_merge", "layout_on_merge")  # what a shard leaves for the merge to do
 SFT_COUNTS = ("special_token_records", "samples", "sample_tokens", "truncated")
 BLOCK_TOKENS = 1 << 24  # tokens copied at a time
 
@@ -44,14 +47,16 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
     _check_alike(parts)
     sft = first.kind == "sft"
     packs = sft and bool(first.sft.get("pack_on_merge"))
-    files = (MaskedWriter.files(output) + (MaskedWriter.files(output + UNPACKED) if packs else [])
+    layout = first.sft.get("layout_on_merge", "mask") if sft else None
+    finishes = packs or layout not in (None, "mask")
+    files = (MaskedWriter.files(output) + (MaskedWriter.files(output + UNPACKED) if finishes else [])
              if sft else [output + ".bin", output + ".idx"])
     rejects_path = output + ".rejects.jsonl"
     with AtomicOutputs(files + [output + ".json", rejects_path]) as outputs:
         progress = Progress(sum(m.tokens for _, m in parts), enabled=not quiet, label="merge ")
         dtype = np.dtype(first.dtype)
         if sft:
-            data = MaskedWriter([outputs.tmp(f) for f in MaskedWriter.files(output + (UNPACKED if packs else ""))],
+            data = MaskedWriter([outputs.tmp(f) for f in MaskedWriter.files(output + (UNPACKED if finishes else ""))],
                                 dtype, hash_beside=True)
             channels = [(data.ids, ""), (data.mask, MASK_SUFFIX)]
         else:
@@ -62,12 +67,13 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
         data.finalize()
         progress.close()
         manifest = _manifest(parts, data, np.concatenate(lengths))
-        if packs:
-            out, packing = pack(outputs, output, data, np.concatenate(lengths), first.seq_length, first.pad_id)
-            manifest.sft |= packing | {"packed": True}
-            del manifest.sft["pack_on_merge"]
-            manifest.documents, manifest.sequences = out.ids.documents, out.ids.sequences
-            manifest.tokens, manifest.fingerprint = out.ids.tokens, fingerprint(out.digests)
+        if finishes:
+            counts, final = finish(outputs, output, data, np.concatenate(lengths), layout,
+                                   first.sft.get("packing", "best-fit") if packs else None, first.seq_length,
+                                   first.pad_id)
+            manifest.sft = {k: v for k, v in manifest.sft.items() if k not in ON_MERGE} | final
+            for name, value in counts.items():
+                setattr(manifest, name, value)
         rejected = _join_rejects([p for p, _ in parts], outputs.tmp(rejects_path))
         if not rejected:
             outputs.discard(rejects_path)
@@ -101,9 +107,10 @@ def _ordered(parts: list[tuple[str, Manifest]]) -> list[tuple[str, Manifest]]:
 def _check_alike(parts: list[tuple[str, Manifest]]) -> None:
     base_prefix, base = parts[0]
     for prefix, m in parts:
-        if m.packed:
-            raise MergeError(f"{prefix} is packed: packing is best fit over all samples, so packed data cannot be "
-                             "joined; run the shards with --shard K/N --pack (they leave samples for merge to pack)")
+        if m.packed or m.layout == "pai":
+            what = "packed" if m.packed else "in the pai layout"
+            raise MergeError(f"{prefix} is {what}, which cannot be joined: run the shards with --shard K/N and the "
+                             "same --pack/--layout (they leave their samples for merge to pack and lay out)")
         index = read_index(prefix + ".idx")
         if (index.documents, index.sequences) != (m.documents, m.sequences):
             raise MergeError(f"{prefix}.idx holds {index.documents} documents, {index.sequences} sequences; its "
@@ -159,8 +166,7 @@ def _manifest(parts: list[tuple[str, Manifest]], data, lengths: np.ndarray) -> M
     return Manifest(
         kind=first.kind, tokenizer=first.tokenizer, eod_id=first.eod_id, eod_token=first.eod_token,
         pad_id=first.pad_id, text_key=first.text_key, special_tokens=first.special_tokens,
-        special_token_records=special, dtype=first.dtype, documents=ids.documents, sequences=ids.sequences,
-        tokens=ids.tokens, fingerprint=fingerprint(digests), sft=sft, inputs=inputs,
+        special_token_records=special, **counts_of(ids, digests), sft=sft, inputs=inputs,
         rejects={"count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items()))},
     )
 

@@ -72,6 +72,10 @@ class AtomicOutputs:
         os.remove(final_path + TMP_SUFFIX)
         self._obsolete.append(final_path)
 
+    def leave_out(self, final_path: str) -> None:
+        """A declared file this run does not write: an old one there goes at commit."""
+        self._obsolete.append(final_path)
+
     def commit(self, markers: list[str]) -> None:
         """Rename every tmp file into place, the `markers` last (they must be among the tmp files)."""
         for path in markers + self._obsolete + self._files:

@@ -1,7 +1,9 @@
-"""Deterministic packing of SFT samples into fixed-length rows (best-fit decreasing).
+"""Deterministic packing of SFT samples into fixed-length rows.
 
-`pack(lengths, capacity)` decides which samples share a row; the caller writes each row as one
-document whose sequences are its samples, then one pad sequence when the row is not full.
+`pack(lengths, capacity)` decides which samples share a row (best-fit decreasing); the caller
+writes each row as one document whose sequences are its samples, then one pad sequence when the
+row is not full. `next_fit` keeps the input order instead (Pai-Megatron-Patch packs that way), and
+`one_per_row` is the plan of unpacked data. PACKINGS names the packing algorithms.
 
 The algorithm is exact best-fit decreasing: samples are taken longest first (equal lengths in
 index order) and each goes to the open row with the least free space that still holds it, a new
@@ -114,8 +116,7 @@ def pack(lengths, capacity: int) -> PackPlan:
     lengths = _validated(lengths, capacity)
     n = len(lengths)
     if n == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return PackPlan(empty, empty, empty, capacity)
+        return _plan(lengths, lengths, 0, capacity)
 
     by_size = np.argsort(-lengths, kind="stable")  # longest first, ties by index
     sorted_lengths = lengths[by_size]
@@ -190,6 +191,26 @@ def pack(lengths, capacity: int) -> PackPlan:
     return _plan_in_input_order(lengths, by_size, row_of_sorted, rows_opened, capacity)
 
 
+def next_fit(lengths, capacity: int) -> PackPlan:
+    """Samples in input order, a new row whenever the next one does not fit in the current row."""
+    lengths = _validated(lengths, capacity)
+    row_of = np.empty(len(lengths), dtype=np.int64)  # 0 rows for no samples
+    row, used = -1, capacity
+    for i, n in enumerate(lengths.tolist()):
+        if used + n > capacity:
+            row, used = row + 1, 0
+        row_of[i], used = row, used + n
+    return _plan(lengths, row_of, row + 1, capacity)
+
+
+def one_per_row(lengths, capacity: int) -> PackPlan:
+    lengths = _validated(lengths, capacity)
+    return PackPlan(np.arange(len(lengths)), np.ones(len(lengths), np.int64), lengths, capacity)
+
+
+PACKINGS = {"best-fit": pack, "next-fit": next_fit}
+
+
 def _plan_in_input_order(lengths, by_size, row_of_sorted, rows, capacity) -> PackPlan:
     row_of = np.empty_like(row_of_sorted)
     row_of[by_size] = row_of_sorted
@@ -197,12 +218,16 @@ def _plan_in_input_order(lengths, by_size, row_of_sorted, rows, capacity) -> Pac
     _, first_sample = np.unique(row_of, return_index=True)
     renumber = np.empty(rows, dtype=np.int64)
     renumber[np.argsort(first_sample, kind="stable")] = np.arange(rows)
-    row_of = renumber[row_of]
+    return _plan(lengths, renumber[row_of], rows, capacity)
+
+
+def _plan(lengths, row_of, rows, capacity) -> PackPlan:
+    """The plan from each sample's row (rows numbered in output order)."""
     order = np.argsort(row_of, kind="stable")  # stable: index order inside each row
     row_sizes = np.bincount(row_of, minlength=rows).astype(np.int64)
     starts = np.zeros(rows, dtype=np.int64)
     np.cumsum(row_sizes[:-1], out=starts[1:])
-    row_tokens = np.add.reduceat(lengths[order], starts)
+    row_tokens = np.add.reduceat(lengths[order], starts) if rows else np.zeros(0, np.int64)
     return PackPlan(order, row_sizes, row_tokens, capacity)
 
 
@@ -228,9 +253,9 @@ def _validated(lengths, capacity) -> np.ndarray:
     return array
 
 
-def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, seq_length: int, pad_id: int):
-    """Pack the finished unpacked samples into rows of exactly `seq_length`; returns the plan."""
-    plan = pack(lengths, seq_length)
+def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, plan: PackPlan, pad_id: int):
+    """The finished unpacked samples as the rows of `plan`, each padded to exactly its capacity."""
+    seq_length = plan.capacity
     ids = np.memmap(samples.ids.bin_path, dtype=samples.ids.dtype, mode="r") if len(lengths) else np.zeros(0)
     mask = np.memmap(samples.mask.bin_path, dtype=np.uint8, mode="r") if len(lengths) else np.zeros(0)
     starts = np.cumsum(lengths) - lengths
@@ -253,4 +278,3 @@ def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, 
         out.add_batch(np.concatenate(ids_parts), np.concatenate(mask_parts),
                       sequence_lengths[seq_cursor: seq_cursor + n_seq], per_row[first:last])
         seq_cursor += n_seq
-    return plan

@@ -2,12 +2,15 @@
 
   readers (main) → ChatSamples.process (workers: to_conversation → render_samples → SampleEncoder)
   → MaskedWriter (main: ids, and a uint8 loss mask with the identical index)
-  → [--pack: best-fit rows of exactly --seq-length] → manifest
+  → [--pack: rows of exactly --seq-length] → [--layout pai: Pai-Megatron-Patch's rows] → manifest
 
-Unpacked, every sample is one document of one sequence, stored unpadded: readers pad it to their
-sequence length with the pad id (mask 0). Packed, every document is one row of exactly N tokens:
-its sequences are its samples, then one sequence of pad ids (mask 0) if the row is not full, so a
-reader knows every boundary and samples never need to see each other.
+The default layout ("mask"): unpacked, every sample is one document of one sequence, stored
+unpadded: readers pad it to their sequence length with the pad id (mask 0). Packed, every document
+is one row of exactly N tokens: its sequences are its samples, then one sequence of pad ids (mask 0)
+if the row is not full, so a reader knows every boundary and samples never need to see each other.
+`--layout pai` writes what Pai-Megatron-Patch's trainer reads instead (`qwen_data.pai`).
+Packing and the Pai layout need every sample: a run stages its samples at PREFIX.unpacked and
+`finish` writes the final rows from them (a shard leaves that to `merge`).
 """
 
 from __future__ import annotations
@@ -16,15 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import literals, pipeline
+from . import literals, pai, pipeline
 from .columns import ColumnMap
 from .conversations import FORMATS, to_conversation
 from .errors import RecordError
-from .indexed import MaskedWriter, token_dtype
-from .manifest import Manifest, fingerprint
+from .indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
+from .manifest import LAYOUTS, Manifest, fingerprint
 from .masking import MASK_POLICIES, SampleEncoder
 from .outputs import AtomicOutputs
-from .packing import write_packed
+from .packing import PACKINGS, one_per_row, write_packed
 from .pipeline import ChunkResult, RunConfig
 from .qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
                    TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
@@ -34,15 +37,27 @@ from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_te
 from .tokenizer import QwenTokenizer, TokenizerConfig
 
 
+# Settings left unset take their layout's defaults (`manifest.LAYOUTS`): Pai's script truncates
+# over-long samples, trains the assistant turn from <|im_start|> on, and joins an alpaca instruction
+# and input with nothing between them.
+LAYOUT_DEFAULTS = {
+    "mask": {"overlong": "drop", "assistant_span": "im_end_nl", "input_separator": "\n"},
+    "pai": {"overlong": "truncate", "assistant_span": "turn", "input_separator": ""},
+}
+
+
 @dataclass(kw_only=True)
 class SFTConfig(RunConfig):
     template: str = "qwen2p5"
     format: str = "auto"
     seq_length: int | None = None
     pack: bool = False
-    overlong: str = "drop"
+    packing: str = "best-fit"  # a key of packing.PACKINGS
+    layout: str = "mask"
+    overlong: str | None = None  # None: the layout's default, as the two below
     mask: str = "assistant"
-    assistant_span: str = "im_end_nl"
+    assistant_span: str | None = None
+    input_separator: str | None = None  # between an alpaca instruction and its input
     history: str = "rendered"
     enable_thinking: bool | None = None
     parse_tool_arguments: bool = False
@@ -53,22 +68,31 @@ class SFTConfig(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}")
+        for name, value in LAYOUT_DEFAULTS[self.layout].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         choices = {"template": TEMPLATE_NAMES + ("auto",), "format": FORMATS, "overlong": ("drop", "truncate"),
-                   "mask": MASK_POLICIES, "assistant_span": tuple(SPAN_KINDS), "history": HISTORY_MODES}
+                   "mask": MASK_POLICIES, "assistant_span": tuple(SPAN_KINDS), "history": HISTORY_MODES,
+                   "packing": tuple(PACKINGS)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}")
         if self.pack and not self.seq_length:
             raise ValueError("--pack needs --seq-length")
+        if self.layout == "pai" and not self.seq_length:
+            raise ValueError("--layout pai needs --seq-length (its every row holds 2 x seq-length values)")
         if self.seq_length is not None and self.seq_length < 2:
             raise ValueError("--seq-length must be at least 2")
         if self.pad_id is not None and self.pad_token is not None:
             raise ValueError("give --pad-id or --pad-token, not both")
 
     @property
-    def packs(self) -> bool:
-        """Whether this run packs: a shard leaves its samples unpacked, for `merge` to pack them all."""
-        return self.pack and self.shard is None
+    def stages(self) -> bool:
+        """Whether this run's samples are staged for `finish`: a shard leaves them as they are, for
+        `merge` to finish them all at once (best fit needs every sample)."""
+        return (self.pack or self.layout != "mask") and self.shard is None
 
     @property
     def rendered_history(self) -> str:
@@ -78,7 +102,9 @@ class SFTConfig(RunConfig):
 def resolve_pad_id(config: SFTConfig, tokenizer: QwenTokenizer) -> int:
     """The fixed pad id: never eod/eos/<|im_end|> or any token the templates write, inside every
     Qwen embedding table. (Data that would contain it is rejected sample by sample.)"""
-    pad = config.pad_id if config.pad_id is not None else DEFAULT_PAD_ID
+    pad = config.pad_id
+    if pad is None:
+        pad = pai.pad_id(tokenizer.vocab_size) if config.layout == "pai" else DEFAULT_PAD_ID
     if config.pad_token is not None:
         pad = tokenizer.token_id(config.pad_token, "--pad-token")
     for name in TEMPLATE_TOKENS:
@@ -127,9 +153,10 @@ class ChatSamples:
         self.acted_on = self.tokenizer.acted_on(config.special_tokens)
 
     def files(self) -> list[str]:
+        """The mask layout's files whatever the layout: a Pai run removes an older run's loss mask."""
         prefix = self.config.output_prefix
-        unpacked = MaskedWriter.files(prefix + UNPACKED) if self.config.packs else []
-        return MaskedWriter.files(prefix) + [prefix + ".json"] + unpacked
+        staged = MaskedWriter.files(prefix + UNPACKED) if self.config.stages else []
+        return MaskedWriter.files(prefix) + [prefix + ".json"] + staged
 
     def columns(self) -> list[str] | None:
         return self.config.columns.columns_read() if self.config.columns else None
@@ -167,7 +194,8 @@ class ChatSamples:
                     raise record
                 if columns:
                     record = columns.apply(record)
-                conversation = to_conversation(record, fmt, parse_tool_arguments=config.parse_tool_arguments)
+                conversation = to_conversation(record, fmt, parse_tool_arguments=config.parse_tool_arguments,
+                                               input_separator=config.input_separator)
                 special = literals.find(conversation, self.acted_on)
                 special_records += bool(special)
                 rendered = self._render_conversation(conversation, special)
@@ -212,13 +240,13 @@ def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):
 
 
 class SFTWriter:
-    """Samples as they come; at the end, packed into rows when asked for."""
+    """Samples as they come; at the end, the final rows when the run stages them."""
 
     def __init__(self, step: ChatSamples, outputs: AtomicOutputs) -> None:
         self.step, self.outputs = step, outputs
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.prefix = step.config.output_prefix
-        self.samples = self._writer(self.prefix + (UNPACKED if step.config.packs else ""))
+        self.samples = self._writer(self.prefix + (UNPACKED if step.config.stages else ""))
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
 
@@ -239,45 +267,68 @@ class SFTWriter:
         config, step = self.step.config, self.step
         self.samples.finalize()
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
-        out, packing = self.samples, {}
-        if config.packs:
-            out, packing = pack(self.outputs, self.prefix, self.samples, lengths, config.seq_length, step.pad_id)
-        elif config.pack:
-            packing = {"pack_on_merge": True}
-        manifest = Manifest(
-            kind="sft", tokenizer=step.tokenizer.identity(), eod_id=step.tokenizer.eod_id, pad_id=step.pad_id,
-            dtype=self.dtype.name, documents=out.ids.documents, sequences=out.ids.sequences, tokens=out.ids.tokens,
-            fingerprint=fingerprint(out.digests), sft=self._section(out, lengths) | packing,
-        )
+        if config.stages:
+            counts, final = finish(self.outputs, self.prefix, self.samples, lengths, config.layout,
+                                   config.packing if config.pack else None, config.seq_length, step.pad_id)
+        else:
+            counts, final = counts_of(self.samples.ids, self.samples.digests), {
+                "layout": "mask", "packed": False, "trained_tokens": trained_tokens(self.samples)}
+            if config.pack:
+                final |= {"pack_on_merge": True, "packing": config.packing}
+            if config.layout != "mask":
+                final["layout_on_merge"] = config.layout
+        manifest = Manifest(kind="sft", tokenizer=step.tokenizer.identity(), eod_id=step.tokenizer.eod_id,
+                            pad_id=step.pad_id, sft=self._section(lengths) | final, **counts)
         return {self.prefix: manifest}
 
-    def _section(self, out: MaskedWriter, lengths: np.ndarray) -> dict:
+    def _section(self, lengths: np.ndarray) -> dict:
         config, template = self.step.config, self.step.template
-        trained = trained_tokens(out)
         return {
             "template": template.name, "template_sha256": template.sha256, "format": config.format,
-            "mask_policy": config.mask, "assistant_span": config.assistant_span, "history": config.rendered_history,
+            "input_separator": config.input_separator, "mask_policy": config.mask,
+            "assistant_span": config.assistant_span, "history": config.rendered_history,
             "enable_thinking": config.enable_thinking, "special_tokens": config.special_tokens,
             "special_token_records": self.special_records, "seq_length": config.seq_length,
-            "overlong": config.overlong, "packed": config.packs, "samples": int(len(lengths)),
-            "sample_tokens": int(lengths.sum()), "trained_tokens": trained, "truncated": self.truncated,
+            "overlong": config.overlong, "samples": int(len(lengths)), "sample_tokens": int(lengths.sum()),
+            "truncated": self.truncated,
         }
 
 
-# Where a packing run keeps its samples until they are packed (removed at the end).
+# Where a run keeps its samples until `finish` writes the final rows (removed at the end).
 UNPACKED = ".unpacked"
 
 
-def pack(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, seq_length: int,
-         pad_id: int) -> tuple[MaskedWriter, dict]:
-    """Pack the finished samples at PREFIX.unpacked into PREFIX's rows, best fit over all of them;
-    the rows' writer and the manifest's packing counts."""
-    out = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
-    plan = write_packed(samples, lengths, out, seq_length, pad_id)
-    out.finalize()
+def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, layout: str,
+           packing: str | None, seq_length: int, pad_id: int) -> tuple[dict, dict]:
+    """Write PREFIX's data from the finished samples staged at PREFIX.unpacked: packed by the
+    algorithm `packing` (None: one sample per row), in `layout`. The manifest's counts, and its
+    sft fields for the result."""
+    plan = PACKINGS[packing](lengths, seq_length) if packing else one_per_row(lengths, seq_length)
+    if layout == "pai":
+        out = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
+        trained = pai.write_rows(samples, lengths, plan, out, pad_id)
+        out.finalize()
+        counts = counts_of(out, [out.digests])
+        for path in MaskedWriter.files(prefix)[2:]:
+            outputs.leave_out(path)
+    else:
+        masked = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
+        write_packed(samples, lengths, masked, plan, pad_id)
+        masked.finalize()
+        counts, trained = counts_of(masked.ids, masked.digests), trained_tokens(masked)
     for path in MaskedWriter.files(prefix + UNPACKED):
         outputs.discard(path)
-    return out, {"rows": plan.rows, "fill": round(plan.fill, 6), "pad_tokens": plan.pad_tokens}
+    final = {"layout": layout, "packed": packing is not None, "trained_tokens": trained, "pad_tokens": plan.pad_tokens}
+    if packing:
+        final |= {"packing": packing, "rows": plan.rows, "fill": round(plan.fill, 6)}
+    return counts, final
+
+
+def counts_of(data: IndexedDatasetWriter, digests: list[tuple[str, str]]) -> dict:
+    """The manifest's fields of finished data: its first channel's dtype and counts, the
+    fingerprint of all its channels."""
+    return {"dtype": data.dtype.name, "documents": data.documents, "sequences": data.sequences,
+            "tokens": data.tokens, "fingerprint": fingerprint(digests)}
 
 
 def trained_tokens(data: MaskedWriter) -> int:

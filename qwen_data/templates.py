@@ -48,11 +48,13 @@ KINDS = (CONTEXT, HEADER, HEADER_NL, THINK, BODY, END, END_NL)
 
 # Segment kinds trained under each --assistant-span policy (the lead's contract):
 # im_end_nl (LLaMA-Factory): body + <|im_end|> + "\n"; im_end (ms-swift): body + <|im_end|>;
-# trl (TRL's qwen2_5 {% generation %} template): "\n" after the role + body + <|im_end|>\n.
+# trl (TRL's qwen2_5 {% generation %} template): "\n" after the role + body + <|im_end|>\n;
+# turn (Pai-Megatron-Patch, which trains all that follows the prompt): the whole turn from <|im_start|>.
 SPAN_KINDS = {
     "im_end_nl": frozenset({THINK, BODY, END, END_NL}),
     "im_end": frozenset({THINK, BODY, END}),
     "trl": frozenset({HEADER_NL, THINK, BODY, END, END_NL}),
+    "turn": frozenset({HEADER, HEADER_NL, THINK, BODY, END, END_NL}),
 }
 
 HISTORY_MODES = ("rendered", "last", "split")

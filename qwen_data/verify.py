@@ -11,6 +11,11 @@ Checked, for `PREFIX.bin/.idx` (and SFT's `PREFIX.lossmask.bin/.idx`):
   - SFT unpacked: one sample per document, no pad id at all, none over --seq-length;
     SFT packed: every document is a row of exactly seq_length tokens, its samples then at most one
     pad-only sequence, and pad ids nowhere else;
+  - SFT in the pai layout (`qwen_data.pai`, no loss-mask channel): every document is one sequence of
+    2 x seq_length values; its ids are vocabulary ids with each sample's last one stored as -1 - id,
+    then only pad ids; at least one sample per row (exactly one unpacked); every label is -100 or the
+    next id of the same sample, -100 at a sample's last position and on padding; every sample trains
+    at least one label;
   - the fingerprint recomputed from the files is the manifest's, and so are the SFT statistics.
 
 The .bin files are streamed in blocks and the index arrays read in chunks from memmaps, so memory
@@ -26,6 +31,7 @@ import numpy as np
 
 from .indexed import MASK_SUFFIX, IndexFormatError, file_digest, new_hash, read_index
 from .manifest import Manifest, fingerprint, load, problems as manifest_problems
+from .pai import IGNORE
 
 BLOCK_BYTES = 1 << 24  # .bin bytes read at a time
 CHUNK = 1 << 20  # index entries checked at a time
@@ -47,7 +53,7 @@ def verify(prefix: str) -> list[str]:
         return problems
     manifest = Manifest.from_json(data, where)
     channels = [(prefix, np.dtype(manifest.dtype))]
-    if manifest.kind == "sft":
+    if manifest.layout == "mask":
         channels.append((prefix + MASK_SUFFIX, np.dtype(np.uint8)))
     indexes = []
     for name, dtype in channels:
@@ -170,6 +176,20 @@ def _check_sizes(prefix: str, indexes, manifest: Manifest, problems: list[str]) 
 def _check_layout(index, manifest: Manifest, problems: list[str]) -> bool:
     """What the kind promises about documents and sequences (index only)."""
     name = index.path
+    if manifest.layout == "pai":
+        width = 2 * manifest.seq_length
+        for start, chunk in _chunks(index.document_indices, overlap=1):
+            if (np.diff(chunk) != 1).any():
+                d = start + int(np.argmax(np.diff(chunk) != 1))
+                problems.append(f"{name}: row {d} holds {chunk[d - start + 1] - chunk[d - start]} sequences, "
+                                "expected one per document in the pai layout")
+                return False
+        for start, lengths in _chunks(index.lengths):
+            if (lengths != width).any():
+                r = start + int(np.argmax(lengths != width))
+                problems.append(f"{name}: row {r} holds {lengths[r - start]} values, not 2 x sft.seq_length = {width}")
+                return False
+        return True
     if manifest.kind == "pretrain" or not manifest.packed:
         unit = "document" if manifest.kind == "pretrain" else "sample"
         for start, chunk in _chunks(index.document_indices, overlap=1):
@@ -244,6 +264,8 @@ class _Stats:
         self.trained = 0
         self.pad_tokens = 0
         self.pad_sequences = 0
+        self.samples = 0  # pai layout: counted from the rows' end marks
+        self.sample_tokens = 0
 
 
 def _fill(f, view) -> int:
@@ -264,9 +286,11 @@ def _stream(indexes, manifest: Manifest, sound: bool, problems: list[str]) -> _S
     mask_path = indexes[1].path[: -len(".idx")] + ".bin" if len(indexes) == 2 else None
     kind, packed, seq_length = manifest.kind, manifest.packed, manifest.seq_length
     vocab, eod, pad = manifest.vocab_size, manifest.eod_id, manifest.pad_id
+    pai = manifest.layout == "pai"
     block = max(BLOCK_BYTES // ids_index.dtype.itemsize, 1)
-    if packed:
-        block = max(block // seq_length, 1) * seq_length  # whole rows
+    if packed or pai:
+        row = 2 * seq_length if pai else seq_length
+        block = max(block // row, 1) * row  # whole rows
     ids_buf = np.empty(block, ids_index.dtype)
     mask_buf = np.empty(block, np.uint8)
     found = _Found()
@@ -283,6 +307,11 @@ def _stream(indexes, manifest: Manifest, sound: bool, problems: list[str]) -> _S
             hashes[0].update(memoryview(ids_buf).cast("B")[:got])
             hashes[1].update(memoryview(mask_buf)[:got_mask])
             ids, mask = ids_buf[: got // ids_buf.itemsize], mask_buf[:got_mask]
+            if pai:
+                if sound:
+                    _check_pai_rows(ids, position // (2 * seq_length), manifest, stats, found)
+                position += len(ids)
+                continue
             _check_ids(ids, position, vocab, pad if packed else None, found)
             if mask_path:
                 is_pad = ids == pad
@@ -310,7 +339,16 @@ def _report(found: "_Found", ids_path: str, mask_path: str | None, manifest: Man
              "mask-value": (mask_path, "loss-mask values other than 0 and 1", "token", "value"),
              "pad-trained": (mask_path, f"pad positions (id {pad}) trained (mask 1)", "token", "id"),
              "row-pad": (ids_path, "packed rows with pad ids outside one trailing pad-only sequence", "row", "pad ids"),
-             "row-empty": (ids_path, "packed rows with no sample, only pad", "row", "pad ids")}
+             "row-empty": (ids_path, "packed rows with no sample, only pad", "row", "pad ids"),
+             "pai-id": (ids_path, f"pai rows with ids outside the vocabulary (0..{vocab - 1}) or the pad id {pad} "
+                                  "inside a sample", "row", "id"),
+             "pai-pad": (ids_path, f"pai rows whose ids after the last sample are not all the pad id {pad}",
+                         "row", "id"),
+             "pai-empty": (ids_path, "pai rows with no sample (no id stored as -1 - id)", "row", "samples"),
+             "pai-samples": (ids_path, "unpacked pai rows holding more than one sample", "row", "samples"),
+             "pai-label": (ids_path, f"pai rows with a label neither {IGNORE} nor the next id of the same sample",
+                           "row", "label"),
+             "pai-untrained": (ids_path, f"pai rows with a sample whose every label is {IGNORE}", "row", "samples")}
     for key, (path, what, unit, value) in names.items():
         problems.extend(found.sentences(key, path, what, unit, value))
 
@@ -381,6 +419,50 @@ def _check_rows(index, is_pad, position: int, seq_length: int, stats: _Stats, fo
     stats.pad_sequences += int(np.count_nonzero(ends_in_pad))
 
 
+def _check_pai_rows(values, first: int, manifest: Manifest, stats: _Stats, found: _Found) -> None:
+    """Whole pai-layout rows (`qwen_data.pai`), first row number `first`, checked all at once."""
+    width, vocab, pad = manifest.seq_length, manifest.vocab_size, manifest.pad_id
+    rows = values.reshape(-1, 2 * width).astype(np.int64)
+    stored, labels = rows[:, :width], rows[:, width:]
+    marks = stored < 0
+    tokens = np.where(marks, -1 - stored, stored)
+    samples = marks.sum(axis=1)
+    # Samples fill the row up to just after its last end mark; padding follows.
+    data_end = np.where(samples > 0, width - np.argmax(marks[:, ::-1], axis=1), 0)
+    in_data = np.arange(width) < data_end[:, None]
+    numbers = first + np.arange(len(rows))
+
+    def add(key, bad, values):
+        where = np.flatnonzero(bad)
+        found.add(key, numbers[where], values[where])
+
+    bad_id = in_data & ((tokens >= vocab) | (tokens == pad))
+    add("pai-id", bad_id.any(axis=1), tokens[np.arange(len(rows)), np.argmax(bad_id, axis=1)])
+    bad_pad = ~in_data & (stored != pad)
+    add("pai-pad", bad_pad.any(axis=1), stored[np.arange(len(rows)), np.argmax(bad_pad, axis=1)])
+    add("pai-empty", samples == 0, samples)
+    if not manifest.packed:
+        add("pai-samples", samples > 1, samples)
+    # A label may be trained where the next position holds the same sample's next id.
+    may_train = np.zeros_like(marks)
+    may_train[:, :-1] = in_data[:, 1:] & ~marks[:, :-1]
+    next_ids = np.zeros_like(tokens)
+    next_ids[:, :-1] = tokens[:, 1:]
+    trained = labels != IGNORE
+    bad_label = trained & ~(may_train & (labels == next_ids))
+    add("pai-label", bad_label.any(axis=1), labels[np.arange(len(rows)), np.argmax(bad_label, axis=1)])
+    # Trained labels per sample: samples are numbered in row order, each from its first position.
+    sample_of = np.cumsum(samples)[:, None] - samples[:, None] + np.cumsum(marks, axis=1) - marks
+    per_sample = np.bincount(sample_of[in_data], weights=trained[in_data], minlength=int(samples.sum()))
+    row_of_sample = np.repeat(np.arange(len(rows)), samples)
+    untrained = np.bincount(row_of_sample[per_sample == 0], minlength=len(rows))
+    add("pai-untrained", untrained > 0, untrained)
+    stats.samples += int(samples.sum())
+    stats.sample_tokens += int(data_end.sum())
+    stats.pad_tokens += int(width * len(rows) - data_end.sum())
+    stats.trained += int(trained.sum())
+
+
 # ---------------------------------------------------------------------------------------------
 # Against the manifest
 
@@ -405,9 +487,13 @@ def _version(manifest: Manifest) -> tuple[int, ...]:
 
 def _check_sft_stats(prefix: str, index, stats: _Stats, manifest: Manifest, problems: list[str]) -> None:
     sft = manifest.sft
-    samples = index.sequences - stats.pad_sequences if manifest.packed else index.documents
-    expected = {"trained_tokens": stats.trained, "samples": samples,
-                "sample_tokens": _tokens(index) - stats.pad_tokens}
+    if manifest.layout == "pai":
+        expected = {"trained_tokens": stats.trained, "samples": stats.samples, "sample_tokens": stats.sample_tokens,
+                    "pad_tokens": stats.pad_tokens}
+    else:
+        samples = index.sequences - stats.pad_sequences if manifest.packed else index.documents
+        expected = {"trained_tokens": stats.trained, "samples": samples,
+                    "sample_tokens": _tokens(index) - stats.pad_tokens}
     if manifest.packed:
         expected.update(rows=index.documents, pad_tokens=stats.pad_tokens)
     for key, value in expected.items():

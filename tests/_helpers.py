@@ -81,7 +81,7 @@ def pretrain(inputs, prefix, *extra):
 def sft(inputs, prefix, *extra):
     from qwen_data.cli import main
 
-    assert main(["sft", "--quiet", "--workers", "1", *map(str, inputs), "-o", str(prefix), *extra]) == 0
+    assert main(["sft", "--quiet", "--workers", "1", *map(str, inputs), "-o", str(prefix), *map(str, extra)]) == 0
     return str(prefix)
 
 
@@ -124,3 +124,29 @@ def hf_ids(template: str, record: dict, oracle: str | None = None, assistant_mas
         chat_template=load_oracle(oracle or ORACLE_FILES[template]), tokenize=True, return_dict=True,
         return_assistant_tokens_mask=assistant_mask,
     )
+
+
+def qwen25_tokenizer_folder(path) -> str:
+    """A Qwen2.5 tokenizer folder made from the bundled (Qwen3) files: the added tokens cut to
+    Qwen2.5's 22, in tokenizer.json and in tokenizer_config.json (which slow tokenizers read), and
+    the official Qwen2.5 chat template. What a Qwen2.5-Instruct download holds, for tokenizing."""
+    from qwen_data.tokenizer import bundled_tokenizer_dir
+
+    source, path = bundled_tokenizer_dir(), Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    last = 151643 + ADDED_TOKENS["qwen2p5"]
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copyfile(os.path.join(source, name), path / name)
+    with open(os.path.join(source, "tokenizer.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < last]
+    (path / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    with open(os.path.join(source, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    config["added_tokens_decoder"] = {i: t for i, t in config["added_tokens_decoder"].items() if int(i) < last}
+    kept = {t["content"] for t in config["added_tokens_decoder"].values()}
+    config["additional_special_tokens"] = [t for t in config["additional_special_tokens"] if t in kept]
+    oracles = REPO_ROOT.parent / "shared" / "oracles"
+    config["chat_template"] = (oracles / "qwen2.5-instruct.jinja").read_text(encoding="utf-8")
+    (path / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+    return str(path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen_data.packing import PackPlan, pack
+from qwen_data.packing import PackPlan, next_fit, one_per_row, pack
 
 PAD_ID = 151654
 
@@ -262,3 +262,26 @@ def test_sequence_layout_refuses_other_lengths():
         plan.sequence_layout([6, 4, 9, 3])
     with pytest.raises(ValueError, match="not the lengths"):
         plan.sequence_layout([6, 4, 9, 3, 9])
+
+
+def test_next_fit_keeps_input_order_and_opens_a_row_when_the_next_sample_does_not_fit():
+    plan = next_fit([3, 4, 2, 5, 1, 6, 6], 6)
+    assert [row.tolist() for row in plan] == [[0], [1, 2], [3, 4], [5], [6]]
+    assert plan.row_tokens.tolist() == [3, 6, 6, 6, 6]
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 100, 5000)
+    plan = next_fit(lengths, 100)
+    assert plan.order.tolist() == list(range(5000))
+    # No row could have taken the first sample of the next one.
+    firsts = plan.row_starts[1:-1]
+    assert (plan.row_tokens[:-1] + lengths[firsts] > 100).all()
+    assert pack(lengths, 100).rows < plan.rows  # what best fit is for
+    assert next_fit([], 8).rows == 0
+    with pytest.raises(ValueError, match="exceeds the row capacity"):
+        next_fit([3, 9], 8)
+
+
+def test_one_per_row():
+    plan = one_per_row([3, 8, 1], 8)
+    assert [row.tolist() for row in plan] == [[0], [1], [2]]
+    assert plan.pad_tokens == 12

@@ -354,3 +354,23 @@ print("ok")
     except subprocess.TimeoutExpired:
         pytest.fail("building datasets with an empty part of the split hangs")
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_pai_layout_trains_on_the_samples_of_the_mask_layout(tmp_path, packed):
+    """A pai-layout prefix gives, sample for sample, what the mask layout made with the settings
+    --layout pai implies gives: its rows are decoded, end marks and shifted labels included."""
+    records = chats(tmp_path / "chats.jsonl", seed=5, count=40, longest=30)
+    s, extra = 96, (["--pack", "--packing", "next-fit"] if packed else [])
+    rows = sft([records], tmp_path / "pai", "--layout", "pai", "--seq-length", s, *extra)
+    mask = sft([records], tmp_path / "mask", "--seq-length", s, "--assistant-span", "turn", "--overlong", "truncate",
+               "--input-separator", "", "--pad-id", manifest(rows)["pad_id"], *extra)
+    assert manifest(rows)["sft"]["truncated"] > 0 and (not packed or manifest(rows)["sft"]["rows"] < 40)
+    built = [data.build_datasets({"train": [p], "valid": None, "test": None}, s, None, shuffle_sft=False)[0]
+             for p in (rows, mask)]
+    assert isinstance(built[0].dataset, data.PaiRows) and len(built[0]) == len(built[1]) > 0
+    for i in range(len(built[0])):
+        a, b = built[0][i], built[1][i]
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), (i, key)

@@ -24,7 +24,9 @@ def prefixes(tmp_path_factory):
     d = tmp_path_factory.mktemp("verify")
     run = {"web": ["pretrain"], "unpacked": ["sft", CHATS], "packed": ["sft", CHATS, "--seq-length", SEQ, "--pack"],
            # a pad id above the tokenizer's ids, inside the embedding table: allowed, and only as padding
-           "high_pad": ["sft", CHATS, "--seq-length", SEQ, "--pack", "--pad-id", 151900]}
+           "high_pad": ["sft", CHATS, "--seq-length", SEQ, "--pack", "--pad-id", 151900],
+           "pai": ["sft", CHATS, "--seq-length", SEQ, "--layout", "pai"],
+           "pai_packed": ["sft", CHATS, "--seq-length", SEQ, "--layout", "pai", "--pack"]}
     out = {}
     for name, args in run.items():
         out[name] = str(d / name)
@@ -252,3 +254,85 @@ def test_streams_in_blocks(prefixes, tmp_path, monkeypatch, capsys):
     assert v.verify(prefix) == [
         f"{prefix}.bin: documents not ending with the eod id {EOD}, 2 in all: document 5 (last id 13), "
         "document 17 (last id 13)"]
+
+
+def pai_rows(prefixes, tmp_path, name):
+    """A copy of a pai-layout prefix and its rows, writable in place."""
+    prefix = copy_prefix(prefixes[name], str(tmp_path / name))
+    return prefix, np.memmap(prefix + ".bin", np.int32, "r+").reshape(-1, 2 * SEQ)
+
+
+def first_trained(rows):
+    """(row, position) of the first trained label."""
+    r, i = np.argwhere(rows[:, SEQ:] != -100)[0]
+    return int(r), int(i)
+
+
+def break_pad_inside(rows):
+    r, i = first_trained(rows)
+    rows[r, i] = 151665
+
+
+def break_vocab(rows):
+    rows[0, 1] = 151700
+
+
+def break_pad_run(rows):
+    r = int(np.argmax((rows[:, :SEQ] == 151665).any(axis=1)))
+    rows[r, SEQ - 1] = 0
+
+
+def drop_end_marks(rows):
+    rows[0, :SEQ] = np.where(rows[0, :SEQ] < 0, -1 - rows[0, :SEQ], rows[0, :SEQ])
+
+
+def mark_mid_sample(rows):
+    rows[0, 3] = -1 - rows[0, 3]
+
+
+def wrong_label(rows):
+    r, i = first_trained(rows)
+    rows[r, SEQ + i] = 13
+
+
+def label_across_samples(rows):
+    """The label at a sample's last position set to the next sample's first id."""
+    r = int(np.argmax((rows[:, :SEQ] < 0).sum(axis=1) > 1))
+    end = int(np.flatnonzero(rows[r, :SEQ] < 0)[0])
+    rows[r, SEQ + end] = rows[r, end + 1]
+
+
+def untrain_a_sample(rows):
+    r, _ = first_trained(rows)
+    end = int(np.flatnonzero(rows[r, :SEQ] < 0)[0])
+    rows[r, SEQ: SEQ + end + 1] = -100
+
+
+@corrupts
+@pytest.mark.parametrize("name, damage, cause", [
+    ("pai", break_vocab, "pai rows with ids outside the vocabulary (0..151664) or the pad id 151665 inside a sample, "
+                         "1 in all: row 0 (id 151700)"),
+    ("pai_packed", break_pad_inside, "or the pad id 151665 inside a sample"),
+    ("pai_packed", break_pad_run, "pai rows whose ids after the last sample are not all the pad id 151665, 1 in all"),
+    ("pai", drop_end_marks, "pai rows with no sample (no id stored as -1 - id), 1 in all: row 0"),
+    ("pai", mark_mid_sample, "unpacked pai rows holding more than one sample, 1 in all: row 0 (samples 2)"),
+    ("pai_packed", wrong_label, "pai rows with a label neither -100 nor the next id of the same sample, 1 in all"),
+    ("pai_packed", label_across_samples, "pai rows with a label neither -100 nor the next id of the same sample"),
+    ("pai_packed", untrain_a_sample, "pai rows with a sample whose every label is -100, 1 in all"),
+])
+def test_pai_rows_damaged(prefixes, tmp_path, capsys, name, damage, cause):
+    prefix, rows = pai_rows(prefixes, tmp_path, name)
+    damage(rows)
+    rows.flush()
+    refingerprint(prefix)
+    found = problems(capsys, prefix)
+    assert any(cause in p for p in found), found
+
+
+@corrupts
+def test_pai_counts_and_row_width(prefixes, tmp_path, capsys):
+    prefix = copy_prefix(prefixes["pai_packed"], str(tmp_path / "counts"), edit=lambda m: m["sft"].update(samples=1))
+    assert problems(capsys, prefix) == [f"{prefix}.json: sft.samples is 1, the data holds "
+                                        f"{manifest(prefixes['pai_packed'])['sft']['samples']}"]
+    prefix = copy_prefix(prefixes["pai"], str(tmp_path / "width"), edit=lambda m: m["sft"].update(seq_length=SEQ // 2))
+    assert f"{prefix}.idx: row 0 holds {2 * SEQ} values, not 2 x sft.seq_length = {SEQ}" in problems(capsys, prefix)

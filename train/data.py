@@ -15,6 +15,8 @@ eod/pad ids or templates):
   pretrain → `PretrainDataset`, megatron-core's `GPTDataset` with two extra keys (below).
   sft      → `SFTDataset`, one sample = one document of the prefix (a packed row of several
              sequences, or one conversation padded to `seq_length` with the pad id, loss mask 0).
+             A prefix in Pai-Megatron-Patch's layout (`qwen_data.pai`) is read through `PaiRows`,
+             each row decoded to the tokens, mask and sequences the default layout stores.
 
 Every sample is a dict of torch tensors over `seq_length` positions:
   tokens, labels (labels[i] = tokens[i+1]), loss_mask (float32), position_ids (int64),
@@ -48,6 +50,8 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
+from qwen_data import pai
+from qwen_data.manifest import Manifest
 from qwen_data.outputs import atomic_file
 from qwen_data.blend_files import (
     SPLITS,
@@ -212,22 +216,44 @@ class TokensWithLossMask:
         return tokens, mask, self.tokens.sequence_lengths[first:last]
 
 
+class PaiRows:
+    """The low-level SFT dataset of a pai-layout prefix: one row of 2 x width values per document,
+    handed out as `TokensWithLossMask` hands out its documents (decoded: a row stores end marks as
+    negative ids and its labels already shifted)."""
+
+    def __init__(self, path_prefix: str, width: int, mmap: bool = True) -> None:
+        self.path_prefix, self.width = path_prefix, width
+        self.rows = IndexedDataset(path_prefix, multimodal=False, mmap=mmap)
+        if (self.rows.sequence_lengths != 2 * width).any():
+            raise ValueError(f"{path_prefix}: rows that are not 2 x sft.seq_length ({2 * width}) values long")
+        self.document_lengths = np.full(len(self.rows.document_indices) - 1, width, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.document_lengths)
+
+    def document(self, doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return pai.split_row(self.rows.get(int(self.rows.document_indices[doc])), self.width)
+
+
 class SFTDataset(MegatronDataset):
     """One sample = one document of a qwen-data SFT prefix (see the module docstring)."""
 
-    def __init__(self, dataset: TokensWithLossMask, dataset_path: Optional[str], indices: np.ndarray,
+    def __init__(self, dataset: TokensWithLossMask | PaiRows, dataset_path: Optional[str], indices: np.ndarray,
                  num_samples: Optional[int], index_split: Split, config: SFTDatasetConfig) -> None:
         super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
         self._check_lengths()
         self.sample_index = self._build_sample_index()
 
     @staticmethod
-    def numel_low_level_dataset(low_level_dataset: TokensWithLossMask) -> int:
+    def numel_low_level_dataset(low_level_dataset: TokensWithLossMask | PaiRows) -> int:
         # Split by document: a packed row never straddles train and valid.
         return len(low_level_dataset)
 
     @staticmethod
-    def build_low_level_dataset(dataset_path: str, config: SFTDatasetConfig) -> TokensWithLossMask:
+    def build_low_level_dataset(dataset_path: str, config: SFTDatasetConfig) -> TokensWithLossMask | PaiRows:
+        manifest = Manifest.read(dataset_path)
+        if manifest.layout == "pai":
+            return PaiRows(dataset_path, manifest.seq_length, mmap=config.mmap_bin_files)
         return TokensWithLossMask(dataset_path, mmap=config.mmap_bin_files)
 
     @staticmethod

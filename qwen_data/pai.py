@@ -1,0 +1,80 @@
+"""Pai-Megatron-Patch's SFT layout (its `build_idxmap_sft_dataset.py`), written and read here.
+
+One int32 indexed dataset, one document of one sequence per row, 2 × seq_length values:
+
+    [0, S)   tokens: the row's samples back to back, then pad ids to S. The last id of every
+             sample is stored as -1 - id: Pai's trainer finds sample ends (where position ids
+             restart) at the negative values, and takes -1 - v back before the embedding.
+    [S, 2S)  labels, already shifted: labels[i] = tokens[i + 1] where that token is trained
+             (mask[i + 1]), IGNORE elsewhere: the prompt, each sample's last position, padding.
+
+Unpacked, a row holds one sample. Pai's trainer reads the two halves as they are, with
+loss_mask = labels != IGNORE, so the pad id is never a target: any id inside the embedding table
+is harmless. Values are negative, so the dtype is int32 whatever the vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .indexed import IndexedDatasetWriter, MaskedWriter
+from .packing import PackPlan
+
+IGNORE = -100  # a label that is not trained (torch's cross-entropy ignore_index)
+DTYPE = np.dtype(np.int32)
+ROWS_PER_BATCH = 4096
+
+
+def pad_id(vocab_size: int) -> int:
+    """Pai's pad: it adds `<|extra_0|>` to the tokenizer, which gives it the first free id."""
+    return vocab_size
+
+
+def write_rows(samples: MaskedWriter, lengths: np.ndarray, plan: PackPlan, out: IndexedDatasetWriter,
+               pad: int) -> int:
+    """The finished samples (ids + loss mask, one per document) as rows of `plan`, into `out`;
+    how many labels are trained."""
+    width = plan.capacity
+    ids = np.memmap(samples.ids.bin_path, samples.ids.dtype, "r") if len(lengths) else np.zeros(0, np.int32)
+    mask = np.memmap(samples.mask.bin_path, np.uint8, "r") if len(lengths) else np.zeros(0, np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    row_starts, trained = plan.row_starts, 0
+    for first in range(0, plan.rows, ROWS_PER_BATCH):
+        last = min(first + ROWS_PER_BATCH, plan.rows)
+        order = plan.order[row_starts[first]:row_starts[last]]
+        rows = _rows(np.concatenate([ids[starts[s]:starts[s] + lengths[s]] for s in order]),
+                     np.concatenate([mask[starts[s]:starts[s] + lengths[s]] for s in order]),
+                     lengths[order], plan.row_tokens[first:last], width, pad)
+        out.add_batch(rows.ravel(), np.full(last - first, 2 * width))
+        trained += int((rows[:, width:] != IGNORE).sum())
+    return trained
+
+
+def _rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, row_tokens: np.ndarray, width: int,
+          pad: int) -> np.ndarray:
+    """Rows of 2 × width values from samples laid back to back, row after row."""
+    ids = ids.astype(np.int32)
+    ends = np.cumsum(lengths) - 1
+    labels = np.full(len(ids), IGNORE, np.int32)
+    labels[:-1] = np.where(mask[1:] != 0, ids[1:], IGNORE)
+    labels[ends] = IGNORE  # a sample's last token predicts nothing of its own sample
+    tokens = ids.copy()
+    tokens[ends] = -1 - ids[ends]
+    rows = np.empty((len(row_tokens), 2 * width), np.int32)
+    rows[:, :width], rows[:, width:] = pad, IGNORE
+    row_of = np.repeat(np.arange(len(row_tokens)), row_tokens)
+    column = np.arange(len(ids)) - np.repeat(np.cumsum(row_tokens) - row_tokens, row_tokens)
+    rows[row_of, column], rows[row_of, column + width] = tokens, labels
+    return rows
+
+
+def split_row(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One row read back: (token ids, loss mask with mask[t] = 1 when token t is trained, the
+    sample lengths then the pad run's if any). The inverse of writing, for `verify` and readers."""
+    stored, labels = np.asarray(row[:width], np.int64), np.asarray(row[width:], np.int64)
+    tokens = np.where(stored < 0, -1 - stored, stored)
+    mask = np.zeros(width, np.uint8)
+    mask[1:] = labels[:-1] != IGNORE
+    ends = np.flatnonzero(stored < 0) + 1
+    bounds = np.concatenate([[0], ends, [width] if not len(ends) or ends[-1] < width else []])
+    return tokens, mask, np.diff(bounds).astype(np.int64)
