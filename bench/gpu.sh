@@ -2,7 +2,7 @@
 # The train stage's GPU measurements, one stage per device call (each well under 10 minutes).
 #
 #   bench/gpu.sh data                 # here: real-text prefixes into .gpu/ (needs bench/corpora.py's cache)
-#   bench/gpu.sh pretrain|sft|parallel  # there: the runs, logs under $OUT (default bench/results/gpu)
+#   bench/gpu.sh pretrain|sft|parallel|speed  # there: the runs, logs under $OUT (default bench/results/gpu)
 #
 # Data (`data`): ~19 MB of the multilingual prose and ~5.5 MB of the code of bench/corpora.py's
 # text corpus as two pretrain prefixes blended 0.75/0.25 with a 98/2/0 split; the first 6.5 MB of
@@ -14,18 +14,22 @@
 # sft       (b) per-token losses of packed rows against their samples alone (bench/train_gpu.py);
 #           (c) the same SFT samples packed vs unpacked (one padded sample a row), 40 steps each.
 # parallel  (e) TP=1, TP=2 and DP=2 from the same seed on two GPUs: the same first losses.
+# speed     today's settings (megatron-core's output layer and loss, nothing compiled, micro batch 1)
+#           against the fast ones, seq 4096, global batch 8: Qwen2.5-0.5B pretraining and packed
+#           SFT, Qwen2.5-1.5B and Qwen3-0.6B pretraining; logs as $OUT/speed-*.jsonl, then the
+#           table of bench/gpu_table.py. SPEED="name:steps:args;..." replaces the list (probes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: data, pretrain, sft or parallel}
+stage=${1:?stage: data, pretrain, sft, parallel or speed}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 COMMON=(--model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --num-workers 2)
 
 run() {  # run NAME ARGS...: the command and its output, both kept; a failure does not stop the stage
-  local name=$1; shift
+  local name=$1 started=$SECONDS; shift
   echo "\$ $*" | tee "$OUT/$name.log"
-  { "$@" 2>&1; echo "exit status $?"; } | grep -v -i "warn" | tee -a "$OUT/$name.log" || true
+  { "$@" 2>&1; echo "exit status $? after $((SECONDS - started)) s"; } | grep -v -i "warn" | tee -a "$OUT/$name.log" || true
 }
 
 case $stage in
@@ -79,6 +83,29 @@ parallel)
   run tp1 python3 -m train "${P[@]}" --log-json "$OUT/tp1.jsonl"
   run tp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --tp 2 --log-json "$OUT/tp2.jsonl"
   run dp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --log-json "$OUT/dp2.jsonl" ;;
+speed)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
+    | tee -a "$OUT/device.txt"
+  TODAY="--cross-entropy megatron --compile none --micro-batch-size 1"
+  FAST="--cross-entropy fused --compile layers --micro-batch-size 4"
+  PT="--data .gpu/pretrain_blend.txt"
+  SFT="--data .gpu/sft_packed.json"
+  # Steps: 100 where the loss at 100 is compared, else 20 (rates are taken over iterations 11-20).
+  SPEED=${SPEED:-"0.5b-today:100:$PT $TODAY;0.5b-fast:100:$PT $FAST;sft-today:20:$SFT $TODAY;\
+sft-fast:40:$SFT $FAST;1.5b-fast:20:$PT --model qwen2.5-1.5b $FAST;qwen3-0.6b-fast:20:$PT --model qwen3-0.6b $FAST"}
+  IFS=';' read -ra runs <<< "$SPEED"
+  for spec in "${runs[@]}"; do
+    IFS=':' read -r name steps args <<< "$spec"
+    rm -f "$OUT/speed-$name.jsonl"
+    # shellcheck disable=SC2086  # args are words
+    run "speed-$name" timeout 300 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --global-batch-size 8 \
+      --num-workers 2 --train-iters "$steps" --warmup-iters 10 --lr 3e-4 --log-interval 10 $args \
+      --log-json "$OUT/speed-$name.jsonl"
+  done
+  python3 bench/gpu_table.py "$OUT"/speed-*.jsonl | tee "$OUT/speed.md"
+  python3 bench/gpu_table.py --flash | tee "$OUT/flash.txt"
+  echo "speed stage: $SECONDS s" ;;
 *)
   echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -6,8 +6,12 @@
 packed     Per-token losses of packed SFT rows (FlexAttention document mask) against each of their
            samples run alone (SDPA, causal), in bf16 autocast and in float32. As a control, the
            same rows with attention leaking across samples (plain causal).
-attention  One attention layer's shapes: FlexAttention with a single-document block mask against
-           SDPA causal (the same function: difference and time), and the block mask's build time.
+profile    A few steps of `python -m train` (its arguments after --) under torch.profiler: the
+           kernels with the most GPU time, and each step's time.
+attention  One attention layer's shapes, forward + backward: SDPA causal and FlexAttention on rows
+           of one document (the same function), then flex against SDPA with a dense mask on rows
+           of about 4 documents (difference of output and gradients, and time); the block
+           mask's build time.
 """
 
 from __future__ import annotations
@@ -71,17 +75,17 @@ def attention(args) -> None:
     q = torch.randn(b, preset.num_attention_heads, s, d, device=device, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, preset.num_query_groups, s, d, device=device, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn_like(k, requires_grad=True)
-    one_doc = torch.zeros(b, s, dtype=torch.int32, device=device)
-    mask = document_mask(one_doc).block_mask
-    flex = lambda: _flex()(q, k, v, block_mask=mask, scale=d ** -0.5, enable_gqa=True)  # noqa: E731
-    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-        q, k, v, is_causal=True, scale=d ** -0.5, enable_gqa=True)
-    ref = sdpa()
-    out = flex()
-    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    print(f"flex (one-document mask) vs SDPA causal, [{b}, {q.shape[1]}/{k.shape[1]} heads, {s}, {d}] bf16: "
-          f"relative difference {rel:.2e}")
-    grad = torch.randn_like(ref)
+    grad = torch.randn_like(q)
+
+    def run(fn):
+        """fn's output and q, k, v gradients against `grad`."""
+        q.grad = k.grad = v.grad = None
+        out = fn()
+        out.backward(grad)
+        return [out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()]
+
+    def rel(a, b):  # worst relative difference over the output and the three gradients
+        return max(((x - y).norm() / y.norm()).item() for x, y in zip(a, b))
 
     def time_it(fn, n=20):
         for _ in range(3):
@@ -93,28 +97,75 @@ def attention(args) -> None:
         torch.cuda.synchronize()
         return 1000 * (time.perf_counter() - t0) / n
 
-    print(f"forward+backward: SDPA causal {time_it(sdpa):.2f} ms, flex {time_it(flex):.2f} ms")
-    seg = torch.randint(0, 8, (b, s), device=device).sort(dim=-1).values.to(torch.int32)
+    def flex(segments):
+        mask = document_mask(segments).block_mask
+        return lambda: _flex(q, k, v, block_mask=mask, scale=d ** -0.5, enable_gqa=True)
+
+    shape = f"[{b}, {q.shape[1]}/{k.shape[1]} heads, {s}, {d}] bf16"
+    one_doc = torch.zeros(b, s, dtype=torch.int32, device=device)
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, is_causal=True, scale=d ** -0.5, enable_gqa=True)
+    ref = run(sdpa)
+    print(f"one document a row, {shape}: SDPA causal {time_it(sdpa):.2f} ms, flex {time_it(flex(one_doc)):.2f} ms "
+          f"(differs by {rel(run(flex(one_doc)), ref):.1e})")
+    # Four documents a row, as bench/gpu.sh's packed SFT rows hold on average.
+    seg = (torch.rand(b, s, device=device) < 3 / s).cumsum(-1).to(torch.int32)
+    dense = document_mask(seg.cpu()).dense().to(device)
+    masked = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, attn_mask=dense, scale=d ** -0.5, enable_gqa=True)
+    print(f"~4 documents a row: flex {time_it(flex(seg)):.2f} ms (differs from SDPA with a dense mask by "
+          f"{rel(run(flex(seg)), run(masked)):.1e})")
     document_mask(seg)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(10):
         document_mask(seg)
     torch.cuda.synchronize()
-    print(f"block mask build ({b}×{s}, 8 documents a row): {100 * (time.perf_counter() - t0):.2f} ms")
+    print(f"block mask build ({b}×{s}): {100 * (time.perf_counter() - t0):.2f} ms")
+
+
+def profile(args) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    from train.config import TrainConfig
+    from train.distributed import distributed
+    from train.loop import Trainer
+    from train.patches import megatron_on_cpu
+
+    with megatron_on_cpu(), distributed(1) as device:
+        trainer = Trainer(TrainConfig.parse(args.train), device)
+        if device.type != "cuda":  # a dry run
+            torch.cuda.synchronize = lambda: None
+        for _ in range(args.warm):
+            trainer.train_step()
+        torch.cuda.synchronize()
+        with profiler(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                trainer.train_step()
+            torch.cuda.synchronize()
+        print(f"{1000 * (time.perf_counter() - started) / args.steps:.0f} ms/step over {args.steps} profiled steps")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows_shown, max_name_column_width=70))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("check", choices=["packed", "attention"])
+    p.add_argument("check", choices=["packed", "attention", "profile"])
+    p.add_argument("--warm", type=int, default=4, help="profile: steps before the profiled ones")
+    p.add_argument("--steps", type=int, default=2, help="profile: steps profiled")
+    p.add_argument("--rows-shown", type=int, default=30)
     p.add_argument("--data", default="out/gpu/sft_packed.json")
     p.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(PRESETS))
     p.add_argument("--seq-length", type=int, default=4096)
     p.add_argument("--micro-batch-size", type=int, default=1)
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--seed", type=int, default=1234)
-    args = p.parse_args()
-    {"packed": packed, "attention": attention}[args.check](args)
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:split])
+    args.train = argv[split + 1:]  # profile: the train stage's arguments
+    {"packed": packed, "attention": attention, "profile": profile}[args.check](args)
 
 
 if __name__ == "__main__":

@@ -29,15 +29,10 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from megatron.core.transformer.module import MegatronModule
 
-_compiled_flex = None
-
-
-def _flex():
-    """FlexAttention is only fused when compiled."""
-    global _compiled_flex
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+# FlexAttention is only fused when compiled (inside a compiled layer this is traced inline). Made
+# once here: built lazily inside a layer, its first use changed a global that the compiled layer
+# had guarded on, and recompiled it.
+_flex = torch.compile(flex_attention, dynamic=False)
 
 
 @dataclass
@@ -64,7 +59,10 @@ def document_mask(segment_ids: torch.Tensor) -> DocumentMask:
     def same_segment_causal(batch, head, q_idx, kv_idx):
         return (segment_ids[batch, q_idx] == segment_ids[batch, kv_idx]) & (q_idx >= kv_idx)
 
-    return DocumentMask(segment_ids, create_block_mask(same_segment_causal, b, None, s, s, device=segment_ids.device))
+    # Compiled, the mask is evaluated block by block on the GPU; eagerly it materialises [b, s, s]
+    # booleans for every micro-batch.
+    return DocumentMask(segment_ids, create_block_mask(same_segment_causal, b, None, s, s, device=segment_ids.device,
+                                                       _compile=True))
 
 
 class SDPACoreAttention(MegatronModule):
@@ -98,7 +96,7 @@ class SDPACoreAttention(MegatronModule):
         if isinstance(attention_mask, DocumentMask) and attention_mask.block_mask is not None:
             if dropout:
                 raise ValueError("FlexAttention path has no attention dropout")
-            out = _flex()(q, k, v, block_mask=attention_mask.block_mask, scale=self.softmax_scale, enable_gqa=gqa)
+            out = _flex(q, k, v, block_mask=attention_mask.block_mask, scale=self.softmax_scale, enable_gqa=gqa)
         elif isinstance(attention_mask, DocumentMask):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask.dense(), dropout_p=dropout,
                                                  scale=self.softmax_scale, enable_gqa=gqa)

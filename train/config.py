@@ -6,7 +6,8 @@ import argparse
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from .model import ATTENTION_CHOICES, PRESETS
+from .model import ATTENTION_CHOICES, COMPILE_CHOICES, PRESETS
+from .loss import CROSS_ENTROPY_CHOICES
 
 DESCRIPTION = "Train Qwen-architecture megatron-core GPTModels on qwen-data prefixes."
 
@@ -31,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start from this Hugging Face Qwen2/2.5/3 dense checkpoint folder (its config.json "
                         "gives the shape)")
     g.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES)
+    g.add_argument("--cross-entropy", default="fused", choices=CROSS_ENTROPY_CHOICES,
+                   help="fused: output layer and loss by chunks, no logits kept (train/loss.py); megatron: "
+                        "megatron-core's output layer, then its cross-entropy over the float32 logits")
+    g.add_argument("--compile", default="auto", choices=("auto",) + COMPILE_CHOICES,
+                   help="swiglu: megatron-core's compiled SwiGLU; layers: also torch.compile each transformer "
+                        "layer; auto: layers on CUDA, none on the CPU")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / tp)")
     g.add_argument("--sequence-parallel", action="store_true", help="with TP and Transformer Engine only")
     g.add_argument("--recompute", action="store_true", help="full activation recompute, one layer at a time")
@@ -80,6 +87,8 @@ class ModelConfig:
     name: Optional[str]  # --model: a key of PRESETS
     hf_model: Optional[str]  # a Hugging Face folder to start from
     attention: str  # as asked ("auto" included); the trainer resolves it
+    cross_entropy: str  # CROSS_ENTROPY_CHOICES
+    compile: str  # as asked ("auto" included); the trainer resolves it
     tp: int
     sequence_parallel: bool
     recompute: bool

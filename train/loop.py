@@ -1,12 +1,14 @@
 """The trainer: megatron-core model and parallel state, plain PyTorch around it.
 
     torchrun --nproc-per-node 8 -m qwen_data_train --data out/pretrain_blend.json --model qwen2.5-1.5b --tp 2 \
-        --seq-length 4096 --micro-batch-size 2 --global-batch-size 64 --train-iters 2000 --save ckpt
+        --seq-length 4096 --micro-batch-size 4 --global-batch-size 64 --train-iters 2000 --save ckpt
     qwen-data train --data out/sft_blend.json --model tiny --train-iters 50       # one GPU, or the CPU
 
 One step: fetch the step's micro-batches (timed: the data-loading share), count the step's trained
 tokens over data parallelism, then per micro-batch forward and backward with
 loss = Σ(loss × loss_mask) / Σ loss_mask over the whole global batch; clip, AdamW (step.py).
+The output layer and loss run fused by chunks (loss.py: no logits in memory, so micro batches of 4
+fit), and on CUDA each transformer layer is torch.compile'd (`--compile`).
 
 Parallelism: tensor parallelism from megatron-core (`parallel_state`, the model's own TP layers),
 data parallelism with torch DDP over megatron-core's data-parallel group. No pipeline parallelism.
@@ -39,7 +41,7 @@ from .loader import build_splits, make_loader
 from .metrics import Metrics, StepStats, Summary
 from .model import PRESETS, ModelShape, build_model, resolve_attention
 from .patches import megatron_on_cpu
-from .step import Schedule, build_optimizer, clip_grad_norm, evaluate, forward
+from .step import Schedule, build_optimizer, clip_grad_norm, evaluate, masked_loss
 
 
 class Trainer:
@@ -51,6 +53,8 @@ class Trainer:
         self.layout = Layout.current(config.micro_batch_size, config.global_batch_size)
         self.attention = resolve_attention(config.model.attention)
         self.autocast = device.type == "cuda" and not config.fp32
+        self.compile = config.model.compile if config.model.compile != "auto" else \
+            "layers" if device.type == "cuda" else "none"
         self.shape, hf_config, generation = model_of(config)
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
         tokenizer = self.train_ds.config.tokenizer
@@ -121,7 +125,8 @@ class Trainer:
             # Gradients are all-reduced over DP once per step, with the last micro-batch's backward.
             last = i == len(micro) - 1
             with contextlib.nullcontext() if last or self.layout.dp == 1 else self.model.no_sync():
-                loss_sum = (forward(self.model, mb, self.attention, self.device, self.autocast) * mask).sum()
+                loss_sum = masked_loss(self.model, mb, mask, self.attention, self.device, self.autocast,
+                                       self.config.model.cross_entropy)
                 (loss_sum * scale).backward()
             total += torch.stack([loss_sum.detach(), mask.sum()])
         return total
@@ -132,7 +137,7 @@ class Trainer:
         evals, global_batch = self.config.eval, self.layout.global_batch
         skip = (self.iteration // evals.eval_interval - 1) * evals.eval_iters * global_batch
         loss = evaluate(self.model, self._loader(self.valid_ds, skip), evals.eval_iters * self.layout.accumulation,
-                        self.attention, self.device, self.autocast)
+                        self.attention, self.device, self.autocast, self.config.model.cross_entropy)
         self.metrics.validation(self.iteration, loss)
         return loss
 
@@ -147,7 +152,8 @@ class Trainer:
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
         core = build_model(self.shape, attention=self.attention, tensor_parallel=model.tp,
                            sequence_parallel=model.sequence_parallel, recompute=model.recompute,
-                           max_sequence_length=self.config.seq_length, initialize=model.hf_model is None)
+                           max_sequence_length=self.config.seq_length, initialize=model.hf_model is None,
+                           compile=self.compile)
         if model.hf_model:
             load_hf_weights(core, model.hf_model, self.shape)
         return core.to(self.device)
@@ -164,6 +170,7 @@ class Trainer:
     def _announce(self) -> None:
         c, lay, cuda = self.config, self.layout, self.device.type == "cuda"
         log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, attention {self.attention}, "
+             f"compile {self.compile}, cross-entropy {c.model.cross_entropy}, "
              f"TP {lay.tp} × DP {lay.dp}, micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "

@@ -19,6 +19,7 @@ Attention ("auto" picks the first that applies):
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.layers import RowParallelLinear
 from megatron.core.transformer import TransformerConfig
 
 from qwen_data.qwen import EMBEDDING_ROWS_LARGE, EMBEDDING_ROWS_SMALL
@@ -34,6 +36,9 @@ from qwen_data.qwen import EMBEDDING_ROWS_LARGE, EMBEDDING_ROWS_SMALL
 from .attention import SDPACoreAttention
 
 ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")
+# --compile: nothing; megatron-core's own torch.compile'd SwiGLU; or that and every transformer layer
+# compiled (RMSNorm, rotary embedding, residual adds fused around the matmuls).
+COMPILE_CHOICES = ("none", "swiglu", "layers")
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ def resolve_attention(attention: str) -> str:
 
 def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1,
                        sequence_parallel: bool = False, recompute: bool = False,
-                       initialize: bool = True) -> TransformerConfig:
+                       initialize: bool = True, fuse_swiglu: bool = False) -> TransformerConfig:
     """megatron-core's TransformerConfig for `preset` (attention already resolved).
 
     Parameters stay float32 (the optimizer's master weights); the loop runs the model under bf16
@@ -145,8 +150,9 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         qk_layernorm=preset.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        # megatron-core's SwiGLU kernel is torch.compile'd (keeps only its input for backward).
+        bias_activation_fusion=fuse_swiglu,
         # Fusions that need Apex or TE kernels; the local spec has none of them.
-        bias_activation_fusion=False,
         masked_softmax_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
@@ -164,11 +170,31 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
     )
 
 
+class GroupedRowParallelLinear(RowParallelLinear):
+    """megatron-core's RowParallelLinear, handing its matmul the layer's own tensor-parallel group.
+
+    The original passes `tp_group=None`, and the matmul then looks the same default group up with a
+    DeprecationWarning on rank 0: a `warnings.warn` that torch.compile cannot trace, so every
+    compiled layer broke into several graphs around its two row-parallel linears (attention output
+    and MLP down projection). The group only matters to the matmul for sequence parallelism and
+    gradient all-reduce, which a row-parallel linear does outside it, so the result is unchanged.
+    """
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        if kwargs.get("tp_group") is None:
+            kwargs["tp_group"] = self.tp_group
+        return super()._forward_impl(input, weight, *args, **kwargs)
+
+
 def layer_spec(preset: ModelShape, attention: str):
     if attention == "te":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=preset.qk_norm)
     spec = get_gpt_layer_local_spec(qk_layernorm=preset.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.linear_proj = GroupedRowParallelLinear
+    mlp = spec.submodules.mlp  # a ModuleSpec, or a functools.partial (megatron-core 0.19)
+    (mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules).linear_fc2 = \
+        GroupedRowParallelLinear
     if attention == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     return spec
@@ -176,15 +202,19 @@ def layer_spec(preset: ModelShape, attention: str):
 
 def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel: int = 1,
                 sequence_parallel: bool = False, recompute: bool = False,
-                max_sequence_length: int | None = None, initialize: bool = True) -> GPTModel:
+                max_sequence_length: int | None = None, initialize: bool = True, compile: str = "none") -> GPTModel:
     """The GPTModel, on the CPU, float32 (move it with `.to(device)`).
 
-    Needs `parallel_state.initialize_model_parallel(tensor_parallel, 1)` first.
+    Needs `parallel_state.initialize_model_parallel(tensor_parallel, 1)` first. `compile`: one of
+    COMPILE_CHOICES (torch.compile needs a compiler toolchain; the trainer uses it on CUDA only).
     """
     attention = resolve_attention(attention)
+    if compile not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {compile!r}")
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
-                                sequence_parallel=sequence_parallel, recompute=recompute, initialize=initialize)
-    return GPTModel(
+                                sequence_parallel=sequence_parallel, recompute=recompute, initialize=initialize,
+                                fuse_swiglu=compile != "none")
+    model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(preset, attention),
         vocab_size=preset.vocab_size,
@@ -194,3 +224,7 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
         rotary_base=preset.rotary_base,
         share_embeddings_and_output_weights=preset.tied_embeddings,
     )
+    if compile == "layers":
+        for layer in model.decoder.layers:
+            layer.compile()
+    return model

@@ -8,6 +8,7 @@ warmup + cosine learning rate. Validation averages the same masked loss.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -17,9 +18,11 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+from torch.nn.parallel import DistributedDataParallel
 
 from .attention import document_mask
 from .config import OptimConfig
+from .loss import linear_cross_entropy
 
 
 def thd_params(batch: dict) -> tuple[dict, PackedSeqParams]:
@@ -37,27 +40,64 @@ def thd_params(batch: dict) -> tuple[dict, PackedSeqParams]:
                                  max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
-def forward(model, batch: dict, attention: str, device: torch.device, autocast: bool) -> torch.Tensor:
-    """Per-token loss [b, s] (float32, unmasked) of one micro-batch (CPU tensors from the loader).
-
-    Rows that hold several segments (packed SFT, or pretraining with --reset-attention-mask) get a
-    document mask (sdpa) or THD packing (te); single-segment rows run plain causal attention.
-    """
+def _inputs(batch: dict, attention: str, device: torch.device) -> tuple[dict, tuple, Optional[PackedSeqParams]]:
+    """(the batch, reshaped for THD if packed under te; the model's tokens, position ids and
+    attention mask, on `device`; TE's packed-sequence parameters or None)."""
     packed = bool(batch["segment_ids"].amax() > 0)
     packed_seq_params = None
     if packed and attention == "te":
         batch, packed_seq_params = thd_params(batch)
         packed_seq_params = PackedSeqParams(**{k: (v.to(device) if torch.is_tensor(v) else v)
                                                for k, v in vars(packed_seq_params).items()})
-    to = lambda name: batch[name].to(device, non_blocking=True)  # noqa: E731
-    tokens, labels, position_ids = to("tokens"), to("labels"), to("position_ids")
     mask = None
     if packed and attention == "sdpa":
-        mask = document_mask(to("segment_ids"))
+        mask = document_mask(batch["segment_ids"].to(device))
     elif attention == "local":  # megatron's own attention: a dense [b, 1, s, s] mask, True = masked
-        mask = ~document_mask(to("segment_ids")).dense()
+        mask = ~document_mask(batch["segment_ids"].to(device)).dense()
+    inputs = (batch["tokens"].to(device, non_blocking=True), batch["position_ids"].to(device, non_blocking=True), mask)
+    return batch, inputs, packed_seq_params
+
+
+def forward(model, batch: dict, attention: str, device: torch.device, autocast: bool) -> torch.Tensor:
+    """Per-token loss [b, s] (float32, unmasked) of one micro-batch (CPU tensors from the loader),
+    by megatron-core's own output layer and cross-entropy.
+
+    Rows that hold several segments (packed SFT, or pretraining with --reset-attention-mask) get a
+    document mask (sdpa) or THD packing (te); single-segment rows run plain causal attention.
+    """
+    batch, inputs, packed_seq_params = _inputs(batch, attention, device)
+    labels = batch["labels"].to(device, non_blocking=True)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        return model(tokens, position_ids, mask, labels=labels, packed_seq_params=packed_seq_params)
+        return model(*inputs, labels=labels, packed_seq_params=packed_seq_params)
+
+
+def masked_loss(model, batch: dict, weights: torch.Tensor, attention: str, device: torch.device, autocast: bool,
+                cross_entropy: str) -> torch.Tensor:
+    """Σ per-token loss × `weights` ([b, s], on `device`) of one micro-batch: by `forward`
+    (cross_entropy "megatron") or by `loss.linear_cross_entropy` on the decoder's output ("fused")."""
+    if cross_entropy == "megatron":
+        return (forward(model, batch, attention, device, autocast) * weights).sum()
+    batch, inputs, packed_seq_params = _inputs(batch, attention, device)
+    labels = batch["labels"].to(device, non_blocking=True)
+    core = model.module if isinstance(model, DistributedDataParallel) else model
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), decoder_output_only(core):
+        hidden = model(*inputs, packed_seq_params=packed_seq_params)
+    weight = core.shared_embedding_or_output_weight() if core.share_embeddings_and_output_weights \
+        else core.output_layer.weight
+    return linear_cross_entropy(hidden, weight, labels, weights, torch.bfloat16 if autocast else weight.dtype,
+                                sequence_parallel=core.config.sequence_parallel)
+
+
+@contextlib.contextmanager
+def decoder_output_only(core) -> Iterator[None]:
+    """GPTModel returns the decoder's (final-normed) hidden states instead of logits or losses: it
+    skips its output layer when it is not the last pipeline stage, and that is the one switch
+    megatron-core 0.16 to 0.19 all honour."""
+    core.post_process = False
+    try:
+        yield
+    finally:
+        core.post_process = True
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -100,7 +140,8 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.
 
 
 @torch.no_grad()
-def evaluate(model, batches: Iterator[dict], iters: int, attention: str, device, autocast: bool) -> Optional[float]:
+def evaluate(model, batches: Iterator[dict], iters: int, attention: str, device, autocast: bool,
+             cross_entropy: str) -> Optional[float]:
     """Mean masked loss over up to `iters` micro-batches of every data-parallel rank."""
     model.eval()
     total = torch.zeros(2, device=device)
@@ -109,7 +150,7 @@ def evaluate(model, batches: Iterator[dict], iters: int, attention: str, device,
         if batch is None:
             break
         mask = batch["loss_mask"].to(device)
-        total += torch.stack([(forward(model, batch, attention, device, autocast) * mask).sum(), mask.sum()])
+        total += torch.stack([masked_loss(model, batch, mask, attention, device, autocast, cross_entropy), mask.sum()])
     model.train()
     dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
     return (total[0] / total[1]).item() if total[1] > 0 else None
