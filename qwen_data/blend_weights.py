@@ -22,7 +22,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from .blend_files import SPLITS, Blend, BlendError, Entry, Source, check_agreement, load_source, strip_suffix
+from .blend_files import (SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source,
+                          strip_suffix)
 
 
 def parse_spec(text: str) -> tuple[str, float | None]:
@@ -102,6 +103,19 @@ def plan_blend(
               for name, (split_by, sources) in chosen.items()}
     train_by = by or ("ratio" if any(w is not None for _, w in specs["train"]) else "tokens")
     return Blend(splits, train_by, temperature, ratio_unit, split, everything)
+
+
+def blend_of_record(record: BlendRecord) -> Blend:
+    """The train split a blend file describes, weighed: its sources read and checked, each Megatron
+    (sample) weight turned back into its share of training tokens (`megatron_weights` backwards)."""
+    prefixes, weights = record.splits["train"]
+    sources = [load_source(p) for p in prefixes]
+    check_agreement(sources)
+    weights = weights or [1.0] * len(sources)
+    weights = [w / sum(weights) for w in weights]
+    tokens = [w * (s.tokens_per_sample or 1.0) for w, s in zip(weights, sources)]  # pretraining: ∝ samples
+    entries = [Entry(s, t / sum(tokens), w) for s, t, w in zip(sources, tokens, weights)]
+    return Blend({"train": entries}, "ratio", None, "samples", record.split, sources)
 
 
 def _weighting_asked(train, valid, test, by: str | None, temperature: float | None, split: str | None) -> str | None:

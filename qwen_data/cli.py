@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_merge_parser(sub)
     _add_blend_parser(sub)
     _add_verify_parser(sub)
+    _add_inspect_parser(sub)
+    _add_stats_parser(sub)
     _add_train_parser(sub)
     _add_convert_parser(sub)
     return parser
@@ -231,13 +233,49 @@ def _add_blend_parser(sub) -> None:
     p.add_argument("--split", default=None,
                    help="cut every prefix like Megatron's --split (e.g. 98,2,0); writes no per-split JSON")
     p.add_argument("--absolute", action="store_true", help="write absolute prefix paths")
+    _add_budget(p)
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    p.set_defaults(func=_run_blend)
+
+
+def _add_budget(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-tokens", type=int, default=None, help="budget: data tokens the run trains on")
     p.add_argument("--train-samples", type=int, default=None, help="budget: samples (with --seq-length)")
     p.add_argument("--train-iters", type=int, default=None, help="budget: iterations (with --global-batch-size)")
     p.add_argument("--global-batch-size", type=int, default=None)
     p.add_argument("--seq-length", type=int, default=None)
+
+
+def _add_inspect_parser(sub) -> None:
+    help = "decoded rows of a prefix, trained tokens marked, pad and end of document shown, samples apart"
+    p = sub.add_parser("inspect", help=help, description=help)
+    p.add_argument("prefix", metavar="PREFIX", help="an output prefix (PREFIX.bin/.idx/.json)")
+    rows = p.add_mutually_exclusive_group()
+    rows.add_argument("--index", type=_at_least(0), nargs="+", default=None, metavar="N",
+                      help="rows to show, numbered from 0 (default: 0)")
+    rows.add_argument("--random", type=_at_least(1), default=None, metavar="K", help="K rows drawn at random")
+    p.add_argument("--seed", type=int, default=0, help="for --random")
+    p.add_argument("--plain", action="store_true",
+                   help="no colour: trained tokens inside [[...]] (the default when not printing to a terminal)")
+    p.add_argument("--ids", action="store_true", help="each token's id after it, as {id}")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="also write the report (stats, histogram, manifest) with these rows as one HTML file")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    p.set_defaults(func=_run_blend)
+    p.set_defaults(func=_run_inspect)
+
+
+def _add_stats_parser(sub) -> None:
+    help = ("documents, tokens, trained share, sample lengths, packing fill and rejects of prefixes; for a blend "
+            "file, what each source contributes and, with a budget, how many epochs of it the run takes")
+    p = sub.add_parser("stats", help=help, description=help)
+    p.add_argument("targets", nargs="+", metavar="PREFIX|BLEND",
+                   help="output prefixes, or blend files written by `qwen-data blend` (NAME.json, NAME.txt)")
+    _add_budget(p)
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="also write the report as one HTML file (one target only)")
+    p.add_argument("--png", default=None, metavar="FILE", help="also write the sample-length histograms as a PNG")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    p.set_defaults(func=_run_stats)
 
 
 # -- commands -------------------------------------------------------------------------------------
@@ -425,6 +463,56 @@ def _format_budget(rows, approximate: bool) -> list[str]:
              for row in cells]
     lines += [f"note: {r.prefix} is repeated {r.epochs:.2f} times" for r in rows if r.epochs > 1]
     return lines
+
+
+def _run_inspect(args) -> int:
+    from .blend_files import strip_suffix
+    from .show import Inspector, choose_rows, terminal
+
+    prefix = strip_suffix(args.prefix)
+    inspector = Inspector(prefix)
+    rows = choose_rows(len(inspector), args.index, args.random, args.seed)
+    colour = not args.plain and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    text = terminal(inspector, rows, colour=colour, ids=args.ids)
+    if args.html:  # files first: `qwen-data inspect … | head` still writes them
+        from .report import write_report
+
+        write_report(prefix, args.html, rows=rows)
+    print(text + (f"wrote {args.html}\n" if args.html else ""), end="")
+    return 0
+
+
+def _run_stats(args) -> int:
+    from .blend_files import strip_suffix
+    from .stats import blend_lines, blend_stats, histogram_png, is_blend, prefix_lines, prefix_stats
+
+    if args.html and len(args.targets) > 1:
+        raise ValueError("--html writes the report of one prefix or blend: give one")
+    budget = _blend_budget(args)
+    lines, plotted = [], []
+    for target in args.targets:
+        if is_blend(target):
+            b = blend_stats(target, budget)
+            lines += ([""] if lines else []) + blend_lines(b)
+            plotted += [s for _, _, s in b.sources]
+        else:
+            if budget is not None:
+                raise ValueError(f"{target}: a budget (--train-tokens ...) is for blend files")
+            s = prefix_stats(strip_suffix(target))
+            lines += ([""] if lines else []) + prefix_lines(s)
+            plotted.append(s)
+    # Files first: `qwen-data stats … | head` still writes them.
+    if args.png:
+        histogram_png(plotted, args.png)
+        lines.append(f"wrote {args.png}")
+    if args.html:
+        from .report import write_report
+
+        target = args.targets[0]
+        write_report(target if is_blend(target) else strip_suffix(target), args.html, budget=budget)
+        lines.append(f"wrote {args.html}")
+    print("\n".join(lines))
+    return 0
 
 
 def _run_train(args) -> int:

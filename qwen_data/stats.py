@@ -1,0 +1,177 @@
+"""`qwen-data stats`: what a prefix or a blend holds, in numbers.
+
+A prefix: documents (rows), samples, tokens (padding apart), the trained share, sample lengths
+(percentiles and a histogram, read from the data), packing fill, rejects by reason. Counts come
+from the manifest, which `verify` proves against the files; lengths from the index and the data.
+A blend (any file `qwen-data blend` writes, or a Megatron blend file): each train source's weight,
+share of training tokens and its own numbers; with a budget, the tokens and epochs of each source
+it consumes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .blend_files import Source, read_blend, strip_suffix
+from .blend_weights import Budget, BudgetRow, blend_of_record, budget_rows
+from .samples import Samples
+
+PERCENTILES = (0, 10, 50, 90, 99, 100)
+BINS = 20
+BAR = 40  # characters of the longest histogram bar
+
+
+@dataclass
+class PrefixStats:
+    prefix: str
+    kind: str
+    layout: str | None
+    template: str | None
+    documents: int
+    samples: int
+    tokens: int  # data tokens: padding and pai's labels apart
+    trained: int
+    pad_tokens: int
+    rows: int | None  # packed rows
+    seq_length: int | None
+    fill: float | None
+    percentiles: dict[int, int]
+    mean_length: float
+    histogram: tuple[np.ndarray, np.ndarray]  # counts, bin edges
+    rejects: dict = field(default_factory=dict)  # {"count", "by_reason"}
+
+    @property
+    def trained_share(self) -> float:
+        return self.trained / self.tokens if self.tokens else 0.0
+
+
+def prefix_stats(prefix: str) -> PrefixStats:
+    samples = Samples(strip_suffix(prefix))
+    m = samples.manifest
+    sft = m.sft or {}
+    tokens = Source(samples.prefix, m).real_tokens
+    lengths = samples.sample_lengths()
+    top = max(m.seq_length or 0, int(lengths.max()) if len(lengths) else 1)
+    return PrefixStats(
+        prefix=samples.prefix, kind=m.kind, layout=m.layout, template=sft.get("template"), documents=m.documents,
+        samples=len(lengths), tokens=tokens, trained=int(sft.get("trained_tokens", tokens)),
+        pad_tokens=int(sft.get("pad_tokens") or 0), rows=sft.get("rows") if m.packed else None,
+        seq_length=m.seq_length, fill=sft.get("fill") if m.packed else None,
+        percentiles={p: int(v) for p, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES,
+                                                                          method="inverted_cdf"))}
+        if len(lengths) else {},
+        mean_length=float(lengths.mean()) if len(lengths) else 0.0,
+        histogram=_histogram(lengths, top), rejects=m.rejects)
+
+
+def _histogram(lengths: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """(counts, edges) over BINS bins of a whole number of tokens each, from 0 past `top`."""
+    width = max(1, -(-top // BINS))
+    counts = np.bincount(lengths // width, minlength=BINS)
+    return counts, np.arange(len(counts) + 1) * width
+
+
+@dataclass
+class BlendStats:
+    path: str
+    split: str | None
+    sources: list[tuple[float, float, PrefixStats]]  # (Megatron weight, token share, stats) per train source
+    other_splits: dict[str, list[str]]  # valid/test prefixes
+    budget: list[BudgetRow] | None
+
+
+def blend_stats(path: str, budget: Budget | None = None) -> BlendStats:
+    record = read_blend(path)
+    blend = blend_of_record(record)
+    rows = budget_rows(blend, budget) if budget is not None else None
+    return BlendStats(path, record.split, [(e.weight, e.share, prefix_stats(e.source.prefix))
+                                           for e in blend.splits["train"]],
+                      {name: record.splits[name][0] for name in ("valid", "test") if record.splits.get(name)}, rows)
+
+
+def is_blend(path: str) -> bool:
+    """A blend file (NAME.json of `qwen-data blend`, NAME.txt, NAME.qwen-data.json), not a prefix."""
+    prefix = strip_suffix(path)
+    return not (os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".json")) and os.path.isfile(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+
+
+def prefix_lines(s: PrefixStats) -> list[str]:
+    what = s.kind if s.kind == "pretrain" else f"sft, template {s.template}, {s.layout} layout"
+    lines = [f"{s.prefix}: {what}",
+             f"  documents {s.documents:,}   samples {s.samples:,}   tokens {s.tokens:,}   "
+             f"trained {s.trained:,} ({s.trained_share:.1%})"]
+    if s.rows is not None:
+        lines.append(f"  packed: {s.rows:,} rows of {s.seq_length}, fill {s.fill:.2%}, {s.pad_tokens:,} pad tokens")
+    if s.percentiles:
+        lines.append("  sample length: " + "  ".join(f"p{p} {v:,}" for p, v in s.percentiles.items())
+                     + f"  mean {s.mean_length:,.1f}")
+        lines += ["  " + line for line in histogram_lines(*s.histogram)]
+    reasons = s.rejects.get("by_reason") or {}
+    lines.append(f"  rejects: {s.rejects.get('count', 0):,}" + (
+        " (" + ", ".join(f"{reason} {n:,}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])) + ")"
+        if reasons else ""))
+    return lines
+
+
+def histogram_lines(counts: np.ndarray, edges: np.ndarray) -> list[str]:
+    """One line per bin that has samples: its length range, count and a bar."""
+    peak = max(int(counts.max()), 1)
+    lines = []
+    for count, low, high in zip(counts, edges[:-1], edges[1:]):
+        if count:
+            bar = "█" * max(1, round(BAR * count / peak))
+            lines.append(f"{int(low):>8,} – {int(high) - 1:<8,}{int(count):>10,}  {bar}")
+    return lines
+
+
+def blend_lines(b: BlendStats) -> list[str]:
+    lines = [f"{b.path}: blend of {len(b.sources)} train source(s)" + (f", split {b.split}" if b.split else "")]
+    width = max(len(s.prefix) for _, _, s in b.sources)
+    lines.append(f"  {'source':<{width}}  {'weight':>8}  {'tokens%':>8}  {'tokens':>14}  {'samples':>11}  trained")
+    for weight, share, s in b.sources:
+        lines.append(f"  {s.prefix:<{width}}  {weight:>8.4f}  {share:>8.2%}  {s.tokens:>14,}  {s.samples:>11,}  "
+                     f"{s.trained_share:.1%}")
+    for name, prefixes in b.other_splits.items():
+        lines.append(f"  {name}: {' '.join(prefixes)}")
+    if b.budget:
+        lines.append("  budget:")
+        for r in b.budget:
+            lines.append(f"    {r.prefix:<{width}}  {r.tokens:>16,.0f} tokens  {r.epochs:.3f} epochs"
+                         + ("  (repeated)" if r.epochs > 1 else ""))
+    for _, _, s in b.sources:
+        lines += [""] + prefix_lines(s)
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Plot
+
+
+def histogram_png(stats: list[PrefixStats], path_or_file) -> None:
+    """Sample lengths of each prefix as a PNG (one panel each), by matplotlib without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(len(stats), 1, figsize=(7, 2.4 * len(stats)), squeeze=False)
+    for ax, s in zip(axes[:, 0], stats):
+        counts, edges = s.histogram
+        ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#3a7d44", edgecolor="white")
+        if s.seq_length:
+            ax.axvline(s.seq_length, color="#b03030", linestyle="--", linewidth=1, label=f"seq length {s.seq_length}")
+            ax.legend(loc="upper right", fontsize=8)
+        ax.set_title(f"{s.prefix}: {s.samples:,} samples", fontsize=9)
+        ax.set_xlabel("tokens per sample" if s.kind == "sft" else "tokens per document", fontsize=8)
+        ax.set_ylabel("count", fontsize=8)
+        ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path_or_file, format="png", dpi=90)
+    plt.close(fig)
