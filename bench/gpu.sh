@@ -13,7 +13,8 @@
 #           (d) its data-loading share of step time.
 # sft       (b) per-token losses of packed rows against their samples alone (bench/train_gpu.py);
 #           (c) the same SFT samples packed vs unpacked (one padded sample a row), 40 steps each.
-# parallel  (e) TP=1, TP=2 and DP=2 from the same seed on two GPUs: the same first losses.
+# parallel  (e) TP=1, TP=2, PP=2 and DP=2 from the same seed on two GPUs, 50 steps: losses against
+#           TP=1's and tokens/s ($OUT/parallel.md).
 # speed     today's settings (megatron-core's output layer and loss, nothing compiled, micro batch 1)
 #           against the fast ones, seq 4096, global batch 8: Qwen2.5-0.5B pretraining and packed
 #           SFT, Qwen2.5-1.5B and Qwen3-0.6B pretraining; logs as $OUT/speed-*.jsonl, then the
@@ -79,10 +80,17 @@ sft)
       --warmup-iters 5 --lr 1e-4 --min-lr 1e-5 --log-interval 10 --log-json "$OUT/sft_$kind.jsonl"
   done ;;
 parallel)
-  P=(--data .gpu/pretrain_blend.txt "${COMMON[@]}" --train-iters 20 --log-interval 1 --warmup-iters 5)
-  run tp1 python3 -m train "${P[@]}" --log-json "$OUT/tp1.jsonl"
-  run tp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --tp 2 --log-json "$OUT/tp2.jsonl"
-  run dp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --log-json "$OUT/dp2.jsonl" ;;
+  # The fast settings (micro batch 4; 2 with stages, so a step holds 4 micro-batches to pipeline).
+  P=(--data .gpu/pretrain_blend.txt "${COMMON[@]}" --train-iters 50 --log-interval 1 --warmup-iters 5)
+  for f in tp1 tp2 pp2 dp2 pp2_mb1; do rm -f "$OUT/$f.jsonl"; done
+  run tp1 python3 -m train "${P[@]}" --micro-batch-size 4 --log-json "$OUT/tp1.jsonl"
+  run tp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --micro-batch-size 4 --tp 2 --log-json "$OUT/tp2.jsonl"
+  run pp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --micro-batch-size 2 --pp 2 --log-json "$OUT/pp2.jsonl"
+  run dp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --micro-batch-size 4 --log-json "$OUT/dp2.jsonl"
+  run pp2_mb1 torchrun --nproc-per-node 2 -m train "${P[@]}" --micro-batch-size 1 --pp 2 \
+    --log-json "$OUT/pp2_mb1.jsonl"
+  python3 bench/gpu_table.py --against "$OUT/tp1.jsonl" "$OUT"/{tp2,pp2,dp2,pp2_mb1}.jsonl | tee "$OUT/parallel.md"
+  echo "parallel stage: $SECONDS s" ;;
 speed)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
   python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \

@@ -2,6 +2,7 @@
 
     python3 bench/gpu_table.py bench/results/gpu/speed-*.jsonl
     python3 bench/gpu_table.py --flash      # on a GPU: which SDPA kernels take our attention shapes
+    python3 bench/gpu_table.py --against tp1.jsonl tp2.jsonl pp2.jsonl   # layouts against one GPU
 
 Rates are steady state: the log intervals after iteration 10 (iteration 1 compiles, the first
 interval warms up), tokens over their summed time. Loss at 1 is iteration 1's; loss at 100 is the
@@ -56,6 +57,26 @@ def table(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+def against(reference: str, paths: list[str]) -> str:
+    """Parallel layouts against the one-GPU run of the same seed and data: first loss, the largest
+    relative loss difference over the logged iterations, steady tokens/s (all GPUs together)."""
+    def losses(path):
+        with open(path) as f:
+            return {r["iteration"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+    base = losses(reference)
+    lines = ["| run | steps | loss @1 | max rel. loss diff vs " + os.path.basename(reference) + " | tokens/s |",
+             "|---|---|---|---|---|"]
+    for path in [reference] + paths:
+        mine = losses(path)
+        common = sorted(set(mine) & set(base))
+        diff = max((abs(mine[i] - base[i]) / base[i] for i in common), default=float("nan"))
+        r = row(path)
+        lines.append(f"| {r['run']} | {max(mine, default=0)} | {mine.get(1, float('nan')):.4f} | "
+                     f"{100 * diff:.3f}% | {r['tokens/s']} |")
+    return "\n".join(lines)
+
+
 def flash() -> str:
     """Each SDPA backend on the causal GQA shapes of Qwen2.5-0.5B and Qwen3-0.6B at 4096, bf16,
     in the [s, b, heads, dim] → [b, heads, s, dim] permuted layout the core attention passes."""
@@ -91,8 +112,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("logs", nargs="*")
     p.add_argument("--flash", action="store_true")
+    p.add_argument("--against", default=None, metavar="LOG", help="compare the logs' losses with this run's")
     args = p.parse_args()
-    print(flash() if args.flash else table(args.logs))
+    print(flash() if args.flash else against(args.against, args.logs) if args.against else table(args.logs))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ dataset builder.
 
   - a pretraining blend trains (loss falls), checkpoints with dist_checkpointing and resumes to the
     very same losses as an uninterrupted run;
-  - TP=2 × DP=2 (torchrun, gloo) gives the same losses and gradient norms as one process;
+  - TP=2 × DP=2 (torchrun, gloo) gives the same losses and gradient norms as one process, and so
+    do two pipeline stages (PP=2, alone and × DP=2), whose checkpoint resumes in one process;
   - packed SFT rows: every sample's per-token losses equal those of the sample run alone, and the
     SDPA core attention equals megatron-core's own local attention.
 """
@@ -73,10 +74,35 @@ def test_checkpoint_resume_continues_exactly(prefixes, full_run, tmp_path):
 def test_tensor_and_data_parallel_match_one_process(prefixes, full_run, tmp_path):
     data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "6", "--exit-after", "3", *TRAIN]
     records, stdout = _train(data + ["--tp", "2"], tmp_path / "tp2dp2.jsonl", nproc=4)
-    assert "TP 2 × DP 2" in stdout
+    assert "TP 2 × PP 1 × DP 2" in stdout
     for mine, reference in zip(records, full_run[0][:3]):
         assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4)
         assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-3)
+
+
+@pytest.mark.parametrize("layout,nproc", [(["--pp", "2"], 2), (["--pp", "2"], 4)])
+def test_pipeline_parallel_matches_one_process(prefixes, full_run, tmp_path, layout, nproc):
+    """Two pipeline stages (tied embeddings split between them; with 4 processes, two pipelines as
+    data parallelism) take the same steps as one process: first loss, gradient norms, and the
+    losses the updated weights give."""
+    data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "6", "--exit-after", "3", *TRAIN]
+    records, stdout = _train(data + layout, tmp_path / "pp.jsonl", nproc=nproc)
+    assert f"TP 1 × PP 2 × DP {nproc // 2}" in stdout
+    assert [r["iteration"] for r in records] == [1, 2, 3]
+    for mine, reference in zip(records, full_run[0][:3]):
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+        assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+
+
+def test_checkpoint_from_two_stages_resumes_on_one(prefixes, full_run, tmp_path):
+    """A checkpoint saved by two pipeline stages loads into one process and goes on as the
+    uninterrupted run."""
+    data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "6", *TRAIN]
+    _train(data + ["--pp", "2", "--save", str(tmp_path / "ckpt"), "--exit-after", "3"], tmp_path / "a.jsonl", nproc=2)
+    second, stdout = _train(data + ["--load", str(tmp_path / "ckpt")], tmp_path / "b.jsonl")
+    assert "resumed from" in stdout and [r["iteration"] for r in second] == [4, 5, 6]
+    for mine, reference in zip(second, full_run[0][3:]):
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------

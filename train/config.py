@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", default="auto", choices=("auto",) + COMPILE_CHOICES,
                    help="swiglu: megatron-core's compiled SwiGLU; layers: also torch.compile each transformer "
                         "layer; auto: layers on CUDA, none on the CPU")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / tp)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / (tp × pp))")
+    g.add_argument("--pp", type=int, default=1,
+                   help="pipeline-parallel size: the layers split evenly over pp stages, 1F1B schedule")
     g.add_argument("--sequence-parallel", action="store_true", help="with TP and Transformer Engine only")
     g.add_argument("--recompute", action="store_true", help="full activation recompute, one layer at a time")
     g.add_argument("--seq-length", type=int, default=4096)
@@ -90,6 +92,7 @@ class ModelConfig:
     cross_entropy: str  # CROSS_ENTROPY_CHOICES
     compile: str  # as asked ("auto" included); the trainer resolves it
     tp: int
+    pp: int
     sequence_parallel: bool
     recompute: bool
 

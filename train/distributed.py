@@ -1,5 +1,5 @@
 """Process groups: torch.distributed (nccl on GPUs, gloo on the CPU) and megatron-core's
-tensor/data-parallel groups, and how a global batch spreads over them."""
+tensor/pipeline/data-parallel groups, and how a global batch spreads over them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(tp: int) -> torch.device:
+def init_distributed(tp: int, pp: int = 1) -> torch.device:
     """Join torchrun's process group (or make one of a lone process), set up megatron-core's
     groups; → this rank's device."""
     cuda = torch.cuda.is_available()
@@ -35,17 +35,17 @@ def init_distributed(tp: int) -> torch.device:
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
                                     rank=0, world_size=1)
     world = dist.get_world_size()
-    if world % tp:
-        raise ValueError(f"world size {world} is not a multiple of --tp {tp}")
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    if world % (tp * pp):
+        raise ValueError(f"world size {world} is not a multiple of --tp {tp} × --pp {pp}")
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     return device
 
 
 @contextlib.contextmanager
-def distributed(tp: int) -> Iterator[torch.device]:
+def distributed(tp: int, pp: int = 1) -> Iterator[torch.device]:
     """`init_distributed` for the block; the groups are torn down after it, also on error."""
     try:
-        yield init_distributed(tp)
+        yield init_distributed(tp, pp)
     finally:
         if dist.is_initialized():
             parallel_state.destroy_model_parallel()
@@ -63,9 +63,11 @@ def log0(*args) -> None:
 
 @dataclass(frozen=True)
 class Layout:
-    """The parallel layout of a step: TP × DP ranks, each running `accumulation` micro-batches."""
+    """The parallel layout of a step: TP × PP × DP ranks; each pipeline runs `accumulation`
+    micro-batches."""
 
     tp: int
+    pp: int
     dp: int
     world: int
     micro_batch: int
@@ -83,5 +85,6 @@ class Layout:
         if global_batch % (micro_batch * dp):
             raise ValueError(f"global batch {global_batch} is not a multiple of micro batch × DP "
                              f"({micro_batch} × {dp})")
-        return cls(parallel_state.get_tensor_model_parallel_world_size(), dp, dist.get_world_size(),
+        return cls(parallel_state.get_tensor_model_parallel_world_size(),
+                   parallel_state.get_pipeline_model_parallel_world_size(), dp, dist.get_world_size(),
                    micro_batch, global_batch)

@@ -10,14 +10,14 @@ loss = Σ(loss × loss_mask) / Σ loss_mask over the whole global batch; clip, A
 The output layer and loss run fused by chunks (loss.py: no logits in memory, so micro batches of 4
 fit), and on CUDA each transformer layer is torch.compile'd (`--compile`).
 
-Parallelism: tensor parallelism from megatron-core (`parallel_state`, the model's own TP layers),
-data parallelism with torch DDP over megatron-core's data-parallel group. No pipeline parallelism.
+Parallelism: tensor and pipeline parallelism from megatron-core (`parallel_state`, the model's own
+TP layers, its pipeline schedules: 1F1B over `--pp` stages, each building only its layers), data
+parallelism with torch DDP over megatron-core's data-parallel group.
 Weights are float32 master weights, run in bf16 by autocast.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -41,7 +41,8 @@ from .loader import build_splits, make_loader
 from .metrics import Metrics, StepStats, Summary
 from .model import PRESETS, ModelShape, build_model, resolve_attention
 from .patches import megatron_on_cpu
-from .step import Schedule, build_optimizer, clip_grad_norm, evaluate, masked_loss
+from .step import (Schedule, average_data_parallel_grads, build_optimizer, clip_grad_norm, evaluate, forward_backward,
+                   sync_tied_embedding_grads)
 
 
 class Trainer:
@@ -51,6 +52,9 @@ class Trainer:
     def __init__(self, config: TrainConfig, device: torch.device) -> None:
         self.config, self.device = config, device
         self.layout = Layout.current(config.micro_batch_size, config.global_batch_size)
+        if self.layout.pp > 1 and (config.model.hf_model or config.checkpoint.save_hf):
+            raise ValueError("--hf-model and --save-hf read and write whole models on one pipeline stage: not yet "
+                             "with --pp (convert with `qwen-data convert` at --pp 1, then train from the checkpoint)")
         self.attention = resolve_attention(config.model.attention)
         self.autocast = device.type == "cuda" and not config.fp32
         self.compile = config.model.compile if config.model.compile != "auto" else \
@@ -120,15 +124,13 @@ class Trainer:
         trained = torch.stack([m.sum() for m in masks]).sum()
         dist.all_reduce(trained, group=parallel_state.get_data_parallel_group())
         scale = self.layout.dp / trained.clamp(min=1)  # DDP averages over DP: undo that, divide by the global count
-        total = torch.zeros(2, device=self.device)
-        for i, (mb, mask) in enumerate(zip(micro, masks)):
-            # Gradients are all-reduced over DP once per step, with the last micro-batch's backward.
-            last = i == len(micro) - 1
-            with contextlib.nullcontext() if last or self.layout.dp == 1 else self.model.no_sync():
-                loss_sum = masked_loss(self.model, mb, mask, self.attention, self.device, self.autocast,
-                                       self.config.model.cross_entropy)
-                (loss_sum * scale).backward()
-            total += torch.stack([loss_sum.detach(), mask.sum()])
+        # Gradients are all-reduced over DP once per step, with the last micro-batch's backward
+        # (the schedule holds DDP's no_sync until then: `_data_parallel`).
+        total = forward_backward(self.model, micro, masks, scale, self.attention, self.device, self.autocast,
+                                 self.config.model.cross_entropy, self.config.seq_length)
+        if self.model is self.core:  # no DDP: data parallelism across pipelines, or none
+            average_data_parallel_grads(self.params)
+        sync_tied_embedding_grads(self.core)
         return total
 
     def evaluate(self) -> Optional[float]:
@@ -137,7 +139,8 @@ class Trainer:
         evals, global_batch = self.config.eval, self.layout.global_batch
         skip = (self.iteration // evals.eval_interval - 1) * evals.eval_iters * global_batch
         loss = evaluate(self.model, self._loader(self.valid_ds, skip), evals.eval_iters * self.layout.accumulation,
-                        self.attention, self.device, self.autocast, self.config.model.cross_entropy)
+                        self.attention, self.device, self.autocast, self.config.model.cross_entropy,
+                        self.config.seq_length)
         self.metrics.validation(self.iteration, loss)
         return loss
 
@@ -153,16 +156,20 @@ class Trainer:
         core = build_model(self.shape, attention=self.attention, tensor_parallel=model.tp,
                            sequence_parallel=model.sequence_parallel, recompute=model.recompute,
                            max_sequence_length=self.config.seq_length, initialize=model.hf_model is None,
-                           compile=self.compile)
+                           compile=self.compile, seed=seed)
         if model.hf_model:
             load_hf_weights(core, model.hf_model, self.shape)
         return core.to(self.device)
 
     def _data_parallel(self, core: torch.nn.Module) -> torch.nn.Module:
-        if self.layout.dp == 1:
+        """torch DDP (gradient reduction overlapping backward) without pipeline stages; with them,
+        `average_data_parallel_grads` after the schedule."""
+        if self.layout.dp == 1 or self.layout.pp > 1:
             return core
-        return DistributedDataParallel(core, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                       process_group=parallel_state.get_data_parallel_group())
+        model = DistributedDataParallel(core, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                        process_group=parallel_state.get_data_parallel_group())
+        core.config.no_sync_func = model.no_sync  # megatron-core's schedules hold gradient sync with it
+        return model
 
     def _loader(self, dataset, consumed: int):
         return make_loader(dataset, consumed, self.config.micro_batch_size, self.config.data.num_workers, self.device)
@@ -171,7 +178,7 @@ class Trainer:
         c, lay, cuda = self.config, self.layout, self.device.type == "cuda"
         log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, attention {self.attention}, "
              f"compile {self.compile}, cross-entropy {c.model.cross_entropy}, "
-             f"TP {lay.tp} × DP {lay.dp}, micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
+             f"TP {lay.tp} × PP {lay.pp} × DP {lay.dp}, micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "
              f"{'bf16 autocast' if self.autocast else 'float32'}")
@@ -204,7 +211,7 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 def main(argv: Optional[list[str]] = None) -> int:
     config = TrainConfig.parse(argv)
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).* not installed")
-    with megatron_on_cpu(), distributed(config.model.tp) as device:
+    with megatron_on_cpu(), distributed(config.model.tp, config.model.pp) as device:
         Trainer(config, device).run()
     return 0
 

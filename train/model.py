@@ -26,10 +26,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.layers import RowParallelLinear
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from qwen_data.qwen import EMBEDDING_ROWS_LARGE, EMBEDDING_ROWS_SMALL
 
@@ -121,7 +123,7 @@ def resolve_attention(attention: str) -> str:
     return attention
 
 
-def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1,
+def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                        sequence_parallel: bool = False, recompute: bool = False,
                        initialize: bool = True, fuse_swiglu: bool = False) -> TransformerConfig:
     """megatron-core's TransformerConfig for `preset` (attention already resolved).
@@ -132,7 +134,13 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
     loaded) initialises them where they live, the current device: faster, and any values do.
     (megatron's perform_initialization=False would skip marking the tensor-parallel split on
     the parameters, which the gradient norm and the checkpoints read.)
+
+    Pipeline stages pass float32 activations (the residual stream stays float32 under autocast),
+    and a micro-batch's loss comes back as a sum over its trained tokens, scaled by the step
+    (`calculate_per_token_loss`: megatron-core's schedules then divide by nothing).
     """
+    if preset.num_layers % pipeline_parallel:
+        raise ValueError(f"{preset.name}: {preset.num_layers} layers do not split evenly over --pp {pipeline_parallel}")
     te = attention == "te"
     return TransformerConfig(
         num_layers=preset.num_layers,
@@ -159,7 +167,9 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tensor_parallel,
-        pipeline_model_parallel_size=1,
+        pipeline_model_parallel_size=pipeline_parallel,
+        pipeline_dtype=torch.float32,
+        calculate_per_token_loss=True,
         sequence_parallel=sequence_parallel and te and tensor_parallel > 1,
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
@@ -186,11 +196,27 @@ class GroupedRowParallelLinear(RowParallelLinear):
         return super()._forward_impl(input, weight, *args, **kwargs)
 
 
-def layer_spec(preset: ModelShape, attention: str):
+class SeededTransformerLayer(TransformerLayer):
+    """megatron-core's TransformerLayer, its weights drawn from `init_seed` and its global layer
+    number alone: a pipeline stage builds only its own layers, and without this a layer's weights
+    would depend on how many were built before it on the same rank."""
+
+    def __init__(self, config, submodules, layer_number: int = 1, *args, init_seed: int = 0, **kwargs):
+        stage_layers = config.num_layers // config.pipeline_model_parallel_size
+        number = layer_number + parallel_state.get_pipeline_model_parallel_rank() * stage_layers
+        torch.manual_seed(init_seed * 1_000_003 + number)
+        super().__init__(config, submodules, layer_number, *args, **kwargs)
+        assert self.layer_number == number, "megatron-core numbers this layer otherwise"
+
+
+def layer_spec(preset: ModelShape, attention: str, seed: int = 0):
     if attention == "te":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=preset.qk_norm)
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=preset.qk_norm)
+        spec.module, spec.params = SeededTransformerLayer, {**spec.params, "init_seed": seed}
+        return spec
     spec = get_gpt_layer_local_spec(qk_layernorm=preset.qk_norm, normalization="RMSNorm")
+    spec.module, spec.params = SeededTransformerLayer, {**spec.params, "init_seed": seed}
     spec.submodules.self_attention.submodules.linear_proj = GroupedRowParallelLinear
     mlp = spec.submodules.mlp  # a ModuleSpec, or a functools.partial (megatron-core 0.19)
     (mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules).linear_fc2 = \
@@ -202,21 +228,27 @@ def layer_spec(preset: ModelShape, attention: str):
 
 def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel: int = 1,
                 sequence_parallel: bool = False, recompute: bool = False,
-                max_sequence_length: int | None = None, initialize: bool = True, compile: str = "none") -> GPTModel:
-    """The GPTModel, on the CPU, float32 (move it with `.to(device)`).
+                max_sequence_length: int | None = None, initialize: bool = True, compile: str = "none",
+                seed: int = 0) -> GPTModel:
+    """This rank's GPTModel (its pipeline stage's layers), on the CPU, float32 (move it with `.to(device)`).
 
-    Needs `parallel_state.initialize_model_parallel(tensor_parallel, 1)` first. `compile`: one of
-    COMPILE_CHOICES (torch.compile needs a compiler toolchain; the trainer uses it on CUDA only).
+    Needs `parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)` first.
+    `compile`: one of COMPILE_CHOICES (torch.compile needs a compiler toolchain; the trainer uses
+    it on CUDA only). Weights come from `seed` (the embedding and output layer from torch's
+    generator as it stands, each layer from `seed` and its number), the same under every layout.
     """
     attention = resolve_attention(attention)
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {compile!r}")
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
+                                pipeline_parallel=parallel_state.get_pipeline_model_parallel_world_size(),
                                 sequence_parallel=sequence_parallel, recompute=recompute, initialize=initialize,
                                 fuse_swiglu=compile != "none")
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(preset, attention),
+        transformer_layer_spec=layer_spec(preset, attention, seed),
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
         vocab_size=preset.vocab_size,
         max_sequence_length=max_sequence_length or preset.max_position_embeddings,
         position_embedding_type="rope",

@@ -28,24 +28,41 @@ def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
             delattr(owner, name)
 
 
+class _TorchOnCpu:
+    """`torch` as megatron-core's pipeline schedules see it inside `megatron_on_cpu`: what they
+    make on "cuda" is made on the CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs) -> torch.Tensor:
+        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+
 @contextlib.contextmanager
 def megatron_on_cpu() -> Iterator[None]:
     """Let megatron-core's local spec build, run and checkpoint on a machine without CUDA
     (smoke tests, CI); does nothing where CUDA is available.
 
-    megatron-core asks `torch.cuda.current_device()` for the device of RoPE's inverse frequencies
-    and of its global memory buffer, forks the CUDA RNG tracker around dropout, and
-    dist_checkpointing synchronises CUDA before writing: inside the block these point at the CPU
-    or do nothing.
+    megatron-core asks `torch.cuda.current_device()` for the device of RoPE's inverse frequencies,
+    of its global memory buffer and of pipeline messages, forks the CUDA RNG tracker around
+    dropout, and dist_checkpointing synchronises CUDA before writing: inside the block these point
+    at the CPU or do nothing.
     """
     if torch.cuda.is_available():
         yield
         return
     from megatron.core import tensor_parallel
+    from megatron.core.pipeline_parallel import schedules
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(_replaced(torch.cuda, "current_device", lambda: "cpu"))
         stack.enter_context(_replaced(torch.cuda, "synchronize", lambda device=None: None))
+        # Tied embeddings over pipeline stages: the stages agree on the weight with `.cuda()` then
+        # an all-reduce; the schedules count tokens in a tensor made on "cuda".
+        stack.enter_context(_replaced(torch.Tensor, "cuda", lambda self, *args, **kwargs: self))
+        stack.enter_context(_replaced(schedules, "torch", _TorchOnCpu()))
         stack.enter_context(_replaced(tensor_parallel.get_cuda_rng_tracker(), "fork",
                                       lambda *args, **kwargs: contextlib.nullcontext()))
         yield

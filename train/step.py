@@ -18,6 +18,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from .attention import document_mask
@@ -88,26 +90,104 @@ def masked_loss(model, batch: dict, weights: torch.Tensor, attention: str, devic
                                 sequence_parallel=core.config.sequence_parallel)
 
 
+def stage_output(model, batch: dict, weights: torch.Tensor, attention: str, device: torch.device, autocast: bool,
+                 cross_entropy: str) -> torch.Tensor:
+    """What this pipeline stage hands on for one micro-batch: the last stage, the masked loss sum
+    (`masked_loss`); the others, their hidden states (the first from the tokens, the rest from
+    the activations megatron-core's schedule has set as the model's input)."""
+    if parallel_state.is_pipeline_last_stage():
+        return masked_loss(model, batch, weights, attention, device, autocast, cross_entropy)
+    batch, inputs, packed_seq_params = _inputs(batch, attention, device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        return model(*inputs, packed_seq_params=packed_seq_params)
+
+
+def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale: torch.Tensor, attention: str,
+                     device: torch.device, autocast: bool, cross_entropy: str, seq_length: int,
+                     forward_only: bool = False) -> torch.Tensor:
+    """One step's micro-batches through megatron-core's schedule for this layout (1F1B across
+    pipeline stages; one after another without pipelining): forward, and unless `forward_only`
+    backward of each micro-batch's Σ loss × mask × `scale`. → [Σ loss × mask, Σ mask] on every
+    rank of the pipeline."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, stage):
+        batch, mask = next(data_iterator)
+        output = stage_output(stage, batch, mask, attention, device, autocast, cross_entropy)
+        count = mask.sum()
+        return output, lambda loss_sum: (loss_sum * scale, count.int(), {"sum": loss_sum.detach(), "count": count})
+
+    results = get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter(list(zip(micro, masks))), model=[model],
+        num_microbatches=len(micro), seq_length=seq_length, micro_batch_size=micro[0]["tokens"].shape[0],
+        forward_only=forward_only)
+    total = torch.zeros(2, device=device)
+    for r in results:
+        total += torch.stack([r["sum"].float(), r["count"].float()])
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:  # the last stage's sums to every stage
+        dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
+    return total
+
+
+BUCKET_ELEMENTS = 1 << 25  # gradient elements all-reduced at a time (128 MB of float32)
+
+
+def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
+    """Gradients averaged over the data-parallel group, a flat bucket at a time: what torch DDP
+    does during backward, done after a pipeline schedule instead. (DDP prepares its reduction in
+    forward, and 1F1B runs the last micro-batches' forwards before it lets gradients sync, so
+    under DDP those would never be reduced.)"""
+    group, size = parallel_state.get_data_parallel_group(), parallel_state.get_data_parallel_world_size()
+    if size == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    bucket: list[torch.Tensor] = []
+    for i, grad in enumerate(grads):
+        bucket.append(grad)
+        if i == len(grads) - 1 or sum(g.numel() for g in bucket) + grads[i + 1].numel() > BUCKET_ELEMENTS:
+            flat = _flatten_dense_tensors(bucket)
+            dist.all_reduce(flat, group=group)
+            flat /= size
+            for g, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                g.copy_(reduced)
+            bucket = []
+
+
+def sync_tied_embedding_grads(core) -> None:
+    """With tied embeddings split over pipeline stages, the first stage's embedding and the last
+    stage's output layer are two copies of one weight: their gradients are summed, so both take
+    the same step."""
+    if (parallel_state.get_pipeline_model_parallel_world_size() > 1 and core.share_embeddings_and_output_weights
+            and parallel_state.is_rank_in_embedding_group()):
+        weight = core.shared_embedding_or_output_weight()
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
 @contextlib.contextmanager
 def decoder_output_only(core) -> Iterator[None]:
     """GPTModel returns the decoder's (final-normed) hidden states instead of logits or losses: it
     skips its output layer when it is not the last pipeline stage, and that is the one switch
     megatron-core 0.16 to 0.19 all honour."""
-    core.post_process = False
+    was, core.post_process = core.post_process, False
     try:
         yield
     finally:
-        core.post_process = True
+        core.post_process = was
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Global L2 norm of the gradients over the model-parallel group (a TP-replicated parameter
-    counted once), scaled down to `max_norm` if above (0 = measure only)."""
+    """Global L2 norm of the gradients over the model-parallel group (TP × PP; a TP-replicated
+    parameter, and the last stage's copy of tied embeddings, counted once), scaled down to
+    `max_norm` if above (0 = measure only)."""
     grads = [p.grad for p in params if p.grad is not None]
-    unique = [p.grad for p in params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
-    norm_sq = torch.stack(torch._foreach_norm(unique)).float().square().sum()
-    if parallel_state.get_tensor_model_parallel_world_size() > 1:
-        dist.all_reduce(norm_sq, group=parallel_state.get_tensor_model_parallel_group())
+    unique = [p.grad for p in params
+              if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
+    norms = torch._foreach_norm(unique) if unique else [torch.zeros((), device=params[0].device)]
+    norm_sq = torch.stack(norms).float().square().sum()
+    if parallel_state.get_tensor_model_parallel_world_size() * parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        dist.all_reduce(norm_sq, group=parallel_state.get_model_parallel_group())
     norm = norm_sq.sqrt()
     if max_norm > 0:
         torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
@@ -141,16 +221,17 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.
 
 @torch.no_grad()
 def evaluate(model, batches: Iterator[dict], iters: int, attention: str, device, autocast: bool,
-             cross_entropy: str) -> Optional[float]:
+             cross_entropy: str, seq_length: int) -> Optional[float]:
     """Mean masked loss over up to `iters` micro-batches of every data-parallel rank."""
     model.eval()
     total = torch.zeros(2, device=device)
+    one = torch.ones((), device=device)
     for _ in range(iters):
         batch = next(batches, None)
         if batch is None:
             break
-        mask = batch["loss_mask"].to(device)
-        total += torch.stack([masked_loss(model, batch, mask, attention, device, autocast, cross_entropy), mask.sum()])
+        total += forward_backward(model, [batch], [batch["loss_mask"].to(device)], one, attention, device, autocast,
+                                  cross_entropy, seq_length, forward_only=True)
     model.train()
     dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
     return (total[0] / total[1]).item() if total[1] > 0 else None
