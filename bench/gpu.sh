@@ -13,8 +13,9 @@
 #           (d) its data-loading share of step time.
 # sft       (b) per-token losses of packed rows against their samples alone (bench/train_gpu.py);
 #           (c) the same SFT samples packed vs unpacked (one padded sample a row), 40 steps each.
-# parallel  (e) TP=1, TP=2, PP=2 and DP=2 from the same seed on two GPUs, 50 steps: losses against
-#           TP=1's and tokens/s ($OUT/parallel.md).
+# parallel  (e) TP=1, TP=2 (with and without sequence parallelism), PP=2 and DP=2 from the same seed
+#           on two GPUs, 50 steps, and Qwen3-0.6B at TP=1 and 2: losses against TP=1's and tokens/s
+#           ($OUT/parallel.md).
 # speed     today's settings (megatron-core's output layer and loss, nothing compiled, micro batch 1)
 #           against the fast ones, seq 4096, global batch 8: Qwen2.5-0.5B pretraining and packed
 #           SFT, Qwen2.5-1.5B and Qwen3-0.6B pretraining; logs as $OUT/speed-*.jsonl, then the
@@ -81,15 +82,25 @@ sft)
   done ;;
 parallel)
   # The fast settings (micro batch 4; 2 with stages, so a step holds 4 micro-batches to pipeline).
+  # PARALLEL="name:processes:args;..." picks runs; q3_* (Qwen3-0.6B: QK norms) compare with q3_tp1.
   P=(--data .gpu/pretrain_blend.txt "${COMMON[@]}" --train-iters 50 --log-interval 1 --warmup-iters 5)
-  for f in tp1 tp2 pp2 dp2 pp2_mb1; do rm -f "$OUT/$f.jsonl"; done
-  run tp1 python3 -m train "${P[@]}" --micro-batch-size 4 --log-json "$OUT/tp1.jsonl"
-  run tp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --micro-batch-size 4 --tp 2 --log-json "$OUT/tp2.jsonl"
-  run pp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --micro-batch-size 2 --pp 2 --log-json "$OUT/pp2.jsonl"
-  run dp2 torchrun --nproc-per-node 2 -m train "${P[@]}" --micro-batch-size 4 --log-json "$OUT/dp2.jsonl"
-  run pp2_mb1 torchrun --nproc-per-node 2 -m train "${P[@]}" --micro-batch-size 1 --pp 2 \
-    --log-json "$OUT/pp2_mb1.jsonl"
-  python3 bench/gpu_table.py --against "$OUT/tp1.jsonl" "$OUT"/{tp2,pp2,dp2,pp2_mb1}.jsonl | tee "$OUT/parallel.md"
+  Q3="--model qwen3-0.6b --micro-batch-size 4"
+  PARALLEL=${PARALLEL:-"tp1:1:--micro-batch-size 4;tp2:2:--micro-batch-size 4 --tp 2;\
+tp2_sp:2:--micro-batch-size 4 --tp 2 --sequence-parallel;pp2:2:--micro-batch-size 2 --pp 2;\
+pp2_mb1:2:--micro-batch-size 1 --pp 2;dp2:2:--micro-batch-size 4;q3_tp1:1:$Q3;q3_tp2:2:$Q3 --tp 2"}
+  IFS=';' read -ra runs <<< "$PARALLEL"
+  for spec in "${runs[@]}"; do
+    IFS=':' read -r name nproc args <<< "$spec"
+    rm -f "$OUT/$name.jsonl"
+    # shellcheck disable=SC2086  # args are words
+    run "$name" torchrun --nproc-per-node "$nproc" -m train "${P[@]}" $args --log-json "$OUT/$name.jsonl"
+  done
+  logs() { for n in "$@"; do [ -f "$OUT/$n.jsonl" ] && echo "$OUT/$n.jsonl"; done; }
+  # shellcheck disable=SC2046
+  python3 bench/gpu_table.py --against "$OUT/tp1.jsonl" $(logs tp2 tp2_sp pp2 pp2_mb1 dp2) | tee "$OUT/parallel.md"
+  # shellcheck disable=SC2046
+  [ -f "$OUT/q3_tp1.jsonl" ] && python3 bench/gpu_table.py --against "$OUT/q3_tp1.jsonl" $(logs q3_tp2) \
+    | tee -a "$OUT/parallel.md"
   echo "parallel stage: $SECONDS s" ;;
 speed)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"

@@ -115,6 +115,18 @@ def test_tp2_training_saves_the_same_tensors(hf, tmp_path):
     assert_same_tensors(tmp_path / "out", hf["qwen2"])
 
 
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_pipeline_stages_load_and_save_the_same_tensors(hf, kind, tmp_path):
+    """Two pipeline stages (one layer each; with tied embeddings, the last stage's output layer read
+    from embed_tokens and never written) load the folder, train at lr 0 to the one-process first
+    loss, and write it back bit for bit."""
+    single, _ = run_train(["--data", hf["blend"], "--hf-model", hf[kind], "--lr", "0", *SEQ], tmp_path / "one.jsonl")
+    records, stdout = run_train(["--data", hf["blend"], "--hf-model", hf[kind], "--lr", "0", "--save-hf",
+                                 str(tmp_path / "out"), "--pp", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)
+    assert "PP 2" in stdout and records[0]["loss"] == pytest.approx(single[0]["loss"], rel=1e-6)
+    assert_same_tensors(tmp_path / "out", hf[kind])
+
+
 @pytest.fixture(scope="module")
 def converted(hf, tmp_path_factory):
     """The Qwen3 folder converted to a checkpoint under TP=2."""
@@ -124,13 +136,19 @@ def converted(hf, tmp_path_factory):
 
 
 def test_conversion_both_ways_under_any_tp(hf, converted, tmp_path):
-    """HF → checkpoint under TP=2 → HF under TP=1, and TP=1 → TP=2; a converted checkpoint
-    starts a run with --load alone (its model comes with it)."""
+    """HF → checkpoint under TP=2 → HF under TP=1, and TP=1 → TP=2, PP=1 → PP=2, PP=2 → PP=1
+    (the Qwen2 folder: tied embeddings over two stages); a converted checkpoint starts a run with
+    --load alone (its model comes with it)."""
     run_convert(["mcore-to-hf", str(converted), str(tmp_path / "back1")])
     assert_same_tensors(tmp_path / "back1", hf["qwen3"])
     run_convert(["hf-to-mcore", hf["qwen2"], str(tmp_path / "ck1")])
     run_convert(["mcore-to-hf", str(tmp_path / "ck1"), str(tmp_path / "back2"), "--tp", "2"], nproc=2)
     assert_same_tensors(tmp_path / "back2", hf["qwen2"])
+    run_convert(["mcore-to-hf", str(tmp_path / "ck1"), str(tmp_path / "back3"), "--pp", "2"], nproc=2)
+    assert_same_tensors(tmp_path / "back3", hf["qwen2"])
+    run_convert(["hf-to-mcore", hf["qwen2"], str(tmp_path / "ck2"), "--pp", "2"], nproc=2)
+    run_convert(["mcore-to-hf", str(tmp_path / "ck2"), str(tmp_path / "back4")])
+    assert_same_tensors(tmp_path / "back4", hf["qwen2"])
     records, stdout = run_train(["--data", hf["blend"], "--load", str(converted), "--lr", "0",
                                  "--save-hf", str(tmp_path / "trained"), *SEQ], tmp_path / "log.jsonl")
     assert "loaded the weights of" in stdout

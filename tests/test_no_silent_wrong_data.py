@@ -259,8 +259,14 @@ def test_runs_whose_outputs_overlap_exclude_each_other_and_a_killed_run_never_bl
             time.sleep(0.05)
         assert proc.poll() is None, "the first run ended before the second could start: make the input bigger"
         # Only the run's own process holds its locks: its forked worker closed its copies, so the
-        # locks go the moment the run is killed, not when the worker has died too.
-        assert _holders(str(d / "web_text.bin.lock")) == {proc.pid}
+        # locks go the moment the run is killed, not when the worker has died too. (A worker forked
+        # this very instant holds them until its fork hook runs: look a few times before concluding.)
+        for _ in range(40):
+            holders = _holders(str(d / "web_text.bin.lock"))
+            if holders == {proc.pid}:
+                break
+            time.sleep(0.05)
+        assert holders == {proc.pid}
         small = write_jsonl(tmp_path / "small.jsonl", [{"text": "hello"}])
         assert run("pretrain", "--quiet", small, "-o", d / "web_text") == 2
         assert "another qwen-data run is writing" in capsys.readouterr().err

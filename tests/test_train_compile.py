@@ -41,3 +41,16 @@ def test_compiled_layers_trace_whole(megatron_cpu, name):
         assert compiled.item() == pytest.approx(eager.item(), rel=1e-6)
     finally:
         torch._dynamo.reset()
+
+
+def test_sequence_parallel_never_runs_compiled_layers():
+    """A compiled layer lost most of its gradient through megatron-core's sequence-parallel
+    linears on GPUs: auto compiles only the SwiGLU there, and asking for layers is refused."""
+    from qwen_data_train.loop import resolve_compile
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert resolve_compile("auto", cuda, False) == "layers"
+    assert resolve_compile("auto", cuda, True) == "swiglu"
+    assert resolve_compile("auto", cpu, True) == "none"
+    with pytest.raises(ValueError, match="sequence-parallel"):
+        resolve_compile("layers", cuda, True)

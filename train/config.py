@@ -37,11 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "megatron-core's output layer, then its cross-entropy over the float32 logits")
     g.add_argument("--compile", default="auto", choices=("auto",) + COMPILE_CHOICES,
                    help="swiglu: megatron-core's compiled SwiGLU; layers: also torch.compile each transformer "
-                        "layer; auto: layers on CUDA, none on the CPU")
+                        "layer; auto: layers on CUDA (swiglu with --sequence-parallel), none on the CPU")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / (tp × pp))")
     g.add_argument("--pp", type=int, default=1,
                    help="pipeline-parallel size: the layers split evenly over pp stages, 1F1B schedule")
-    g.add_argument("--sequence-parallel", action="store_true", help="with TP and Transformer Engine only")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: activations outside attention and MLP split over the TP ranks along the sequence")
     g.add_argument("--recompute", action="store_true", help="full activation recompute, one layer at a time")
     g.add_argument("--seq-length", type=int, default=4096)
     g = p.add_argument_group("optimisation")

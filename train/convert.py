@@ -2,10 +2,10 @@
 
     qwen-data convert hf-to-mcore Qwen2.5-7B-Instruct ckpt/qwen7b          # then: qwen-data train --load ckpt/qwen7b
     qwen-data convert mcore-to-hf ckpt/run1 out/hf [--tokenizer DIR]
-    torchrun --nproc-per-node 4 -m qwen_data_train.convert hf-to-mcore DIR CKPT --tp 4
+    torchrun --nproc-per-node 4 -m qwen_data_train.convert hf-to-mcore DIR CKPT --tp 2 --pp 2
 
-A dist_checkpointing checkpoint is not tied to a tensor-parallel layout: converted under any
---tp, it loads under any other. `hf-to-mcore` writes iteration 0 with the weights only (a run
+A dist_checkpointing checkpoint is not tied to a parallel layout: converted under any --tp and
+--pp (world size tp × pp), it loads under any other. `hf-to-mcore` writes iteration 0 with the weights only (a run
 that loads it starts with fresh AdamW moments) and the folder's config.json and
 generation_config.json beside them; `mcore-to-hf` exports the latest iteration of a checkpoint
 saved by the train stage or by `hf-to-mcore`.
@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="tokenizer files to put in OUT (default: the tokenizer the checkpoint names)")
     for s in (a, b):
-        s.add_argument("--tp", type=int, default=1, help="tensor-parallel size of this conversion (world size)")
+        s.add_argument("--tp", type=int, default=1, help="tensor-parallel size of this conversion")
+        s.add_argument("--pp", type=int, default=1, help="pipeline stages of this conversion (world size tp × pp)")
         s.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
                        help="the layer spec, which decides the checkpoint's parameter names")
     return p
@@ -90,7 +91,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).* not installed")
     attention = resolve_attention(args.attention)
-    with megatron_on_cpu(), distributed(args.tp), torch.no_grad():
+    with megatron_on_cpu(), distributed(args.tp, args.pp), torch.no_grad():
         if args.direction == "hf-to-mcore":
             hf_to_mcore(args.hf_model, args.checkpoint, args.tp, attention)
             log0(f"wrote {args.checkpoint} (load it with --load {args.checkpoint})")

@@ -3,6 +3,10 @@
     load_hf_weights(model, "Qwen2.5-7B-Instruct", shape)      # every rank: its own slices only
     save_hf(model, export, "out/hf")                          # collective; rank 0 writes
 
+Under pipeline parallelism a stage reads and writes its own layers (global numbers: the stage's
+layer offset added), and with tied embeddings the last stage's output layer is read from
+model.embed_tokens and never written (the first stage writes it).
+
 Loading streams tensor by tensor from the safetensors files (one file or an index of shards): a
 rank reads only the rows or columns it keeps (`hf_weights`), so no rank ever holds a whole state
 dict. Saving gathers each parameter over its tensor-parallel group, casts it to the folder's
@@ -31,7 +35,7 @@ from qwen_data.outputs import atomic_file
 
 from .hf_config import CONFIG, UnsupportedCheckpoint
 from .hf_weights import hf_source
-from .model import ModelShape
+from .model import ModelShape, layer_offset
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -84,20 +88,28 @@ class SafetensorsFolder:
 
 
 def load_hf_weights(model: torch.nn.Module, directory: str, shape: ModelShape) -> None:
-    """Copy this rank's slice of every parameter from the HF folder into `model`."""
+    """Copy this rank's slice of every parameter of its pipeline stage from the HF folder into
+    `model`; every tensor of the folder must find a place on some stage."""
     rank = parallel_state.get_tensor_model_parallel_rank()
     tp = parallel_state.get_tensor_model_parallel_world_size()
+    offset = layer_offset(shape.num_layers)
     with SafetensorsFolder(directory) as folder, torch.no_grad():
         for name, param in model.named_parameters():
-            layout, names = hf_source(name, shape)
+            layout, names = hf_source(name, shape, offset)
             _check_split(name, param, layout.dim, tp)
             tensor = layout.read(names, folder.read, folder.size, rank, tp)
             if tensor.shape != param.shape:
                 raise UnsupportedCheckpoint(f"{directory}: {', '.join(names)} give {tuple(tensor.shape)} for {name}, "
                                             f"which is {tuple(param.shape)} on this rank")
             param.copy_(tensor)
+        unread = folder.unread
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:  # read by no stage
+            read = [None] * parallel_state.get_pipeline_model_parallel_world_size()
+            dist.all_gather_object(read, set(folder.files) - unread,
+                                   group=parallel_state.get_pipeline_model_parallel_group())
+            unread = set(folder.files).difference(*read)
         # A tied model has no output layer; a folder may still carry lm_head (a copy of the embeddings).
-        extra = {n for n in folder.unread if not n.endswith("rotary_emb.inv_freq")}
+        extra = {n for n in unread if not n.endswith("rotary_emb.inv_freq")}
         if shape.tied_embeddings:
             extra.discard("lm_head.weight")
         if extra:
@@ -127,23 +139,63 @@ class HFExport:
 
 
 def save_hf(model: torch.nn.Module, export: HFExport, out_dir: str, max_shard_bytes: int = 5 * 2**30) -> None:
-    """Write `model` as a transformers folder; every rank calls it (the gathers are collective)."""
+    """Write `model` as a transformers folder; every rank calls it (the gathers are collective).
+
+    Rank 0 writes: its own stage's tensors as its tensor-parallel group gathers them, then each
+    later pipeline stage's, sent to it tensor by tensor by that stage's first tensor-parallel rank.
+    """
     writer = _ShardWriter(out_dir, max_shard_bytes) if dist.get_rank() == 0 else None
-    if parallel_state.get_data_parallel_rank() == 0:  # one tensor-parallel group gathers
-        group = parallel_state.get_tensor_model_parallel_group()
-        tp = parallel_state.get_tensor_model_parallel_world_size()
-        for name, param in model.named_parameters():
-            layout, names = hf_source(name, export.shape)
-            shards = [param.detach()]
-            if layout.dim is not None and tp > 1:
-                shards = [torch.empty_like(param) for _ in range(tp)]
-                dist.all_gather(shards, param.detach().contiguous(), group=group)
-            if writer is not None:
-                for hf_name, tensor in zip(names, layout.join(shards, len(names))):
-                    writer.add(hf_name, tensor.to("cpu", export.dtype))
+    if parallel_state.get_data_parallel_rank() == 0:  # one pipeline of tensor-parallel groups gathers
+        tensors = _stage_tensors(model, export)
+        pipeline = dist.get_process_group_ranks(parallel_state.get_pipeline_model_parallel_group())
+        if writer is not None:
+            for name, tensor in tensors:
+                writer.add(name, tensor.to("cpu"))
+            for source in pipeline[1:]:
+                for name, tensor in _received(source, next(model.parameters()).device):
+                    writer.add(name, tensor.to("cpu"))
+        elif parallel_state.get_tensor_model_parallel_rank() == 0 and 0 in pipeline:
+            for name, tensor in tensors:
+                dist.send_object_list([(name, tuple(tensor.shape), tensor.dtype)], dst=0)
+                dist.send(tensor.contiguous(), dst=0)
+            dist.send_object_list([None], dst=0)
+        else:
+            for _ in tensors:  # the gathers need every rank of the group
+                pass
     if writer is not None:
         writer.finish(export)
     dist.barrier()
+
+
+def _stage_tensors(model: torch.nn.Module, export: HFExport):
+    """(HF name, whole tensor in the folder's dtype, on the model's device) of this pipeline
+    stage, gathered over its tensor-parallel group (collective: every rank of the group iterates)."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    offset = layer_offset(export.shape.num_layers)
+    for name, param in model.named_parameters():
+        if getattr(param, "shared", False):  # the last stage's copy of tied embeddings: the first stage writes them
+            continue
+        layout, names = hf_source(name, export.shape, offset)
+        shards = [param.detach()]
+        if layout.dim is not None and tp > 1:
+            shards = [torch.empty_like(param) for _ in range(tp)]
+            dist.all_gather(shards, param.detach().contiguous(), group=group)
+        for hf_name, tensor in zip(names, layout.join(shards, len(names))):
+            yield hf_name, tensor.to(export.dtype)
+
+
+def _received(source: int, device: torch.device):
+    """The (HF name, tensor) pairs `source` sends with `save_hf`, until its end mark."""
+    while True:
+        message = [None]
+        dist.recv_object_list(message, src=source)
+        if message[0] is None:
+            return
+        name, shape, dtype = message[0]
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(tensor, src=source)
+        yield name, tensor
 
 
 class _ShardWriter:

@@ -133,14 +133,18 @@ _NORMS = {
 }
 
 
-def hf_source(name: str, shape: ModelShape) -> tuple[Layout, list[str]]:
-    """(layout, HF tensor names) of the megatron parameter `name`."""
+def hf_source(name: str, shape: ModelShape, layer_offset: int = 0) -> tuple[Layout, list[str]]:
+    """(layout, HF tensor names) of the megatron parameter `name` of a pipeline stage whose first
+    layer is global layer `layer_offset`. With tied embeddings split over stages, the last stage's
+    output layer is its copy of the embeddings."""
+    if name == "output_layer.weight" and shape.tied_embeddings:
+        return _OUTSIDE["embedding.word_embeddings.weight"]
     if name in _OUTSIDE:
         return _OUTSIDE[name]
     match = _LAYER.fullmatch(name)
     if match is None:
         raise KeyError(f"megatron parameter {name} has no Hugging Face counterpart")
-    prefix, rest = f"model.layers.{match[1]}.", match[2]
+    prefix, rest = f"model.layers.{int(match[1]) + layer_offset}.", match[2]
     if rest in _NORMS:
         return WHOLE, [prefix + _NORMS[rest]]
     qkv = GroupedQKV(shape.num_attention_heads, shape.num_query_groups, shape.kv_channels)

@@ -31,6 +31,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.layers import RowParallelLinear
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from qwen_data.qwen import EMBEDDING_ROWS_LARGE, EMBEDDING_ROWS_SMALL
@@ -170,7 +172,7 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         pipeline_model_parallel_size=pipeline_parallel,
         pipeline_dtype=torch.float32,
         calculate_per_token_loss=True,
-        sequence_parallel=sequence_parallel and te and tensor_parallel > 1,
+        sequence_parallel=sequence_parallel,
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
@@ -196,20 +198,51 @@ class GroupedRowParallelLinear(RowParallelLinear):
         return super()._forward_impl(input, weight, *args, **kwargs)
 
 
+def layer_offset(num_layers: int) -> int:
+    """How many layers the pipeline stages before this rank's hold (layers split evenly)."""
+    stages = parallel_state.get_pipeline_model_parallel_world_size()
+    return parallel_state.get_pipeline_model_parallel_rank() * (num_layers // stages)
+
+
 class SeededTransformerLayer(TransformerLayer):
     """megatron-core's TransformerLayer, its weights drawn from `init_seed` and its global layer
     number alone: a pipeline stage builds only its own layers, and without this a layer's weights
     would depend on how many were built before it on the same rank."""
 
     def __init__(self, config, submodules, layer_number: int = 1, *args, init_seed: int = 0, **kwargs):
-        stage_layers = config.num_layers // config.pipeline_model_parallel_size
-        number = layer_number + parallel_state.get_pipeline_model_parallel_rank() * stage_layers
+        number = layer_number + layer_offset(config.num_layers)
         torch.manual_seed(init_seed * 1_000_003 + number)
         super().__init__(config, submodules, layer_number, *args, **kwargs)
         assert self.layer_number == number, "megatron-core numbers this layer otherwise"
 
 
-def layer_spec(preset: ModelShape, attention: str, seed: int = 0):
+class RMSNorm(torch.nn.Module):
+    """RMSNorm for megatron-core's local spec under sequence parallelism, which its own torch
+    wrapper refuses.
+
+    A norm of the sequence-split stream (`sequence_split`: before attention, before the MLP, the
+    final one) marks its weight `sequence_parallel`, and the trainer sums its gradient over the
+    tensor-parallel group (`step.sum_partial_grads`). Its output feeds a column-parallel linear,
+    which gathers it over the group and in backward reduce-scatters a gradient of the input's
+    dtype; under autocast that gradient is bf16, so the output is cast to autocast's dtype (what
+    the linear computes in anyway). Qwen3's QK norms see whole sequences and stay as they are.
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, *,
+                 sequence_split: bool = True) -> None:
+        super().__init__()
+        self.eps, self.sequence_split = eps, sequence_split
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = sequence_split
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if self.sequence_split and torch.is_autocast_enabled(x.device.type):
+            out = out.to(torch.get_autocast_dtype(x.device.type))
+        return out
+
+
+def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_parallel: bool = False):
     if attention == "te":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=preset.qk_norm)
@@ -223,7 +256,23 @@ def layer_spec(preset: ModelShape, attention: str, seed: int = 0):
         GroupedRowParallelLinear
     if attention == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    if sequence_parallel:
+        attention_parts = spec.submodules.self_attention.submodules
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
+        if preset.qk_norm:
+            attention_parts.q_layernorm = attention_parts.k_layernorm = ModuleSpec(
+                module=RMSNorm, params={"sequence_split": False})
     return spec
+
+
+def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel: bool):
+    """The decoder's spec: this stage's layers, and under sequence parallelism without Transformer
+    Engine our RMSNorm as the final norm too (megatron-core would pick its torch wrapper)."""
+    spec = layer_spec(preset, attention, seed, sequence_parallel and attention != "te")
+    if not sequence_parallel or attention == "te":
+        return spec
+    layers = preset.num_layers // parallel_state.get_pipeline_model_parallel_world_size()
+    return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=RMSNorm)
 
 
 def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel: int = 1,
@@ -240,13 +289,15 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
     attention = resolve_attention(attention)
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {compile!r}")
+    if sequence_parallel and tensor_parallel == 1:
+        raise ValueError("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more")
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
                                 pipeline_parallel=parallel_state.get_pipeline_model_parallel_world_size(),
                                 sequence_parallel=sequence_parallel, recompute=recompute, initialize=initialize,
                                 fuse_swiglu=compile != "none")
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(preset, attention, seed),
+        transformer_layer_spec=block_spec(preset, attention, seed, sequence_parallel),
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         vocab_size=preset.vocab_size,

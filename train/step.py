@@ -153,6 +153,24 @@ def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
             bucket = []
 
 
+def sum_partial_grads(core) -> None:
+    """Gradients of parameters every tensor-parallel rank holds whole but sees only part of the
+    work of, summed over the TP group (as megatron-core's finalize_model_grads does): Qwen3's QK
+    norms (a rank normalises only its own heads) and, under sequence parallelism, the layer norms
+    (a rank sees only its part of the sequence). Left alone, those copies would drift apart."""
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return
+    sequence_parallel = core.config.sequence_parallel
+    grads = [p.grad for name, p in core.named_parameters()
+             if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name
+                                        or (sequence_parallel and getattr(p, "sequence_parallel", False)))]
+    if grads:
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=parallel_state.get_tensor_model_parallel_group())
+        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(reduced)
+
+
 def sync_tied_embedding_grads(core) -> None:
     """With tied embeddings split over pipeline stages, the first stage's embedding and the last
     stage's output layer are two copies of one weight: their gradients are summed, so both take
