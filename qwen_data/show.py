@@ -176,31 +176,28 @@ def _terminal_text(parts: list[Piece], style, colour: bool, ids: TokenText | Non
         if not colour and p.trained != trained:
             text.append(OPEN if p.trained else CLOSE)
             trained = p.trained
-        shown = _shown(p, ids)
+        shown = _shown(p, ids, lambda mark: style("id", mark))
         if colour:
             if p.kind != TEXT:
                 shown = style(p.kind, shown)
-            if p.trained:  # trained: bold green, around any marker's own colour
+            if p.trained:  # trained: bold green, around any marker's or id's own colour
                 shown = style("trained", shown.replace(_ANSI["reset"], _ANSI["reset"] + _ANSI["trained"]))
-            if ids:
-                shown = shown.replace("{", _ANSI["id"] + "{").replace("}", "}" + _ANSI["reset"]
-                                                                      + (_ANSI["trained"] if p.trained else ""))
         text.append(shown)
     if trained:
         text.append(CLOSE)
     return "".join(text)
 
 
-def _shown(p: Piece, ids: TokenText | None) -> str:
+def _shown(p: Piece, ids: TokenText | None, mark) -> str:
     """A piece's text as printed: pad runs as one pad and a count; with `ids` (the decoder), each
-    token's text then its id in braces, a newline written as \\n before the line break."""
+    token's text then `mark("{id}")`, a newline written as \\n before the line break."""
     if p.kind == PAD:
-        return f"{p.text}×{p.count}" + (f"{{{int(p.tokens[0])}}}" if ids else "")
+        return f"{p.text}×{p.count}" + (mark(f"{{{int(p.tokens[0])}}}") if ids else "")
     if ids is None:
         return p.text
     # A token's own bytes may end inside a character: those bytes are shown as escapes.
     texts = [(ids.bytes(int(t)).decode("utf-8", "backslashreplace"), int(t)) for t in p.tokens]
-    return "".join(text.replace("\n", "\\n") + f"{{{t}}}" + "\n" * text.endswith("\n") for text, t in texts)
+    return "".join(text.replace("\n", "\\n") + mark(f"{{{t}}}") + "\n" * text.endswith("\n") for text, t in texts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -138,6 +138,19 @@ def megatron_cpu():
         yield device
 
 
+def test_gradient_buckets_cover_every_gradient(megatron_cpu, monkeypatch):
+    """Gradients reduced in flat buckets (data parallelism across pipelines, TP-partial norms):
+    every gradient is reduced once, whatever the bucket size cuts."""
+    from megatron.core import parallel_state
+
+    from qwen_data_train import step
+    monkeypatch.setattr(step, "BUCKET_ELEMENTS", 10)
+    sizes = (3, 8, 4, 12, 1)
+    grads = [torch.full((n,), float(n)) for n in sizes]
+    step.all_reduce_grads(grads, parallel_state.get_data_parallel_group(), divide_by=2)  # one rank: a sum of one
+    assert [g.tolist() for g in grads] == [[n / 2] * n for n in sizes]
+
+
 def _packed_batch(prefixes, least_segments=3):
     from qwen_data_train.data import build_datasets
     train, _, _ = build_datasets(str(prefixes / "sft_blend.json"), 256, train_samples=8, valid_samples=0,

@@ -132,25 +132,33 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
 BUCKET_ELEMENTS = 1 << 25  # gradient elements all-reduced at a time (128 MB of float32)
 
 
-def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
-    """Gradients averaged over the data-parallel group, a flat bucket at a time: what torch DDP
-    does during backward, done after a pipeline schedule instead. (DDP prepares its reduction in
-    forward, and 1F1B runs the last micro-batches' forwards before it lets gradients sync, so
-    under DDP those would never be reduced.)"""
-    group, size = parallel_state.get_data_parallel_group(), parallel_state.get_data_parallel_world_size()
-    if size == 1:
-        return
-    grads = [p.grad for p in params if p.grad is not None]
+def all_reduce_grads(grads: list[torch.Tensor], group, divide_by: int = 1) -> None:
+    """Sum `grads` over `group` (then divide), in place, as flat buckets of BUCKET_ELEMENTS."""
     bucket: list[torch.Tensor] = []
-    for i, grad in enumerate(grads):
-        bucket.append(grad)
-        if i == len(grads) - 1 or sum(g.numel() for g in bucket) + grads[i + 1].numel() > BUCKET_ELEMENTS:
+    elements = 0
+    for grad in grads + [None]:  # None: the end, which sends the last bucket
+        if bucket and (grad is None or elements + grad.numel() > BUCKET_ELEMENTS):
             flat = _flatten_dense_tensors(bucket)
             dist.all_reduce(flat, group=group)
-            flat /= size
+            if divide_by > 1:
+                flat /= divide_by
             for g, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
                 g.copy_(reduced)
-            bucket = []
+            bucket, elements = [], 0
+        if grad is not None:
+            bucket.append(grad)
+            elements += grad.numel()
+
+
+def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
+    """Gradients averaged over the data-parallel group: what torch DDP does during backward, done
+    after a pipeline schedule instead. (DDP prepares its reduction in forward, and 1F1B runs the
+    last micro-batches' forwards before it lets gradients sync, so under DDP those would never be
+    reduced.)"""
+    size = parallel_state.get_data_parallel_world_size()
+    if size > 1:
+        all_reduce_grads([p.grad for p in params if p.grad is not None], parallel_state.get_data_parallel_group(),
+                         divide_by=size)
 
 
 def sum_partial_grads(core) -> None:
@@ -161,14 +169,10 @@ def sum_partial_grads(core) -> None:
     if parallel_state.get_tensor_model_parallel_world_size() == 1:
         return
     sequence_parallel = core.config.sequence_parallel
-    grads = [p.grad for name, p in core.named_parameters()
-             if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name
-                                        or (sequence_parallel and getattr(p, "sequence_parallel", False)))]
-    if grads:
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=parallel_state.get_tensor_model_parallel_group())
-        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            g.copy_(reduced)
+    all_reduce_grads([p.grad for name, p in core.named_parameters()
+                      if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name
+                                                 or (sequence_parallel and getattr(p, "sequence_parallel", False)))],
+                     parallel_state.get_tensor_model_parallel_group())
 
 
 def sync_tied_embedding_grads(core) -> None:
