@@ -9,7 +9,9 @@ pad ids is shown once with its count. The same pieces make the terminal's text (
 
 from __future__ import annotations
 
+import functools
 import html
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +43,6 @@ class TokenText:
         from tokenizers import Tokenizer
 
         self.vocab_size = vocab_size  # ids from here on are none of the data's tokenizer's
-
         with open(f"{directory_of(identity)}/tokenizer.json", encoding="utf-8") as f:
             self._tokenizer = Tokenizer.from_str(f.read())
         self._decoder = _byte_decoder()
@@ -98,13 +99,20 @@ def pieces(tokens: np.ndarray, trained: np.ndarray, decode: TokenText, pad_id: i
 # A prefix's rows
 
 
+@functools.lru_cache(maxsize=4)
+def _token_text(identity: str, vocab_size: int) -> TokenText:
+    """One TokenText per tokenizer (identity as JSON): `inspect --html` and a blend's report show
+    several prefixes of one tokenizer, whose files are found, hashed and parsed once."""
+    return TokenText(json.loads(identity), vocab_size)
+
+
 class Inspector:
     """The rows of a prefix, decoded; `describe()` says what the prefix is in one line."""
 
     def __init__(self, prefix: str) -> None:
         self.samples = Samples(prefix)
         self.manifest = self.samples.manifest
-        self.decode = TokenText(self.manifest.tokenizer, self.manifest.vocab_size)
+        self.decode = _token_text(json.dumps(self.manifest.tokenizer, sort_keys=True), self.manifest.vocab_size)
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -79,15 +79,25 @@ def masked_loss(model, batch: dict, weights: torch.Tensor, attention: str, devic
     (cross_entropy "megatron") or by `loss.linear_cross_entropy` on the decoder's output ("fused")."""
     if cross_entropy == "megatron":
         return (forward(model, batch, attention, device, autocast) * weights).sum()
-    batch, inputs, packed_seq_params = _inputs(batch, attention, device)
-    labels = batch["labels"].to(device, non_blocking=True)
-    core = model.module if isinstance(model, DistributedDataParallel) else model
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), decoder_output_only(core):
-        hidden = model(*inputs, packed_seq_params=packed_seq_params)
+    batch, hidden = decoder_output(model, batch, attention, device, autocast)
+    core = _core(model)
     weight = core.shared_embedding_or_output_weight() if core.share_embeddings_and_output_weights \
         else core.output_layer.weight
-    return linear_cross_entropy(hidden, weight, labels, weights, torch.bfloat16 if autocast else weight.dtype,
+    return linear_cross_entropy(hidden, weight, batch["labels"].to(device, non_blocking=True), weights,
+                                torch.bfloat16 if autocast else weight.dtype,
                                 sequence_parallel=core.config.sequence_parallel)
+
+
+def decoder_output(model, batch: dict, attention: str, device: torch.device, autocast: bool) -> tuple[dict, torch.Tensor]:
+    """(the batch as `_inputs` leaves it, the decoder's output [s, b, h] for it): the model run
+    without its output layer."""
+    batch, inputs, packed_seq_params = _inputs(batch, attention, device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), decoder_output_only(_core(model)):
+        return batch, model(*inputs, packed_seq_params=packed_seq_params)
+
+
+def _core(model):
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def stage_output(model, batch: dict, weights: torch.Tensor, attention: str, device: torch.device, autocast: bool,
@@ -97,9 +107,7 @@ def stage_output(model, batch: dict, weights: torch.Tensor, attention: str, devi
     the activations megatron-core's schedule has set as the model's input)."""
     if parallel_state.is_pipeline_last_stage():
         return masked_loss(model, batch, weights, attention, device, autocast, cross_entropy)
-    batch, inputs, packed_seq_params = _inputs(batch, attention, device)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        return model(*inputs, packed_seq_params=packed_seq_params)
+    return decoder_output(model, batch, attention, device, autocast)[1]
 
 
 def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale: torch.Tensor, attention: str,
@@ -118,7 +126,7 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
         return output, lambda loss_sum: (loss_sum * scale, count.int(), {"sum": loss_sum.detach(), "count": count})
 
     results = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter(list(zip(micro, masks))), model=[model],
+        forward_step_func=forward_step, data_iterator=zip(micro, masks), model=[model],
         num_microbatches=len(micro), seq_length=seq_length, micro_batch_size=micro[0]["tokens"].shape[0],
         forward_only=forward_only)
     total = torch.zeros(2, device=device)
