@@ -32,8 +32,8 @@ import unicodedata
 import xml.etree.ElementTree as ET
 import zipfile
 
-from qwen_data.outputs import atomic_file
-from qwen_data.tokenizer import QwenTokenizer, TokenizerConfig
+from qwen_data.formats.outputs import atomic_file
+from qwen_data.text.tokenizer import QwenTokenizer, TokenizerConfig
 
 RECIPE = 1  # bump when the way a corpus is built changes: cached corpora then rebuild
 CACHE_DIR = os.path.expanduser(os.environ.get("QWEN_DATA_BENCH_CACHE", "~/.cache/qwen-data-bench"))

@@ -1,7 +1,7 @@
 """The default backend's ids against HF `tokenizers` on the bench corpora, and what its routing costs.
 
 gigatoken reads Unicode from newer tables than HF `tokenizers`; QwenTokenizer sends the texts holding
-a character of `qwen_data.unicode_exact.EXACT_RANGES` to HF (the exact path). For each corpus
+a character of `qwen_data.text.unicode_exact.EXACT_RANGES` to HF (the exact path). For each corpus
 (text.jsonl documents, chats.jsonl messages) this prints how many texts took the exact path, on how
 many bare gigatoken's ids differ from HF's, and on how many the default backend's ids do (must be 0:
 the script exits 1 otherwise).
@@ -40,10 +40,10 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import measure  # noqa: E402
 from measure import MB  # noqa: E402
 
-from qwen_data.tokenizer import QwenTokenizer  # noqa: E402
-from qwen_data.unicode_exact import needs_exact  # noqa: E402
+from qwen_data.text.tokenizer import QwenTokenizer  # noqa: E402
+from qwen_data.text.unicode_exact import needs_exact  # noqa: E402
 
-BATCH_BYTES = 4 << 20  # qwen_data.records.DEFAULT_CHUNK_BYTES: what one encode_batch call gets in a pipeline
+BATCH_BYTES = 4 << 20  # qwen_data.inputs.records.DEFAULT_CHUNK_BYTES: what one encode_batch call gets in a pipeline
 
 
 def corpus_texts(docs: int | None) -> dict[str, list[str]]:
@@ -159,7 +159,7 @@ def read(path: str) -> bytes:
         return f.read()
 
 
-BARE_CLI = ("import sys; from qwen_data.tokenizer import QwenTokenizer; QwenTokenizer._exact_rows = lambda *a: []; "
+BARE_CLI = ("import sys; from qwen_data.text.tokenizer import QwenTokenizer; QwenTokenizer._exact_rows = lambda *a: []; "
             "from qwen_data.cli import main; sys.exit(main(sys.argv[1:]))")
 
 

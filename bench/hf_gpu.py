@@ -97,9 +97,9 @@ def transformers_eval(folder: str) -> dict:
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from train.config import TrainConfig
-    from train.data import samples_of_row
-    from train.loader import build_splits
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.data import samples_of_row
+    from qwen_data_train.loader import build_splits
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

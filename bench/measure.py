@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from qwen_data.indexed import read_index  # noqa: E402
+from qwen_data.formats.indexed import read_index  # noqa: E402
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

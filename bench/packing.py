@@ -1,4 +1,4 @@
-"""Benchmark of qwen_data.packing.pack against simple baselines run in the same process.
+"""Benchmark of qwen_data.formats.packing.pack against simple baselines run in the same process.
 
     python3 bench/packing.py [--samples 1000000] [--capacity 4096] [--ffd-subset 50000]
 
@@ -22,7 +22,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qwen_data.packing import next_fit, pack  # noqa: E402
+from qwen_data.formats.packing import next_fit, pack  # noqa: E402
 
 
 def load_realistic_lengths():

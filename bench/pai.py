@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(1, os.path.join(ROOT, "tests"))
 
 from _helpers import qwen25_tokenizer_folder  # noqa: E402
-from qwen_data.tokenizer import bundled_tokenizer_dir  # noqa: E402
+from qwen_data.text.tokenizer import bundled_tokenizer_dir  # noqa: E402
 
 RECORDS = os.path.join(ROOT, "tests", "data", "pai_alpaca.jsonl")
 GOLDEN = os.path.join(ROOT, "tests", "data", "pai_golden.json")

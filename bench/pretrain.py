@@ -86,7 +86,7 @@ def baseline_main(argv: list) -> None:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from qwen_data.indexed import IndexedDatasetWriter, token_dtype
+    from qwen_data.formats.indexed import IndexedDatasetWriter, token_dtype
 
     encoder = MegatronStyleEncoder(args.tokenizer, args.key)
     vocab_size = len(AutoTokenizer.from_pretrained(args.tokenizer))  # the main process builds one too

@@ -85,7 +85,7 @@ def baseline_main(argv: list) -> None:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from qwen_data.indexed import IndexedDatasetWriter, token_dtype
+    from qwen_data.formats.indexed import IndexedDatasetWriter, token_dtype
 
     encoder = HFChatEncoder(args.tokenizer, args.template)
     vocab_size = len(AutoTokenizer.from_pretrained(args.tokenizer))

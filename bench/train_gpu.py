@@ -25,15 +25,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from train.attention import _flex, document_mask  # noqa: E402
-from train.data import samples_of_row  # noqa: E402
-from train.distributed import init_distributed  # noqa: E402
-from train.step import forward  # noqa: E402
-from train.model import PRESETS, build_model  # noqa: E402
+from qwen_data_train.attention import _flex, document_mask  # noqa: E402
+from qwen_data_train.data import samples_of_row  # noqa: E402
+from qwen_data_train.distributed import init_distributed  # noqa: E402
+from qwen_data_train.step import forward  # noqa: E402
+from qwen_data_train.model import PRESETS, build_model  # noqa: E402
 
 
 def packed(args) -> None:
-    from train.data import build_datasets
+    from qwen_data_train.data import build_datasets
 
     device = init_distributed(1)
     train, _, _ = build_datasets(args.data, args.seq_length, train_samples=args.rows, valid_samples=0,
@@ -128,10 +128,10 @@ def profile(args) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
-    from train.config import TrainConfig
-    from train.distributed import distributed
-    from train.loop import Trainer
-    from train.patches import megatron_on_cpu
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.distributed import distributed
+    from qwen_data_train.loop import Trainer
+    from qwen_data_train.patches import megatron_on_cpu
 
     with megatron_on_cpu(), distributed(1) as device:
         trainer = Trainer(TrainConfig.parse(args.train), device)

@@ -3,7 +3,7 @@
     python3 bench/verify.py                      # ~400 MB pretrain prefix + ~170 MB packed SFT prefix
     python3 bench/verify.py --tokens 50e6 --repeat 3 --workdir /tmp/qd-verify
 
-Builds (or reuses, in --workdir) two prefixes with qwen_data.indexed's writer and a real manifest:
+Builds (or reuses, in --workdir) two prefixes with qwen_data.formats.indexed's writer and a real manifest:
 pretraining documents of random ids ending in eod, and packed SFT rows (samples with a random loss
 mask, then a pad-only sequence). Each measurement is a child process pinned to one core; the time is
 taken inside it around the work alone (imports excluded), the peak RSS of the whole child by
@@ -37,11 +37,11 @@ def files(prefix: str) -> list[str]:
 
 def build(prefix: str, kind: str, tokens: int, seq_length: int, seed: int = 0) -> None:
     """A prefix of about `tokens` random tokens, laid out as the pipelines lay it out."""
-    from qwen_data.indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
-    from qwen_data.manifest import Manifest, fingerprint
-    from qwen_data.outputs import atomic_file
+    from qwen_data.formats.indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
+    from qwen_data.formats.manifest import Manifest, fingerprint
+    from qwen_data.formats.outputs import atomic_file
     from qwen_data.qwen import DEFAULT_PAD_ID
-    from qwen_data.tokenizer import QwenTokenizer, TokenizerConfig
+    from qwen_data.text.tokenizer import QwenTokenizer, TokenizerConfig
 
     tokenizer = QwenTokenizer(TokenizerConfig())
     dtype = token_dtype(tokenizer.vocab_size)
@@ -97,7 +97,7 @@ def _packed_rows(writer, rng, seq_length: int, pad: int, sft: dict, rows: int = 
 def child(work: str, prefix: str, cpu: int) -> None:
     """In the measured process: pin to one core, do the work, print its own timing as JSON."""
     os.sched_setaffinity(0, {cpu})
-    from qwen_data.verify import verify
+    from qwen_data.tools.verify import verify
 
     start = time.perf_counter()
     if work == "verify":

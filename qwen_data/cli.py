@@ -12,9 +12,9 @@ import sys
 
 from . import __version__
 from .errors import describe
-from .readers import DEFAULT_CHUNK_BYTES, Shard
+from .inputs.readers import DEFAULT_CHUNK_BYTES, Shard
 from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END
-from .tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
+from .text.tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
 
@@ -119,11 +119,11 @@ def _add_pretrain_parser(sub) -> None:
 
 
 def _add_sft_parser(sub) -> None:
-    from .masking import MASK_POLICIES
-    from .conversations import FORMATS
-    from .packing import PACKINGS
-    from .manifest import LAYOUTS
-    from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
+    from .text.masking import MASK_POLICIES
+    from .text.conversations import FORMATS
+    from .formats.packing import PACKINGS
+    from .formats.manifest import LAYOUTS
+    from .text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
 
     p = _subparser(sub, "sft", "chat/instruction records → tokens + loss mask indexed datasets")
     _add_common(p, "out/chat", "chats.jsonl")
@@ -210,7 +210,7 @@ def _add_merge_parser(sub) -> None:
 
 
 def _add_blend_parser(sub) -> None:
-    """`qwen-data blend`; what the options mean at length: `qwen_data.blend_files` and `blend_weights`."""
+    """`qwen-data blend`; what the options mean at length: `qwen_data.blend.files` and `blend_weights`."""
     p = sub.add_parser("blend", help="weighted prefixes → Megatron --data-args-path / --per-split-data-args-path",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("train", nargs="+", metavar="PREFIX[=W]",
@@ -304,7 +304,7 @@ def execute(run, config, prefixes: list[str], args) -> list:
         return manifests if isinstance(manifests, list) else [manifests]
     if config.shard is not None:
         raise ValueError("--executor ray makes the shards itself: leave out --shard")
-    from .executors import run_on_ray
+    from .run.ray import run_on_ray
 
     return run_on_ray(run, config, prefixes, address=args.ray_address, shards=args.ray_shards)
 
@@ -317,7 +317,7 @@ def _print_rejects(prefix: str, manifest) -> None:
 
 
 def _run_pretrain(args) -> int:
-    from .pretrain import PretrainConfig, run
+    from .steps.pretrain import PretrainConfig, run
 
     text_keys = [k for group in args.text_key for k in group] if args.text_key else ["text"]
     config = PretrainConfig(inputs=_inputs(args, "corpus.jsonl"), text_keys=text_keys,
@@ -338,7 +338,7 @@ def _run_pretrain(args) -> int:
 
 def _column_map(args):
     """--columns / --dataset-info → (ColumnMap or None, the inputs the dataset_info entry names)."""
-    from .columns import parse_columns, read_dataset_info
+    from .inputs.columns import parse_columns, read_dataset_info
 
     if args.columns:
         return parse_columns(args.columns), []
@@ -355,8 +355,8 @@ def _column_map(args):
 
 
 def _run_sft(args) -> int:
-    from .indexed import MASK_SUFFIX
-    from .sft import SFTConfig, run
+    from .formats.indexed import MASK_SUFFIX
+    from .steps.sft import SFTConfig, run
 
     columns, named = _column_map(args)
     if named and not args.inputs:
@@ -381,8 +381,8 @@ def _run_sft(args) -> int:
 
 
 def _run_merge(args) -> int:
-    from .blend_files import strip_suffix
-    from .merge import merge
+    from .blend.files import strip_suffix
+    from .run.merge import merge
 
     m = merge([strip_suffix(p) for p in args.prefixes], args.output_prefix, quiet=args.quiet)
     rows = f", {m.sft['rows']:,} rows of {m.seq_length}" if m.packed else ""
@@ -393,8 +393,8 @@ def _run_merge(args) -> int:
 
 def _blend_budget(args):
     """The budget options → a `Budget`, or None without one."""
-    from .blend_files import BlendError
-    from .blend_weights import Budget
+    from .blend.files import BlendError
+    from .blend.weights import Budget
 
     if args.train_iters is not None or args.global_batch_size is not None:
         if args.train_iters is None or args.global_batch_size is None:
@@ -414,7 +414,7 @@ def _blend_budget(args):
 
 
 def _run_blend(args) -> int:
-    from .blend import BlendConfig, make_blend
+    from .blend.build import BlendConfig, make_blend
 
     config = BlendConfig(train=args.train, valid=args.valid, test=args.test, output=args.output, by=args.by,
                          temperature=args.temperature, ratio_unit=args.ratio_unit, split=args.split,
@@ -428,7 +428,7 @@ def _run_blend(args) -> int:
 
 
 def _print_blend(result) -> None:
-    from .blend_files import SPLITS
+    from .blend.files import SPLITS
 
     blend = result.blend
     print(f"{blend.kind} blend of {len(blend.splits['train'])} train source(s), weights by {blend.by}"
@@ -466,8 +466,8 @@ def _format_budget(rows, approximate: bool) -> list[str]:
 
 
 def _run_inspect(args) -> int:
-    from .blend_files import strip_suffix
-    from .show import Inspector, choose_rows, terminal
+    from .blend.files import strip_suffix
+    from .tools.inspect import Inspector, choose_rows, terminal
 
     prefix = strip_suffix(args.prefix)
     inspector = Inspector(prefix)
@@ -475,7 +475,7 @@ def _run_inspect(args) -> int:
     colour = not args.plain and sys.stdout.isatty() and "NO_COLOR" not in os.environ
     text = terminal(inspector, rows, colour=colour, ids=args.ids)
     if args.html:  # files first: `qwen-data inspect … | head` still writes them
-        from .report import write_report
+        from .tools.report import write_report
 
         write_report(prefix, args.html, rows=rows)
     print(text + (f"wrote {args.html}\n" if args.html else ""), end="")
@@ -483,8 +483,8 @@ def _run_inspect(args) -> int:
 
 
 def _run_stats(args) -> int:
-    from .blend_files import strip_suffix
-    from .stats import blend_lines, blend_stats, histogram_png, is_blend, prefix_lines, prefix_stats
+    from .blend.files import strip_suffix
+    from .tools.stats import blend_lines, blend_stats, histogram_png, is_blend, prefix_lines, prefix_stats
 
     if args.html and len(args.targets) > 1:
         raise ValueError("--html writes the report of one prefix or blend: give one")
@@ -506,7 +506,7 @@ def _run_stats(args) -> int:
         histogram_png(plotted, args.png)
         lines.append(f"wrote {args.png}")
     if args.html:
-        from .report import write_report
+        from .tools.report import write_report
 
         target = args.targets[0]
         write_report(target if is_blend(target) else strip_suffix(target), args.html, budget=budget)
@@ -522,15 +522,15 @@ def _run_train(args) -> int:
 
 
 def _run_convert(args) -> int:
-    from qwen_data_train.convert import main as convert
+    from qwen_data_train.hf.convert import main as convert
 
     return convert(args.train_args)
 
 
 def _run_verify(args) -> int:
-    from .blend_files import strip_suffix
-    from .manifest import Manifest
-    from .verify import verify
+    from .blend.files import strip_suffix
+    from .formats.manifest import Manifest
+    from .tools.verify import verify
 
     failed = 0
     for prefix in map(strip_suffix, args.prefixes):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 
-from qwen_data.conversations import Conversation, validate
+from qwen_data.text.conversations import Conversation, validate
 
 
 PIECES = [

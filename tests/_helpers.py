@@ -104,7 +104,7 @@ def hf_chat_tokenizer(template: str):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from qwen_data.tokenizer import bundled_tokenizer_dir
+    from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
     with open(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"), encoding="utf-8") as f:
         spec = json.load(f)
@@ -117,7 +117,7 @@ def hf_ids(template: str, record: dict, oracle: str | None = None, assistant_mas
     import copy
 
     from _oracles import load_oracle
-    from qwen_data.templates import ORACLE_FILES
+    from qwen_data.text.templates import ORACLE_FILES
 
     return hf_chat_tokenizer(template).apply_chat_template(
         copy.deepcopy(record["messages"]), tools=copy.deepcopy(record.get("tools")),
@@ -130,7 +130,7 @@ def qwen25_tokenizer_folder(path) -> str:
     """A Qwen2.5 tokenizer folder made from the bundled (Qwen3) files: the added tokens cut to
     Qwen2.5's 22, in tokenizer.json and in tokenizer_config.json (which slow tokenizers read), and
     the official Qwen2.5 chat template. What a Qwen2.5-Instruct download holds, for tokenizing."""
-    from qwen_data.tokenizer import bundled_tokenizer_dir
+    from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
     source, path = bundled_tokenizer_dir(), Path(path)
     path.mkdir(parents=True, exist_ok=True)

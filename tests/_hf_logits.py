@@ -22,8 +22,8 @@ def main(out, tokens_file, *folders):
     from transformers import AutoModelForCausalLM
 
     from qwen_data_train.distributed import init_distributed
-    from qwen_data_train.hf_checkpoint import load_hf_weights
-    from qwen_data_train.hf_config import read_config, shape_from_config
+    from qwen_data_train.hf.checkpoint import load_hf_weights
+    from qwen_data_train.hf.config import read_config, shape_from_config
     from qwen_data_train.model import build_model
     from qwen_data_train.patches import megatron_on_cpu
 

@@ -33,7 +33,7 @@ def written_prefixes(directory):
 
 
 def assert_verified(directory):
-    from qwen_data.verify import verify
+    from qwen_data.tools.verify import verify
 
     problems = [p for prefix in written_prefixes(directory) for p in verify(prefix)]
     assert not problems, "qwen-data verify fails on outputs written here:\n" + "\n".join(problems)

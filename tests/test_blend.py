@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
-from qwen_data.blend_files import BlendError, read_blend
-from qwen_data.blend_weights import parse_split, plan_blend
+from qwen_data.blend.files import BlendError, read_blend
+from qwen_data.blend.weights import parse_split, plan_blend
 from qwen_data.cli import main
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
-from qwen_data.columns import ColumnMap, parse_columns, read_dataset_info
-from qwen_data.conversations import to_conversation
+from qwen_data.inputs.columns import ColumnMap, parse_columns, read_dataset_info
+from qwen_data.text.conversations import to_conversation
 from qwen_data.errors import RecordError
 
 ALPACA_ENTRY = {

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from qwen_data.conversations import Conversation, detect_format, to_conversation
+from qwen_data.text.conversations import Conversation, detect_format, to_conversation
 from qwen_data.errors import RecordError
-from qwen_data.templates import ORACLE_FILES, get_template
+from qwen_data.text.templates import ORACLE_FILES, get_template
 
 try:
     from ._oracles import hf_render, load_oracle

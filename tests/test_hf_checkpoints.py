@@ -159,8 +159,8 @@ def test_a_checkpoint_of_another_model_is_refused(hf, converted):
     from qwen_data_train.checkpoint import Checkpointer
     from qwen_data_train.config import CheckpointConfig
     from qwen_data_train.distributed import distributed
-    from qwen_data_train.hf_checkpoint import HFExport
-    from qwen_data_train.hf_config import read_config, shape_from_config
+    from qwen_data_train.hf.checkpoint import HFExport
+    from qwen_data_train.hf.config import read_config, shape_from_config
     from qwen_data_train.model import build_model
     from qwen_data_train.patches import megatron_on_cpu
     config = read_config(hf["qwen2"])
@@ -183,7 +183,7 @@ def test_a_checkpoint_of_another_model_is_refused(hf, converted):
     ("hidden_act", "gelu", "hidden_act"),
 ])
 def test_unsupported_checkpoints_are_refused_naming_the_field(hf, field, value, named):
-    from qwen_data_train.hf_config import UnsupportedCheckpoint, read_config, shape_from_config
+    from qwen_data_train.hf.config import UnsupportedCheckpoint, read_config, shape_from_config
     config = read_config(hf["qwen2"])
     shape_from_config(config)  # as saved: supported
     with pytest.raises(UnsupportedCheckpoint, match=named):

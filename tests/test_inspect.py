@@ -16,7 +16,7 @@ import pytest
 from _helpers import chats, pretrain, sft, write_jsonl
 from multilingual import corpus as multilingual_corpus
 from qwen_data.cli import main
-from qwen_data.samples import Samples
+from qwen_data.tools.samples import Samples
 
 WORKED = {"instruction": "Translate the sentence into French.", "input": "The library opens at nine.",
           "output": "La bibliothèque ouvre à neuf heures."}
@@ -115,8 +115,8 @@ def test_text_is_hfs_decoding(data, capsys):
     """Marks taken away, inspect prints exactly what HF decodes the row's ids to."""
     from tokenizers import Tokenizer
 
-    from qwen_data.manifest import Manifest
-    from qwen_data.tokenizer import directory_of
+    from qwen_data.formats.manifest import Manifest
+    from qwen_data.text.tokenizer import directory_of
 
     hf = Tokenizer.from_file(os.path.join(directory_of(Manifest.read(data["web"]).tokenizer), "tokenizer.json"))
     samples = Samples(data["web"])
@@ -143,7 +143,7 @@ def test_packed_rows_show_samples_and_padding(data, capsys):
 def test_colour_marks_the_same_tokens(data):
     """In a terminal the trained tokens are bold green; colour taken away, the text is --plain's
     without its brackets."""
-    from qwen_data.show import Inspector, terminal
+    from qwen_data.tools.inspect import Inspector, terminal
 
     inspector = Inspector(data["packed"])
     coloured, plain = terminal(inspector, [0], colour=True, ids=False), terminal(inspector, [0], colour=False, ids=False)
@@ -186,7 +186,7 @@ def test_refusals(data, capsys):
 def test_stats_of_a_prefix(data, capsys):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from qwen_data.stats import prefix_stats
+    from qwen_data.tools.stats import prefix_stats
 
     prefix = data["packed"]
     ids, mask = IndexedDataset(prefix), IndexedDataset(prefix + ".lossmask")
@@ -210,8 +210,8 @@ def test_stats_count_rejects_by_reason(data, capsys):
 
 
 def test_stats_of_a_blend_with_a_budget(data, capsys):
-    from qwen_data.blend_weights import Budget, budget_rows, plan_blend
-    from qwen_data.stats import blend_stats
+    from qwen_data.blend.weights import Budget, budget_rows, plan_blend
+    from qwen_data.tools.stats import blend_stats
 
     blend = str(data["dir"] / "blend.json")
     train = [f"{data['chat']}=0.3", f"{data['packed']}=0.7"]
@@ -292,7 +292,7 @@ def _browser(page: str, tmp_path, *args) -> subprocess.CompletedProcess:
 def _highlight_pixels(png: str) -> int:
     from PIL import Image
 
-    from qwen_data.report import TRAINED_BACKGROUND
+    from qwen_data.tools.report import TRAINED_BACKGROUND
 
     colour = tuple(int(TRAINED_BACKGROUND[i:i + 2], 16) for i in (1, 3, 5))
     with Image.open(png) as image:
@@ -319,7 +319,7 @@ def test_report_in_chromium(data, capsys, tmp_path):
     _browser(page, tmp_path, "--window-size=1280,1400", f"--screenshot={shot}")
     assert _highlight_pixels(shot) > 2000
     # The control: the same page with the highlight's style taken out shows none of its colour.
-    from qwen_data.report import TRAINED_BACKGROUND
+    from qwen_data.tools.report import TRAINED_BACKGROUND
 
     bare = tmp_path / "bare.html"
     bare.write_text(page.read_text(encoding="utf-8").replace(TRAINED_BACKGROUND, "transparent"), encoding="utf-8")

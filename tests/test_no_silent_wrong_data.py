@@ -23,7 +23,7 @@ import pytest
 from _helpers import REPO_ROOT, write_jsonl
 from _oracles import hf_render, load_oracle
 from qwen_data.cli import main
-from qwen_data.tokenizer import bundled_tokenizer_dir
+from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
 EOD, IM_START, IM_END = 151643, 151644, 151645
 ADDED = {"qwen2p5": 22, "qwen3": 26}

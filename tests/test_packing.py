@@ -1,4 +1,4 @@
-"""Tests for qwen_data.packing: validity of every plan, exactness of the best-fit emulation,
+"""Tests for qwen_data.formats.packing: validity of every plan, exactness of the best-fit emulation,
 determinism, edge cases, fill on realistic SFT lengths, and the layout megatron-core reads."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen_data.packing import PackPlan, next_fit, one_per_row, pack
+from qwen_data.formats.packing import PackPlan, next_fit, one_per_row, pack
 
 PAD_ID = 151654
 
@@ -227,7 +227,7 @@ def test_sequence_layout_appends_one_pad_sequence_to_rows_not_full():
 def test_packed_rows_read_back_through_megatron_core(tmp_path):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from qwen_data.indexed import IndexedDatasetWriter
+    from qwen_data.formats.indexed import IndexedDatasetWriter
 
     capacity = 512
     lengths = realistic_sft_lengths(300, capacity=capacity, seed=7)

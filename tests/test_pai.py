@@ -16,9 +16,9 @@ import pytest
 
 from _helpers import REPO_ROOT, manifest, qwen25_tokenizer_folder, sft, write_jsonl
 from _oracles import oracle_dir
-from qwen_data import pai
+from qwen_data.formats import pai
 from qwen_data.cli import main
-from qwen_data.tokenizer import bundled_tokenizer_dir
+from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
 DATA = REPO_ROOT / "tests" / "data"
 GOLDEN = json.loads((DATA / "pai_golden.json").read_text())

@@ -13,8 +13,8 @@ from tokenizers import Tokenizer
 
 from multilingual import corpus
 from qwen_data.cli import main
-from qwen_data.outputs import AtomicOutputs
-from qwen_data.tokenizer import bundled_tokenizer_dir
+from qwen_data.formats.outputs import AtomicOutputs
+from qwen_data.text.tokenizer import bundled_tokenizer_dir
 from _helpers import hf_plain_text, write_jsonl
 
 EOD = 151643

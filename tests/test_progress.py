@@ -1,12 +1,12 @@
-"""qwen_data.progress: plain lines in logs, a tqdm bar on terminals, nothing when disabled."""
+"""qwen_data.run.progress: plain lines in logs, a tqdm bar on terminals, nothing when disabled."""
 
 import io
 import re
 
 import pytest
 
-from qwen_data import progress as progress_module
-from qwen_data.progress import Progress
+from qwen_data.run import progress as progress_module
+from qwen_data.run.progress import Progress
 
 
 class Clock:

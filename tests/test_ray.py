@@ -91,8 +91,8 @@ def _lock_holders(path: str) -> dict[int, int]:
 
 
 def test_killed_task_is_retried(tmp_path, ray_instance):
-    from qwen_data.executors import run_on_ray
-    from qwen_data.pretrain import PretrainConfig
+    from qwen_data.run.ray import run_on_ray
+    from qwen_data.steps.pretrain import PretrainConfig
 
     data = corpus(tmp_path / "c.jsonl", 13, 3000, 100)
     local = pretrain([data], tmp_path / "local")
@@ -104,7 +104,7 @@ def test_killed_task_is_retried(tmp_path, ray_instance):
         import os
         import time
 
-        from qwen_data.pretrain import run
+        from qwen_data.steps.pretrain import run
 
         class Hold:
             def update(self, *counts):
@@ -157,8 +157,8 @@ def test_killed_task_is_retried(tmp_path, ray_instance):
 
 def test_os_error_is_retried(tmp_path, ray_instance):
     """An OSError (a shared file system's hiccup) is transient: the task runs again."""
-    from qwen_data.executors import run_on_ray
-    from qwen_data.pretrain import PretrainConfig
+    from qwen_data.run.ray import run_on_ray
+    from qwen_data.steps.pretrain import PretrainConfig
 
     data = corpus(tmp_path / "c.jsonl", 14, 500, 60)
     local = pretrain([data], tmp_path / "local")
@@ -168,7 +168,7 @@ def test_os_error_is_retried(tmp_path, ray_instance):
         import errno
         import os
 
-        from qwen_data.pretrain import run
+        from qwen_data.steps.pretrain import run
 
         if config.shard.index == 0 and not os.path.exists(failed):
             open(failed, "w").close()
@@ -193,8 +193,8 @@ def _bad_inputs(tmp_path):
 
 def test_bad_input_fails_at_once(tmp_path, ray_instance):
     """A data error (ValueError) is not retried: the run stops with its message, leaving nothing."""
-    from qwen_data.executors import ShardFailed, run_on_ray
-    from qwen_data.pretrain import PretrainConfig, run
+    from qwen_data.run.ray import ShardFailed, run_on_ray
+    from qwen_data.steps.pretrain import PretrainConfig, run
 
     prefix = str(tmp_path / "out")
     config = PretrainConfig(inputs=_bad_inputs(tmp_path), output_prefix=prefix, quiet=True)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from qwen_data.conversations import Conversation
+from qwen_data.text.conversations import Conversation
 from qwen_data.errors import RecordError
-from qwen_data.templates import (
+from qwen_data.text.templates import (
     BODY,
     CONTEXT,
     END,

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 from _helpers import hf_plain_text
 from multilingual import SPECIAL_LITERALS, corpus
 from qwen_data.qwen import DEFAULT_PAD_ID
-from qwen_data.tokenizer import (
+from qwen_data.text.tokenizer import (
     QwenTokenizer,
     TokenizerConfig,
     TokenizerNotFound,
@@ -117,7 +117,7 @@ def test_local_directory_and_hub_cache(tmp_path, monkeypatch):
 def test_a_shared_tokenizer_is_reused_until_its_text_budget_is_spent(monkeypatch):
     """Runs in one process share a built tokenizer, but not past SHARED_TEXT_BUDGET characters of
     encoded text: its backends' caches grow with that text."""
-    import qwen_data.tokenizer as tokenizer
+    import qwen_data.text.tokenizer as tokenizer
 
     first = tokenizer.QwenTokenizer.shared(tokenizer.TokenizerConfig())
     assert tokenizer.QwenTokenizer.shared(tokenizer.TokenizerConfig()) is first

@@ -16,7 +16,7 @@ import torch
 
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
 from _train import docs_of, raw_documents, stream_check
-from qwen_data.blend import BlendError
+from qwen_data.blend.build import BlendError
 from qwen_data.cli import main
 
 pytest.importorskip("megatron.core")
@@ -105,8 +105,8 @@ def test_sft_samples_equal_the_files(prefixes, kind):
 
 def write_sft_prefix(prefix, documents, like):
     """An SFT prefix from [(tokens, mask, sequence lengths)], with `like`'s manifest fields."""
-    from qwen_data.indexed import IndexedDatasetWriter
-    from qwen_data.manifest import fingerprint
+    from qwen_data.formats.indexed import IndexedDatasetWriter
+    from qwen_data.formats.manifest import fingerprint
 
     ids = IndexedDatasetWriter(prefix + ".bin", prefix + ".idx", np.int32)
     mask = IndexedDatasetWriter(prefix + ".lossmask.bin", prefix + ".lossmask.idx", np.uint8)
@@ -320,7 +320,7 @@ def test_boundary_helpers():
 def test_txt_blend_split_and_empty_parts(tmp_path):
     """A NAME.txt blend keeps the split it was made with, and a part of the split that holds no
     documents never hangs megatron-core: unasked it is left unbuilt, asked for it is refused."""
-    from qwen_data.blend_files import read_blend
+    from qwen_data.blend.files import read_blend
 
     small = [pretrain([corpus(tmp_path / f"{n}.jsonl", seed, 20, 30)], tmp_path / n)
              for n, seed in (("a", 31), ("b", 32))]
@@ -330,7 +330,7 @@ def test_txt_blend_split_and_empty_parts(tmp_path):
     # megatron-core builds parts in worker threads and its hang cannot be interrupted: a child process
     check = f"""
 import pytest
-from qwen_data.blend import BlendError
+from qwen_data.blend.build import BlendError
 from _train import docs_of, stream_check
 from qwen_data_train import data
 small = {small!r}

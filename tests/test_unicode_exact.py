@@ -1,4 +1,4 @@
-"""gigatoken and HF `tokenizers` read Unicode from tables of different ages (qwen_data.unicode_exact says
+"""gigatoken and HF `tokenizers` read Unicode from tables of different ages (qwen_data.text.unicode_exact says
 which). Every code point where that changes the output must be in EXACT_RANGES, and QwenTokenizer's
 default backend must give HF's ids on every text.
 
@@ -27,8 +27,8 @@ from tokenizers import Tokenizer
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
 
 from multilingual import SPECIAL_LITERALS  # noqa: E402
-from qwen_data.tokenizer import QwenTokenizer, bundled_tokenizer_dir  # noqa: E402
-from qwen_data.unicode_exact import EXACT_RANGES, needs_exact  # noqa: E402
+from qwen_data.text.tokenizer import QwenTokenizer, bundled_tokenizer_dir  # noqa: E402
+from qwen_data.text.unicode_exact import EXACT_RANGES, needs_exact  # noqa: E402
 
 CODE_POINTS = np.array([c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF], dtype=np.int64)
 # Between a mark of a higher and one of a lower canonical combining class, a character moves iff

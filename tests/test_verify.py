@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from _helpers import copy_prefix, manifest
-from qwen_data.blend import BlendError, plan_blend
+from qwen_data.blend.build import BlendError, plan_blend
 from qwen_data.cli import EXAMPLES, main
-from qwen_data.indexed import file_digest, read_index
-from qwen_data.manifest import fingerprint
+from qwen_data.formats.indexed import file_digest, read_index
+from qwen_data.formats.manifest import fingerprint
 
 EOD, PAD = 151643, 151654
 SEQ = 256
@@ -133,7 +133,7 @@ def test_swapped_idx_of_the_same_size(prefixes, tmp_path, capsys):
     """Same counts, other lengths: only the index contents tell."""
     prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"))
     lengths = read_index(prefix + ".idx").lengths
-    from qwen_data.indexed import IndexedDatasetWriter
+    from qwen_data.formats.indexed import IndexedDatasetWriter
 
     ids = np.fromfile(prefix + ".bin", np.int32)
     other = IndexedDatasetWriter(str(tmp_path / "other.bin"), str(tmp_path / "other.idx"), np.int32)
@@ -239,7 +239,7 @@ def test_blend_reads_the_index_with_the_reader(prefixes, tmp_path):
 @corrupts
 def test_streams_in_blocks(prefixes, tmp_path, monkeypatch, capsys):
     """Blocks far smaller than the files (rows, documents and eods across block edges) change nothing."""
-    import qwen_data.verify as v
+    import qwen_data.tools.verify as v
 
     monkeypatch.setattr(v, "BLOCK_BYTES", 64)
     monkeypatch.setattr(v, "CHUNK", 3)

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from qwen_data.workers import WorkerError, ordered_map
+from qwen_data.run.workers import WorkerError, ordered_map
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INTERRUPTED = "interrupted: no output was committed"
@@ -130,7 +130,7 @@ STRESS = textwrap.dedent(
     """
     import os, random, signal, sys, threading, time
     import psutil
-    from qwen_data.workers import ordered_map
+    from qwen_data.run.workers import ordered_map
 
     def double(x):
         return 2 * x

@@ -15,7 +15,7 @@ eod/pad ids or templates):
   pretrain → `PretrainDataset`, megatron-core's `GPTDataset` with two extra keys (below).
   sft      → `SFTDataset`, one sample = one document of the prefix (a packed row of several
              sequences, or one conversation padded to `seq_length` with the pad id, loss mask 0).
-             A prefix in Pai-Megatron-Patch's layout (`qwen_data.pai`) is read through `PaiRows`,
+             A prefix in Pai-Megatron-Patch's layout (`qwen_data.formats.pai`) is read through `PaiRows`,
              each row decoded to the tokens, mask and sequences the default layout stores.
 
 Every sample is a dict of torch tensors over `seq_length` positions:
@@ -50,10 +50,10 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
-from qwen_data import pai
-from qwen_data.manifest import Manifest
-from qwen_data.outputs import atomic_file
-from qwen_data.blend_files import (
+from qwen_data.formats import pai
+from qwen_data.formats.manifest import Manifest
+from qwen_data.formats.outputs import atomic_file
+from qwen_data.blend.files import (
     SPLITS,
     BlendError,
     Source,
@@ -62,7 +62,7 @@ from qwen_data.blend_files import (
     load_source,
     read_blend,
 )
-from qwen_data.blend_weights import parse_split
+from qwen_data.blend.weights import parse_split
 
 from .patches import single_process_rank
 

@@ -30,13 +30,13 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from qwen_data.tokenizer import directory_of
+from qwen_data.text.tokenizer import directory_of
 
 from .checkpoint import Checkpointer, latest, stored
 from .config import TrainConfig
 from .distributed import Layout, distributed, log0
-from .hf_checkpoint import GENERATION, HFExport, load_hf_weights
-from .hf_config import config_dtype, config_of_shape, generation_config, read_config, shape_from_config
+from .hf.checkpoint import GENERATION, HFExport, load_hf_weights
+from .hf.config import config_dtype, config_of_shape, generation_config, read_config, shape_from_config
 from .loader import build_splits, make_loader
 from .metrics import Metrics, StepStats, Summary
 from .model import PRESETS, ModelShape, build_model, resolve_attention

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .blend_files import Blend, BlendError, BlendPaths, megatron_flags, write_blend
-from .blend_weights import Budget, BudgetRow, budget_rows, plan_blend
+from .files import Blend, BlendError, BlendPaths, megatron_flags, write_blend
+from .weights import Budget, BudgetRow, budget_rows, plan_blend
 
 
 @dataclass

@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import __version__
-from .indexed import IndexFormatError, read_index
-from .manifest import Manifest
-from .outputs import atomic_file
+from .. import __version__
+from ..formats.indexed import IndexFormatError, read_index
+from ..formats.manifest import Manifest
+from ..formats.outputs import atomic_file
 
 BLEND_FORMAT = "qwen-data/blend/1"
 SIDECAR_SUFFIX = ".qwen-data.json"

@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .blend_files import (SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source,
+from .files import (SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source,
                           strip_suffix)
 
 

@@ -15,13 +15,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import __version__
+from .. import __version__
 from .indexed import DTYPE_CODES, token_dtype
 
 FORMAT = "qwen-data/1"
 KINDS = ("pretrain", "sft")
-# SFT layouts (sft.layout): "mask", ids + a loss-mask dataset at PREFIX.lossmask (`qwen_data.sft`);
-# "pai", Pai-Megatron-Patch's rows of ids then labels (`qwen_data.pai`).
+# SFT layouts (sft.layout): "mask", ids + a loss-mask dataset at PREFIX.lossmask (`qwen_data.steps.sft`);
+# "pai", Pai-Megatron-Patch's rows of ids then labels (`qwen_data.formats.pai`).
 LAYOUTS = ("mask", "pai")
 
 
@@ -64,7 +64,7 @@ class Manifest:
 
     @property
     def layout(self) -> str | None:
-        """SFT: "mask" (ids + PREFIX.lossmask) or "pai" (`qwen_data.pai`); absent before layouts were named."""
+        """SFT: "mask" (ids + PREFIX.lossmask) or "pai" (`qwen_data.formats.pai`); absent before layouts were named."""
         return self.sft.get("layout", "mask") if self.sft else None
 
     @property

@@ -1,5 +1,5 @@
 """Column mapping: SFT records with their own column names -> the canonical records that
-`qwen_data.conversations.to_conversation` reads.
+`qwen_data.text.conversations.to_conversation` reads.
 
 Two sources of a mapping:
 
@@ -52,7 +52,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from .errors import RecordError
+from ..errors import RecordError
 
 CANONICAL = ("instruction", "input", "output", "system", "history", "tools", "messages", "conversations")
 

@@ -38,7 +38,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from .errors import InputFileError, RecordError
+from ..errors import InputFileError, RecordError
 from .records import parse_line
 
 DEFAULT_CHUNK_BYTES = 4 << 20

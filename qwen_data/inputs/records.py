@@ -11,7 +11,7 @@ import sys
 
 import orjson
 
-from .errors import RecordError
+from ..errors import RecordError
 
 
 def parse_line(line: bytes) -> dict:

@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 
-from .indexed import IndexedDatasetWriter, MaskedWriter, MASK_SUFFIX, read_index
-from .manifest import Manifest
-from .outputs import AtomicOutputs
+from ..formats.indexed import IndexedDatasetWriter, MaskedWriter, MASK_SUFFIX, read_index
+from ..formats.manifest import Manifest
+from ..formats.outputs import AtomicOutputs
 from .progress import Progress
-from .sft import UNPACKED, counts_of, finish, trained_tokens
+from ..steps.sft import UNPACKED, counts_of, finish, trained_tokens
 
 # Fields of a manifest that say how data was made: equal in every part of a merge.
 SETTINGS = ("kind", "tokenizer", "eod_id", "eod_token", "pad_id", "text_key", "special_tokens", "dtype")

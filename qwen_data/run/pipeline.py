@@ -16,12 +16,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
-from .manifest import Manifest
-from .outputs import AtomicOutputs
+from ..formats.manifest import Manifest
+from ..formats.outputs import AtomicOutputs
 from .progress import Progress
-from .readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, Shard, Source, expand, read_chunks
-from .records import RejectLog, empty_output
-from .tokenizer import SPECIAL_POLICIES, TokenizerConfig
+from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, Shard, Source, expand, read_chunks
+from ..inputs.records import RejectLog, empty_output
+from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .workers import ordered_map
 
 # Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with

@@ -43,13 +43,13 @@ import shutil
 import sys
 import time
 
-from .errors import describe
-from .indexed import MaskedWriter
-from .manifest import Manifest
-from .outputs import AtomicOutputs
+from ..errors import describe
+from ..formats.indexed import MaskedWriter
+from ..formats.manifest import Manifest
+from ..formats.outputs import AtomicOutputs
 from .progress import Progress
-from .readers import STDIN, Shard, expand
-from .records import EmptyOutput
+from ..inputs.readers import STDIN, Shard, expand
+from ..inputs.records import EmptyOutput
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
 RETRY_EXCEPTIONS = [OSError]

@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import pipeline
-from .errors import RecordError
-from .indexed import IndexedDatasetWriter, token_dtype
-from .manifest import Manifest, fingerprint
-from .outputs import AtomicOutputs
-from .pipeline import ChunkResult, RunConfig
-from .qwen import DEFAULT_PAD_ID, EOD_TOKEN
-from .readers import Chunk
-from .records import reject_entry
-from .tokenizer import QwenTokenizer
+from ..run import pipeline
+from ..errors import RecordError
+from ..formats.indexed import IndexedDatasetWriter, token_dtype
+from ..formats.manifest import Manifest, fingerprint
+from ..formats.outputs import AtomicOutputs
+from ..run.pipeline import ChunkResult, RunConfig
+from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
+from ..inputs.readers import Chunk
+from ..inputs.records import reject_entry
+from ..text.tokenizer import QwenTokenizer
 
 
 @dataclass(kw_only=True)

@@ -8,7 +8,7 @@ The default layout ("mask"): unpacked, every sample is one document of one seque
 unpadded: readers pad it to their sequence length with the pad id (mask 0). Packed, every document
 is one row of exactly N tokens: its sequences are its samples, then one sequence of pad ids (mask 0)
 if the row is not full, so a reader knows every boundary and samples never need to see each other.
-`--layout pai` writes what Pai-Megatron-Patch's trainer reads instead (`qwen_data.pai`).
+`--layout pai` writes what Pai-Megatron-Patch's trainer reads instead (`qwen_data.formats.pai`).
 Packing and the Pai layout need every sample: a run stages its samples at PREFIX.unpacked and
 `finish` writes the final rows from them (a shard leaves that to `merge`).
 """
@@ -19,22 +19,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import literals, pai, pipeline
-from .columns import ColumnMap
-from .conversations import FORMATS, to_conversation
-from .errors import RecordError
-from .indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
-from .manifest import LAYOUTS, Manifest, fingerprint
-from .masking import MASK_POLICIES, SampleEncoder
-from .outputs import AtomicOutputs
-from .packing import PACKINGS, one_per_row, write_packed
-from .pipeline import ChunkResult, RunConfig
-from .qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
+from ..formats import pai
+from ..run import pipeline
+from ..text import literals
+from ..inputs.columns import ColumnMap
+from ..text.conversations import FORMATS, to_conversation
+from ..errors import RecordError
+from ..formats.indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
+from ..formats.manifest import LAYOUTS, Manifest, fingerprint
+from ..text.masking import MASK_POLICIES, SampleEncoder
+from ..formats.outputs import AtomicOutputs
+from ..formats.packing import PACKINGS, one_per_row, write_packed
+from ..run.pipeline import ChunkResult, RunConfig
+from ..qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
                    TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
-from .readers import Chunk
-from .records import reject_entry
-from .templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template, render_samples
-from .tokenizer import QwenTokenizer, TokenizerConfig
+from ..inputs.readers import Chunk
+from ..inputs.records import reject_entry
+from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template, render_samples
+from ..text.tokenizer import QwenTokenizer, TokenizerConfig
 
 
 # Settings left unset take their layout's defaults (`manifest.LAYOUTS`): Pai's script truncates

@@ -58,7 +58,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .errors import RecordError
+from ..errors import RecordError
 
 FORMATS = ("auto", "alpaca", "chat", "sharegpt")
 

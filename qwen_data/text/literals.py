@@ -1,6 +1,6 @@
 """Literal special-token strings inside chat content, told apart from those the template writes.
 
-Under the `text`, `safe` and `reject` policies (see `qwen_data.tokenizer`) a literal such as
+Under the `text`, `safe` and `reject` policies (see `qwen_data.text.tokenizer`) a literal such as
 `<|im_end|>` typed into a message must not become a control id, while the `<|im_start|>` and
 `<|im_end|>` the template writes around that message must. The rendered text alone cannot tell
 them apart, so before rendering the leading "<" of every literal the policy acts on is replaced, in

@@ -16,7 +16,7 @@ import unicodedata
 
 import numpy as np
 
-from .errors import RecordError
+from ..errors import RecordError
 from .templates import SPAN_KINDS, Sample
 from .tokenizer import QwenTokenizer
 

@@ -3,7 +3,7 @@
 Each renderer reproduces, byte for byte, what transformers' `apply_chat_template(messages,
 tools=..., tokenize=False, add_generation_prompt=..., enable_thinking=...)` gives with the
 official template (files in shared/oracles, hashes in TEMPLATE_SHA256), for the canonical
-conversations of `qwen_data.conversations`. Jinja is not used at run time: these run once per
+conversations of `qwen_data.text.conversations`. Jinja is not used at run time: these run once per
 record in every worker.
 
 An assistant turn comes out as these segments, in this order (empty ones are left out):
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .conversations import Conversation
-from .errors import RecordError
+from ..errors import RecordError
 
 CONTEXT = "context"
 HEADER = "header"
@@ -89,7 +89,7 @@ class Sample:
     """One training sample: its segments and which assistant turns (by `Segment.turn`) it trains.
 
     `marked_text`, when set, is `text` with the leading "<" of every literal that must stay plain
-    text replaced by a marker character (see `qwen_data.literals`): the literals left in it are
+    text replaced by a marker character (see `qwen_data.text.literals`): the literals left in it are
     exactly the control tokens.
     """
 

@@ -3,7 +3,7 @@
 Ids must equal Hugging Face `tokenizers` on the same files for every input. The default backend is
 gigatoken (Rust, loads `tokenizer.json` itself, ~10x HF's speed on one core and id-identical in our
 tests); `backend="hf"` uses HF `tokenizers` itself. gigatoken reads Unicode from newer tables than HF:
-the rare texts holding a character on which the two differ (qwen_data.unicode_exact) go to HF.
+the rare texts holding a character on which the two differ (qwen_data.text.unicode_exact) go to HF.
 
 Flavours share one byte-level BPE and differ only in their added tokens (`qwen_data.qwen`). A
 literal `<think>` is a control token to a Qwen3 tokenizer and plain text to a Qwen2.5 one, so the
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from ..qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 
 SPECIAL_POLICIES = ("text", "safe", "parse", "reject")
 BACKENDS = ("gigatoken", "hf")
@@ -278,7 +278,7 @@ class QwenTokenizer:
         them, or composes them into others of the table) is one of the few (22 in Qwen's vocabulary)
         for which `token_spells_start` is true, and only the texts with one are searched.
         """
-        from qwen_data.unicode_exact import needs_exact
+        from qwen_data.text.unicode_exact import needs_exact
 
         rows = np.flatnonzero([not t.isascii() for t in texts])  # an ASCII text holds none
         if not len(rows):
@@ -299,7 +299,7 @@ class QwenTokenizer:
     def _spelling_starts(self, backend) -> np.ndarray:
         """Per id, whether `token_spells_start`; built once (~0.2 s), before workers fork."""
         if self._starts is None:
-            from qwen_data.unicode_exact import token_spells_start
+            from qwen_data.text.unicode_exact import token_spells_start
 
             starts = np.zeros(self.vocab_size, dtype=bool)
             for i, piece in backend.vocab.items():

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .qwen import FIRST_ADDED_ID
+from ..qwen import FIRST_ADDED_ID
 from .samples import Row, Samples
-from .tokenizer import directory_of
+from ..text.tokenizer import directory_of
 
 TEXT, ADDED, PAD, EOD = "text", "added", "pad", "eod"  # what a piece is
 OPEN, CLOSE = "[[", "]]"  # --plain: around trained tokens

@@ -13,11 +13,11 @@ import io
 import json
 import time
 
-from . import __version__
-from .blend_weights import Budget
-from .manifest import Manifest
-from .outputs import atomic_file
-from .show import Inspector, html_row
+from .. import __version__
+from ..blend.weights import Budget
+from ..formats.manifest import Manifest
+from ..formats.outputs import atomic_file
+from .inspect import Inspector, html_row
 from .stats import BlendStats, PrefixStats, blend_stats, histogram_png, is_blend, prefix_stats
 
 ROWS_SHOWN = 3  # rows in a report when none are asked for

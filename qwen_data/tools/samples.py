@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import pai
-from .indexed import MASK_SUFFIX, read_index
-from .manifest import Manifest
+from ..formats import pai
+from ..formats.indexed import MASK_SUFFIX, read_index
+from ..formats.manifest import Manifest
 
 PAI_ROWS_AT_ONCE = 4096  # rows scanned at a time for their sample ends
 

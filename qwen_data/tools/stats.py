@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .blend_files import Source, read_blend, strip_suffix
-from .blend_weights import Budget, BudgetRow, blend_of_record, budget_rows
+from ..blend.files import Source, read_blend, strip_suffix
+from ..blend.weights import Budget, BudgetRow, blend_of_record, budget_rows
 from .samples import Samples
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)

@@ -11,7 +11,7 @@ Checked, for `PREFIX.bin/.idx` (and SFT's `PREFIX.lossmask.bin/.idx`):
   - SFT unpacked: one sample per document, no pad id at all, none over --seq-length;
     SFT packed: every document is a row of exactly seq_length tokens, its samples then at most one
     pad-only sequence, and pad ids nowhere else;
-  - SFT in the pai layout (`qwen_data.pai`, no loss-mask channel): every document is one sequence of
+  - SFT in the pai layout (`qwen_data.formats.pai`, no loss-mask channel): every document is one sequence of
     2 x seq_length values; its ids are vocabulary ids with each sample's last one stored as -1 - id,
     then only pad ids; at least one sample per row (exactly one unpacked); every label is -100 or the
     next id of the same sample, -100 at a sample's last position and on padding; every sample trains
@@ -29,9 +29,9 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from .indexed import MASK_SUFFIX, IndexFormatError, file_digest, new_hash, read_index
-from .manifest import Manifest, fingerprint, load, problems as manifest_problems
-from .pai import IGNORE
+from ..formats.indexed import MASK_SUFFIX, IndexFormatError, file_digest, new_hash, read_index
+from ..formats.manifest import Manifest, fingerprint, load, problems as manifest_problems
+from ..formats.pai import IGNORE
 
 BLOCK_BYTES = 1 << 24  # .bin bytes read at a time
 CHUNK = 1 << 20  # index entries checked at a time
@@ -420,7 +420,7 @@ def _check_rows(index, is_pad, position: int, seq_length: int, stats: _Stats, fo
 
 
 def _check_pai_rows(values, first: int, manifest: Manifest, stats: _Stats, found: _Found) -> None:
-    """Whole pai-layout rows (`qwen_data.pai`), first row number `first`, checked all at once."""
+    """Whole pai-layout rows (`qwen_data.formats.pai`), first row number `first`, checked all at once."""
     width, vocab, pad = manifest.seq_length, manifest.vocab_size, manifest.pad_id
     rows = values.reshape(-1, 2 * width).astype(np.int64)
     stored, labels = rows[:, :width], rows[:, width:]

@@ -31,11 +31,11 @@ from megatron.core import parallel_state
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from qwen_data.outputs import atomic_file
+from qwen_data.formats.outputs import atomic_file
 
-from .hf_config import CONFIG, UnsupportedCheckpoint
-from .hf_weights import hf_source
-from .model import ModelShape, layer_offset
+from .config import CONFIG, UnsupportedCheckpoint
+from .weights import hf_source
+from ..model import ModelShape, layer_offset
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

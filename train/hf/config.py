@@ -18,7 +18,7 @@ import torch
 
 from qwen_data.qwen import EOD_ID, IM_END_ID
 
-from .model import ModelShape
+from ..model import ModelShape
 
 CONFIG = "config.json"
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}

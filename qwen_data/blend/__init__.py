@@ -1,0 +1,1 @@
+"""Blends: weighted prefixes → the files Megatron-LM reads, and those files read back."""

@@ -1,0 +1,1 @@
+"""What lies on disk: Megatron's indexed datasets, manifests, atomic outputs, packed rows, SFT layouts, Pai's rows."""
