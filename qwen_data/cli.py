@@ -7,6 +7,7 @@ its arguments to the train stage (`qwen_data_train`, the repo's train/)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -163,6 +164,11 @@ def _add_sft_parser(sub) -> None:
                         "the tokenizer's first free id, where Pai-Megatron-Patch adds <|extra_0|>)")
     p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>'")
     p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
+    _add_column_options(p)
+    p.set_defaults(func=_run_sft)
+
+
+def _add_column_options(p: argparse.ArgumentParser) -> None:
     columns = p.add_mutually_exclusive_group()
     columns.add_argument("--columns", default=None, metavar="KEY=COLUMN[,...]",
                          help="the records' own column names, e.g. instruction=prompt,output=answer (keys: "
@@ -170,7 +176,6 @@ def _add_sft_parser(sub) -> None:
     columns.add_argument("--dataset-info", default=None, metavar="FILE:NAME",
                          help="read the records as entry NAME of a LLaMA-Factory dataset_info.json says "
                               "(formatting, columns, tags; with no INPUT, its file_name or hf_hub_url)")
-    p.set_defaults(func=_run_sft)
 
 
 def _add_train_parser(sub) -> None:
@@ -291,10 +296,12 @@ def _inputs(args, example: str) -> list[str]:
     return [path]
 
 
-def _common(args) -> dict:
-    return dict(output_prefix=args.output_prefix, hf_split=args.hf_split, shard=args.shard,
-                workers=args.workers, tokenizer=tokenizer_config(args),
-                max_rejects=args.max_rejects, chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))), quiet=args.quiet)
+def config_of(cls, args, **given):
+    """A run's config: each field from the parsed option of its name, unless `given`; the options
+    whose values are not the field's own type (tokenizer, chunk size) converted here."""
+    given = dict(tokenizer=tokenizer_config(args), chunk_bytes=max(1, int(args.chunk_mb * (1 << 20)))) | given
+    names = {f.name for f in dataclasses.fields(cls) if f.init} - set(given)
+    return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)}, **given)
 
 
 def execute(run, config, prefixes: list[str], args) -> list:
@@ -320,8 +327,7 @@ def _run_pretrain(args) -> int:
     from .steps.pretrain import PretrainConfig, run
 
     text_keys = [k for group in args.text_key for k in group] if args.text_key else ["text"]
-    config = PretrainConfig(inputs=_inputs(args, "corpus.jsonl"), text_keys=text_keys,
-                            special_tokens=args.special_tokens, eod_token=args.eod_token, **_common(args))
+    config = config_of(PretrainConfig, args, inputs=_inputs(args, "corpus.jsonl"), text_keys=text_keys)
     manifests = execute(run, config, config.prefixes(), args)
     for prefix, m in zip(config.prefixes(), manifests):
         print(f"{prefix}: {m.documents:,} documents, {m.tokens:,} tokens ({m.dtype}), {m.wall_seconds:.1f} s")
@@ -361,22 +367,16 @@ def _run_sft(args) -> int:
     columns, named = _column_map(args)
     if named and not args.inputs:
         args.inputs = named
-    config = SFTConfig(
-        columns=columns, inputs=_inputs(args, "chats.jsonl"), template=args.template, format=args.format, seq_length=args.seq_length,
-        pack=args.pack, packing=args.packing, layout=args.layout, overlong=args.overlong, mask=args.mask,
-        assistant_span=args.assistant_span, input_separator=args.input_separator,
-        history=args.history, enable_thinking=args.enable_thinking, parse_tool_arguments=args.parse_tool_arguments,
-        pad_id=args.pad_id, pad_token=args.pad_token, special_tokens=args.special_tokens, **_common(args),
-    )
+    config = config_of(SFTConfig, args, columns=columns, inputs=_inputs(args, "chats.jsonl"))
     m = execute(run, config, [config.output_prefix], args)[0]
     s = m.sft
-    packed = f", {s['rows']:,} rows of {s['seq_length']} (fill {s['fill']:.2%}, {s['pad_tokens']:,} pad)" if s["packed"] else ""
-    print(f"{config.output_prefix}: {s['samples']:,} samples, {s['sample_tokens']:,} tokens, "
-          f"{s['trained_tokens']:,} trained{packed}; {m.wall_seconds:.1f} s")
+    packed = f", {s.rows:,} rows of {s.seq_length} (fill {s.fill:.2%}, {s.pad_tokens:,} pad)" if s.rows is not None else ""
+    print(f"{config.output_prefix}: {s.samples:,} samples, {s.sample_tokens:,} tokens, "
+          f"{s.trained_tokens:,} trained{packed}; {m.wall_seconds:.1f} s")
     _print_rejects(config.output_prefix, m)
-    where = (f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx" if s["layout"] == "mask" else
-             f"{s['layout']} layout: rows of 2 x {s['seq_length']} (ids, then labels)")
-    print(f"template {s['template']} (sha256 {s['template_sha256'][:12]}), pad id {m.pad_id}, {where}")
+    where = (f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx" if config.data_layout.has_mask else
+             f"{s.layout} layout: rows of 2 x {s.seq_length} (ids, then labels)")
+    print(f"template {s.template} (sha256 {s.template_sha256[:12]}), pad id {m.pad_id}, {where}")
     return 0
 
 
@@ -385,7 +385,7 @@ def _run_merge(args) -> int:
     from .run.merge import merge
 
     m = merge([strip_suffix(p) for p in args.prefixes], args.output_prefix, quiet=args.quiet)
-    rows = f", {m.sft['rows']:,} rows of {m.seq_length}" if m.packed else ""
+    rows = f", {m.sft.rows:,} rows of {m.sft.seq_length}" if m.sft and m.sft.rows is not None else ""
     print(f"{args.output_prefix}: {m.documents:,} documents, {m.tokens:,} tokens{rows} from {len(args.prefixes)} "
           f"prefixes; {m.rejects['count']:,} rejected records")
     return 0

@@ -239,10 +239,11 @@ def test_blend_reads_the_index_with_the_reader(prefixes, tmp_path):
 @corrupts
 def test_streams_in_blocks(prefixes, tmp_path, monkeypatch, capsys):
     """Blocks far smaller than the files (rows, documents and eods across block edges) change nothing."""
+    import qwen_data.formats.layouts as layouts
     import qwen_data.tools.verify as v
 
     monkeypatch.setattr(v, "BLOCK_BYTES", 64)
-    monkeypatch.setattr(v, "CHUNK", 3)
+    monkeypatch.setattr(layouts, "CHUNK", 3)
     for prefix in prefixes.values():
         assert v.verify(prefix) == []
     prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"))

@@ -51,6 +51,8 @@ from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
 from qwen_data.formats import pai
+from qwen_data.formats.indexed import MASK_SUFFIX
+from qwen_data.formats.layouts import PaiLayout, layout_of
 from qwen_data.formats.manifest import Manifest
 from qwen_data.formats.outputs import atomic_file
 from qwen_data.blend.files import (
@@ -192,7 +194,7 @@ class TokensWithLossMask:
     def __init__(self, path_prefix: str, mmap: bool = True) -> None:
         self.path_prefix = path_prefix
         self.tokens = IndexedDataset(path_prefix, multimodal=False, mmap=mmap)
-        self.mask = IndexedDataset(path_prefix + ".lossmask", multimodal=False, mmap=mmap)
+        self.mask = IndexedDataset(path_prefix + MASK_SUFFIX, multimodal=False, mmap=mmap)
         if not (np.array_equal(self.tokens.sequence_lengths, self.mask.sequence_lengths)
                 and np.array_equal(self.tokens.document_indices, self.mask.document_indices)):
             raise ValueError(f"{path_prefix}: tokens and loss mask have different indices")
@@ -251,9 +253,9 @@ class SFTDataset(MegatronDataset):
 
     @staticmethod
     def build_low_level_dataset(dataset_path: str, config: SFTDatasetConfig) -> TokensWithLossMask | PaiRows:
-        manifest = Manifest.read(dataset_path)
-        if manifest.layout == "pai":
-            return PaiRows(dataset_path, manifest.seq_length, mmap=config.mmap_bin_files)
+        layout = layout_of(Manifest.read(dataset_path))
+        if isinstance(layout, PaiLayout):
+            return PaiRows(dataset_path, layout.seq_length, mmap=config.mmap_bin_files)
         return TokensWithLossMask(dataset_path, mmap=config.mmap_bin_files)
 
     @staticmethod

@@ -37,10 +37,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from .. import __version__
-from ..formats.indexed import IndexFormatError, read_index
+from ..formats.indexed import MASK_SUFFIX, IndexFormatError, read_index
+from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest
 from ..formats.outputs import atomic_file
 
@@ -79,10 +79,7 @@ class Source:
     @property
     def real_tokens(self) -> int:
         """Data tokens: padding excluded, and the labels half of pai-layout rows."""
-        sft = self.manifest.sft or {}
-        if self.manifest.layout == "pai":
-            return int(sft["sample_tokens"])
-        return self.manifest.tokens - int(sft.get("pad_tokens") or 0)
+        return self.manifest.sft.sample_tokens if self.manifest.sft else self.manifest.tokens
 
     @property
     def tokens_per_sample(self) -> float | None:
@@ -92,7 +89,7 @@ class Source:
 
 def strip_suffix(path: str) -> str:
     """Accept a data file's name for its prefix (`out/web.bin` → `out/web`)."""
-    for suffix in (".lossmask.bin", ".lossmask.idx", ".bin", ".idx", ".json"):
+    for suffix in (MASK_SUFFIX + ".bin", MASK_SUFFIX + ".idx", ".bin", ".idx", ".json"):
         if path.endswith(suffix):
             return path[: -len(suffix)]
     return path
@@ -112,10 +109,8 @@ def load_source(prefix: str, ratio: float | None = None) -> Source:
     source = Source(prefix, manifest, ratio)
     if source.documents <= 0 or source.real_tokens <= 0:
         raise BlendError(f"{prefix}: the manifest counts no documents or tokens: nothing to train on")
-    itemsize = np.dtype(manifest.dtype).itemsize
-    _check_channel(prefix, prefix, itemsize, manifest)
-    if manifest.layout == "mask":
-        _check_channel(prefix, prefix + ".lossmask", 1, manifest)
+    for channel, dtype in layout_of(manifest).channels(prefix, manifest.dtype):
+        _check_channel(prefix, channel, dtype.itemsize, manifest)
     return source
 
 
@@ -150,9 +145,9 @@ AGREEMENT = (
     ("tokenizer flavour", lambda m: m.tokenizer.get("flavour")),
     ("eod id", lambda m: m.eod_id),
     ("pad id", lambda m: m.pad_id),
-    ("chat template", lambda m: (m.sft or {}).get("template")),
-    ("SFT layout", lambda m: m.layout),
-    ("pai-layout seq length", lambda m: m.seq_length if m.layout == "pai" else None),
+    ("chat template", lambda m: m.sft and m.sft.template),
+    ("SFT layout", lambda m: m.sft and m.sft.layout),
+    ("pai-layout seq length", lambda m: layout_of(m).seq_length if layout_of(m).width_in_format else None),
 )
 
 
@@ -245,8 +240,8 @@ def sidecar(blend: Blend, paths: BlendPaths) -> dict:
         "tokenizer": first.tokenizer,
         "eod_id": first.eod_id,
         "pad_id": first.pad_id,
-        "template": (first.sft or {}).get("template"),
-        "layout": first.layout,
+        "template": first.sft and first.sft.template,
+        "layout": first.sft and first.sft.layout,
         "weighting": {"by": blend.by, "temperature": blend.temperature, "ratio_unit": blend.ratio_unit},
         "split": blend.split,
         "splits": {name: [_sidecar_entry(e) for e in blend.splits[name]] if name in blend.splits else None

@@ -261,6 +261,13 @@ def read_index(idx_path: str) -> Index:
     return Index(idx_path, dtype, lengths, pointers, document_indices)
 
 
+def bin_tokens(bin_path: str, dtype) -> np.ndarray:
+    """A .bin's values as a read-only memmap (nothing loaded); the one place a .bin is mapped."""
+    if os.path.getsize(bin_path) == 0:  # np.memmap refuses empty files
+        return np.zeros(0, dtype)
+    return np.memmap(bin_path, dtype, "r")
+
+
 def _read_chunks(path: str, dtype):
     with open(path, "rb") as f:
         while True:

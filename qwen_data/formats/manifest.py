@@ -29,22 +29,81 @@ class ManifestError(ValueError):
     pass
 
 
+SAME = {"merge": "same"}  # a setting: equal in every part of a merge
+SUM = {"merge": "sum"}  # a count: a merge adds the parts'
+OPTIONAL = {"optional": True}  # left out of the file when unset
+
+
+@dataclass(kw_only=True)
+class SFTSection:
+    """How SFT data was made and what it holds (the manifest's "sft" object)."""
+
+    template: str | None = field(default=None, metadata=SAME)
+    template_sha256: str | None = field(default=None, metadata=SAME)
+    format: str | None = field(default=None, metadata=SAME)
+    input_separator: str | None = field(default=None, metadata=SAME)
+    mask_policy: str | None = field(default=None, metadata=SAME)
+    assistant_span: str | None = field(default=None, metadata=SAME)
+    history: str | None = field(default=None, metadata=SAME)
+    enable_thinking: bool | None = field(default=None, metadata=SAME)
+    special_tokens: str | None = field(default=None, metadata=SAME)
+    special_token_records: int = field(default=0, metadata=SUM)
+    seq_length: int | None = field(default=None, metadata=SAME)
+    overlong: str | None = field(default=None, metadata=SAME)
+    samples: int = field(default=0, metadata=SUM)
+    sample_tokens: int = field(default=0, metadata=SUM)
+    truncated: int = field(default=0, metadata=SUM)
+    layout: str = field(default="mask", metadata=SAME)  # one of LAYOUTS (absent before layouts were named)
+    packed: bool = field(default=False, metadata=SAME)
+    trained_tokens: int = 0
+    pad_tokens: int | None = field(default=None, metadata=OPTIONAL)
+    packing: str | None = field(default=None, metadata=SAME | OPTIONAL)
+    rows: int | None = field(default=None, metadata=OPTIONAL)
+    fill: float | None = field(default=None, metadata=OPTIONAL)
+    # What a shard leaves for `merge` to do: pack, lay out.
+    pack_on_merge: bool | None = field(default=None, metadata=SAME | OPTIONAL)
+    layout_on_merge: str | None = field(default=None, metadata=SAME | OPTIONAL)
+
+    def replace(self, **changes) -> "SFTSection":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if not (f.metadata.get("optional") and getattr(self, f.name) is None)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SFTSection":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})  # later versions may add fields
+
+    def finished(self, final: "SFTSection") -> "SFTSection":
+        """This section with what `layouts.finish` wrote: the layout fields of `final`, nothing left to merge."""
+        laid_out = ("layout", "packed", "trained_tokens", "pad_tokens", "packing", "rows", "fill")
+        return self.replace(**{name: getattr(final, name) for name in laid_out}, pack_on_merge=None,
+                            layout_on_merge=None)
+
+
+def merge_fields(section_type, how: str) -> list[str]:
+    """The fields of a manifest type (`Manifest`, `SFTSection`) a merge treats as `how` ("same", "sum")."""
+    return [f.name for f in dataclasses.fields(section_type) if f.metadata.get("merge") == how]
+
+
 @dataclass(kw_only=True)
 class Manifest:
-    kind: str  # one of KINDS
-    tokenizer: dict  # QwenTokenizer.identity(): path, sha256, vocab_size, flavour ...
-    eod_id: int
-    eod_token: str | None = None  # pretrain: the token every document ends with
-    pad_id: int  # never data: SFT pads with it; recorded for pretrain so trainers never pad with eod
-    text_key: str | None = None  # pretrain
-    special_tokens: str | None = None  # pretrain: the policy for literal special tokens
+    kind: str = field(metadata=SAME)  # one of KINDS
+    tokenizer: dict = field(metadata=SAME)  # QwenTokenizer.identity(): path, sha256, vocab_size, flavour ...
+    eod_id: int = field(metadata=SAME)
+    eod_token: str | None = field(default=None, metadata=SAME)  # pretrain: the token every document ends with
+    pad_id: int = field(metadata=SAME)  # never data: SFT pads with it; recorded for pretrain so trainers never pad with eod
+    text_key: str | None = field(default=None, metadata=SAME)  # pretrain
+    special_tokens: str | None = field(default=None, metadata=SAME)  # pretrain: the policy for literal special tokens
     special_token_records: int | None = None  # pretrain: records that held such literals
-    dtype: str
+    dtype: str = field(metadata=SAME)
     documents: int
     sequences: int
     tokens: int
     fingerprint: str  # see `fingerprint`
-    sft: dict | None = None  # SFT: template, mask policy, packing and sample counts
+    sft: SFTSection | None = None  # SFT: template, mask policy, packing and sample counts
     shard: dict | None = None  # {"index", "count"}: one part of a sharded run, to be joined by `merge`
     inputs: list[dict] = field(default_factory=list)
     rejects: dict = field(default_factory=dict)
@@ -58,22 +117,10 @@ class Manifest:
     def vocab_size(self) -> int:
         return self.tokenizer["vocab_size"]
 
-    @property
-    def packed(self) -> bool:
-        return bool(self.sft and self.sft.get("packed"))
-
-    @property
-    def layout(self) -> str | None:
-        """SFT: "mask" (ids + PREFIX.lossmask) or "pai" (`qwen_data.formats.pai`); absent before layouts were named."""
-        return self.sft.get("layout", "mask") if self.sft else None
-
-    @property
-    def seq_length(self) -> int | None:
-        return self.sft.get("seq_length") if self.sft else None
-
     def to_json(self) -> dict:
         """The file's object: how it was made first, then what it is; absent parts left out."""
-        fields = dataclasses.asdict(self)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["sft"] = self.sft.to_json() if self.sft else None
         head = {name: fields.pop(name) for name in ("format", "kind", "qwen_data_version", "command", "created")}
         return head | {name: value for name, value in fields.items() if value is not None}
 
@@ -90,7 +137,10 @@ class Manifest:
         if found:
             raise ManifestError("; ".join(found))
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})  # later versions may add fields
+        fields = {k: v for k, v in data.items() if k in names}  # later versions may add fields
+        if fields.get("sft") is not None:
+            fields["sft"] = SFTSection.from_json(fields["sft"])
+        return cls(**fields)
 
     @classmethod
     def read(cls, prefix: str) -> "Manifest":

@@ -31,7 +31,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .indexed import MaskedWriter
+from .indexed import MaskedWriter, bin_tokens
 
 
 @dataclass(frozen=True)
@@ -256,8 +256,8 @@ def _validated(lengths, capacity) -> np.ndarray:
 def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, plan: PackPlan, pad_id: int):
     """The finished unpacked samples as the rows of `plan`, each padded to exactly its capacity."""
     seq_length = plan.capacity
-    ids = np.memmap(samples.ids.bin_path, dtype=samples.ids.dtype, mode="r") if len(lengths) else np.zeros(0)
-    mask = np.memmap(samples.mask.bin_path, dtype=np.uint8, mode="r") if len(lengths) else np.zeros(0)
+    ids = bin_tokens(samples.ids.bin_path, samples.ids.dtype)
+    mask = bin_tokens(samples.mask.bin_path, np.uint8)
     starts = np.cumsum(lengths) - lengths
     sequence_lengths, per_row = plan.sequence_layout(lengths)
     row_starts = plan.row_starts

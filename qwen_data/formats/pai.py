@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .indexed import IndexedDatasetWriter, MaskedWriter
+from .indexed import IndexedDatasetWriter, MaskedWriter, bin_tokens
 from .packing import PackPlan
 
 IGNORE = -100  # a label that is not trained (torch's cross-entropy ignore_index)
 DTYPE = np.dtype(np.int32)
-ROWS_PER_BATCH = 4096
+ROWS_PER_BATCH = 4096  # rows written, or scanned for their sample ends, at a time
 
 
 def pad_id(vocab_size: int) -> int:
@@ -35,8 +35,7 @@ def write_rows(samples: MaskedWriter, lengths: np.ndarray, plan: PackPlan, out: 
     """The finished samples (ids + loss mask, one per document) as rows of `plan`, into `out`;
     how many labels are trained."""
     width = plan.capacity
-    ids = np.memmap(samples.ids.bin_path, samples.ids.dtype, "r") if len(lengths) else np.zeros(0, np.int32)
-    mask = np.memmap(samples.mask.bin_path, np.uint8, "r") if len(lengths) else np.zeros(0, np.uint8)
+    ids, mask = bin_tokens(samples.ids.bin_path, samples.ids.dtype), bin_tokens(samples.mask.bin_path, np.uint8)
     starts = np.cumsum(lengths) - lengths
     row_starts, trained = plan.row_starts, 0
     for first in range(0, plan.rows, ROWS_PER_BATCH):
@@ -78,3 +77,17 @@ def split_row(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.n
     ends = np.flatnonzero(stored < 0) + 1
     bounds = np.concatenate([[0], ends, [width] if not len(ends) or ends[-1] < width else []])
     return tokens, mask, np.diff(bounds).astype(np.int64)
+
+
+def sample_lengths(values: np.ndarray, width: int) -> np.ndarray:
+    """The length of every sample of the rows `values` holds: sample ends are the negative ids of
+    the rows' first halves, scanned a block of rows at a time."""
+    rows = values.reshape(-1, 2 * width) if len(values) else np.zeros((0, 2 * width), np.int32)
+    out = []
+    for first in range(0, len(rows), ROWS_PER_BATCH):
+        ends = np.flatnonzero(rows[first:first + ROWS_PER_BATCH, :width].ravel() < 0)
+        row, end = ends // width, ends % width + 1
+        start = np.concatenate([[0], end[:-1]])
+        start[np.concatenate([[True], row[1:] != row[:-1]])] = 0  # a row's first sample starts at 0
+        out.append(end - start)
+    return np.concatenate(out) if out else np.zeros(0, np.int64)

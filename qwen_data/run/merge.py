@@ -4,7 +4,7 @@ The shards of a sharded run (`--shard K/N`, K = 0..N-1) join, in shard order, in
 prefix one run over all the inputs writes: the same .bin/.idx bytes (so the same fingerprint), the
 counts and rejects summed, the rejects files concatenated. A sharded `--pack` or `--layout pai` run
 leaves its samples as they are (best fit packs over all samples, so it cannot be done in parts) and
-the merge packs them and lays them out (`sft.finish`). Prefixes that are not shards join in the
+the merge packs them and lays them out (`layouts.finish`). Prefixes that are not shards join in the
 order given.
 
 Refused, naming the prefix and the field: prefixes of another kind, tokenizer, eod/pad id, dtype or
@@ -20,19 +20,16 @@ import time
 
 import numpy as np
 
-from ..formats.indexed import IndexedDatasetWriter, MaskedWriter, MASK_SUFFIX, read_index
-from ..formats.manifest import Manifest
+from ..formats.indexed import IndexedDatasetWriter, MaskedWriter, bin_tokens, read_index
+from ..formats.layouts import UNPACKED, counts_of, finish, layout_of, trained_tokens
+from ..formats.manifest import Manifest, SFTSection, merge_fields
 from ..formats.outputs import AtomicOutputs
 from .progress import Progress
-from ..steps.sft import UNPACKED, counts_of, finish, trained_tokens
 
 # Fields of a manifest that say how data was made: equal in every part of a merge.
-SETTINGS = ("kind", "tokenizer", "eod_id", "eod_token", "pad_id", "text_key", "special_tokens", "dtype")
-SFT_SETTINGS = ("template", "template_sha256", "format", "input_separator", "mask_policy", "assistant_span",
-                "history", "enable_thinking", "special_tokens", "seq_length", "overlong", "packed", "pack_on_merge",
-                "packing", "layout", "layout_on_merge")
-ON_MERGE = ("pack_on_merge", "layout_on_merge")  # what a shard leaves for the merge to do
-SFT_COUNTS = ("special_token_records", "samples", "sample_tokens", "truncated")
+SETTINGS = merge_fields(Manifest, "same")
+SFT_SETTINGS = merge_fields(SFTSection, "same")
+SFT_COUNTS = merge_fields(SFTSection, "sum")
 BLOCK_TOKENS = 1 << 24  # tokens copied at a time
 
 
@@ -45,10 +42,8 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
     parts = _ordered([(p, Manifest.read(p)) for p in prefixes])
     first = parts[0][1]
     _check_alike(parts)
-    sft = first.kind == "sft"
-    packs = sft and bool(first.sft.get("pack_on_merge"))
-    layout = first.sft.get("layout_on_merge", "mask") if sft else None
-    finishes = packs or layout not in (None, "mask")
+    sft = first.sft is not None
+    finishes = sft and bool(first.sft.pack_on_merge or first.sft.layout_on_merge)
     files = (MaskedWriter.files(output) + (MaskedWriter.files(output + UNPACKED) if finishes else [])
              if sft else [output + ".bin", output + ".idx"])
     rejects_path = output + ".rejects.jsonl"
@@ -58,20 +53,20 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
         if sft:
             data = MaskedWriter([outputs.tmp(f) for f in MaskedWriter.files(output + (UNPACKED if finishes else ""))],
                                 dtype, hash_beside=True)
-            channels = [(data.ids, ""), (data.mask, MASK_SUFFIX)]
+            writers = [data.ids, data.mask]
         else:
             data = IndexedDatasetWriter(outputs.tmp(output + ".bin"), outputs.tmp(output + ".idx"), dtype,
                                         hash_beside=True)
-            channels = [(data, "")]
-        lengths = [_copy(prefix, channels, progress) for prefix, _ in parts]
+            writers = [data]
+        lengths = [_copy(prefix, m, writers, progress) for prefix, m in parts]
         data.finalize()
         progress.close()
         manifest = _manifest(parts, data, np.concatenate(lengths))
         if finishes:
-            counts, final = finish(outputs, output, data, np.concatenate(lengths), layout,
-                                   first.sft.get("packing", "best-fit") if packs else None, first.seq_length,
-                                   first.pad_id)
-            manifest.sft = {k: v for k, v in manifest.sft.items() if k not in ON_MERGE} | final
+            s = first.sft
+            counts, final = finish(outputs, output, data, np.concatenate(lengths), s.layout_on_merge or s.layout,
+                                   (s.packing or "best-fit") if s.pack_on_merge else None, s.seq_length, first.pad_id)
+            manifest.sft = manifest.sft.finished(final)
             for name, value in counts.items():
                 setattr(manifest, name, value)
         rejected = _join_rejects([p for p, _ in parts], outputs.tmp(rejects_path))
@@ -107,17 +102,17 @@ def _ordered(parts: list[tuple[str, Manifest]]) -> list[tuple[str, Manifest]]:
 def _check_alike(parts: list[tuple[str, Manifest]]) -> None:
     base_prefix, base = parts[0]
     for prefix, m in parts:
-        if m.packed or m.layout == "pai":
-            what = "packed" if m.packed else "in the pai layout"
-            raise MergeError(f"{prefix} is {what}, which cannot be joined: run the shards with --shard K/N and the "
+        layout = layout_of(m)
+        if layout.staged:
+            raise MergeError(f"{prefix} is {layout.described}, which cannot be joined: run the shards with --shard K/N and the "
                              "same --pack/--layout (they leave their samples for merge to pack and lay out)")
         index = read_index(prefix + ".idx")
         if (index.documents, index.sequences) != (m.documents, m.sequences):
             raise MergeError(f"{prefix}.idx holds {index.documents} documents, {index.sequences} sequences; its "
                              f"manifest says {m.documents}, {m.sequences}")
         differ = [f for f in SETTINGS if getattr(m, f) != getattr(base, f)]
-        if m.kind == base.kind == "sft":
-            differ += [f"sft.{f}" for f in SFT_SETTINGS if m.sft.get(f) != base.sft.get(f)]
+        if m.sft and base.sft:
+            differ += [f"sft.{f}" for f in SFT_SETTINGS if getattr(m.sft, f) != getattr(base.sft, f)]
         if differ:
             field = differ[0]
             mine, theirs = (_field(x, field) for x in (m, base))
@@ -126,11 +121,13 @@ def _check_alike(parts: list[tuple[str, Manifest]]) -> None:
 
 
 def _field(m: Manifest, name: str):
-    return m.sft.get(name[4:]) if name.startswith("sft.") else getattr(m, name)
+    return getattr(m.sft, name[4:]) if name.startswith("sft.") else getattr(m, name)
 
 
-def _copy(prefix: str, channels, progress: Progress) -> np.ndarray:
-    """Append every document of `prefix` to the writers; its sequence lengths."""
+def _copy(prefix: str, manifest: Manifest, writers: list, progress: Progress) -> np.ndarray:
+    """Append every document of `prefix` to the writers (one per channel of its layout); its sequence lengths."""
+    channels = [(writer, bin_tokens(name + ".bin", dtype))
+                for writer, (name, dtype) in zip(writers, layout_of(manifest).channels(prefix, writers[0].dtype))]
     index = read_index(prefix + ".idx")
     lengths = np.asarray(index.lengths, dtype=np.int64)
     bounds = np.asarray(index.document_indices)  # each document's first sequence, and the end
@@ -140,9 +137,8 @@ def _copy(prefix: str, channels, progress: Progress) -> np.ndarray:
         last = int(np.searchsorted(starts, starts[document] + BLOCK_TOKENS, side="right")) - 1
         last = min(max(last, document + 1), index.documents)
         low, high = int(starts[document]), int(starts[last])
-        for writer, suffix in channels:
-            tokens = np.memmap(prefix + suffix + ".bin", writer.dtype, "r")[low:high] if high > low else np.zeros(0)
-            writer.add_batch(tokens, lengths[bounds[document]:bounds[last]], np.diff(bounds[document:last + 1]))
+        for writer, tokens in channels:
+            writer.add_batch(tokens[low:high], lengths[bounds[document]:bounds[last]], np.diff(bounds[document:last + 1]))
         progress.update(last - document, 0, high - low, high - low)
         document = last
     return lengths
@@ -160,8 +156,8 @@ def _manifest(parts: list[tuple[str, Manifest]], data, lengths: np.ndarray) -> M
     inputs = first.inputs if sharded else [i for _, m in parts for i in m.inputs]
     sft = None
     if first.sft is not None:
-        sft = dict(first.sft) | {k: sum(m.sft[k] for _, m in parts) for k in SFT_COUNTS}
-        sft["trained_tokens"] = trained_tokens(data)
+        sft = first.sft.replace(**{k: sum(getattr(m.sft, k) for _, m in parts) for k in SFT_COUNTS},
+                                trained_tokens=trained_tokens(data))
     special = None if first.special_token_records is None else sum(m.special_token_records for _, m in parts)
     return Manifest(
         kind=first.kind, tokenizer=first.tokenizer, eod_id=first.eod_id, eod_token=first.eod_token,

@@ -8,7 +8,8 @@ The default layout ("mask"): unpacked, every sample is one document of one seque
 unpadded: readers pad it to their sequence length with the pad id (mask 0). Packed, every document
 is one row of exactly N tokens: its sequences are its samples, then one sequence of pad ids (mask 0)
 if the row is not full, so a reader knows every boundary and samples never need to see each other.
-`--layout pai` writes what Pai-Megatron-Patch's trainer reads instead (`qwen_data.formats.pai`).
+`--layout pai` writes what Pai-Megatron-Patch's trainer reads instead (`qwen_data.formats.pai`);
+`qwen_data.formats.layouts` says what each layout is.
 Packing and the Pai layout need every sample: a run stages its samples at PREFIX.unpacked and
 `finish` writes the final rows from them (a shard leaves that to `merge`).
 """
@@ -19,33 +20,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats import pai
-from ..run import pipeline
-from ..text import literals
-from ..inputs.columns import ColumnMap
-from ..text.conversations import FORMATS, to_conversation
 from ..errors import RecordError
-from ..formats.indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
-from ..formats.manifest import LAYOUTS, Manifest, fingerprint
-from ..text.masking import MASK_POLICIES, SampleEncoder
+from ..formats.indexed import MaskedWriter, token_dtype
+from ..formats.layouts import DataLayout, counts_of, finish, sft_layout, trained_tokens, UNPACKED
+from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import AtomicOutputs
-from ..formats.packing import PACKINGS, one_per_row, write_packed
-from ..run.pipeline import ChunkResult, RunConfig
-from ..qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
-                   TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
+from ..formats.packing import PACKINGS
+from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
 from ..inputs.records import reject_entry
+from ..qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
+                    TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
+from ..run import pipeline
+from ..run.pipeline import ChunkResult, RunConfig
+from ..text import literals
+from ..text.conversations import FORMATS, to_conversation
+from ..text.masking import MASK_POLICIES, SampleEncoder
 from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template, render_samples
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig
-
-
-# Settings left unset take their layout's defaults (`manifest.LAYOUTS`): Pai's script truncates
-# over-long samples, trains the assistant turn from <|im_start|> on, and joins an alpaca instruction
-# and input with nothing between them.
-LAYOUT_DEFAULTS = {
-    "mask": {"overlong": "drop", "assistant_span": "im_end_nl", "input_separator": "\n"},
-    "pai": {"overlong": "truncate", "assistant_span": "turn", "input_separator": ""},
-}
 
 
 @dataclass(kw_only=True)
@@ -72,7 +64,7 @@ class SFTConfig(RunConfig):
         super().__post_init__()
         if self.layout not in LAYOUTS:
             raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}")
-        for name, value in LAYOUT_DEFAULTS[self.layout].items():
+        for name, value in self.data_layout.defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         choices = {"template": TEMPLATE_NAMES + ("auto",), "format": FORMATS, "overlong": ("drop", "truncate"),
@@ -81,20 +73,22 @@ class SFTConfig(RunConfig):
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}")
-        if self.pack and not self.seq_length:
-            raise ValueError("--pack needs --seq-length")
-        if self.layout == "pai" and not self.seq_length:
-            raise ValueError("--layout pai needs --seq-length (its every row holds 2 x seq-length values)")
+        if self.data_layout.needs_seq_length and not self.seq_length:
+            raise ValueError(self.data_layout.needs_seq_length)
         if self.seq_length is not None and self.seq_length < 2:
             raise ValueError("--seq-length must be at least 2")
         if self.pad_id is not None and self.pad_token is not None:
             raise ValueError("give --pad-id or --pad-token, not both")
 
     @property
+    def data_layout(self) -> DataLayout:
+        return sft_layout(self.layout, self.pack, self.seq_length)
+
+    @property
     def stages(self) -> bool:
         """Whether this run's samples are staged for `finish`: a shard leaves them as they are, for
         `merge` to finish them all at once (best fit needs every sample)."""
-        return (self.pack or self.layout != "mask") and self.shard is None
+        return self.data_layout.staged and self.shard is None
 
     @property
     def rendered_history(self) -> str:
@@ -106,7 +100,7 @@ def resolve_pad_id(config: SFTConfig, tokenizer: QwenTokenizer) -> int:
     Qwen embedding table. (Data that would contain it is rejected sample by sample.)"""
     pad = config.pad_id
     if pad is None:
-        pad = pai.pad_id(tokenizer.vocab_size) if config.layout == "pai" else DEFAULT_PAD_ID
+        pad = config.data_layout.default_pad_id(tokenizer.vocab_size)
     if config.pad_token is not None:
         pad = tokenizer.token_id(config.pad_token, "--pad-token")
     for name in TEMPLATE_TOKENS:
@@ -269,69 +263,28 @@ class SFTWriter:
         config, step = self.step.config, self.step
         self.samples.finalize()
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        section = self._section(lengths)
         if config.stages:
             counts, final = finish(self.outputs, self.prefix, self.samples, lengths, config.layout,
                                    config.packing if config.pack else None, config.seq_length, step.pad_id)
-        else:
-            counts, final = counts_of(self.samples.ids, self.samples.digests), {
-                "layout": "mask", "packed": False, "trained_tokens": trained_tokens(self.samples)}
-            if config.pack:
-                final |= {"pack_on_merge": True, "packing": config.packing}
-            if config.layout != "mask":
-                final["layout_on_merge"] = config.layout
+            section = section.finished(final)
+        else:  # a shard: `merge` packs and lays out
+            counts = counts_of(self.samples.ids, self.samples.digests)
+            staged = config.data_layout.staged
+            section = section.replace(trained_tokens=trained_tokens(self.samples), pack_on_merge=config.pack or None,
+                                      packing=config.packing if config.pack else None,
+                                      layout_on_merge=config.layout if staged else None)
         manifest = Manifest(kind="sft", tokenizer=step.tokenizer.identity(), eod_id=step.tokenizer.eod_id,
-                            pad_id=step.pad_id, sft=self._section(lengths) | final, **counts)
+                            pad_id=step.pad_id, sft=section, **counts)
         return {self.prefix: manifest}
 
-    def _section(self, lengths: np.ndarray) -> dict:
+    def _section(self, lengths: np.ndarray) -> SFTSection:
         config, template = self.step.config, self.step.template
-        return {
-            "template": template.name, "template_sha256": template.sha256, "format": config.format,
-            "input_separator": config.input_separator, "mask_policy": config.mask,
-            "assistant_span": config.assistant_span, "history": config.rendered_history,
-            "enable_thinking": config.enable_thinking, "special_tokens": config.special_tokens,
-            "special_token_records": self.special_records, "seq_length": config.seq_length,
-            "overlong": config.overlong, "samples": int(len(lengths)), "sample_tokens": int(lengths.sum()),
-            "truncated": self.truncated,
-        }
-
-
-# Where a run keeps its samples until `finish` writes the final rows (removed at the end).
-UNPACKED = ".unpacked"
-
-
-def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, layout: str,
-           packing: str | None, seq_length: int, pad_id: int) -> tuple[dict, dict]:
-    """Write PREFIX's data from the finished samples staged at PREFIX.unpacked: packed by the
-    algorithm `packing` (None: one sample per row), in `layout`. The manifest's counts, and its
-    sft fields for the result."""
-    plan = PACKINGS[packing](lengths, seq_length) if packing else one_per_row(lengths, seq_length)
-    if layout == "pai":
-        out = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
-        trained = pai.write_rows(samples, lengths, plan, out, pad_id)
-        out.finalize()
-        counts = counts_of(out, [out.digests])
-        for path in MaskedWriter.files(prefix)[2:]:
-            outputs.leave_out(path)
-    else:
-        masked = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
-        write_packed(samples, lengths, masked, plan, pad_id)
-        masked.finalize()
-        counts, trained = counts_of(masked.ids, masked.digests), trained_tokens(masked)
-    for path in MaskedWriter.files(prefix + UNPACKED):
-        outputs.discard(path)
-    final = {"layout": layout, "packed": packing is not None, "trained_tokens": trained, "pad_tokens": plan.pad_tokens}
-    if packing:
-        final |= {"packing": packing, "rows": plan.rows, "fill": round(plan.fill, 6)}
-    return counts, final
-
-
-def counts_of(data: IndexedDatasetWriter, digests: list[tuple[str, str]]) -> dict:
-    """The manifest's fields of finished data: its first channel's dtype and counts, the
-    fingerprint of all its channels."""
-    return {"dtype": data.dtype.name, "documents": data.documents, "sequences": data.sequences,
-            "tokens": data.tokens, "fingerprint": fingerprint(digests)}
-
-
-def trained_tokens(data: MaskedWriter) -> int:
-    return int(np.asarray(np.memmap(data.mask.bin_path, np.uint8, "r")).sum()) if data.mask.tokens else 0
+        return SFTSection(
+            template=template.name, template_sha256=template.sha256, format=config.format,
+            input_separator=config.input_separator, mask_policy=config.mask, assistant_span=config.assistant_span,
+            history=config.rendered_history, enable_thinking=config.enable_thinking,
+            special_tokens=config.special_tokens, special_token_records=self.special_records,
+            seq_length=config.seq_length, overlong=config.overlong, samples=int(len(lengths)),
+            sample_tokens=int(lengths.sum()), truncated=self.truncated,
+        )

@@ -119,9 +119,10 @@ class Inspector:
 
     def describe(self) -> str:
         m = self.manifest
-        what = "pretraining documents" if m.kind == "pretrain" else (
-            f"SFT, template {m.sft.get('template')}, {m.layout} layout, "
-            + (f"packed rows of {m.seq_length}" if m.packed else "one sample a row"))
+        s = m.sft
+        what = "pretraining documents" if s is None else (
+            f"SFT, template {s.template}, {s.layout} layout, "
+            + (f"packed rows of {s.seq_length}" if s.rows is not None else "one sample a row"))
         pad = f", pad {m.pad_id} {self.decode.text([m.pad_id])}" if m.kind == "sft" else ""
         return (f"{self.samples.prefix}: {what}; {_count(len(self), 'row')}, {m.tokens:,} tokens; "
                 f"eod {m.eod_id} {self.decode.text([m.eod_id])}{pad}")

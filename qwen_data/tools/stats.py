@@ -51,15 +51,14 @@ class PrefixStats:
 def prefix_stats(prefix: str) -> PrefixStats:
     samples = Samples(strip_suffix(prefix))
     m = samples.manifest
-    sft = m.sft or {}
+    s = m.sft  # None for pretraining
     tokens = Source(samples.prefix, m).real_tokens
     lengths = samples.sample_lengths()
-    top = max(m.seq_length or 0, int(lengths.max()) if len(lengths) else 1)
+    top = max((s and s.seq_length) or 0, int(lengths.max()) if len(lengths) else 1)
     return PrefixStats(
-        prefix=samples.prefix, kind=m.kind, layout=m.layout, template=sft.get("template"), documents=m.documents,
-        samples=len(lengths), tokens=tokens, trained=int(sft.get("trained_tokens", tokens)),
-        pad_tokens=int(sft.get("pad_tokens") or 0), rows=sft.get("rows") if m.packed else None,
-        seq_length=m.seq_length, fill=sft.get("fill") if m.packed else None,
+        prefix=samples.prefix, kind=m.kind, layout=s and s.layout, template=s and s.template, documents=m.documents,
+        samples=len(lengths), tokens=tokens, trained=s.trained_tokens if s else tokens,
+        pad_tokens=(s and s.pad_tokens) or 0, rows=s and s.rows, seq_length=s and s.seq_length, fill=s and s.fill,
         percentiles={p: int(v) for p, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES,
                                                                           method="inverted_cdf"))}
         if len(lengths) else {},

@@ -1,0 +1,441 @@
+"""How a prefix's documents hold its data: one type per layout, saying which files it has, how
+finished samples become its rows, how a row is read back, and what `verify` checks of it.
+
+  DocumentLayout    pretraining: one document of one sequence per record, its ids then eod
+  MaskLayout        SFT unpacked: one sample per document, unpadded; a uint8 loss mask beside it
+                    at PREFIX.lossmask with the identical index (readers pad to their length)
+  PackedMaskLayout  SFT packed: one row of exactly seq_length tokens per document, its samples as
+                    its sequences, then one sequence of pad ids (mask 0) when the row is not full
+  PaiLayout         Pai-Megatron-Patch's rows (`pai`): 2 × seq_length values, ids then labels
+
+`layout_of(manifest)` names the layout of a prefix; `finish` lays out the samples a run staged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from . import pai
+from .indexed import MASK_SUFFIX, Index, IndexedDatasetWriter, MaskedWriter, bin_tokens
+from .manifest import Manifest, SFTSection, fingerprint
+from .outputs import AtomicOutputs
+from .packing import PACKINGS, one_per_row, write_packed
+from ..qwen import DEFAULT_PAD_ID
+
+CHUNK = 1 << 20  # index entries checked at a time
+
+# Where a run keeps its samples until `finish` writes the final rows (removed at the end).
+UNPACKED = ".unpacked"
+
+
+def chunks(array, overlap: int = 0):
+    """(start, array[start:start + CHUNK + overlap]) for every CHUNK, as plain int64 arrays."""
+    for start in range(0, max(len(array) - overlap, 0), CHUNK):
+        yield start, np.asarray(array[start: start + CHUNK + overlap], dtype=np.int64)
+
+
+def index_tokens(index: Index) -> int:
+    """Tokens the index describes (its pointers are the running offsets of its lengths)."""
+    if not index.sequences:
+        return 0
+    return int(index.pointers[-1]) // index.dtype.itemsize + int(index.lengths[-1])
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block of a prefix's data as `verify` streams it, with what the checks need to know."""
+
+    ids: np.ndarray
+    mask: np.ndarray  # empty where the layout has no loss-mask channel
+    position: int  # tokens before this block
+    index: Index  # the ids' index
+    sound: bool  # the index and .bin sizes agree: rows and documents can be located
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    name: ClassVar[str | None] = None  # sft.layout in the manifest
+    unit: ClassVar[str] = "document"  # what one document of the index is, in messages
+    has_mask: ClassVar[bool] = False  # a loss-mask channel beside the ids
+    pads: ClassVar[bool] = False  # pad ids lie in the ids channel
+    staged: ClassVar[bool] = False  # rows need every sample: a run stages its samples and `finish`es them
+    described: ClassVar[str] = ""  # "packed", "in the pai layout": why shards of it cannot be joined
+    width_in_format: ClassVar[bool] = False  # readers must know seq_length to read a row
+    needs_seq_length: ClassVar[str | None] = None  # the refusal when seq_length is not given
+    # Settings of `qwen-data sft` left unset take these: Pai's script truncates over-long samples,
+    # trains the assistant turn from <|im_start|> on, joins an alpaca instruction and input with nothing.
+    defaults: ClassVar[dict] = {"overlong": "drop", "assistant_span": "im_end_nl", "input_separator": "\n"}
+    packed: bool = False
+    seq_length: int | None = None
+
+    def default_pad_id(self, vocab_size: int) -> int:
+        return DEFAULT_PAD_ID
+
+    def channels(self, prefix: str, dtype) -> list[tuple[str, np.dtype]]:
+        """(path prefix, dtype) of each indexed dataset the layout writes: ids first."""
+        found = [(prefix, np.dtype(dtype))]
+        return found + [(prefix + MASK_SUFFIX, np.dtype(np.uint8))] if self.has_mask else found
+
+    @property
+    def row_values(self) -> int | None:
+        """Values in every document when all have the same size (whole rows are read at once)."""
+        return None
+
+    def read_row(self, values: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray, pad_id: int | None):
+        """One document read back from its values, its loss mask if the layout has one, and its sequence
+        lengths: (token ids, trained flags, sample lengths, pad ids after the samples)."""
+        return values, np.ones(len(values), bool), lengths, 0
+
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
+        return index.lengths  # int32 as the index holds them: no copy of a large index
+
+    def check_index(self, index: Index, problems: list[str]) -> bool:
+        """What the layout promises of documents and sequences, from the index alone."""
+        return _one_sequence_each(index, self.unit, "", problems) and _none_empty(index, self.unit, problems)
+
+    def check_block(self, block: Block, found, stats) -> None:
+        """Every value of one block of the data (`found.add(key, where, values)` records offences)."""
+
+    def expected(self, index: Index, stats) -> dict:
+        """The sft section's counts the data must agree with, by field name."""
+        return {}
+
+
+class DocumentLayout(DataLayout):
+    """Pretraining data: every document ends with the eod id; every token is a target."""
+
+    def check_block(self, block: Block, found, stats) -> None:
+        _check_ids(block, None, found)
+        if block.sound:
+            stats.document_ends = stats.document_ends or _DocumentEnds(block.index)
+            first, ends = stats.document_ends.upto(block.position + len(block.ids))
+            last = block.ids[ends - 1 - block.position]
+            wrong = np.flatnonzero(last != block.manifest.eod_id)
+            found.add("eod", first + wrong, last[wrong])
+
+
+class MaskLayout(DataLayout):
+    name = "mask"
+    unit = "sample"
+    has_mask = True
+
+    def read_row(self, values, mask, lengths, pad_id):
+        return _split_pad(values, mask.astype(bool), lengths, pad_id)
+
+    def check_index(self, index: Index, problems: list[str]) -> bool:
+        if not super().check_index(index, problems):
+            return False
+        limit = self.seq_length
+        for start, lengths in chunks(index.lengths):
+            if limit and (lengths > limit).any():
+                s = start + int(np.argmax(lengths > limit))
+                problems.append(f"{index.path}: sample {s} has {lengths[s - start]} tokens, over sft.seq_length {limit}")
+                return False
+        return True
+
+    def check_block(self, block: Block, found, stats) -> None:
+        _check_ids(block, None, found)
+        is_pad = _check_mask(block, found, stats)
+        where = np.flatnonzero(is_pad)
+        found.add("unpacked-pad", block.position + where, block.ids[where])
+
+    def expected(self, index: Index, stats) -> dict:
+        return dict(trained_tokens=stats.trained, samples=index.documents,
+                    sample_tokens=index_tokens(index) - stats.pad_tokens)
+
+
+class PackedMaskLayout(MaskLayout):
+    pads = staged = True
+    described = "packed"
+    needs_seq_length = "--pack needs --seq-length"
+    @property
+    def row_values(self) -> int:
+        return self.seq_length
+
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
+        lengths = index.lengths
+        if not len(lengths):
+            return lengths
+        # The last sequence of a row is its padding when its first id is the pad id.
+        last = np.asarray(index.document_indices[1:], np.int64) - 1
+        first_ids = data[np.asarray(index.pointers[last], np.int64) // index.dtype.itemsize]
+        keep = np.ones(len(lengths), bool)
+        keep[last[first_ids == pad_id]] = False
+        return lengths[keep]
+
+    def check_index(self, index: Index, problems: list[str]) -> bool:
+        seq_length, total, n = self.seq_length, index_tokens(index), index.sequences
+        for start, chunk in chunks(index.document_indices, overlap=1):
+            # token offset of each document boundary: its first sequence's pointer, or the end
+            starts = np.asarray(index.pointers[np.minimum(chunk, n - 1)]) // index.dtype.itemsize if n else 0
+            sizes = np.diff(np.where(chunk < n, starts, total))
+            if (sizes != seq_length).any():
+                d = int(np.argmax(sizes != seq_length))
+                problems.append(f"{index.path}: packed row {start + d} holds {sizes[d]} tokens, "
+                                f"not sft.seq_length {seq_length}")
+                return False
+        return _none_empty(index, "sequence", problems)
+
+    def check_block(self, block: Block, found, stats) -> None:
+        _check_ids(block, block.manifest.pad_id, found)
+        is_pad = _check_mask(block, found, stats)
+        if block.sound:
+            _check_rows(block, is_pad, self.seq_length, found, stats)
+
+    def expected(self, index: Index, stats) -> dict:
+        return dict(trained_tokens=stats.trained, samples=index.sequences - stats.pad_sequences,
+                    sample_tokens=index_tokens(index) - stats.pad_tokens, rows=index.documents,
+                    pad_tokens=stats.pad_tokens)
+
+
+class PaiLayout(DataLayout):
+    name = "pai"
+    unit = "row"
+    pads = staged = width_in_format = True
+    described = "in the pai layout"
+    needs_seq_length = "--layout pai needs --seq-length (its every row holds 2 x seq-length values)"
+    defaults = {"overlong": "truncate", "assistant_span": "turn", "input_separator": ""}
+
+    def default_pad_id(self, vocab_size: int) -> int:
+        return pai.pad_id(vocab_size)
+
+    @property
+    def row_values(self) -> int:
+        return 2 * self.seq_length
+
+    def read_row(self, values, mask, lengths, pad_id):
+        tokens, trained, parts = pai.split_row(values, self.seq_length)
+        return _split_pad(tokens, trained.astype(bool), parts, pad_id)
+
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
+        return pai.sample_lengths(data, self.seq_length)
+
+    def check_index(self, index: Index, problems: list[str]) -> bool:
+        width = self.row_values
+        if not _one_sequence_each(index, "row", " in the pai layout", problems):
+            return False
+        for start, lengths in chunks(index.lengths):
+            if (lengths != width).any():
+                r = start + int(np.argmax(lengths != width))
+                problems.append(f"{index.path}: row {r} holds {lengths[r - start]} values, "
+                                f"not 2 x sft.seq_length = {width}")
+                return False
+        return True
+
+    def check_block(self, block: Block, found, stats) -> None:
+        if block.sound:
+            _check_pai_rows(block, self, found, stats)
+
+    def expected(self, index: Index, stats) -> dict:
+        rows = dict(rows=index.documents) if self.packed else {}
+        return dict(trained_tokens=stats.trained, samples=stats.samples, sample_tokens=stats.sample_tokens,
+                    pad_tokens=stats.pad_tokens, **rows)
+
+
+def sft_layout(name: str, packed: bool, seq_length: int | None) -> DataLayout:
+    """The layout of SFT data: `name` is sft.layout ("mask" or "pai")."""
+    if name == PaiLayout.name:
+        return PaiLayout(packed, seq_length)
+    return PackedMaskLayout(True, seq_length) if packed else MaskLayout(False, seq_length)
+
+
+def layout_of(manifest: Manifest) -> DataLayout:
+    if manifest.sft is None:
+        return DocumentLayout()
+    return sft_layout(manifest.sft.layout, manifest.sft.packed, manifest.sft.seq_length)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing: staged samples → the final rows
+
+
+def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, layout_name: str,
+           packing: str | None, seq_length: int, pad_id: int) -> tuple[dict, SFTSection]:
+    """Write PREFIX's data from the finished samples staged at PREFIX.unpacked: packed by the
+    algorithm `packing` (None: one sample per row), in the layout named. The manifest's counts, and
+    the sft fields of the result (layout, packing, trained and pad tokens)."""
+    plan = PACKINGS[packing](lengths, seq_length) if packing else one_per_row(lengths, seq_length)
+    if layout_name == PaiLayout.name:
+        out = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
+        trained = pai.write_rows(samples, lengths, plan, out, pad_id)
+        out.finalize()
+        counts = counts_of(out, [out.digests])
+        for path in MaskedWriter.files(prefix)[2:]:
+            outputs.leave_out(path)
+    else:
+        masked = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
+        write_packed(samples, lengths, masked, plan, pad_id)
+        masked.finalize()
+        counts, trained = counts_of(masked.ids, masked.digests), trained_tokens(masked)
+    for path in MaskedWriter.files(prefix + UNPACKED):
+        outputs.discard(path)
+    final = SFTSection(layout=layout_name, packed=packing is not None, trained_tokens=trained,
+                       pad_tokens=plan.pad_tokens)
+    if packing:
+        final = final.replace(packing=packing, rows=plan.rows, fill=round(plan.fill, 6))
+    return counts, final
+
+
+def counts_of(data: IndexedDatasetWriter, digests: list[tuple[str, str]]) -> dict:
+    """The manifest's fields of finished data: its first channel's dtype and counts, the
+    fingerprint of all its channels."""
+    return dict(dtype=data.dtype.name, documents=data.documents, sequences=data.sequences, tokens=data.tokens,
+                fingerprint=fingerprint(digests))
+
+
+def trained_tokens(data: MaskedWriter) -> int:
+    return int(np.asarray(bin_tokens(data.mask.bin_path, np.uint8)).sum()) if data.mask.tokens else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading back
+
+
+def _split_pad(tokens, trained, parts, pad_id: int):
+    """A row's last part is padding when it starts with the pad id (data never holds it)."""
+    if len(parts) > 1 and tokens[len(tokens) - parts[-1]] == pad_id:
+        return tokens, trained, parts[:-1], int(parts[-1])
+    return tokens, trained, parts, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks (verify)
+
+
+def _one_sequence_each(index: Index, unit: str, where: str, problems: list[str]) -> bool:
+    for start, chunk in chunks(index.document_indices, overlap=1):
+        if (np.diff(chunk) != 1).any():
+            d = start + int(np.argmax(np.diff(chunk) != 1))
+            expected = f"one per document{where}" if unit == "row" else f"one {unit} per document"
+            problems.append(f"{index.path}: {unit if unit == 'row' else 'document'} {d} holds "
+                            f"{chunk[d - start + 1] - chunk[d - start]} sequences, expected {expected}")
+            return False
+    return True
+
+
+def _none_empty(index: Index, unit: str, problems: list[str]) -> bool:
+    for start, lengths in chunks(index.lengths):
+        if (lengths == 0).any():
+            problems.append(f"{index.path}: {unit} {start + int(np.argmax(lengths == 0))} is empty")
+            return False
+    return True
+
+
+class _DocumentEnds:
+    """Token end of each document, in order, handed out block by block (one sequence each)."""
+
+    def __init__(self, index: Index) -> None:
+        self._chunks = chunks(index.lengths)
+        self._ends = np.zeros(0, np.int64)
+        self._offset = 0  # tokens before the pending ends' chunk
+        self.first = 0  # number of the first pending document
+
+    def upto(self, limit: int) -> tuple[int, np.ndarray]:
+        """(first document number, ends ≤ limit) not yet handed out."""
+        first, parts = self.first, []
+        while True:
+            k = int(np.searchsorted(self._ends, limit, side="right"))
+            parts.append(self._ends[:k])
+            self.first += k
+            if k < len(self._ends):
+                self._ends = self._ends[k:]
+                break
+            _, lengths = next(self._chunks, (None, None))
+            if lengths is None:
+                self._ends = np.zeros(0, np.int64)
+                break
+            self._ends = self._offset + np.cumsum(lengths)
+            self._offset = int(self._ends[-1])
+        return first, np.concatenate(parts)
+
+
+def _check_ids(block: Block, pad: int | None, found) -> None:
+    ids, vocab = block.ids, block.manifest.vocab_size
+    if not len(ids) or (ids.min() >= 0 and ids.max() < vocab):  # the usual case, two fast passes
+        return
+    bad = (ids < 0) | (ids >= vocab)
+    if pad is not None:
+        bad &= ids != pad
+    where = np.flatnonzero(bad)
+    found.add("vocab", block.position + where, ids[where])
+
+
+def _check_mask(block: Block, found, stats) -> np.ndarray:
+    """Mask values, trained pad positions; the block's pad positions."""
+    ids, mask, position = block.ids, block.mask, block.position
+    is_pad = ids == block.manifest.pad_id
+    if len(mask) and mask.max() > 1:
+        where = np.flatnonzero(mask > 1)
+        found.add("mask-value", position + where, mask[where])
+    stats.trained += int(np.count_nonzero(mask))
+    pads = int(np.count_nonzero(is_pad))
+    stats.pad_tokens += pads
+    if pads:
+        n = min(len(ids), len(mask))
+        trained_pad = np.flatnonzero(is_pad[:n] & (mask[:n] != 0))
+        found.add("pad-trained", position + trained_pad, ids[trained_pad])
+    return is_pad
+
+
+def _check_rows(block: Block, is_pad: np.ndarray, seq_length: int, found, stats) -> None:
+    """Packed rows: pad ids exactly fill the last sequence of a row ending in pad, nowhere else."""
+    index = block.index
+    rows = is_pad.reshape(-1, seq_length)
+    first = block.position // seq_length
+    last_sequence = np.asarray(index.document_indices[first + 1: first + 1 + len(rows)], dtype=np.int64) - 1
+    ends_in_pad = rows[:, -1]
+    pad_length = np.where(ends_in_pad, np.asarray(index.lengths[last_sequence], dtype=np.int64), 0)
+    expected = np.arange(seq_length) >= (seq_length - pad_length)[:, None]
+    wrong = np.flatnonzero((rows != expected).any(axis=1))
+    found.add("row-pad", first + wrong, np.count_nonzero(rows[wrong], axis=1))
+    empty = np.flatnonzero(pad_length >= seq_length)
+    found.add("row-empty", first + empty, pad_length[empty])
+    stats.pad_sequences += int(np.count_nonzero(ends_in_pad))
+
+
+def _check_pai_rows(block: Block, layout: PaiLayout, found, stats) -> None:
+    """Whole pai-layout rows (`pai`), checked all at once."""
+    width, vocab, pad = layout.seq_length, block.manifest.vocab_size, block.manifest.pad_id
+    rows = block.ids.reshape(-1, 2 * width).astype(np.int64)
+    stored, labels = rows[:, :width], rows[:, width:]
+    marks = stored < 0
+    tokens = np.where(marks, -1 - stored, stored)
+    samples = marks.sum(axis=1)
+    # Samples fill the row up to just after its last end mark; padding follows.
+    data_end = np.where(samples > 0, width - np.argmax(marks[:, ::-1], axis=1), 0)
+    in_data = np.arange(width) < data_end[:, None]
+    numbers = block.position // (2 * width) + np.arange(len(rows))
+
+    def add(key, bad, values):
+        where = np.flatnonzero(bad)
+        found.add(key, numbers[where], values[where])
+
+    bad_id = in_data & ((tokens >= vocab) | (tokens == pad))
+    add("pai-id", bad_id.any(axis=1), tokens[np.arange(len(rows)), np.argmax(bad_id, axis=1)])
+    bad_pad = ~in_data & (stored != pad)
+    add("pai-pad", bad_pad.any(axis=1), stored[np.arange(len(rows)), np.argmax(bad_pad, axis=1)])
+    add("pai-empty", samples == 0, samples)
+    if not layout.packed:
+        add("pai-samples", samples > 1, samples)
+    # A label may be trained where the next position holds the same sample's next id.
+    may_train = np.zeros_like(marks)
+    may_train[:, :-1] = in_data[:, 1:] & ~marks[:, :-1]
+    next_ids = np.zeros_like(tokens)
+    next_ids[:, :-1] = tokens[:, 1:]
+    trained = labels != pai.IGNORE
+    bad_label = trained & ~(may_train & (labels == next_ids))
+    add("pai-label", bad_label.any(axis=1), labels[np.arange(len(rows)), np.argmax(bad_label, axis=1)])
+    # Trained labels per sample: samples are numbered in row order, each from its first position.
+    sample_of = np.cumsum(samples)[:, None] - samples[:, None] + np.cumsum(marks, axis=1) - marks
+    per_sample = np.bincount(sample_of[in_data], weights=trained[in_data], minlength=int(samples.sum()))
+    row_of_sample = np.repeat(np.arange(len(rows)), samples)
+    untrained = np.bincount(row_of_sample[per_sample == 0], minlength=len(rows))
+    add("pai-untrained", untrained > 0, untrained)
+    stats.samples += int(samples.sum())
+    stats.sample_tokens += int(data_end.sum())
+    stats.pad_tokens += int(width * len(rows) - data_end.sum())
+    stats.trained += int(trained.sum())
