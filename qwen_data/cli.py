@@ -123,6 +123,7 @@ def _add_sft_parser(sub) -> None:
     from .text.masking import MASK_POLICIES
     from .text.conversations import FORMATS
     from .formats.packing import PACKINGS
+    from .formats.indexed import MASK_SUFFIX
     from .formats.manifest import LAYOUTS
     from .text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
 
@@ -137,7 +138,7 @@ def _add_sft_parser(sub) -> None:
     p.add_argument("--packing", default="best-fit", choices=sorted(PACKINGS),
                    help="how --pack fills rows: best-fit (fewest rows) or next-fit (input order, as Pai-Megatron-Patch)")
     p.add_argument("--layout", default="mask", choices=LAYOUTS,
-                   help="mask: ids + a loss-mask dataset (PREFIX.lossmask); pai: "
+                   help=f"mask: ids + a loss-mask dataset (PREFIX{MASK_SUFFIX}); pai: "
                         "Pai-Megatron-Patch's rows of 2 x --seq-length (ids, then labels with -100), with its defaults "
                         "for --overlong, --assistant-span and --input-separator")
     p.add_argument("--overlong", default=None, choices=["drop", "truncate"],

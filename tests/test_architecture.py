@@ -1,5 +1,6 @@
-"""The shape of the code: data flows one way, so the package's imports form no circle, and test
-modules share helpers through `_helpers`/`_conversations`/`_oracles`, never through each other."""
+"""The shape of the code: data flows one way, so the package's imports form no circle, each
+subpackage imports only the rooms below it, and test modules share helpers through
+`_helpers`/`_conversations`/`_oracles`, never through each other."""
 
 import ast
 import importlib.util
@@ -74,6 +75,68 @@ def test_the_package_imports_form_no_circle():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     # The check can fail: a circle like the one cli.py and sft.py once formed is found.
     assert find_cycle({**graph, "qwen_data.steps.sft": graph["qwen_data.steps.sft"] | {"qwen_data.cli"}})
+
+
+# Who may import whom. A subpackage is one room, a module left flat a room of its own; each imports
+# only the rooms listed: text and inputs under the steps, the on-disk formats under everything that
+# writes or reads them, the blend contract under the tools and the train stage, the CLI over all.
+DATA_SIDE = {"qwen_data", "qwen_data.qwen", "qwen_data.errors", "qwen_data.formats", "qwen_data.inputs",
+             "qwen_data.text", "qwen_data.run", "qwen_data.steps", "qwen_data.blend", "qwen_data.tools"}
+MAY_IMPORT = {
+    "qwen_data": set(),
+    "qwen_data.qwen": set(),
+    "qwen_data.errors": set(),
+    "qwen_data.formats": {"qwen_data", "qwen_data.qwen"},
+    "qwen_data.inputs": {"qwen_data.errors"},
+    "qwen_data.text": {"qwen_data.errors", "qwen_data.qwen"},
+    "qwen_data.run": {"qwen_data.errors", "qwen_data.formats", "qwen_data.inputs", "qwen_data.text"},
+    "qwen_data.steps": {"qwen_data.errors", "qwen_data.qwen", "qwen_data.formats", "qwen_data.inputs",
+                        "qwen_data.text", "qwen_data.run"},
+    "qwen_data.blend": {"qwen_data", "qwen_data.formats"},
+    "qwen_data.tools": {"qwen_data", "qwen_data.qwen", "qwen_data.formats", "qwen_data.text", "qwen_data.blend"},
+    "qwen_data.cli": DATA_SIDE | {"qwen_data_train.loop", "qwen_data_train.convert"},
+    # Hugging Face folders know the model's shape, never the trainer, its checkpoints or its runs.
+    "qwen_data_train.hf": {"qwen_data.qwen", "qwen_data.formats", "qwen_data.text", "qwen_data_train.model"},
+}
+# The train stage's own modules: the data side's contract (formats, blend, text, Qwen's facts) and each other.
+TRAIN_MAY_IMPORT = {"qwen_data.qwen", "qwen_data.formats", "qwen_data.text", "qwen_data.blend"}
+
+
+def room(module: str) -> str:
+    """`qwen_data.formats.manifest` → `qwen_data.formats`; a module left flat is its own room."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else module
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        rooms.setdefault(room(module), set()).update(room(m) for m in imported if room(m) != room(module))
+    return rooms
+
+
+def wrong_arrows(rooms: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for name, imported in rooms.items():
+        allowed = MAY_IMPORT.get(name)
+        if allowed is None:  # one of the train stage's modules
+            assert name.startswith("qwen_data_train."), f"{name}: a room the layering does not know"
+            allowed = TRAIN_MAY_IMPORT | {r for r in rooms if r.startswith("qwen_data_train.")}
+        wrong += [f"{name} -> {other}" for other in sorted(imported - allowed)]
+    return wrong
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    rooms = room_graph(import_graph())
+    assert {"qwen_data.formats", "qwen_data.steps", "qwen_data_train.hf", "qwen_data_train.loop"} <= set(rooms)
+    assert "qwen_data.formats" in rooms["qwen_data.steps"]  # the graph is really read
+    assert wrong_arrows(rooms) == []
+    assert find_cycle(rooms) is None, " -> ".join(find_cycle(rooms))
+    # The check can fail: a format reaching up into a step, HF folders into the trainer, are found.
+    assert wrong_arrows({**rooms, "qwen_data.formats": rooms["qwen_data.formats"] | {"qwen_data.steps"}}) == [
+        "qwen_data.formats -> qwen_data.steps"]
+    assert wrong_arrows({**rooms, "qwen_data_train.hf": rooms["qwen_data_train.hf"] | {"qwen_data_train.loop"}}) == [
+        "qwen_data_train.hf -> qwen_data_train.loop"]
 
 
 def test_no_test_module_imports_another():

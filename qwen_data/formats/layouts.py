@@ -68,7 +68,7 @@ class DataLayout:
     needs_seq_length: ClassVar[str | None] = None  # the refusal when seq_length is not given
     # Settings of `qwen-data sft` left unset take these: Pai's script truncates over-long samples,
     # trains the assistant turn from <|im_start|> on, joins an alpaca instruction and input with nothing.
-    defaults: ClassVar[dict] = {"overlong": "drop", "assistant_span": "im_end_nl", "input_separator": "\n"}
+    defaults: ClassVar[dict] = dict(overlong="drop", assistant_span="im_end_nl", input_separator="\n")
     packed: bool = False
     seq_length: int | None = None
 
@@ -198,7 +198,7 @@ class PaiLayout(DataLayout):
     pads = staged = width_in_format = True
     described = "in the pai layout"
     needs_seq_length = "--layout pai needs --seq-length (its every row holds 2 x seq-length values)"
-    defaults = {"overlong": "truncate", "assistant_span": "turn", "input_separator": ""}
+    defaults = dict(overlong="truncate", assistant_span="turn", input_separator="")
 
     def default_pad_id(self, vocab_size: int) -> int:
         return pai.pad_id(vocab_size)

@@ -91,9 +91,10 @@ def _open_channel(name: str, dtype: np.dtype, manifest: Manifest, problems: list
     if index.dtype != dtype:
         problems.append(f"{index.path}: dtype {index.dtype.name}, expected {dtype.name}")
         return None
-    for label, count in (("documents", index.documents), ("sequences", index.sequences)):
-        if count != getattr(manifest, label):
-            problems.append(f"{index.path}: {count} {label}, the manifest {getattr(manifest, label)}")
+    for unit, count, recorded in (("documents", index.documents, manifest.documents),
+                                  ("sequences", index.sequences, manifest.sequences)):
+        if count != recorded:
+            problems.append(f"{index.path}: {count} {unit}, the manifest {recorded}")
     return index
 
 
