@@ -229,7 +229,7 @@ class RMSNorm(torch.nn.Module):
 
     A norm of the sequence-split stream (`sequence_split`: before attention, before the MLP, the
     final one) marks its weight `sequence_parallel`, and the trainer sums its gradient over the
-    tensor-parallel group (`step.sum_partial_grads`). Its output feeds a column-parallel linear,
+    tensor-parallel group (`distributed.sum_partial_grads`). Its output feeds a column-parallel linear,
     which gathers it over the group and in backward reduce-scatters a gradient of the input's
     dtype; under autocast that gradient is bf16, so the output is cast to autocast's dtype (what
     the linear computes in anyway). Qwen3's QK norms see whole sequences and stay as they are.
