@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from qwen_data_train.attention import _flex, document_mask  # noqa: E402
+from qwen_data_train.attention import compiled_flex_attention, document_mask  # noqa: E402
 from qwen_data_train.data import samples_of_row  # noqa: E402
 from qwen_data_train.distributed import init_distributed  # noqa: E402
-from qwen_data_train.step import forward  # noqa: E402
+from qwen_data_train.step import ForwardSpec, forward  # noqa: E402
 from qwen_data_train.model import PRESETS, build_model  # noqa: E402
 
 
@@ -42,17 +42,18 @@ def packed(args) -> None:
     model = build_model(PRESETS[args.model], attention="sdpa", max_sequence_length=args.seq_length).to(device).eval()
     print(f"{args.model}, {args.rows} packed rows of {args.seq_length} from {args.data}")
     for autocast in (True, False):
+        spec = ForwardSpec("sdpa", device, autocast, cross_entropy="megatron", seq_length=args.seq_length)
         worst, total_abs, count, trained_worst, leak = 0.0, 0.0, 0, 0.0, 0.0
         segments_seen = 0
         for i in range(args.rows):
             row = {k: torch.as_tensor(v).unsqueeze(0) for k, v in train[i].items()}
             with torch.no_grad():
-                whole = forward(model, row, "sdpa", device, autocast)[0].float()
+                whole = forward(model, row, spec)[0].float()
                 leaky_row = dict(row, segment_ids=torch.zeros_like(row["segment_ids"]))
                 # Leaky control: a causal mask over the whole row ignores sample boundaries.
-                leaky = forward(model, leaky_row, "sdpa", device, autocast)[0].float()
+                leaky = forward(model, leaky_row, spec)[0].float()
                 for start, end, alone in samples_of_row(row):
-                    single = forward(model, alone, "sdpa", device, autocast)[0].float()
+                    single = forward(model, alone, spec)[0].float()
                     diff = (whole[start:end] - single).abs()
                     trained = row["loss_mask"][0, start:end].to(device) > 0
                     worst = max(worst, diff.max().item())
@@ -99,7 +100,7 @@ def attention(args) -> None:
 
     def flex(segments):
         mask = document_mask(segments).block_mask
-        return lambda: _flex(q, k, v, block_mask=mask, scale=d ** -0.5, enable_gqa=True)
+        return lambda: compiled_flex_attention(q, k, v, block_mask=mask, scale=d ** -0.5, enable_gqa=True)
 
     shape = f"[{b}, {q.shape[1]}/{k.shape[1]} heads, {s}, {d}] bf16"
     one_doc = torch.zeros(b, s, dtype=torch.int32, device=device)

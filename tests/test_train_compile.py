@@ -20,7 +20,7 @@ def test_compiled_layers_trace_whole(megatron_cpu, name):
     from torch._dynamo.utils import counters
 
     from qwen_data_train.model import PRESETS, build_model
-    from qwen_data_train.step import masked_loss
+    from qwen_data_train.step import ForwardSpec, masked_loss
 
     torch.manual_seed(3)
     model = build_model(PRESETS[name], attention="sdpa", max_sequence_length=128)
@@ -28,13 +28,14 @@ def test_compiled_layers_trace_whole(megatron_cpu, name):
     batch = dict(tokens=torch.randint(0, 1000, (b, s)), labels=torch.randint(0, 1000, (b, s)),
                  position_ids=torch.arange(s).repeat(b, 1), segment_ids=torch.zeros(b, s, dtype=torch.long))
     weights = torch.ones(b, s)
-    eager = masked_loss(model, batch, weights, "sdpa", megatron_cpu, False, "fused")
+    spec = ForwardSpec("sdpa", megatron_cpu, autocast=False, cross_entropy="fused", seq_length=s)
+    eager = masked_loss(model, batch, weights, spec)
     torch._dynamo.reset()
     counters.clear()
     for layer in model.decoder.layers:
         layer.compile(backend="eager")
     try:
-        compiled = masked_loss(model, batch, weights, "sdpa", megatron_cpu, False, "fused")
+        compiled = masked_loss(model, batch, weights, spec)
         compiled.backward()
         assert dict(counters["graph_break"]) == {}
         assert counters["stats"]["unique_graphs"] == 1  # every layer runs the same graph

@@ -17,6 +17,7 @@ import torch
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
 from _train import docs_of, raw_documents, stream_check
 from qwen_data.blend.build import BlendError
+from qwen_data.blend.files import load_source
 from qwen_data.cli import main
 
 pytest.importorskip("megatron.core")
@@ -243,7 +244,7 @@ def test_megatron_lm_reads_our_blend_files(prefixes, tmp_path):
     assert per_split[1] == ([prefixes["code"]], None)
     txt = get_blend_from_list(open(tmp_path / "b.txt").read().split())
     assert txt == per_split[0]
-    tokenizer = data.ManifestTokenizer([data.load_source(p) for p in (prefixes["web"], prefixes["code"])])
+    tokenizer = data.ManifestTokenizer([load_source(p) for p in (prefixes["web"], prefixes["code"])])
     config = GPTDatasetConfig(random_seed=1, sequence_length=16, blend_per_split=per_split, tokenizer=tokenizer,
                               reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
                               path_to_cache=None)
@@ -331,6 +332,7 @@ def test_txt_blend_split_and_empty_parts(tmp_path):
     check = f"""
 import pytest
 from qwen_data.blend.build import BlendError
+from qwen_data.blend.files import load_source
 from _train import docs_of, stream_check
 from qwen_data_train import data
 small = {small!r}

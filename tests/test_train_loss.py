@@ -35,22 +35,23 @@ def _loss_and_grads(model, run):
 def test_fused_equals_megatron_loss_and_gradients(megatron_cpu, monkeypatch, name):
     from qwen_data_train import loss as loss_module
     from qwen_data_train.model import PRESETS, build_model
-    from qwen_data_train.step import forward, masked_loss
+    from qwen_data_train.step import ForwardSpec, forward, masked_loss
 
     monkeypatch.setattr(loss_module, "CHUNK_TOKENS", 96)  # 400 positions: 4 chunks of 96 and one of 16
     torch.manual_seed(5)
     model = build_model(PRESETS[name], attention="sdpa", max_sequence_length=256)
     batch, weights = _batch()
+    spec = ForwardSpec("sdpa", megatron_cpu, autocast=False, cross_entropy="fused", seq_length=200)
     theirs, theirs_grads = _loss_and_grads(
-        model, lambda: (forward(model, batch, "sdpa", megatron_cpu, autocast=False) * weights).sum())
+        model, lambda: (forward(model, batch, spec) * weights).sum())
     ours, our_grads = _loss_and_grads(
-        model, lambda: masked_loss(model, batch, weights, "sdpa", megatron_cpu, False, "fused"))
+        model, lambda: masked_loss(model, batch, weights, spec))
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
     assert our_grads.keys() == theirs_grads.keys()
     for key, grad in theirs_grads.items():
         torch.testing.assert_close(our_grads[key], grad, rtol=1e-4, atol=1e-5 * grad.abs().max().item(), msg=key)
     with torch.no_grad():  # evaluation: the loss alone
-        assert masked_loss(model, batch, weights, "sdpa", megatron_cpu, False, "fused").item() == \
+        assert masked_loss(model, batch, weights, spec).item() == \
             pytest.approx(theirs.item(), rel=1e-6)
 
 

@@ -143,11 +143,11 @@ def test_gradient_buckets_cover_every_gradient(megatron_cpu, monkeypatch):
     every gradient is reduced once, whatever the bucket size cuts."""
     from megatron.core import parallel_state
 
-    from qwen_data_train import step
-    monkeypatch.setattr(step, "BUCKET_ELEMENTS", 10)
+    from qwen_data_train import distributed
+    monkeypatch.setattr(distributed, "BUCKET_ELEMENTS", 10)
     sizes = (3, 8, 4, 12, 1)
     grads = [torch.full((n,), float(n)) for n in sizes]
-    step.all_reduce_grads(grads, parallel_state.get_data_parallel_group(), divide_by=2)  # one rank: a sum of one
+    distributed.all_reduce_grads(grads, parallel_state.get_data_parallel_group(), divide_by=2)  # one rank: a sum of one
     assert [g.tolist() for g in grads] == [[n / 2] * n for n in sizes]
 
 
@@ -168,28 +168,35 @@ def _model(name, attention):
     return build_model(PRESETS[name], attention=attention, max_sequence_length=256).eval()
 
 
+def _spec(attention, device):
+    """float32, megatron-core's cross-entropy: what `step.forward` computes."""
+    from qwen_data_train.step import ForwardSpec
+    return ForwardSpec(attention, device, autocast=False, cross_entropy="megatron", seq_length=256)
+
+
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
 def test_packed_row_equals_its_samples_alone(prefixes, megatron_cpu, name):
     from qwen_data_train.data import samples_of_row
     from qwen_data_train.step import forward
     batch = _packed_batch(prefixes)
     model = _model(name, "sdpa")
+    spec = _spec("sdpa", megatron_cpu)
     with torch.no_grad():
-        packed = forward(model, batch, "sdpa", megatron_cpu, autocast=False)[0]
+        packed = forward(model, batch, spec)[0]
         for start, end, alone in samples_of_row(batch):
-            single = forward(model, alone, "sdpa", megatron_cpu, autocast=False)[0]
+            single = forward(model, alone, spec)[0]
             torch.testing.assert_close(packed[start:end], single, rtol=1e-4, atol=1e-4)
         # The mask matters: the same row with causal attention across samples differs.
         leaky = dict(batch, segment_ids=torch.zeros_like(batch["segment_ids"]))
-        assert not torch.allclose(forward(model, leaky, "sdpa", megatron_cpu, autocast=False)[0], packed, atol=1e-3)
+        assert not torch.allclose(forward(model, leaky, spec)[0], packed, atol=1e-3)
 
 
 def test_sdpa_attention_equals_megatron_local_attention(prefixes, megatron_cpu):
     from qwen_data_train.step import forward
     batch = _packed_batch(prefixes)
     with torch.no_grad():
-        ours = forward(_model("tiny-qwen3", "sdpa"), batch, "sdpa", megatron_cpu, autocast=False)
-        theirs = forward(_model("tiny-qwen3", "local"), batch, "local", megatron_cpu, autocast=False)
+        ours = forward(_model("tiny-qwen3", "sdpa"), batch, _spec("sdpa", megatron_cpu))
+        theirs = forward(_model("tiny-qwen3", "local"), batch, _spec("local", megatron_cpu))
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 

@@ -32,7 +32,7 @@ from megatron.core.transformer.module import MegatronModule
 # FlexAttention is only fused when compiled (inside a compiled layer this is traced inline). Made
 # once here: built lazily inside a layer, its first use changed a global that the compiled layer
 # had guarded on, and recompiled it.
-_flex = torch.compile(flex_attention, dynamic=False)
+compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
 
 
 @dataclass
@@ -96,7 +96,8 @@ class SDPACoreAttention(MegatronModule):
         if isinstance(attention_mask, DocumentMask) and attention_mask.block_mask is not None:
             if dropout:
                 raise ValueError("FlexAttention path has no attention dropout")
-            out = _flex(q, k, v, block_mask=attention_mask.block_mask, scale=self.softmax_scale, enable_gqa=gqa)
+            out = compiled_flex_attention(q, k, v, block_mask=attention_mask.block_mask, scale=self.softmax_scale,
+                                          enable_gqa=gqa)
         elif isinstance(attention_mask, DocumentMask):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask.dense(), dropout_p=dropout,
                                                  scale=self.softmax_scale, enable_gqa=gqa)

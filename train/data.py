@@ -8,7 +8,7 @@
 `blend` is a file written by `qwen-data blend` (NAME.json, NAME.txt or NAME.qwen-data.json; the
 sidecar, when present, supplies the split), a Megatron blend list (`["0.7", "out/web", "0.3",
 "out/code"]` or `["out/web", "out/code"]`, cut by `split`), a single prefix, or a per-split dict
-`{"train": [...], "valid": [...] | None, "test": [...] | None}`.
+`{"train": [...], "valid": [...] | None, "test": [...] | None}`, read by `qwen_data.blend.read`.
 
 The manifests decide the dataset class (mixing kinds is refused, as are disagreeing tokenizers,
 eod/pad ids or templates):
@@ -55,21 +55,12 @@ from qwen_data.formats.indexed import MASK_SUFFIX
 from qwen_data.formats.layouts import PaiLayout, layout_of
 from qwen_data.formats.manifest import Manifest
 from qwen_data.formats.outputs import atomic_file
-from qwen_data.blend.files import (
-    SPLITS,
-    BlendError,
-    Source,
-    blend_from_list,
-    check_agreement,
-    load_source,
-    read_blend,
-)
+from qwen_data.blend.files import SPLITS, BlendError, Source
+from qwen_data.blend.read import TrainBlend, read_train_blend
 from qwen_data.blend.weights import parse_split
 
 from .patches import single_process_rank
 
-# Megatron-LM's --split default when a blend comes without one.
-DEFAULT_SPLIT = "969,30,1"
 OVERLONG_POLICIES = ("error", "truncate")
 
 
@@ -335,32 +326,6 @@ class SFTDataset(MegatronDataset):
 # Building
 
 
-def _parse_blend(blend, split: Optional[str]):
-    """→ (blend, blend_per_split, split, expected fingerprints) in megatron-core's shapes."""
-    if isinstance(blend, dict):
-        if split is not None:
-            raise BlendError("a per-split blend cannot also be cut by split")
-        return None, [blend_from_list(_as_list(blend.get(n))) for n in ("train", "valid", "test")], None, {}
-    if not isinstance(blend, (str, os.PathLike)):
-        return blend_from_list([os.fspath(b) for b in blend]), None, split or DEFAULT_SPLIT, {}
-    path = os.fspath(blend)
-    if os.path.isfile(path + ".bin"):  # a single prefix
-        return ([path], None), None, split or DEFAULT_SPLIT, {}
-    record = read_blend(path)
-    splits = record.splits
-    if record.per_split and split is None:
-        return None, [splits[n] for n in ("train", "valid", "test")], None, record.fingerprints
-    if not _only_train(splits):
-        raise BlendError(f"{path}: a blend with separate valid/test prefixes cannot also be cut by split={split!r}")
-    if split is not None and record.split not in (None, split):
-        warnings.warn(f"{path}: using split {split}, not the blend's {record.split}")
-    return splits["train"], None, split or record.split or DEFAULT_SPLIT, record.fingerprints
-
-
-def _only_train(splits) -> bool:
-    return splits.get("valid") is None and splits.get("test") is None
-
-
 def build_datasets(
     blend,
     seq_length: int,
@@ -386,11 +351,11 @@ def build_datasets(
     Pretraining options are GPTDataset's: `reset_position_ids`, `reset_attention_mask` (also
     splits segment_ids at each end of document) and `eod_mask_loss`.
     """
-    blend_, per_split, split_, expected = _parse_blend(blend, split)
-    sources = _load_sources([blend_] if blend_ is not None else [b for b in per_split if b is not None], expected)
-    sizes = _sizes([train_samples, valid_samples, test_samples], blend_, per_split, split_)
-    common = dict(random_seed=seed, sequence_length=seq_length, blend=blend_, blend_per_split=per_split,
-                  split=split_ if blend_ is not None else None, path_to_cache=cache_dir,
+    named = read_train_blend(blend, split)
+    sources = named.sources
+    sizes = _sizes([train_samples, valid_samples, test_samples], named)
+    common = dict(random_seed=seed, sequence_length=seq_length, blend=named.blend, blend_per_split=named.per_split,
+                  split=named.split, path_to_cache=cache_dir,
                   tokenizer=ManifestTokenizer(sources), mid_level_dataset_surplus=mid_level_dataset_surplus)
     if sources[0].kind == "pretrain":
         cls, config = PretrainDataset, GPTDatasetConfig(
@@ -398,37 +363,22 @@ def build_datasets(
             eod_mask_loss=eod_mask_loss, create_attention_mask=create_attention_mask)
     else:
         cls, config = SFTDataset, SFTDatasetConfig(**common, overlong=overlong, shuffle=shuffle_sft)
-    if blend_ is not None:
+    if named.blend is not None:
         config.split_matrix = _requested_split_matrix(config.split_matrix, sizes, sources)
     with single_process_rank():
         datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
     return tuple(datasets)
 
 
-def _load_sources(blends, expected: dict) -> list[Source]:
-    """The manifests of every prefix the blends name, checked to agree; a prefix rewritten since
-    the blend file was made (`expected` fingerprints) is warned about."""
-    prefixes = list(dict.fromkeys(p for prefixes_, _ in blends for p in prefixes_))
-    if not prefixes:
-        raise BlendError("the blend names no prefixes")
-    sources = [load_source(p) for p in prefixes]
-    check_agreement(sources)
-    for s in sources:
-        if expected.get(s.prefix) not in (None, s.manifest.fingerprint):
-            warnings.warn(f"{s.prefix} was rewritten after the blend was made (its weights may be stale): "
-                          "re-run `qwen-data blend`")
-    return sources
-
-
-def _sizes(sizes: list, blend, per_split, split: Optional[str]) -> list:
+def _sizes(sizes: list, named: TrainBlend) -> list:
     """Sample counts per split; a weighted part nobody asked samples of gets 0 (megatron-core
     wants a size beside weights) where it is an empty part of the split, else an error."""
     sizes = list(sizes)
     for i, name in enumerate(SPLITS):
-        b = per_split[i] if per_split else blend
+        b = named.per_split[i] if named.per_split else named.blend
         if b is None or b[1] is None or sizes[i] is not None:
             continue
-        if per_split or parse_split(split)[i] > 0:
+        if named.per_split or parse_split(named.split)[i] > 0:
             raise BlendError(f"a weighted {name} blend needs {name}_samples")
         sizes[i] = 0
     return sizes
@@ -455,8 +405,3 @@ def _requested_split_matrix(matrix, sizes, sources):
                                  f"documents) is empty, but {name} samples are asked for: give a split with "
                                  f"a larger {name} share, separate {name} prefixes, or no {name} samples")
     return matrix
-
-
-def _as_list(value):
-    """Megatron's per-split values may be a whitespace-separated string."""
-    return value.split() if isinstance(value, str) else value

@@ -1,5 +1,6 @@
 """Process groups: torch.distributed (nccl on GPUs, gloo on the CPU) and megatron-core's
-tensor/pipeline/data-parallel groups, and how a global batch spreads over them."""
+tensor/pipeline/data-parallel groups, how a global batch spreads over them (`ParallelLayout`), and
+the gradient reductions across them that a step needs besides DDP's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 def _free_port() -> int:
@@ -62,7 +64,7 @@ def log0(*args) -> None:
 
 
 @dataclass(frozen=True)
-class Layout:
+class ParallelLayout:
     """The parallel layout of a step: TP × PP × DP ranks; each pipeline runs `accumulation`
     micro-batches."""
 
@@ -78,7 +80,7 @@ class Layout:
         return self.global_batch // (self.micro_batch * self.dp)
 
     @classmethod
-    def current(cls, micro_batch: int, global_batch: Optional[int]) -> Layout:
+    def current(cls, micro_batch: int, global_batch: Optional[int]) -> ParallelLayout:
         """Of the groups `init_distributed` made; `global_batch` None = one micro-batch per DP rank."""
         dp = parallel_state.get_data_parallel_world_size()
         global_batch = global_batch or micro_batch * dp
@@ -88,3 +90,73 @@ class Layout:
         return cls(parallel_state.get_tensor_model_parallel_world_size(),
                    parallel_state.get_pipeline_model_parallel_world_size(), dp, dist.get_world_size(),
                    micro_batch, global_batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient reductions after a step's backward
+
+BUCKET_ELEMENTS = 1 << 25  # gradient elements all-reduced at a time (128 MB of float32)
+
+
+def all_reduce_grads(grads: list[torch.Tensor], group, divide_by: int = 1) -> None:
+    """Sum `grads` over `group` (then divide), in place, as flat buckets of BUCKET_ELEMENTS."""
+    bucket: list[torch.Tensor] = []
+    elements = 0
+    for grad in grads + [None]:  # None: the end, which sends the last bucket
+        if bucket and (grad is None or elements + grad.numel() > BUCKET_ELEMENTS):
+            flat = _flatten_dense_tensors(bucket)
+            dist.all_reduce(flat, group=group)
+            if divide_by > 1:
+                flat /= divide_by
+            for g, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                g.copy_(reduced)
+            bucket, elements = [], 0
+        if grad is not None:
+            bucket.append(grad)
+            elements += grad.numel()
+
+
+def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
+    """Gradients averaged over the data-parallel group: what torch DDP does during backward, done
+    after a pipeline schedule instead. (DDP prepares its reduction in forward, and 1F1B runs the
+    last micro-batches' forwards before it lets gradients sync, so under DDP those would never be
+    reduced.)"""
+    size = parallel_state.get_data_parallel_world_size()
+    if size > 1:
+        all_reduce_grads([p.grad for p in params if p.grad is not None], parallel_state.get_data_parallel_group(),
+                         divide_by=size)
+
+
+def sum_partial_grads(core) -> None:
+    """Gradients of parameters every tensor-parallel rank holds whole but sees only part of the
+    work of, summed over the TP group (as megatron-core's finalize_model_grads does): Qwen3's QK
+    norms (a rank normalises only its own heads) and, under sequence parallelism, the layer norms
+    (a rank sees only its part of the sequence). Left alone, those copies would drift apart."""
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return
+    sequence_parallel = core.config.sequence_parallel
+    all_reduce_grads([p.grad for name, p in core.named_parameters()
+                      if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name
+                                                 or (sequence_parallel and getattr(p, "sequence_parallel", False)))],
+                     parallel_state.get_tensor_model_parallel_group())
+
+
+def sync_tied_embedding_grads(core) -> None:
+    """With tied embeddings split over pipeline stages, the first stage's embedding and the last
+    stage's output layer are two copies of one weight: their gradients are summed, so both take
+    the same step."""
+    if (parallel_state.get_pipeline_model_parallel_world_size() > 1 and core.share_embeddings_and_output_weights
+            and parallel_state.is_rank_in_embedding_group()):
+        weight = core.shared_embedding_or_output_weight()
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
+def reduce_grads(core, params: list[torch.nn.Parameter], under_ddp: bool) -> None:
+    """A step's gradients made whole after the schedule: averaged over data parallelism unless DDP
+    did it during backward, then the TP-partial and tied-embedding sums."""
+    if not under_ddp:
+        average_data_parallel_grads(params)
+    sum_partial_grads(core)
+    sync_tied_embedding_grads(core)

@@ -6,7 +6,8 @@
 
 One step: fetch the step's micro-batches (timed: the data-loading share), count the step's trained
 tokens over data parallelism, then per micro-batch forward and backward with
-loss = Σ(loss × loss_mask) / Σ loss_mask over the whole global batch; clip, AdamW (step.py).
+loss = Σ(loss × loss_mask) / Σ loss_mask over the whole global batch (step.py); the gradients
+reduced across ranks (distributed.py); clip, AdamW (optimizer.py).
 The output layer and loss run fused by chunks (loss.py: no logits in memory, so micro batches of 4
 fit), and on CUDA each transformer layer is torch.compile'd (`--compile`).
 
@@ -18,8 +19,6 @@ Weights are float32 master weights, run in bf16 by autocast.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 import warnings
@@ -34,15 +33,15 @@ from qwen_data.text.tokenizer import directory_of
 
 from .checkpoint import Checkpointer, latest, stored
 from .config import TrainConfig
-from .distributed import Layout, distributed, log0
-from .hf.checkpoint import GENERATION, HFExport, load_hf_weights
-from .hf.config import config_dtype, config_of_shape, generation_config, read_config, shape_from_config
+from .distributed import ParallelLayout, distributed, log0, reduce_grads
+from .hf.checkpoint import HFExport, load_hf_weights
+from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, make_loader
 from .metrics import Metrics, StepStats, Summary
 from .model import PRESETS, ModelShape, build_model, resolve_attention
+from .optimizer import Schedule, build_optimizer, optimizer_step
 from .patches import megatron_on_cpu
-from .step import (Schedule, average_data_parallel_grads, build_optimizer, clip_grad_norm, evaluate, forward_backward,
-                   sum_partial_grads, sync_tied_embedding_grads)
+from .step import ForwardSpec, evaluate, forward_backward
 
 
 class Trainer:
@@ -51,9 +50,10 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, device: torch.device) -> None:
         self.config, self.device = config, device
-        self.layout = Layout.current(config.micro_batch_size, config.global_batch_size)
-        self.attention = resolve_attention(config.model.attention)
-        self.autocast = device.type == "cuda" and not config.fp32
+        self.layout = ParallelLayout.current(config.micro_batch_size, config.global_batch_size)
+        self.spec = ForwardSpec(resolve_attention(config.model.attention), device,
+                                autocast=device.type == "cuda" and not config.fp32,
+                                cross_entropy=config.model.cross_entropy, seq_length=config.seq_length)
         self.compile = resolve_compile(config.model.compile, device, config.model.sequence_parallel)
         self.shape, hf_config, generation = model_of(config)
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
@@ -65,7 +65,7 @@ class Trainer:
         self.core = self._build_model()
         self.params = [p for p in self.core.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.core, config.optim)
-        self.schedule = Schedule(config.optim.lr, config.optim.min_lr, config.optim.warmup_iters, config.train_iters)
+        self.schedule = Schedule.of(config.optim, config.train_iters)
         export = HFExport(self.shape, hf_config, config_dtype(hf_config),
                           directory_of(tokenizer.identity) if config.checkpoint.save_hf else None, generation)
         self.checkpointer = Checkpointer(config.checkpoint, self.core, self.optimizer, export,
@@ -105,11 +105,7 @@ class Trainer:
         data_seconds = time.perf_counter() - started
         loss = self._forward_backward(micro)
         lr = self.schedule(self.iteration)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        grad_norm = clip_grad_norm(self.params, self.config.optim.clip_grad)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(self.optimizer, self.params, lr, self.config.optim.clip_grad)
         return StepStats(loss=loss, tokens=sum(mb["tokens"].numel() for mb in micro),
                          real_tokens=sum(int((mb["tokens"] != self.pad).sum()) for mb in micro),
                          data_seconds=data_seconds, lr=lr, grad_norm=grad_norm)
@@ -122,12 +118,8 @@ class Trainer:
         scale = self.layout.dp / trained.clamp(min=1)  # DDP averages over DP: undo that, divide by the global count
         # Gradients are all-reduced over DP once per step, with the last micro-batch's backward
         # (the schedule holds DDP's no_sync until then: `_data_parallel`).
-        total = forward_backward(self.model, micro, masks, scale, self.attention, self.device, self.autocast,
-                                 self.config.model.cross_entropy, self.config.seq_length)
-        if self.model is self.core:  # no DDP: data parallelism across pipelines, or none
-            average_data_parallel_grads(self.params)
-        sum_partial_grads(self.core)
-        sync_tied_embedding_grads(self.core)
+        total = forward_backward(self.model, micro, masks, scale, self.spec)
+        reduce_grads(self.core, self.params, under_ddp=self.model is not self.core)
         return total
 
     def evaluate(self) -> Optional[float]:
@@ -136,8 +128,7 @@ class Trainer:
         evals, global_batch = self.config.eval, self.layout.global_batch
         skip = (self.iteration // evals.eval_interval - 1) * evals.eval_iters * global_batch
         loss = evaluate(self.model, self._loader(self.valid_ds, skip), evals.eval_iters * self.layout.accumulation,
-                        self.attention, self.device, self.autocast, self.config.model.cross_entropy,
-                        self.config.seq_length)
+                        self.spec)
         self.metrics.validation(self.iteration, loss)
         return loss
 
@@ -150,7 +141,7 @@ class Trainer:
         torch.manual_seed(seed)  # the same weights on every rank and under every TP layout
         if self.device.type == "cuda":
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        core = build_model(self.shape, attention=self.attention, tensor_parallel=model.tp,
+        core = build_model(self.shape, attention=self.spec.attention, tensor_parallel=model.tp,
                            sequence_parallel=model.sequence_parallel, recompute=model.recompute,
                            max_sequence_length=self.config.seq_length, initialize=model.hf_model is None,
                            compile=self.compile, seed=seed)
@@ -160,7 +151,7 @@ class Trainer:
 
     def _data_parallel(self, core: torch.nn.Module) -> torch.nn.Module:
         """torch DDP (gradient reduction overlapping backward) without pipeline stages; with them,
-        `average_data_parallel_grads` after the schedule."""
+        `distributed.average_data_parallel_grads` after the schedule."""
         if self.layout.dp == 1 or self.layout.pp > 1:
             return core
         model = DistributedDataParallel(core, device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -172,14 +163,14 @@ class Trainer:
         return make_loader(dataset, consumed, self.config.micro_batch_size, self.config.data.num_workers, self.device)
 
     def _announce(self) -> None:
-        c, lay, cuda = self.config, self.layout, self.device.type == "cuda"
-        log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, attention {self.attention}, "
+        c, lay, spec, cuda = self.config, self.layout, self.spec, self.device.type == "cuda"
+        log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, attention {spec.attention}, "
              f"compile {self.compile}, cross-entropy {c.model.cross_entropy}, "
              f"TP {lay.tp}{' (sequence parallel)' if c.model.sequence_parallel else ''} × PP {lay.pp} × DP {lay.dp}, "
              f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "
-             f"{'bf16 autocast' if self.autocast else 'float32'}")
+             f"{'bf16 autocast' if spec.autocast else 'float32'}")
 
 
 def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool) -> str:
@@ -195,16 +186,6 @@ def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool) -
     if device.type != "cuda":
         return "none"
     return "swiglu" if sequence_parallel else "layers"
-
-
-def model_of_folder(hf_model: str) -> tuple[ModelShape, dict, dict]:
-    """(shape, config.json, generation_config.json) of a Hugging Face model folder."""
-    hf_config = read_config(hf_model)
-    generation = generation_config()
-    if os.path.isfile(os.path.join(hf_model, GENERATION)):
-        with open(os.path.join(hf_model, GENERATION), encoding="utf-8") as f:
-            generation = json.load(f)
-    return shape_from_config(hf_config, hf_model), hf_config, generation
 
 
 def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from .config import LogConfig
-from .distributed import Layout, is_rank0, log0
+from .distributed import ParallelLayout, is_rank0, log0
 
 # Dense bf16 peak of the chips we run on (datasheet), for MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -122,7 +122,7 @@ class _Totals:
 class Metrics:
     """The run's records: steps are added, every `log_interval` iterations an interval is closed."""
 
-    def __init__(self, config: LogConfig, device: torch.device, layout: Layout, flops_per_token: float,
+    def __init__(self, config: LogConfig, device: torch.device, layout: ParallelLayout, flops_per_token: float,
                  total_iters: int) -> None:
         self.device, self.layout, self.flops_per_token, self.total_iters = device, layout, flops_per_token, total_iters
         self.log_interval, self.json_path = config.log_interval, config.log_json

@@ -125,6 +125,25 @@ def resolve_attention(attention: str) -> str:
     return attention
 
 
+def architecture(preset: ModelShape) -> dict:
+    """The shape of `preset` in TransformerConfig's fields: Qwen's RMSNorm, SwiGLU, biases."""
+    return dict(
+        num_layers=preset.num_layers,
+        hidden_size=preset.hidden_size,
+        num_attention_heads=preset.num_attention_heads,
+        num_query_groups=preset.num_query_groups,
+        kv_channels=preset.kv_channels,
+        ffn_hidden_size=preset.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=preset.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=preset.qkv_bias,
+        qk_layernorm=preset.qk_norm,
+    )
+
+
 def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                        sequence_parallel: bool = False, recompute: bool = False,
                        initialize: bool = True, fuse_swiglu: bool = False) -> TransformerConfig:
@@ -145,19 +164,7 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         raise ValueError(f"{preset.name}: {preset.num_layers} layers do not split evenly over --pp {pipeline_parallel}")
     te = attention == "te"
     return TransformerConfig(
-        num_layers=preset.num_layers,
-        hidden_size=preset.hidden_size,
-        num_attention_heads=preset.num_attention_heads,
-        num_query_groups=preset.num_query_groups,
-        kv_channels=preset.kv_channels,
-        ffn_hidden_size=preset.ffn_hidden_size,
-        normalization="RMSNorm",
-        layernorm_epsilon=preset.norm_epsilon,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=preset.qkv_bias,
-        qk_layernorm=preset.qk_norm,
+        **architecture(preset),
         hidden_dropout=0.0,
         attention_dropout=0.0,
         # megatron-core's SwiGLU kernel is torch.compile'd (keeps only its input for backward).
@@ -222,7 +229,7 @@ class RMSNorm(torch.nn.Module):
 
     A norm of the sequence-split stream (`sequence_split`: before attention, before the MLP, the
     final one) marks its weight `sequence_parallel`, and the trainer sums its gradient over the
-    tensor-parallel group (`step.sum_partial_grads`). Its output feeds a column-parallel linear,
+    tensor-parallel group (`distributed.sum_partial_grads`). Its output feeds a column-parallel linear,
     which gathers it over the group and in backward reduce-scatters a gradient of the input's
     dtype; under autocast that gradient is bf16, so the output is cast to autocast's dtype (what
     the linear computes in anyway). Qwen3's QK norms see whole sequences and stay as they are.

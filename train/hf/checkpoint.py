@@ -33,13 +33,12 @@ from safetensors.torch import save_file
 
 from qwen_data.formats.outputs import atomic_file
 
-from .config import CONFIG, UnsupportedCheckpoint
+from .config import CONFIG, GENERATION, UnsupportedCheckpoint
 from .weights import hf_source
 from ..model import ModelShape, layer_offset
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-GENERATION = "generation_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
 
@@ -95,9 +94,9 @@ def load_hf_weights(model: torch.nn.Module, directory: str, shape: ModelShape) -
     offset = layer_offset(shape.num_layers)
     with SafetensorsFolder(directory) as folder, torch.no_grad():
         for name, param in model.named_parameters():
-            layout, names = hf_source(name, shape, offset)
-            _check_split(name, param, layout.dim, tp)
-            tensor = layout.read(names, folder.read, folder.size, rank, tp)
+            slicing, names = hf_source(name, shape, offset)
+            _check_split(name, param, slicing.dim, tp)
+            tensor = slicing.read(names, folder.read, folder.size, rank, tp)
             if tensor.shape != param.shape:
                 raise UnsupportedCheckpoint(f"{directory}: {', '.join(names)} give {tuple(tensor.shape)} for {name}, "
                                             f"which is {tuple(param.shape)} on this rank")
@@ -118,13 +117,13 @@ def load_hf_weights(model: torch.nn.Module, directory: str, shape: ModelShape) -
 
 
 def _check_split(name: str, param: torch.Tensor, dim: Optional[int], tp: int) -> None:
-    """The layout table against megatron's own marks on the parameter (under TP)."""
+    """The slicing table (`hf_source`) against megatron's own marks on the parameter (under TP)."""
     if tp == 1:
         return
     split = getattr(param, "tensor_model_parallel", False)
     if split != (dim is not None) or (split and param.partition_dim != dim):
         raise AssertionError(f"{name}: megatron splits it along {param.partition_dim if split else None}, "
-                             f"the HF layout along {dim}")
+                             f"the HF slicing along {dim}")
 
 
 @dataclass(frozen=True)
@@ -176,12 +175,12 @@ def _stage_tensors(model: torch.nn.Module, export: HFExport):
     for name, param in model.named_parameters():
         if getattr(param, "shared", False):  # the last stage's copy of tied embeddings: the first stage writes them
             continue
-        layout, names = hf_source(name, export.shape, offset)
+        slicing, names = hf_source(name, export.shape, offset)
         shards = [param.detach()]
-        if layout.dim is not None and tp > 1:
+        if slicing.dim is not None and tp > 1:
             shards = [torch.empty_like(param) for _ in range(tp)]
             dist.all_gather(shards, param.detach().contiguous(), group=group)
-        for hf_name, tensor in zip(names, layout.join(shards, len(names))):
+        for hf_name, tensor in zip(names, slicing.join(shards, len(names))):
             yield hf_name, tensor.to(export.dtype)
 
 

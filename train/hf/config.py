@@ -5,6 +5,8 @@ head_dim) are supported at any size. What the megatron-core model here cannot co
 way is refused, naming the field: mixture of experts, sliding-window layers, rope scaling other
 than the default, activations other than SiLU, Qwen3's optional attention bias.
 
+`model_of_folder` reads a folder's config.json and generation_config.json together.
+
 Both spellings of RoPE are read: `rope_theta` / `rope_scaling` (the released checkpoints) and
 transformers 5's `rope_parameters`.
 """
@@ -21,6 +23,7 @@ from qwen_data.qwen import EOD_ID, IM_END_ID
 from ..model import ModelShape
 
 CONFIG = "config.json"
+GENERATION = "generation_config.json"
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -137,3 +140,13 @@ def generation_config() -> dict:
     """generation_config.json for a model without one: stop at the end of a turn or of a text."""
     return {"bos_token_id": EOD_ID, "eos_token_id": [IM_END_ID, EOD_ID],
             "pad_token_id": EOD_ID, "do_sample": False}
+
+
+def model_of_folder(hf_model: str) -> tuple[ModelShape, dict, dict]:
+    """(shape, config.json, generation_config.json) of a Hugging Face model folder."""
+    hf_config = read_config(hf_model)
+    generation = generation_config()
+    if os.path.isfile(os.path.join(hf_model, GENERATION)):
+        with open(os.path.join(hf_model, GENERATION), encoding="utf-8") as f:
+            generation = json.load(f)
+    return shape_from_config(hf_config, hf_model), hf_config, generation

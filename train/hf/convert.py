@@ -31,8 +31,7 @@ from ..checkpoint import Checkpointer, latest, stored
 from ..config import CheckpointConfig
 from ..distributed import distributed, log0
 from .checkpoint import HFExport, load_hf_weights, save_hf
-from .config import config_dtype, shape_from_config
-from ..loop import model_of_folder
+from .config import config_dtype, model_of_folder, shape_from_config
 from ..model import ATTENTION_CHOICES, build_model, resolve_attention
 from ..patches import megatron_on_cpu
 

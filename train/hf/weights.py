@@ -14,8 +14,8 @@ Per layer (h attention heads, g query groups, d head_dim; TP size t, rank r):
 Outside the layers: embed_tokens and lm_head rows (the vocabulary) split over ranks, model.norm
 whole. With tied embeddings there is no output_layer (nor, in the HF folder, an lm_head).
 
-A `Layout` reads a rank's slice through `read(name, dim, start, stop)` (so a rank never loads
-more of a tensor than it keeps) and joins all ranks' slices back into the HF tensors.
+A `TensorSlicing` reads a rank's slice through `read(name, dim, start, stop)` (so a rank never
+loads more of a tensor than it keeps) and joins all ranks' slices back into the HF tensors.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ Reader = Callable[[str, Optional[int], int, int], torch.Tensor]
 Sizer = Callable[[str], tuple]
 
 
-class Layout:
+class TensorSlicing:
     """How one megatron parameter is cut from (and joined into) its HF tensors."""
 
     dim: Optional[int] = None  # the dimension TP splits, None = replicated
@@ -53,7 +53,7 @@ def _range(n: int, rank: int, tp: int, name: str, dim: int) -> tuple[int, int]:
     return rank * n // tp, (rank + 1) * n // tp
 
 
-class Whole(Layout):
+class Whole(TensorSlicing):
     def read(self, names, read, size, rank, tp):
         return read(names[0], None, 0, 0)
 
@@ -62,7 +62,7 @@ class Whole(Layout):
 
 
 @dataclass
-class Split(Layout):
+class Split(TensorSlicing):
     """One HF tensor, split along `dim` (0: rows, column-parallel; 1: columns, row-parallel)."""
 
     dim: int
@@ -74,7 +74,7 @@ class Split(Layout):
         return [torch.cat(shards, self.dim)]
 
 
-class Stacked(Layout):
+class Stacked(TensorSlicing):
     """Several HF tensors whose rows each rank holds its slice of, one after another (gate; up)."""
 
     dim = 0
@@ -88,7 +88,7 @@ class Stacked(Layout):
 
 
 @dataclass
-class GroupedQKV(Layout):
+class GroupedQKV(TensorSlicing):
     """q, k, v rows (or biases) regrouped by query group, megatron's GQA layout."""
 
     heads: int
@@ -133,8 +133,8 @@ _NORMS = {
 }
 
 
-def hf_source(name: str, shape: ModelShape, layer_offset: int = 0) -> tuple[Layout, list[str]]:
-    """(layout, HF tensor names) of the megatron parameter `name` of a pipeline stage whose first
+def hf_source(name: str, shape: ModelShape, layer_offset: int = 0) -> tuple[TensorSlicing, list[str]]:
+    """(slicing, HF tensor names) of the megatron parameter `name` of a pipeline stage whose first
     layer is global layer `layer_offset`. With tied embeddings split over stages, the last stage's
     output layer is its copy of the embeddings."""
     if name == "output_layer.weight" and shape.tied_embeddings:
@@ -148,14 +148,14 @@ def hf_source(name: str, shape: ModelShape, layer_offset: int = 0) -> tuple[Layo
     if rest in _NORMS:
         return WHOLE, [prefix + _NORMS[rest]]
     qkv = GroupedQKV(shape.num_attention_heads, shape.num_query_groups, shape.kv_channels)
-    layouts = {
+    slicings = {
         "self_attention.linear_qkv.weight": (qkv, [f"self_attn.{p}_proj.weight" for p in "qkv"]),
         "self_attention.linear_qkv.bias": (qkv, [f"self_attn.{p}_proj.bias" for p in "qkv"]),
         "self_attention.linear_proj.weight": (COLUMNS, ["self_attn.o_proj.weight"]),
         "mlp.linear_fc1.weight": (STACKED, ["mlp.gate_proj.weight", "mlp.up_proj.weight"]),
         "mlp.linear_fc2.weight": (COLUMNS, ["mlp.down_proj.weight"]),
     }
-    if rest not in layouts:
+    if rest not in slicings:
         raise KeyError(f"megatron parameter {name} has no Hugging Face counterpart")
-    layout, names = layouts[rest]
-    return layout, [prefix + n for n in names]
+    slicing, names = slicings[rest]
+    return slicing, [prefix + n for n in names]
