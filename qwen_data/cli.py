@@ -523,7 +523,7 @@ def _run_train(args) -> int:
 
 
 def _run_convert(args) -> int:
-    from qwen_data_train.hf.convert import main as convert
+    from qwen_data_train.convert import main as convert
 
     return convert(args.train_args)
 

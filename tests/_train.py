@@ -41,10 +41,10 @@ def run_train(args, log, nproc=1):
 
 
 def run_convert(args, nproc=1) -> str:
-    """`qwen-data convert ARGS` (torchrun -m qwen_data_train.hf.convert for several processes)."""
+    """`qwen-data convert ARGS` (torchrun -m qwen_data_train.convert for several processes)."""
     if nproc == 1:
         return run([sys.executable, "-m", "qwen_data.cli", "convert"] + list(args))
-    return run(torchrun(nproc) + ["-m", "qwen_data_train.hf.convert"] + list(args))
+    return run(torchrun(nproc) + ["-m", "qwen_data_train.convert"] + list(args))
 
 
 def raw_documents(prefix):

@@ -95,6 +95,7 @@ MAY_IMPORT = {
     "qwen_data.blend": {"qwen_data", "qwen_data.formats"},
     "qwen_data.tools": {"qwen_data", "qwen_data.qwen", "qwen_data.formats", "qwen_data.text", "qwen_data.blend"},
     "qwen_data.cli": DATA_SIDE | {"qwen_data_train.loop", "qwen_data_train.convert"},
+    "qwen_data_train": set(),
     # Hugging Face folders know the model's shape, never the trainer, its checkpoints or its runs.
     "qwen_data_train.hf": {"qwen_data.qwen", "qwen_data.formats", "qwen_data.text", "qwen_data_train.model"},
 }

@@ -24,6 +24,6 @@ Modules, in the order a run uses them:
   checkpoint      `Checkpointer`: dist_checkpointing save and resume, --save-hf exports
   metrics         `Metrics`: the log line, the JSON records, the steady-state summary
   loop            `Trainer` (set-up, `run`, `train_step`) and `main`
-  hf/convert      `qwen-data convert`: HF folder ↔ checkpoint on its own (no trainer)
+  convert         `qwen-data convert`: HF folder ↔ checkpoint on its own (no trainer)
   __main__        `python -m qwen_data_train`
 """

@@ -7,7 +7,7 @@ loadable under any TP/DP layout; and Hugging Face folders of the same weights.
 Beside the tensors a checkpoint stores its model (`hf_config`: the config.json it came from or
 would be exported with), so `--load root` alone rebuilds the model, the converter exports it, and
 loading it into a model of another shape is refused. A checkpoint without optimizer state (made
-by `python -m qwen_data_train.hf.convert hf-to-mcore`) starts a run: its weights, fresh AdamW moments.
+by `python -m qwen_data_train.convert hf-to-mcore`) starts a run: its weights, fresh AdamW moments.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     qwen-data convert hf-to-mcore Qwen2.5-7B-Instruct ckpt/qwen7b          # then: qwen-data train --load ckpt/qwen7b
     qwen-data convert mcore-to-hf ckpt/run1 out/hf [--tokenizer DIR]
-    torchrun --nproc-per-node 4 -m qwen_data_train.hf.convert hf-to-mcore DIR CKPT --tp 2 --pp 2
+    torchrun --nproc-per-node 4 -m qwen_data_train.convert hf-to-mcore DIR CKPT --tp 2 --pp 2
 
 A dist_checkpointing checkpoint is not tied to a parallel layout: converted under any --tp and
 --pp (world size tp × pp), it loads under any other. `hf-to-mcore` writes iteration 0 with the weights only (a run
@@ -27,13 +27,13 @@ import torch
 
 from qwen_data.text.tokenizer import directory_of, folder_identity
 
-from ..checkpoint import Checkpointer, latest, stored
-from ..config import CheckpointConfig
-from ..distributed import distributed, log0
-from .checkpoint import HFExport, load_hf_weights, save_hf
-from .config import config_dtype, model_of_folder, shape_from_config
-from ..model import ATTENTION_CHOICES, build_model, resolve_attention
-from ..patches import megatron_on_cpu
+from .checkpoint import Checkpointer, latest, stored
+from .config import CheckpointConfig
+from .distributed import distributed, log0
+from .hf.checkpoint import HFExport, load_hf_weights, save_hf
+from .hf.config import config_dtype, model_of_folder, shape_from_config
+from .model import ATTENTION_CHOICES, build_model, resolve_attention
+from .patches import megatron_on_cpu
 
 
 def build_parser() -> argparse.ArgumentParser:
