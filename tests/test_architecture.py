@@ -155,3 +155,24 @@ def test_the_train_stage_installs_under_its_own_name(tmp_path):
                              cwd=tmp_path, capture_output=True, text=True, check=True)
     assert outside.stdout.strip() == "None"
     assert Path(importlib.util.find_spec("qwen_data_train").origin).parent == REPO_ROOT / "train"
+
+
+def _sources():
+    return [p for package in PACKAGES.values() for p in sorted((REPO_ROOT / package).rglob("*.py"))]
+
+
+def test_no_two_public_classes_share_a_name():
+    seen: dict[str, list[str]] = {}
+    for path in _sources():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                seen.setdefault(node.name, []).append(str(path.relative_to(REPO_ROOT)))
+    assert len(seen) > 50 and "Manifest" in seen  # the classes are really read
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_one_module_maps_a_bin():
+    """Reading a .bin is the indexed format's job: every other module asks it (`indexed.bin_tokens`)."""
+    mapping = {str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "qwen_data").rglob("*.py")
+               if "np.memmap(" in p.read_text(encoding="utf-8")}
+    assert mapping == {"qwen_data/formats/indexed.py"}
