@@ -19,7 +19,7 @@ from typing import Iterator, Protocol
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
 from .progress import Progress
-from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, Shard, Source, expand, read_chunks
+from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard, expand, read_chunks
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .workers import ordered_map
@@ -118,12 +118,12 @@ def run(step: Step, config: RunConfig, progress: Progress | None = None) -> list
     return list(manifests.values())
 
 
-def input_list(sources: list[Source]) -> list[dict]:
+def input_list(sources: list[InputFile]) -> list[dict]:
     """The manifest's `inputs`: every file read, in order, with its size."""
     return [{"path": s.path if s.path == STDIN else os.path.abspath(s.path), "bytes": s.size} for s in sources]
 
 
-def _consume(step: Step, config: RunConfig, sources: list[Source], writer: Writer, rejects: RejectLog,
+def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
              progress: Progress) -> None:
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
     sizes: deque[int] = deque()  # on-disk bytes of each chunk handed out, in order

@@ -123,7 +123,7 @@ def resolve_pad_id(config: SFTConfig, tokenizer: QwenTokenizer) -> int:
 
 
 @dataclass
-class Samples(ChunkResult):
+class SampleBatch(ChunkResult):
     ids: np.ndarray
     mask: np.ndarray
     lengths: np.ndarray  # per sample
@@ -163,7 +163,7 @@ class ChatSamples:
     def columns(self) -> list[str] | None:
         return self.config.columns.columns_read() if self.config.columns else None
 
-    def process(self, chunk: Chunk) -> Samples:
+    def process(self, chunk: Chunk) -> SampleBatch:
         samples, origins, rejects, records, text_bytes, special_records = self._render(chunk)
         ids_out, mask_out, truncated = [], [], 0
         for (number, raw, k, n), encoded in zip(origins, self.encoder.encode(samples) if samples else []):
@@ -181,9 +181,9 @@ class ChatSamples:
             mask_out.append(mask)
         rejects.sort(key=lambda r: r["record"])
         lengths = np.asarray([len(ids) for ids in ids_out], dtype=np.int64)
-        return Samples(rejects, records, text_bytes, int(lengths.sum()), special_records,
-                       np.concatenate(ids_out) if ids_out else np.zeros(0, np.int32),
-                       np.concatenate(mask_out) if mask_out else np.zeros(0, np.uint8), lengths, truncated)
+        return SampleBatch(rejects, records, text_bytes, int(lengths.sum()), special_records,
+                           np.concatenate(ids_out) if ids_out else np.zeros(0, np.int32),
+                           np.concatenate(mask_out) if mask_out else np.zeros(0, np.uint8), lengths, truncated)
 
     def _render(self, chunk: Chunk):
         """The chunk's samples, each with its origin (record number, raw record, k-th of n samples of it)."""
@@ -259,7 +259,7 @@ class SFTWriter:
     def documents(self) -> int:
         return self.samples.ids.documents
 
-    def add(self, result: Samples) -> None:
+    def add(self, result: SampleBatch) -> None:
         self.samples.add_batch(result.ids, result.mask, result.lengths)
         self.lengths.append(result.lengths)
         self.truncated += result.truncated
