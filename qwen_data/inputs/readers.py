@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..errors import InputFileError, RecordError
-from .records import parse_line
+from .records import Record, parse_line
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -199,23 +199,25 @@ class Chunk:
     group_first: int = 1  # ... and the number of its first row in the file
     input_bytes: int = 0  # how far this chunk moved through the file as it lies on disk
 
-    def records(self) -> Iterator[tuple[int, bytes | dict, dict | RecordError, int]]:
-        """(number, raw line or row, the record or why it is unusable, its size in bytes)."""
+    def records(self) -> Iterator[Record]:
+        """Every record of the chunk, in order; an unreadable one carries its error."""
         if self.table is not None:
             yield from self._rows()
             return
         lines = self.data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
+        crlf = b"\r" in self.data  # (checked once: most files have none, and this loop is hot)
         for number, line in enumerate(lines, start=self.first):
-            line = line.rstrip(b"\r")
+            if crlf:
+                line = line.rstrip(b"\r")
             try:
-                record = parse_line(line)
+                record = Record(number, line, parse_line(line), len(line))
             except RecordError as error:
-                record = error
-            yield number, line, record, len(line)
+                record = Record(number, line, None, len(line), error)
+            yield record
 
-    def _rows(self):
+    def _rows(self) -> Iterator[Record]:
         table = self.table
         size = table.nbytes // max(1, table.num_rows)
         try:
@@ -224,10 +226,10 @@ class Chunk:
             rows = [_row(table, i) for i in range(table.num_rows)]
         for number, row in enumerate(rows, start=self.first):
             if isinstance(row, RecordError):
-                yield number, {}, row, size
+                yield Record(number, {}, None, size, row)
             else:
                 record = {k: v for k, v in row.items() if v is not None}
-                yield number, record, record, size
+                yield Record(number, record, record, size)
 
     def location(self, number: int) -> dict:
         """Where record `number` is, beyond its file and number (parquet: the row group and row)."""

@@ -86,7 +86,7 @@ class Step(Protocol):
         """The record keys the step reads (None: all); columnar inputs read only these."""
 
     def process(self, chunk: Chunk) -> ChunkResult:
-        """Runs in a worker process."""
+        """Runs in a worker process. A bad record goes through `Rejects.sift` into the result's rejects."""
 
     def open(self, outputs: AtomicOutputs) -> Writer: ...
 

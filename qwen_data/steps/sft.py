@@ -16,6 +16,7 @@ Packing and the Pai layout need every sample: a run stages its samples at PREFIX
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from ..run.pipeline import ChunkResult, RunConfig
 from ..qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
                    TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
 from ..inputs.readers import Chunk
-from ..inputs.records import reject_entry
+from ..inputs.records import Record, Rejects, reject_entry
 from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template, render_samples
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig
 
@@ -164,51 +165,13 @@ class ChatSamples:
         return self.config.columns.columns_read() if self.config.columns else None
 
     def process(self, chunk: Chunk) -> SampleBatch:
-        samples, origins, rejects, records, text_bytes, special_records = self._render(chunk)
-        ids_out, mask_out, truncated = [], [], 0
-        for (number, raw, k, n), encoded in zip(origins, self.encoder.encode(samples) if samples else []):
-            try:
-                if isinstance(encoded, RecordError):
-                    raise encoded
-                ids, mask, was_truncated = _fit(*encoded, self.config, self.pad_id)
-            except RecordError as error:
-                if n > 1:
-                    error = RecordError(error.reason, f"sample {k + 1} of {n}: {error}")
-                rejects.append(reject_entry(chunk, number, raw, error))
-                continue
-            truncated += was_truncated
-            ids_out.append(ids)
-            mask_out.append(mask)
-        rejects.sort(key=lambda r: r["record"])
-        lengths = np.asarray([len(ids) for ids in ids_out], dtype=np.int64)
-        return SampleBatch(rejects, records, text_bytes, int(lengths.sum()), special_records,
-                           np.concatenate(ids_out) if ids_out else np.zeros(0, np.int32),
-                           np.concatenate(mask_out) if mask_out else np.zeros(0, np.uint8), lengths, truncated)
-
-    def _render(self, chunk: Chunk):
-        """The chunk's samples, each with its origin (record number, raw record, k-th of n samples of it)."""
-        config, columns = self.config, self.config.columns
-        fmt = columns.format if columns and columns.format else config.format
-        samples, origins, rejects, records, text_bytes, special_records = [], [], [], 0, 0, 0
-        for number, raw, record, size in chunk.records():
-            try:
-                if isinstance(record, RecordError):
-                    raise record
-                if columns:
-                    record = columns.apply(record)
-                conversation = to_conversation(record, fmt, parse_tool_arguments=config.parse_tool_arguments,
-                                               input_separator=config.input_separator)
-                special = literals.find(conversation, self.acted_on)
-                special_records += bool(special)
-                rendered = self._render_conversation(conversation, special)
-            except RecordError as error:
-                rejects.append(reject_entry(chunk, number, raw, error))
-                continue
-            records += 1
-            text_bytes += size
-            samples.extend(rendered)
-            origins.extend((number, raw, k, len(rendered)) for k in range(len(rendered)))
-        return samples, origins, rejects, records, text_bytes, special_records
+        batch, rejects = _Batching(self), Rejects(chunk)
+        rejects.sift(chunk.records(), batch.render)
+        rejects.sift(batch.encoded(), batch.fit)
+        # The samples set aside came after every record set aside: back to record order (stable: a
+        # record's samples stay in order).
+        rejects.entries.sort(key=lambda r: r["record"])
+        return batch.result(rejects.entries)
 
     def _render_conversation(self, conversation, special: str | None) -> list[Sample]:
         """`special`: the first literal in it the special-token policy acts on."""
@@ -225,6 +188,78 @@ class ChatSamples:
 
     def open(self, outputs: AtomicOutputs) -> "SFTWriter":
         return SFTWriter(self, outputs)
+
+
+class _Batching:
+    """One chunk on its way to a SampleBatch: its records rendered to samples (each remembering its
+    record), then the samples encoded and fitted to the run's settings."""
+
+    def __init__(self, step: ChatSamples) -> None:
+        self.step, self.config, columns = step, step.config, step.config.columns
+        self.format = columns.format if columns and columns.format else self.config.format
+        self.samples: list[Sample] = []
+        # Per sample: its record's number and raw form (not the record: its parsed value is dropped as
+        # soon as it is rendered, which spares memory and the garbage collector), k-th of n samples of it.
+        self.origins: list[tuple[int, bytes | dict, int, int]] = []
+        self.records = self.text_bytes = self.special_records = 0
+        self.ids: list[np.ndarray] = []
+        self.mask: list[np.ndarray] = []
+        self.truncated = 0
+
+    def render(self, record: Record) -> None:
+        """Raises RecordError for a record that makes no conversation, or one the templates refuse."""
+        config, columns, value = self.config, self.config.columns, record.value
+        if columns:
+            value = columns.apply(value)
+        conversation = to_conversation(value, self.format, parse_tool_arguments=config.parse_tool_arguments,
+                                       input_separator=config.input_separator)
+        special = literals.find(conversation, self.step.acted_on)
+        self.special_records += bool(special)
+        rendered = self.step._render_conversation(conversation, special)
+        self.records += 1
+        self.text_bytes += record.size
+        self.samples.extend(rendered)
+        self.origins.extend((record.number, record.raw, k, len(rendered)) for k in range(len(rendered)))
+
+    def encoded(self) -> Iterator[_Encoded]:
+        encodings = self.step.encoder.encode(self.samples) if self.samples else []
+        for (number, raw, k, n), encoded in zip(self.origins, encodings):
+            yield _Encoded(number, raw, k, n, encoded)
+
+    def fit(self, sample: _Encoded) -> None:
+        """Raises RecordError for a sample that does not fit the run's settings."""
+        ids, mask, truncated = _fit(*sample.encoded, self.config, self.step.pad_id)
+        self.truncated += truncated
+        self.ids.append(ids)
+        self.mask.append(mask)
+
+    def result(self, rejects: list[dict]) -> SampleBatch:
+        lengths = np.asarray([len(ids) for ids in self.ids], dtype=np.int64)
+        return SampleBatch(rejects, self.records, self.text_bytes, int(lengths.sum()), self.special_records,
+                           np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32),
+                           np.concatenate(self.mask) if self.mask else np.zeros(0, np.uint8), lengths, self.truncated)
+
+
+class _Encoded:
+    """One sample of a record (number, raw), the k-th of its n: its (ids, mask), or why the encoder
+    could not make them."""
+
+    __slots__ = ("number", "raw", "k", "n", "encoded", "error")
+
+    def __init__(self, number: int, raw: bytes | dict, k: int, n: int, encoded) -> None:
+        self.number = number
+        self.raw = raw
+        self.k = k
+        self.n = n
+        bad = isinstance(encoded, RecordError)
+        self.encoded = None if bad else encoded
+        self.error = encoded if bad else None
+
+    def rejected(self, chunk: Chunk, error: RecordError) -> dict:
+        """The record's reject line, naming the sample when the record has several."""
+        if self.n > 1:
+            error = RecordError(error.reason, f"sample {self.k + 1} of {self.n}: {error}")
+        return reject_entry(chunk, self.number, self.raw, error)
 
 
 def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):
