@@ -3,9 +3,10 @@
     readers.read_chunks (main) → step.process (workers, results in input order) → step's writer (main)
     → one manifest per dataset, committed last
 
-A step (`pretrain.Tokenize`, `sft.ChatSamples`) says what a worker makes of a chunk of records and
-how the results are written. `run` does the rest for any step: input checks, the workers,
-progress, rejected records, refusing empty output, atomic outputs, manifests and the commit.
+A step (`pretrain.Tokenize`, `sft.ChatSamples`) says which prefixes and files it writes, what a
+worker makes of a chunk of records and how the results are written. `run` does the rest for any
+step: input checks, the workers, progress, rejected records, refusing empty output, atomic outputs,
+manifests and the commit. (`ray.run_on_ray` takes the same step, to run it as shards on a cluster.)
 """
 
 from __future__ import annotations
@@ -79,6 +80,20 @@ class Writer(Protocol):
 
 
 class Step(Protocol):
+    """Built from its config alone (`Step(config)`), at no cost: an executor asks it what it writes
+    before anything runs, and one that runs shards elsewhere (Ray) builds each shard's step anew
+    from the shard's config, where `run` prepares it."""
+
+    config: RunConfig
+
+    def __init__(self, config: RunConfig) -> None: ...
+
+    def prepare(self) -> None:
+        """Build what processing needs (tokenizer, template), in the process that forks the workers."""
+
+    def prefixes(self) -> list[str]:
+        """The output prefixes, one dataset each: the manifests `run` returns, in this order."""
+
     def files(self) -> list[str]:
         """Every file the step writes, manifests included (declared up front: they are locked)."""
 
@@ -91,9 +106,11 @@ class Step(Protocol):
     def open(self, outputs: AtomicOutputs) -> Writer: ...
 
 
-def run(step: Step, config: RunConfig, progress: Progress | None = None) -> list[Manifest]:
-    """`progress`: where to report (default: a display on stderr unless `config.quiet`)."""
-    start = time.monotonic()
+def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
+    """The manifest of each of `step.prefixes()`. `progress`: where to report (default: a display on
+    stderr unless the config is quiet)."""
+    start, config = time.monotonic(), step.config
+    step.prepare()
     sources = expand(config.inputs, config.hf_split)
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         writer = step.open(outputs)

@@ -37,11 +37,6 @@ class PretrainConfig(RunConfig):
         if not self.text_keys or len(set(self.text_keys)) != len(self.text_keys):
             raise ValueError("--text-key: give one or more distinct keys")
 
-    def prefixes(self) -> list[str]:
-        if len(self.text_keys) == 1:
-            return [self.output_prefix]
-        return [f"{self.output_prefix}_{key}" for key in self.text_keys]
-
 
 @dataclass
 class Documents(ChunkResult):
@@ -51,7 +46,7 @@ class Documents(ChunkResult):
 
 def run(config: PretrainConfig, progress=None) -> list[Manifest]:
     """The manifest of each output prefix; `progress` as `pipeline.run` takes it."""
-    return pipeline.run(Tokenize(config), config, progress)
+    return pipeline.run(Tokenize(config), progress)
 
 
 class Tokenize:
@@ -59,12 +54,22 @@ class Tokenize:
 
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
+
+    def prepare(self) -> None:
+        config = self.config
         self.tokenizer = QwenTokenizer.shared(config.tokenizer)
         self.eod_id = self.tokenizer.token_id(config.eod_token, "--eod-token")
         self.tokenizer.prepare(config.special_tokens)
 
+    def prefixes(self) -> list[str]:
+        """One dataset per text key: -o itself for one key, PREFIX_KEY for each of several."""
+        config = self.config
+        if len(config.text_keys) == 1:
+            return [config.output_prefix]
+        return [f"{config.output_prefix}_{key}" for key in config.text_keys]
+
     def files(self) -> list[str]:
-        return [p + ext for p in self.config.prefixes() for ext in (".bin", ".idx", ".json")]
+        return [p + ext for p in self.prefixes() for ext in (".bin", ".idx", ".json")]
 
     def columns(self) -> list[str]:
         return self.config.text_keys
@@ -94,7 +99,7 @@ class PretrainWriter:
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.writers = {
             p: IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), self.dtype)
-            for p in step.config.prefixes()
+            for p in step.prefixes()
         }
         self.documents = self.special_records = 0
 

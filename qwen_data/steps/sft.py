@@ -132,7 +132,7 @@ class SampleBatch(ChunkResult):
 
 
 def run(config: SFTConfig, progress=None) -> Manifest:
-    return pipeline.run(ChatSamples(config), config, progress)[0]
+    return pipeline.run(ChatSamples(config), progress)[0]
 
 
 class ChatSamples:
@@ -140,6 +140,9 @@ class ChatSamples:
 
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
+
+    def prepare(self) -> None:
+        config = self.config
         tokenizer_config = config.tokenizer
         if tokenizer_config.flavour is None and config.template in TEMPLATE_FLAVOURS:
             # A Qwen2.5 model's tokenizer has no <think> token: render for the template's own flavour.
@@ -154,6 +157,9 @@ class ChatSamples:
         self.tokenizer.prepare("parse")
         self.encoder = SampleEncoder(self.tokenizer, config.assistant_span, config.mask)
         self.acted_on = self.tokenizer.acted_on(config.special_tokens)
+
+    def prefixes(self) -> list[str]:
+        return [self.config.output_prefix]
 
     def files(self) -> list[str]:
         """The mask layout's files whatever the layout: a Pai run removes an older run's loss mask."""
