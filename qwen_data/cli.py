@@ -305,16 +305,18 @@ def config_of(cls, args, **given):
     return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)}, **given)
 
 
-def execute(run, config, prefixes: list[str], args) -> list:
-    """`run(config)` here, or as shards on Ray; the manifests of `prefixes`."""
+def execute(step, args) -> list:
+    """The step (`pretrain.Tokenize`, `sft.ChatSamples`) run here, or as shards on Ray; the manifest
+    of each of its prefixes."""
     if args.executor == "local":
-        manifests = run(config)
-        return manifests if isinstance(manifests, list) else [manifests]
-    if config.shard is not None:
+        from .run import pipeline
+
+        return pipeline.run(step)
+    if step.config.shard is not None:
         raise ValueError("--executor ray makes the shards itself: leave out --shard")
     from .run.ray import run_on_ray
 
-    return run_on_ray(run, config, prefixes, address=args.ray_address, shards=args.ray_shards)
+    return run_on_ray(step, address=args.ray_address, shards=args.ray_shards)
 
 
 def _print_rejects(prefix: str, manifest) -> None:
@@ -325,21 +327,22 @@ def _print_rejects(prefix: str, manifest) -> None:
 
 
 def _run_pretrain(args) -> int:
-    from .steps.pretrain import PretrainConfig, run
+    from .steps.pretrain import PretrainConfig, Tokenize
 
     text_keys = [k for group in args.text_key for k in group] if args.text_key else ["text"]
     config = config_of(PretrainConfig, args, inputs=_inputs(args, "corpus.jsonl"), text_keys=text_keys)
-    manifests = execute(run, config, config.prefixes(), args)
-    for prefix, m in zip(config.prefixes(), manifests):
+    step = Tokenize(config)
+    manifests = execute(step, args)
+    for prefix, m in zip(step.prefixes(), manifests):
         print(f"{prefix}: {m.documents:,} documents, {m.tokens:,} tokens ({m.dtype}), {m.wall_seconds:.1f} s")
     _print_rejects(config.output_prefix, manifests[0])
     m = manifests[0]
     print("Megatron-LM flags:")
-    print(f"  --data-path {' '.join(config.prefixes())} --split 99,1,0 --tokenizer-type HuggingFaceTokenizer "
+    print(f"  --data-path {' '.join(step.prefixes())} --split 99,1,0 --tokenizer-type HuggingFaceTokenizer "
           f"--tokenizer-model {m.tokenizer['path']}")
     print(f"  Every document ends with {m.eod_id} {m.eod_token}. Megatron's HF tokenizer takes eod from eos "
           f"({IM_END} for Qwen3 and instruct tokenizers); `qwen-data train` takes it from "
-          f"{config.prefixes()[0]}.json.")
+          f"{step.prefixes()[0]}.json.")
     return 0
 
 
@@ -363,13 +366,13 @@ def _column_map(args):
 
 def _run_sft(args) -> int:
     from .formats.indexed import MASK_SUFFIX
-    from .steps.sft import SFTConfig, run
+    from .steps.sft import ChatSamples, SFTConfig
 
     columns, named = _column_map(args)
     if named and not args.inputs:
         args.inputs = named
     config = config_of(SFTConfig, args, columns=columns, inputs=_inputs(args, "chats.jsonl"))
-    m = execute(run, config, [config.output_prefix], args)[0]
+    m = execute(ChatSamples(config), args)[0]
     s = m.sft
     packed = f", {s.rows:,} rows of {s.seq_length} (fill {s.fill:.2%}, {s.pad_tokens:,} pad)" if s.rows is not None else ""
     print(f"{config.output_prefix}: {s.samples:,} samples, {s.sample_tokens:,} tokens, "

@@ -92,35 +92,30 @@ def _lock_holders(path: str) -> dict[int, int]:
 
 def test_killed_task_is_retried(tmp_path, ray_instance):
     from qwen_data.run.ray import run_on_ray
-    from qwen_data.steps.pretrain import PretrainConfig
+    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
 
     data = corpus(tmp_path / "c.jsonl", 13, 3000, 100)
     local = pretrain([data], tmp_path / "local")
     prefix = str(tmp_path / "ray")
     held, release = str(tmp_path / "held"), str(tmp_path / "release")
 
-    def held_once(config, progress=None):
-        """pretrain.run, shard 1's first attempt stopping after its first chunk (until killed or released)."""
-        import os
-        import time
+    class HeldOnce(Tokenize):
+        """The pretrain step, shard 1's first attempt stopping once its first chunk is made (until killed
+        or released)."""
 
-        from qwen_data.steps.pretrain import run
+        def process(self, chunk):
+            import os
+            import time
 
-        class Hold:
-            def update(self, *counts):
-                progress.update(*counts)
-                if config.shard.index == 1 and not os.path.exists(held):
-                    with open(held + ".tmp", "w") as f:
-                        f.write(str(os.getpid()))
-                    os.replace(held + ".tmp", held)
-                    deadline = time.monotonic() + 60
-                    while not os.path.exists(release) and time.monotonic() < deadline:
-                        time.sleep(0.05)
-
-            def close(self):
-                progress.close()
-
-        return run(config, Hold())
+            result = super().process(chunk)
+            if self.config.shard.index == 1 and not os.path.exists(held):
+                with open(held + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.replace(held + ".tmp", held)
+                deadline = time.monotonic() + 60
+                while not os.path.exists(release) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            return result
 
     killed = []
 
@@ -144,7 +139,7 @@ def test_killed_task_is_retried(tmp_path, ray_instance):
     config = PretrainConfig(inputs=[data], output_prefix=prefix, quiet=True, chunk_bytes=32 << 10)
     info = {}
     try:
-        manifests = run_on_ray(held_once, config, config.prefixes(), shards=3, info=info)
+        manifests = run_on_ray(HeldOnce(config), shards=3, info=info)
     finally:
         open(release, "w").close()
         killer.join(30)
@@ -158,26 +153,25 @@ def test_killed_task_is_retried(tmp_path, ray_instance):
 def test_os_error_is_retried(tmp_path, ray_instance):
     """An OSError (a shared file system's hiccup) is transient: the task runs again."""
     from qwen_data.run.ray import run_on_ray
-    from qwen_data.steps.pretrain import PretrainConfig
+    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
 
     data = corpus(tmp_path / "c.jsonl", 14, 500, 60)
     local = pretrain([data], tmp_path / "local")
     failed = str(tmp_path / "failed")
 
-    def fails_once(config, progress=None):
-        import errno
-        import os
+    class FailsOnce(Tokenize):
+        def prepare(self):
+            import errno
+            import os
 
-        from qwen_data.steps.pretrain import run
-
-        if config.shard.index == 0 and not os.path.exists(failed):
-            open(failed, "w").close()
-            raise OSError(errno.EIO, "input/output error", data)
-        return run(config, progress)
+            if self.config.shard.index == 0 and not os.path.exists(failed):
+                open(failed, "w").close()
+                raise OSError(errno.EIO, "input/output error", data)
+            super().prepare()
 
     config = PretrainConfig(inputs=[data], output_prefix=str(tmp_path / "ray"), quiet=True)
     info = {}
-    run_on_ray(fails_once, config, config.prefixes(), shards=2, info=info)
+    run_on_ray(FailsOnce(config), shards=2, info=info)
     assert info["attempts"] == {0: 2, 1: 1}
     same_files(local, config.output_prefix, [".bin", ".idx"])
 
@@ -194,13 +188,13 @@ def _bad_inputs(tmp_path):
 def test_bad_input_fails_at_once(tmp_path, ray_instance):
     """A data error (ValueError) is not retried: the run stops with its message, leaving nothing."""
     from qwen_data.run.ray import ShardFailed, run_on_ray
-    from qwen_data.steps.pretrain import PretrainConfig, run
+    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
 
     prefix = str(tmp_path / "out")
     config = PretrainConfig(inputs=_bad_inputs(tmp_path), output_prefix=prefix, quiet=True)
     info = {}
     with pytest.raises(ValueError, match=r"shard 1/3 .*b\.json: not a JSON array") as caught:
-        run_on_ray(run, config, config.prefixes(), shards=3, info=info)
+        run_on_ray(Tokenize(config), shards=3, info=info)
     assert isinstance(caught.value, ShardFailed) and caught.value.shard.index == 1
     assert info["attempts"][1] == 1, "a data error was retried"
     assert not os.path.exists(prefix + ".bin") and not os.path.exists(prefix + ".json")

@@ -1,6 +1,6 @@
 """Inputs as they come → chunks of whole records, each chunk knowing where its records come from.
 
-What an input may be (`expand` turns the command line into `Source`s, in this order):
+What an input may be (`expand` turns the command line into `InputFile`s, in this order):
 - a file: `.jsonl` (also `.gz`, `.zst`, `.xz`), `.json` (one array of records, optionally `.gz`),
   `.parquet`, `.arrow` (Hugging Face `datasets` cache files: Arrow IPC streams);
 - `-`: jsonl on standard input;
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..errors import InputFileError, RecordError
-from .records import parse_line
+from .records import Record, parse_line
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -53,7 +53,7 @@ STDIN = "-"
 
 
 @dataclass(frozen=True)
-class Source:
+class InputFile:
     """One input file (or standard input) and how to read it."""
 
     path: str
@@ -97,14 +97,14 @@ class Shard:
 
 
 # -- expanding the command line -------------------------------------------------------------------
-def expand(inputs: list[str], hf_split: str | None = None) -> list[Source]:
+def expand(inputs: list[str], hf_split: str | None = None) -> list[InputFile]:
     """The files behind the inputs, in reading order; a clear error for anything unreadable."""
     paths: list[str] = []
     for text in inputs:
         paths += _expand_one(text, hf_split)
     if not paths:
         raise InputFileError("no input files")
-    return [Source(p, 0 if p == STDIN else os.path.getsize(p)) for p in paths]
+    return [InputFile(p, 0 if p == STDIN else os.path.getsize(p)) for p in paths]
 
 
 def _expand_one(text: str, hf_split: str | None) -> list[str]:
@@ -199,23 +199,25 @@ class Chunk:
     group_first: int = 1  # ... and the number of its first row in the file
     input_bytes: int = 0  # how far this chunk moved through the file as it lies on disk
 
-    def records(self) -> Iterator[tuple[int, bytes | dict, dict | RecordError, int]]:
-        """(number, raw line or row, the record or why it is unusable, its size in bytes)."""
+    def records(self) -> Iterator[Record]:
+        """Every record of the chunk, in order; an unreadable one carries its error."""
         if self.table is not None:
             yield from self._rows()
             return
         lines = self.data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
+        crlf = b"\r" in self.data  # (checked once: most files have none, and this loop is hot)
         for number, line in enumerate(lines, start=self.first):
-            line = line.rstrip(b"\r")
+            if crlf:
+                line = line.rstrip(b"\r")
             try:
-                record = parse_line(line)
+                record = Record(number, line, parse_line(line), len(line))
             except RecordError as error:
-                record = error
-            yield number, line, record, len(line)
+                record = Record(number, line, None, len(line), error)
+            yield record
 
-    def _rows(self):
+    def _rows(self) -> Iterator[Record]:
         table = self.table
         size = table.nbytes // max(1, table.num_rows)
         try:
@@ -224,10 +226,10 @@ class Chunk:
             rows = [_row(table, i) for i in range(table.num_rows)]
         for number, row in enumerate(rows, start=self.first):
             if isinstance(row, RecordError):
-                yield number, {}, row, size
+                yield Record(number, {}, None, size, row)
             else:
                 record = {k: v for k, v in row.items() if v is not None}
-                yield number, record, record, size
+                yield Record(number, record, record, size)
 
     def location(self, number: int) -> dict:
         """Where record `number` is, beyond its file and number (parquet: the row group and row)."""
@@ -243,7 +245,7 @@ def _row(table, i: int):
         return RecordError("invalid-utf8", f"invalid UTF-8 in the row ({exc.reason})")
 
 
-def read_chunks(sources: list[Source], chunk_bytes: int = DEFAULT_CHUNK_BYTES, shard: Shard | None = None,
+def read_chunks(sources: list[InputFile], chunk_bytes: int = DEFAULT_CHUNK_BYTES, shard: Shard | None = None,
                 columns: list[str] | None = None) -> Iterator[Chunk]:
     """`columns`: the keys the step uses (None: all); parquet and Arrow files read only those."""
     for source, part in plan(sources, shard):
@@ -265,7 +267,7 @@ def read_chunks(sources: list[Source], chunk_bytes: int = DEFAULT_CHUNK_BYTES, s
 
 
 # -- shards ---------------------------------------------------------------------------------------
-def plan(sources: list[Source], shard: Shard | None) -> Iterator[tuple[Source, object]]:
+def plan(sources: list[InputFile], shard: Shard | None) -> Iterator[tuple[InputFile, object]]:
     """Each source with the part of it to read: None for all of it; for a shard, a byte range
     (start, stop) of an uncompressed jsonl file, a list of row groups of a parquet file."""
     if shard is None:
@@ -322,7 +324,7 @@ class _Counted:
         self.f.close()
 
 
-def _open_stream(source: Source):
+def _open_stream(source: InputFile):
     """(decompressed binary stream, counter of on-disk bytes read)."""
     if source.path == STDIN:
         raw = _Counted(sys.stdin.buffer)
@@ -337,7 +339,7 @@ def _open_stream(source: Source):
     return raw, raw
 
 
-def _jsonl_chunks(source: Source, part, chunk_bytes: int, columns=None) -> Iterator[Chunk]:
+def _jsonl_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> Iterator[Chunk]:
     stream, counter = _open_stream(source)
     with stream:
         line, stop, rest = 1, None, b""
@@ -416,7 +418,7 @@ def _seek_line(f, start: int) -> int:
     return newlines + 2
 
 
-def _json_array_chunks(source: Source, part, chunk_bytes: int, columns=None) -> Iterator[Chunk]:
+def _json_array_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> Iterator[Chunk]:
     stream, counter = _open_stream(source)
     with stream:
         try:
@@ -443,7 +445,7 @@ def _parquet(path: str):
     return pq.ParquetFile(path)
 
 
-def _parquet_chunks(source: Source, groups, chunk_bytes: int, columns: list[str] | None) -> Iterator[Chunk]:
+def _parquet_chunks(source: InputFile, groups, chunk_bytes: int, columns: list[str] | None) -> Iterator[Chunk]:
     pf = _parquet(source.path)
     metadata = pf.metadata
     firsts = [1]
@@ -460,7 +462,7 @@ def _parquet_chunks(source: Source, groups, chunk_bytes: int, columns: list[str]
                         input_bytes=on_disk * piece.num_rows // max(1, table.num_rows))
 
 
-def _arrow_chunks(source: Source, part, chunk_bytes: int, columns: list[str] | None) -> Iterator[Chunk]:
+def _arrow_chunks(source: InputFile, part, chunk_bytes: int, columns: list[str] | None) -> Iterator[Chunk]:
     import pyarrow as pa
 
     with pa.memory_map(source.path) as f:

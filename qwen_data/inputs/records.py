@@ -1,13 +1,15 @@
 """Records: parsing a jsonl line, and setting aside the records a run cannot use.
 
-Where records come from (files, chunks, shards) is `readers`; each step decides what makes a record
-unusable and hands it to `reject_entry`, and the run's `RejectLog` writes PREFIX.rejects.jsonl.
+Where records come from (files, chunks, shards) is `readers`, as `Record`s; each step decides what
+makes a record unusable (it raises RecordError), `Rejects.sift` is the one place such a record is
+caught and set aside, and the run's `RejectLog` writes PREFIX.rejects.jsonl.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any, Callable, Iterable
 
 import orjson
 
@@ -36,6 +38,50 @@ def _parse_line_slowly(line: bytes):
         raise RecordError("invalid-utf8", f"invalid UTF-8 ({exc.reason} at byte {exc.start})") from None
     except ValueError as exc:
         raise RecordError("invalid-json", f"not JSON ({exc})") from None
+
+
+class Record:
+    """One record as read: its number in its file (from 1), its raw form (the jsonl line, or the row),
+    its value (the dict a step reads; None when unreadable), its size in the input, and `error`: why
+    it cannot be used, when it cannot even be read (bad JSON, invalid UTF-8 ...)."""
+
+    # Slots: one is made per record of the input, on the hot path.
+    __slots__ = ("number", "raw", "value", "size", "error")
+
+    def __init__(self, number: int, raw: bytes | dict, value: dict | None, size: int,
+                 error: RecordError | None = None) -> None:
+        self.number = number
+        self.raw = raw
+        self.value = value
+        self.size = size
+        self.error = error
+
+    def rejected(self, chunk, error: RecordError) -> dict:
+        return reject_entry(chunk, self.number, self.raw, error)
+
+
+class Rejects:
+    """The records of one chunk a step cannot use, as lines of PREFIX.rejects.jsonl (in record order
+    as the step met them); the run's `RejectLog` counts them by reason and writes them."""
+
+    def __init__(self, chunk) -> None:
+        self.chunk = chunk
+        self.entries: list[dict] = []
+
+    def sift(self, items: Iterable, take: Callable[[Any], None]) -> None:
+        """`take(item)` for every item (a `Record`, or a step's own item made from one: anything with
+        `error` and `rejected(chunk, error)`); one that carries an error, or that `take` refuses by
+        raising RecordError, is set aside instead. The one place a step's bad records are caught, so
+        a step's own code is the happy path and raises for anything else."""
+        entries, chunk = self.entries, self.chunk
+        for item in items:
+            if item.error is not None:
+                entries.append(item.rejected(chunk, item.error))
+                continue
+            try:
+                take(item)
+            except RecordError as error:
+                entries.append(item.rejected(chunk, error))
 
 
 def reject_entry(chunk, number: int, raw: bytes | dict, error: RecordError) -> dict:

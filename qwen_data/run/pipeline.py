@@ -3,9 +3,10 @@
     readers.read_chunks (main) → step.process (workers, results in input order) → step's writer (main)
     → one manifest per dataset, committed last
 
-A step (`pretrain.Tokenize`, `sft.ChatSamples`) says what a worker makes of a chunk of records and
-how the results are written. `run` does the rest for any step: input checks, the workers,
-progress, rejected records, refusing empty output, atomic outputs, manifests and the commit.
+A step (`pretrain.Tokenize`, `sft.ChatSamples`) says which prefixes and files it writes, what a
+worker makes of a chunk of records and how the results are written. `run` does the rest for any
+step: input checks, the workers, progress, rejected records, refusing empty output, atomic outputs,
+manifests and the commit. (`ray.run_on_ray` takes the same step, to run it as shards on a cluster.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Iterator, Protocol
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
 from .progress import Progress
-from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, Shard, Source, expand, read_chunks
+from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard, expand, read_chunks
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .workers import ordered_map
@@ -79,6 +80,20 @@ class Writer(Protocol):
 
 
 class Step(Protocol):
+    """Built from its config alone (`Step(config)`), at no cost: an executor asks it what it writes
+    before anything runs, and one that runs shards elsewhere (Ray) builds each shard's step anew
+    from the shard's config, where `run` prepares it."""
+
+    config: RunConfig
+
+    def __init__(self, config: RunConfig) -> None: ...
+
+    def prepare(self) -> None:
+        """Build what processing needs (tokenizer, template), in the process that forks the workers."""
+
+    def prefixes(self) -> list[str]:
+        """The output prefixes, one dataset each: the manifests `run` returns, in this order."""
+
     def files(self) -> list[str]:
         """Every file the step writes, manifests included (declared up front: they are locked)."""
 
@@ -86,14 +101,16 @@ class Step(Protocol):
         """The record keys the step reads (None: all); columnar inputs read only these."""
 
     def process(self, chunk: Chunk) -> ChunkResult:
-        """Runs in a worker process."""
+        """Runs in a worker process. A bad record goes through `Rejects.sift` into the result's rejects."""
 
     def open(self, outputs: AtomicOutputs) -> Writer: ...
 
 
-def run(step: Step, config: RunConfig, progress: Progress | None = None) -> list[Manifest]:
-    """`progress`: where to report (default: a display on stderr unless `config.quiet`)."""
-    start = time.monotonic()
+def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
+    """The manifest of each of `step.prefixes()`. `progress`: where to report (default: a display on
+    stderr unless the config is quiet)."""
+    start, config = time.monotonic(), step.config
+    step.prepare()
     sources = expand(config.inputs, config.hf_split)
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         writer = step.open(outputs)
@@ -118,12 +135,12 @@ def run(step: Step, config: RunConfig, progress: Progress | None = None) -> list
     return list(manifests.values())
 
 
-def input_list(sources: list[Source]) -> list[dict]:
+def input_list(sources: list[InputFile]) -> list[dict]:
     """The manifest's `inputs`: every file read, in order, with its size."""
     return [{"path": s.path if s.path == STDIN else os.path.abspath(s.path), "bytes": s.size} for s in sources]
 
 
-def _consume(step: Step, config: RunConfig, sources: list[Source], writer: Writer, rejects: RejectLog,
+def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
              progress: Progress) -> None:
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
     sizes: deque[int] = deque()  # on-disk bytes of each chunk handed out, in order

@@ -1,7 +1,8 @@
 """`--executor ray`: a run cut into shards, each a Ray task on some node of a cluster, then merged.
 
-    driver: lock the final outputs → N tasks `run(config with shard=Shard(k, N))`, each writing
-    PREFIX.shards/k → `merge` per output prefix → all final files committed together → PREFIX.shards removed
+    driver: lock the step's final outputs → N tasks `pipeline.run(Step(config with shard=Shard(k, N)))`,
+    each writing PREFIX.shards/k → `merge` per output prefix → all final files committed together
+    → PREFIX.shards removed
 
 The output prefix (-o) must be on a file system every node sees (NFS, Lustre, a mounted bucket...):
 every task writes its shard under `PREFIX.shards/` and the driver merges them from there. The
@@ -44,9 +45,9 @@ import sys
 import time
 
 from ..errors import describe
-from ..formats.indexed import MaskedWriter
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
+from . import pipeline
 from .progress import Progress
 from ..inputs.readers import STDIN, Shard, expand
 from ..inputs.records import EmptyOutput
@@ -74,58 +75,29 @@ class ShardInputError(ShardFailed, ValueError):
     """A shard failed on its input (the task raised a ValueError): bad data, never retried."""
 
 
-def run_on_ray(run, config, prefixes: list[str], address: str | None = None, shards: int | None = None,
+def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | None = None,
                info: dict | None = None) -> list[Manifest]:
-    """`run(config, progress)` (`pretrain.run`, `sft.run`) as `shards` Ray tasks, merged into the
-    output prefixes `prefixes` (those `run(config)` writes); their manifests, in that order.
+    """`step` (`pretrain.Tokenize`, `sft.ChatSamples`) as `shards` Ray tasks, merged into the
+    step's output prefixes; their manifests, in the order of `step.prefixes()`. The step is only
+    asked what it writes here: each task builds its own, `type(step)(config of its shard)`.
 
     `address`: the Ray cluster to join (None: start a local one, or use the one this process
     already joined). `shards`: how many (None: `default_shards`). `info`, when given, is filled
     as the run goes: ray_start_seconds (0 when joined), cpus, shards, attempts (per shard),
     tasks_seconds, ray_stop_seconds (when started here), merge_seconds.
     """
-    start = time.monotonic()
+    start, config = time.monotonic(), step.config
     info = {} if info is None else info
-    if config.shard is not None:
-        raise ValueError("the Ray executor makes the shards itself: leave out --shard")
-    sources = expand(config.inputs, config.hf_split)
-    if any(s.path == STDIN for s in sources):
-        raise ValueError("the Ray executor cannot read standard input (-): give files every node can read")
-    suffixes = [_suffix(p, config.output_prefix) for p in prefixes]
-    final = [config.output_prefix + s for s in suffixes]
-    declared = [p + ext for p in final for ext in (".bin", ".idx", ".json")]
-    declared += [f for p in final for f in MaskedWriter.files(p)] + [config.rejects_path]
+    sources = _inputs(config)
+    final = step.prefixes()
+    suffixes = [_suffix(p, config.output_prefix) for p in final]
     # The final files stay locked for the whole run, as a local run's do: a second run writing
     # any of them (or using PREFIX.shards/) is refused before anything starts.
-    with AtomicOutputs(declared) as outputs:
+    with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         shards_dir = config.output_prefix + SHARDS_SUFFIX
         shutil.rmtree(shards_dir, ignore_errors=True)  # a killed run's leftovers
-        ray, started = _connect(address, config.quiet, info)
-        try:
-            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-            count = shards or default_shards(sources, cpus, config.chunk_bytes)
-            info.update(cpus=cpus, shards=count)
-            if not config.quiet:
-                print(f"ray: {count} shards on {cpus} CPUs, under {shards_dir}/", file=sys.stderr)
-            configs = [dataclasses.replace(config, shard=Shard(k, count), workers=0, quiet=True,
-                                           output_prefix=os.path.join(shards_dir, str(k))) for k in range(count)]
-            t = time.monotonic()
-            try:
-                results = _run_tasks(ray, run, configs, sum(s.size for s in sources), config, info)
-            except BaseException:
-                shutil.rmtree(shards_dir, ignore_errors=True)
-                raise
-            info["tasks_seconds"] = round(time.monotonic() - t, 3)
-            if not config.quiet:
-                retried = sum(n - 1 for n in info.get("attempts", {}).values())
-                print(f"ray: {count} shards done in {info['tasks_seconds']:.1f} s"
-                      + (f" ({retried} attempts repeated)" if retried else ""), file=sys.stderr)
-        finally:
-            if started:
-                t = time.monotonic()
-                ray.shutdown()
-                info["ray_stop_seconds"] = round(time.monotonic() - t, 3)
-        try:
+        try:  # a failed run leaves no shard behind: there is no resuming one
+            configs, results = _run_shards(type(step), config, sources, address, shards, info)
             _check_not_empty(config.output_prefix, [r[0] for r in results])
             t = time.monotonic()
             manifests = _merge(configs, suffixes, final, outputs, config, start)
@@ -185,11 +157,48 @@ def _connect(address: str | None, quiet: bool, info: dict):
     return ray, True
 
 
-def _run_tasks(ray, run, configs: list, total_bytes: int, config, info: dict) -> list[list[Manifest]]:
+def _inputs(config) -> list:
+    if config.shard is not None:
+        raise ValueError("the Ray executor makes the shards itself: leave out --shard")
+    sources = expand(config.inputs, config.hf_split)
+    if any(s.path == STDIN for s in sources):
+        raise ValueError("the Ray executor cannot read standard input (-): give files every node can read")
+    return sources
+
+
+def _run_shards(step_type, config, sources: list, address: str | None, shards: int | None,
+                info: dict) -> tuple[list, list[list[Manifest]]]:
+    """Ray joined (or started), the shards run as its tasks, Ray left: each shard's config and manifests."""
+    ray, started = _connect(address, config.quiet, info)
+    try:
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        count = shards or default_shards(sources, cpus, config.chunk_bytes)
+        info.update(cpus=cpus, shards=count)
+        shards_dir = config.output_prefix + SHARDS_SUFFIX
+        if not config.quiet:
+            print(f"ray: {count} shards on {cpus} CPUs, under {shards_dir}/", file=sys.stderr)
+        configs = [dataclasses.replace(config, shard=Shard(k, count), workers=0, quiet=True,
+                                       output_prefix=os.path.join(shards_dir, str(k))) for k in range(count)]
+        t = time.monotonic()
+        results = _run_tasks(ray, step_type, configs, sum(s.size for s in sources), config, info)
+        info["tasks_seconds"] = round(time.monotonic() - t, 3)
+        if not config.quiet:
+            retried = sum(n - 1 for n in info.get("attempts", {}).values())
+            print(f"ray: {count} shards done in {info['tasks_seconds']:.1f} s"
+                  + (f" ({retried} attempts repeated)" if retried else ""), file=sys.stderr)
+        return configs, results
+    finally:
+        if started:
+            t = time.monotonic()
+            ray.shutdown()
+            info["ray_stop_seconds"] = round(time.monotonic() - t, 3)
+
+
+def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: dict) -> list[list[Manifest]]:
     """Every shard's manifests, in shard order; on the first failure, the others cancelled and a ShardFailed."""
     tally = ray.remote(num_cpus=0)(_Tally).remote()
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
-    refs = {task.remote(run, c, os.getcwd(), tally): c.shard for c in configs}
+    refs = {task.remote(step_type, c, os.getcwd(), tally): c.shard for c in configs}
     pending = list(refs)
     results: dict[int, list[Manifest]] = {}
     progress = Progress(total_bytes, enabled=not config.quiet, label="ray")
@@ -300,9 +309,10 @@ def _join(paths: list[str], out_path: str) -> int:
 
 
 # -- in the tasks ----------------------------------------------------------------------------------
-def _shard_task(run, config, cwd: str, tally) -> list[Manifest]:
-    """One shard, in a Ray worker: `run` in the driver's directory (relative paths mean there what
-    they mean to the driver), with a progress that reports to the tally actor."""
+def _shard_task(step_type, config, cwd: str, tally) -> list[Manifest]:
+    """One shard, in a Ray worker: its step built from its config and run in the driver's directory
+    (relative paths mean there what they mean to the driver), with a progress that reports to the
+    tally actor."""
     import ray
 
     try:
@@ -314,8 +324,7 @@ def _shard_task(run, config, cwd: str, tally) -> list[Manifest]:
         attempt = ray.get(tally.begin.remote(config.shard.index), timeout=60)
     except Exception:  # no progress shown for this shard, but the work goes on
         attempt = None
-    manifests = run(config, _Reporter(tally, config.shard.index, attempt))
-    return manifests if isinstance(manifests, list) else [manifests]
+    return pipeline.run(step_type(config), _Reporter(tally, config.shard.index, attempt))
 
 
 class _Reporter:

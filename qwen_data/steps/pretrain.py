@@ -23,7 +23,7 @@ from ..formats.outputs import AtomicOutputs
 from ..run.pipeline import ChunkResult, RunConfig
 from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..inputs.readers import Chunk
-from ..inputs.records import reject_entry
+from ..inputs.records import Record, Rejects
 from ..text.tokenizer import QwenTokenizer
 
 
@@ -37,11 +37,6 @@ class PretrainConfig(RunConfig):
         if not self.text_keys or len(set(self.text_keys)) != len(self.text_keys):
             raise ValueError("--text-key: give one or more distinct keys")
 
-    def prefixes(self) -> list[str]:
-        if len(self.text_keys) == 1:
-            return [self.output_prefix]
-        return [f"{self.output_prefix}_{key}" for key in self.text_keys]
-
 
 @dataclass
 class Documents(ChunkResult):
@@ -51,7 +46,7 @@ class Documents(ChunkResult):
 
 def run(config: PretrainConfig, progress=None) -> list[Manifest]:
     """The manifest of each output prefix; `progress` as `pipeline.run` takes it."""
-    return pipeline.run(Tokenize(config), config, progress)
+    return pipeline.run(Tokenize(config), progress)
 
 
 class Tokenize:
@@ -59,51 +54,38 @@ class Tokenize:
 
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
+
+    def prepare(self) -> None:
+        config = self.config
         self.tokenizer = QwenTokenizer.shared(config.tokenizer)
         self.eod_id = self.tokenizer.token_id(config.eod_token, "--eod-token")
         self.tokenizer.prepare(config.special_tokens)
 
+    def prefixes(self) -> list[str]:
+        """One dataset per text key: -o itself for one key, PREFIX_KEY for each of several."""
+        config = self.config
+        if len(config.text_keys) == 1:
+            return [config.output_prefix]
+        return [f"{config.output_prefix}_{key}" for key in config.text_keys]
+
     def files(self) -> list[str]:
-        return [p + ext for p in self.config.prefixes() for ext in (".bin", ".idx", ".json")]
+        return [p + ext for p in self.prefixes() for ext in (".bin", ".idx", ".json")]
 
     def columns(self) -> list[str]:
         return self.config.text_keys
 
     def process(self, chunk: Chunk) -> Documents:
-        texts, rejects, text_bytes, special_records = self._texts(chunk)
+        texts, rejects = _Texts(self), Rejects(chunk)
+        rejects.sift(chunk.records(), texts.add)
         ids, lengths = [], []
-        for bucket in texts:
+        for bucket in texts.by_key:
             flat, counts = self.tokenizer.encode_batch(bucket, special=self.config.special_tokens)
             doc_ids, doc_lengths = append_eod(flat, counts, self.eod_id)
             ids.append(doc_ids)
             lengths.append(doc_lengths)
-        records = len(texts[0])
-        return Documents(rejects, records, text_bytes, sum(map(len, ids)), special_records, ids, lengths)
-
-    def _texts(self, chunk: Chunk) -> tuple[list[list[str]], list[dict], int, int]:
-        """Per text key, the texts of the chunk's good records; the rejects; bytes and literal counts."""
-        keys, policy = self.config.text_keys, self.config.special_tokens
-        texts: list[list[str]] = [[] for _ in keys]
-        rejects, text_bytes, special_records = [], 0, 0
-        for number, raw, record, size in chunk.records():
-            try:
-                if isinstance(record, RecordError):
-                    raise record
-                # A lone surrogate can only come from a \ud800-\udfff escape in a jsonl line.
-                maybe_surrogate = isinstance(raw, bytes) and (b"\\ud" in raw or b"\\uD" in raw)
-                values = [_text_field(record, key, maybe_surrogate) for key in keys]
-                special = next((s for v in values if (s := self.tokenizer.find_special(v, policy))), None)
-                if special:
-                    special_records += 1
-                    if policy == "reject":
-                        raise RecordError("special-token", f"literal special token {special!r} in text")
-            except RecordError as error:
-                rejects.append(reject_entry(chunk, number, raw, error))
-                continue
-            text_bytes += size
-            for bucket, value in zip(texts, values):
-                bucket.append(value)
-        return texts, rejects, text_bytes, special_records
+        records = len(texts.by_key[0])
+        return Documents(rejects.entries, records, texts.text_bytes, sum(map(len, ids)), texts.special_records,
+                         ids, lengths)
 
     def open(self, outputs: AtomicOutputs) -> "PretrainWriter":
         return PretrainWriter(self, outputs)
@@ -117,7 +99,7 @@ class PretrainWriter:
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.writers = {
             p: IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), self.dtype)
-            for p in step.config.prefixes()
+            for p in step.prefixes()
         }
         self.documents = self.special_records = 0
 
@@ -140,6 +122,33 @@ class PretrainWriter:
                 tokens=writer.tokens, fingerprint=fingerprint([writer.digests]),
             )
         return manifests
+
+
+class _Texts:
+    """What `Tokenize` keeps of one chunk's records: per text key, the texts of the records it can
+    use; their size in the input; how many hold literals the special-token policy acts on."""
+
+    def __init__(self, step: Tokenize) -> None:
+        self.keys, self.policy = step.config.text_keys, step.config.special_tokens
+        self.find_special = step.tokenizer.find_special
+        self.by_key: list[list[str]] = [[] for _ in self.keys]
+        self.text_bytes = self.special_records = 0
+
+    def add(self, record: Record) -> None:
+        """Raises RecordError for a record without a usable text under every key."""
+        raw, policy = record.raw, self.policy
+        # A lone surrogate can only come from a \ud800-\udfff escape in a jsonl line.
+        maybe_surrogate = isinstance(raw, bytes) and (b"\\ud" in raw or b"\\uD" in raw)
+        values = [_text_field(record.value, key, maybe_surrogate) for key in self.keys]
+        for value in values:
+            if special := self.find_special(value, policy):
+                self.special_records += 1
+                if policy == "reject":
+                    raise RecordError("special-token", f"literal special token {special!r} in text")
+                break
+        self.text_bytes += record.size
+        for bucket, value in zip(self.by_key, values):
+            bucket.append(value)
 
 
 def _text_field(record: dict, key: str, maybe_surrogate: bool = True) -> str:

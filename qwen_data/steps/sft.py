@@ -17,6 +17,7 @@ Packing and the Pai layout need every sample: a run stages its samples at PREFIX
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from ..formats.outputs import AtomicOutputs
 from ..formats.packing import PACKINGS
 from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
-from ..inputs.records import reject_entry
+from ..inputs.records import Record, Rejects, reject_entry
 from ..qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
                     TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
 from ..run import pipeline
@@ -117,7 +118,7 @@ def resolve_pad_id(config: SFTConfig, tokenizer: QwenTokenizer) -> int:
 
 
 @dataclass
-class Samples(ChunkResult):
+class SampleBatch(ChunkResult):
     ids: np.ndarray
     mask: np.ndarray
     lengths: np.ndarray  # per sample
@@ -125,7 +126,7 @@ class Samples(ChunkResult):
 
 
 def run(config: SFTConfig, progress=None) -> Manifest:
-    return pipeline.run(ChatSamples(config), config, progress)[0]
+    return pipeline.run(ChatSamples(config), progress)[0]
 
 
 class ChatSamples:
@@ -133,6 +134,9 @@ class ChatSamples:
 
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
+
+    def prepare(self) -> None:
+        config = self.config
         tokenizer_config = config.tokenizer
         if tokenizer_config.flavour is None and config.template in TEMPLATE_FLAVOURS:
             # A Qwen2.5 model's tokenizer has no <think> token: render for the template's own flavour.
@@ -148,6 +152,9 @@ class ChatSamples:
         self.encoder = SampleEncoder(self.tokenizer, config.assistant_span, config.mask)
         self.acted_on = self.tokenizer.acted_on(config.special_tokens)
 
+    def prefixes(self) -> list[str]:
+        return [self.config.output_prefix]
+
     def files(self) -> list[str]:
         """The mask layout's files whatever the layout: a Pai run removes an older run's loss mask."""
         prefix = self.config.output_prefix
@@ -157,52 +164,14 @@ class ChatSamples:
     def columns(self) -> list[str] | None:
         return self.config.columns.columns_read() if self.config.columns else None
 
-    def process(self, chunk: Chunk) -> Samples:
-        samples, origins, rejects, records, text_bytes, special_records = self._render(chunk)
-        ids_out, mask_out, truncated = [], [], 0
-        for (number, raw, k, n), encoded in zip(origins, self.encoder.encode(samples) if samples else []):
-            try:
-                if isinstance(encoded, RecordError):
-                    raise encoded
-                ids, mask, was_truncated = _fit(*encoded, self.config, self.pad_id)
-            except RecordError as error:
-                if n > 1:
-                    error = RecordError(error.reason, f"sample {k + 1} of {n}: {error}")
-                rejects.append(reject_entry(chunk, number, raw, error))
-                continue
-            truncated += was_truncated
-            ids_out.append(ids)
-            mask_out.append(mask)
-        rejects.sort(key=lambda r: r["record"])
-        lengths = np.asarray([len(ids) for ids in ids_out], dtype=np.int64)
-        return Samples(rejects, records, text_bytes, int(lengths.sum()), special_records,
-                       np.concatenate(ids_out) if ids_out else np.zeros(0, np.int32),
-                       np.concatenate(mask_out) if mask_out else np.zeros(0, np.uint8), lengths, truncated)
-
-    def _render(self, chunk: Chunk):
-        """The chunk's samples, each with its origin (record number, raw record, k-th of n samples of it)."""
-        config, columns = self.config, self.config.columns
-        fmt = columns.format if columns and columns.format else config.format
-        samples, origins, rejects, records, text_bytes, special_records = [], [], [], 0, 0, 0
-        for number, raw, record, size in chunk.records():
-            try:
-                if isinstance(record, RecordError):
-                    raise record
-                if columns:
-                    record = columns.apply(record)
-                conversation = to_conversation(record, fmt, parse_tool_arguments=config.parse_tool_arguments,
-                                               input_separator=config.input_separator)
-                special = literals.find(conversation, self.acted_on)
-                special_records += bool(special)
-                rendered = self._render_conversation(conversation, special)
-            except RecordError as error:
-                rejects.append(reject_entry(chunk, number, raw, error))
-                continue
-            records += 1
-            text_bytes += size
-            samples.extend(rendered)
-            origins.extend((number, raw, k, len(rendered)) for k in range(len(rendered)))
-        return samples, origins, rejects, records, text_bytes, special_records
+    def process(self, chunk: Chunk) -> SampleBatch:
+        batch, rejects = _Batching(self), Rejects(chunk)
+        rejects.sift(chunk.records(), batch.render)
+        rejects.sift(batch.encoded(), batch.fit)
+        # The samples set aside came after every record set aside: back to record order (stable: a
+        # record's samples stay in order).
+        rejects.entries.sort(key=lambda r: r["record"])
+        return batch.result(rejects.entries)
 
     def _render_conversation(self, conversation, special: str | None) -> list[Sample]:
         """`special`: the first literal in it the special-token policy acts on."""
@@ -219,6 +188,78 @@ class ChatSamples:
 
     def open(self, outputs: AtomicOutputs) -> "SFTWriter":
         return SFTWriter(self, outputs)
+
+
+class _Batching:
+    """One chunk on its way to a SampleBatch: its records rendered to samples (each remembering its
+    record), then the samples encoded and fitted to the run's settings."""
+
+    def __init__(self, step: ChatSamples) -> None:
+        self.step, self.config, columns = step, step.config, step.config.columns
+        self.format = columns.format if columns and columns.format else self.config.format
+        self.samples: list[Sample] = []
+        # Per sample: its record's number and raw form (not the record: its parsed value is dropped as
+        # soon as it is rendered, which spares memory and the garbage collector), k-th of n samples of it.
+        self.origins: list[tuple[int, bytes | dict, int, int]] = []
+        self.records = self.text_bytes = self.special_records = 0
+        self.ids: list[np.ndarray] = []
+        self.mask: list[np.ndarray] = []
+        self.truncated = 0
+
+    def render(self, record: Record) -> None:
+        """Raises RecordError for a record that makes no conversation, or one the templates refuse."""
+        config, columns, value = self.config, self.config.columns, record.value
+        if columns:
+            value = columns.apply(value)
+        conversation = to_conversation(value, self.format, parse_tool_arguments=config.parse_tool_arguments,
+                                       input_separator=config.input_separator)
+        special = literals.find(conversation, self.step.acted_on)
+        self.special_records += bool(special)
+        rendered = self.step._render_conversation(conversation, special)
+        self.records += 1
+        self.text_bytes += record.size
+        self.samples.extend(rendered)
+        self.origins.extend((record.number, record.raw, k, len(rendered)) for k in range(len(rendered)))
+
+    def encoded(self) -> Iterator[_Encoded]:
+        encodings = self.step.encoder.encode(self.samples) if self.samples else []
+        for (number, raw, k, n), encoded in zip(self.origins, encodings):
+            yield _Encoded(number, raw, k, n, encoded)
+
+    def fit(self, sample: _Encoded) -> None:
+        """Raises RecordError for a sample that does not fit the run's settings."""
+        ids, mask, truncated = _fit(*sample.encoded, self.config, self.step.pad_id)
+        self.truncated += truncated
+        self.ids.append(ids)
+        self.mask.append(mask)
+
+    def result(self, rejects: list[dict]) -> SampleBatch:
+        lengths = np.asarray([len(ids) for ids in self.ids], dtype=np.int64)
+        return SampleBatch(rejects, self.records, self.text_bytes, int(lengths.sum()), self.special_records,
+                           np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32),
+                           np.concatenate(self.mask) if self.mask else np.zeros(0, np.uint8), lengths, self.truncated)
+
+
+class _Encoded:
+    """One sample of a record (number, raw), the k-th of its n: its (ids, mask), or why the encoder
+    could not make them."""
+
+    __slots__ = ("number", "raw", "k", "n", "encoded", "error")
+
+    def __init__(self, number: int, raw: bytes | dict, k: int, n: int, encoded) -> None:
+        self.number = number
+        self.raw = raw
+        self.k = k
+        self.n = n
+        bad = isinstance(encoded, RecordError)
+        self.encoded = None if bad else encoded
+        self.error = encoded if bad else None
+
+    def rejected(self, chunk: Chunk, error: RecordError) -> dict:
+        """The record's reject line, naming the sample when the record has several."""
+        if self.n > 1:
+            error = RecordError(error.reason, f"sample {self.k + 1} of {self.n}: {error}")
+        return reject_entry(chunk, self.number, self.raw, error)
 
 
 def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):
@@ -253,7 +294,7 @@ class SFTWriter:
     def documents(self) -> int:
         return self.samples.ids.documents
 
-    def add(self, result: Samples) -> None:
+    def add(self, result: SampleBatch) -> None:
         self.samples.add_batch(result.ids, result.mask, result.lengths)
         self.lengths.append(result.lengths)
         self.truncated += result.truncated
@@ -268,7 +309,7 @@ class SFTWriter:
             counts, final = finish(self.outputs, self.prefix, self.samples, lengths, config.layout,
                                    config.packing if config.pack else None, config.seq_length, step.pad_id)
             section = section.finished(final)
-        else:  # a shard: `merge` packs and lays out
+        else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
             counts = counts_of(self.samples.ids, self.samples.digests)
             staged = config.data_layout.staged
             section = section.replace(trained_tokens=trained_tokens(self.samples), pack_on_merge=config.pack or None,
