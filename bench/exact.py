@@ -71,7 +71,7 @@ def bare_encode(tokenizer: QwenTokenizer, texts: list[str], special: str) -> tup
     """encode_batch's gigatoken path without the routing."""
     import awkward as ak
 
-    encoded = tokenizer._backend(special).encode_batch(texts, parallel=False)
+    encoded = tokenizer.backend(special).encode_batch(texts, parallel=False)
     return np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32), np.asarray(ak.num(encoded, axis=1), dtype=np.int64)
 
 
@@ -121,7 +121,7 @@ def speed(name: str, texts: list[str], special: str, repeat: int) -> None:
         tokenizer = QwenTokenizer()  # fresh: gigatoken caches the words it has seen
         tokenizer.prepare(special)
         routing = [0.0]
-        for method in ("_exact_rows", "_splice_hf"):
+        for method in ("exact_rows", "_splice_hf"):
             setattr(tokenizer, method, timed(getattr(tokenizer, method), routing))
         for run in ("cold", "warm"):
             routing[0] = 0.0
@@ -159,7 +159,7 @@ def read(path: str) -> bytes:
         return f.read()
 
 
-BARE_CLI = ("import sys; from qwen_data.text.tokenizer import QwenTokenizer; QwenTokenizer._exact_rows = lambda *a: []; "
+BARE_CLI = ("import sys; from qwen_data.text.tokenizer import QwenTokenizer; QwenTokenizer.exact_rows = lambda *a: []; "
             "from qwen_data.cli import main; sys.exit(main(sys.argv[1:]))")
 
 

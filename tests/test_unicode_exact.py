@@ -312,10 +312,10 @@ def test_every_text_holding_a_table_character_goes_to_hf(ours, special):
     give HF's ids anyway, so the ids alone cannot show a missed one."""
     texts = [probe.format(chr(c)) for c in sorted(table()) for probe in (NORMALIZATION_PROBE, SPLIT_PROBE, "{0}")]
     texts += ["plain text", "中文 русский"]
-    backend = ours._backend(special)
+    backend = ours.backend(special)
     encoded = backend.encode_batch(texts, parallel=False)
     ids, lengths = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32), np.asarray(ak.num(encoded, axis=1))
-    assert ours._exact_rows(texts, ids, lengths, backend) == list(range(len(texts) - 2))
+    assert ours.exact_rows(texts, ids, lengths, backend) == list(range(len(texts) - 2))
     assert our_ids(ours, special, texts) == hf_ids(special, texts)
 
 
@@ -323,7 +323,7 @@ def test_nko_dantayalan_gets_hf_ids(ours):
     """NKo U+07F3 then U+07FD (Unicode 11, class 220): gigatoken's NFC moves U+07FD before U+07F3
     (class 230), HF's does not."""
     texts = ["ߊ\u07f3\u07fd ߞߊ߲", "plain", "ߊ\u07f3\u07fd"]
-    raw = ours._backend("text").encode(texts[0]).tolist()
+    raw = ours.backend("text").encode(texts[0]).tolist()
     assert raw != hf_ids("text", texts[:1])[0], "gigatoken and HF agree on NKo now: the example shows nothing"
     for special in ("text", "parse"):
         assert our_ids(ours, special, texts) == hf_ids(special, texts)

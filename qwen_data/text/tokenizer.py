@@ -231,11 +231,11 @@ class QwenTokenizer:
         """Bytes each id stands for (byte-level BPE: every id is a fixed byte string)."""
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
         if self.config.backend == "gigatoken":
-            for i, piece in self._backend("parse").vocab.items():
+            for i, piece in self.backend("parse").vocab.items():
                 lengths[i] = len(piece)
             return lengths
         # HF's byte-level vocabulary spells each byte as one character.
-        for piece, i in self._backend("parse").get_vocab(with_added_tokens=False).items():
+        for piece, i in self.backend("parse").get_vocab(with_added_tokens=False).items():
             if i < self.vocab_size:
                 lengths[i] = len(piece)
         for content, i in self.added_tokens.items():
@@ -249,7 +249,7 @@ class QwenTokenizer:
         `special` is a policy of SPECIAL_POLICIES: which literal added-token strings become
         control ids (reject encodes as safe: the records it refuses never get here).
         """
-        backend = self._backend(special)
+        backend = self.backend(special)
         self.encoded += sum(map(len, texts))
         if self.config.backend == "gigatoken":
             import awkward as ak
@@ -257,7 +257,7 @@ class QwenTokenizer:
             encoded = backend.encode_batch(texts, parallel=False)
             ids = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32)
             lengths = np.asarray(ak.num(encoded, axis=1), dtype=np.int64)
-            rows = self._exact_rows(texts, ids, lengths, backend)
+            rows = self.exact_rows(texts, ids, lengths, backend)
             if rows:
                 ids, lengths = self._splice_hf(texts, rows, special, ids, lengths)
         else:
@@ -269,7 +269,7 @@ class QwenTokenizer:
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
         return self.encode_batch([text], special)[0]
 
-    def _exact_rows(self, texts: list[str], ids: np.ndarray, lengths: np.ndarray, backend) -> list[int]:
+    def exact_rows(self, texts: list[str], ids: np.ndarray, lengths: np.ndarray, backend) -> list[int]:
         """The texts gigatoken may encode unlike HF: those holding a character of
         `unicode_exact.EXACT_RANGES` (Unicode tables of different ages).
 
@@ -346,9 +346,11 @@ class QwenTokenizer:
         """Build and warm the backend now, so forked workers inherit it instead of each loading it."""
         self.encode_batch(["warm up"], special)
         if self.config.backend == "gigatoken":
-            self._spelling_starts(self._backend(special))
+            self._spelling_starts(self.backend(special))
 
-    def _backend(self, special: str):
+    def backend(self, special: str):
+        """The raw encoder for a special-token policy (gigatoken or HF `tokenizers`), without the
+        routing of `encode_batch` that sends the texts of `exact_rows` to HF."""
         key = self.kept_tokens(special)  # policies keeping the same tokens share a backend
         if key not in self._backends:
             if self.config.backend == "gigatoken":
