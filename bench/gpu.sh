@@ -25,6 +25,10 @@ cd "$(dirname "$0")/.."
 stage=${1:?stage: data, pretrain, sft, parallel or speed}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
+# The bench scripts import the train stage as installed (qwen_data_train): a bare GPU machine gets the
+# project installed in place (no network there: no build isolation, no dependencies).
+[ "$stage" = data ] || python3 -c "import qwen_data_train" 2>/dev/null \
+  || python3 -m pip install -q --no-build-isolation --no-deps -e .
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 COMMON=(--model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --num-workers 2)
 

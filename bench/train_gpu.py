@@ -17,19 +17,16 @@ attention  One attention layer's shapes, forward + backward: SDPA causal and Fle
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from qwen_data_train.attention import compiled_flex_attention, document_mask  # noqa: E402
-from qwen_data_train.data import samples_of_row  # noqa: E402
-from qwen_data_train.distributed import init_distributed  # noqa: E402
-from qwen_data_train.step import ForwardSpec, forward  # noqa: E402
-from qwen_data_train.model import PRESETS, build_model  # noqa: E402
+from qwen_data_train.attention import compiled_flex_attention, document_mask
+from qwen_data_train.data import samples_of_row
+from qwen_data_train.distributed import init_distributed
+from qwen_data_train.model import PRESETS, build_model
+from qwen_data_train.step import ForwardSpec, forward
 
 
 def packed(args) -> None:
