@@ -216,7 +216,7 @@ def _add_merge_parser(sub) -> None:
 
 
 def _add_blend_parser(sub) -> None:
-    """`qwen-data blend`; what the options mean at length: `qwen_data.blend.files` and `blend_weights`."""
+    """`qwen-data blend`; what the options mean at length: `qwen_data.blend.files` and `qwen_data.blend.weights`."""
     p = sub.add_parser("blend", help="weighted prefixes → Megatron --data-args-path / --per-split-data-args-path",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("train", nargs="+", metavar="PREFIX[=W]",

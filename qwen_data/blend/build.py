@@ -4,8 +4,8 @@
     qwen-data blend out/chat out/tools --by tokens --valid out/chat_val -o out/sft_blend.json
     qwen-data blend out/web out/code --temperature 2 --split 98,2,0 -o out/blend.json
 
-`blend_files` says what the files hold and what is checked before anything is written,
-`blend_weights` how the weights are computed and what a budget consumes; the command line and its
+`files` says what the files hold and what is checked before anything is written,
+`weights` how the weights are computed and what a budget consumes; the command line and its
 summary are `cli`'s.
 """
 

@@ -20,8 +20,8 @@ from .indexed import DTYPE_CODES, token_dtype
 
 FORMAT = "qwen-data/1"
 KINDS = ("pretrain", "sft")
-# SFT layouts (sft.layout): "mask", ids + a loss-mask dataset at PREFIX.lossmask (`qwen_data.steps.sft`);
-# "pai", Pai-Megatron-Patch's rows of ids then labels (`qwen_data.formats.pai`).
+# SFT layouts (sft.layout): "mask", ids + a loss-mask dataset beside them; "pai", Pai-Megatron-Patch's
+# rows of ids then labels. `layouts` says what each is.
 LAYOUTS = ("mask", "pai")
 
 
