@@ -22,7 +22,7 @@ from . import pai
 from .indexed import MASK_SUFFIX, Index, IndexedDatasetWriter, MaskedWriter, bin_tokens
 from .manifest import Manifest, SFTSection, fingerprint
 from .outputs import AtomicOutputs
-from .packing import PACKINGS, one_per_row, write_packed
+from .packing import PACKINGS, PackPlan, one_per_row, write_packed
 from ..qwen import DEFAULT_PAD_ID
 
 CHUNK = 1 << 20  # index entries checked at a time
@@ -123,6 +123,14 @@ class MaskLayout(DataLayout):
     unit = "sample"
     has_mask = True
 
+    def write(self, outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray,
+              plan: PackPlan, pad_id: int) -> tuple[dict, int]:
+        """The staged samples as the rows of `plan`: the manifest's counts, and the trained tokens."""
+        masked = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
+        write_packed(samples, lengths, masked, plan, pad_id)
+        masked.finalize()
+        return counts_of(masked.ids, masked.digests), trained_tokens(masked)
+
     def read_row(self, values, mask, lengths, pad_id):
         return _split_pad(values, mask.astype(bool), lengths, pad_id)
 
@@ -152,6 +160,7 @@ class PackedMaskLayout(MaskLayout):
     pads = staged = True
     described = "packed"
     needs_seq_length = "--pack needs --seq-length"
+
     @property
     def row_values(self) -> int:
         return self.seq_length
@@ -202,6 +211,15 @@ class PaiLayout(DataLayout):
 
     def default_pad_id(self, vocab_size: int) -> int:
         return pai.pad_id(vocab_size)
+
+    def write(self, outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray,
+              plan: PackPlan, pad_id: int) -> tuple[dict, int]:
+        out = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
+        trained = pai.write_rows(samples, lengths, plan, out, pad_id)
+        out.finalize()
+        for path in MaskedWriter.files(prefix)[2:]:  # no loss-mask channel: an older run's goes
+            outputs.leave_out(path)
+        return counts_of(out, [out.digests]), trained
 
     @property
     def row_values(self) -> int:
@@ -259,18 +277,8 @@ def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: 
     algorithm `packing` (None: one sample per row), in the layout named. The manifest's counts, and
     the sft fields of the result (layout, packing, trained and pad tokens)."""
     plan = PACKINGS[packing](lengths, seq_length) if packing else one_per_row(lengths, seq_length)
-    if layout_name == PaiLayout.name:
-        out = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
-        trained = pai.write_rows(samples, lengths, plan, out, pad_id)
-        out.finalize()
-        counts = counts_of(out, [out.digests])
-        for path in MaskedWriter.files(prefix)[2:]:
-            outputs.leave_out(path)
-    else:
-        masked = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
-        write_packed(samples, lengths, masked, plan, pad_id)
-        masked.finalize()
-        counts, trained = counts_of(masked.ids, masked.digests), trained_tokens(masked)
+    counts, trained = sft_layout(layout_name, packing is not None, seq_length).write(
+        outputs, prefix, samples, lengths, plan, pad_id)
     for path in MaskedWriter.files(prefix + UNPACKED):
         outputs.discard(path)
     final = SFTSection(layout=layout_name, packed=packing is not None, trained_tokens=trained,
