@@ -120,11 +120,11 @@ def _add_pretrain_parser(sub) -> None:
 
 
 def _add_sft_parser(sub) -> None:
-    from .text.masking import MASK_POLICIES
-    from .text.conversations import FORMATS
-    from .formats.packing import PACKINGS
     from .formats.indexed import MASK_SUFFIX
     from .formats.manifest import LAYOUTS
+    from .formats.packing import PACKINGS
+    from .text.conversations import FORMATS
+    from .text.masking import MASK_POLICIES
     from .text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
 
     p = _subparser(sub, "sft", "chat/instruction records → tokens + loss mask indexed datasets")

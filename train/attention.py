@@ -25,9 +25,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
-
 from megatron.core.transformer.module import MegatronModule
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 # FlexAttention is only fused when compiled (inside a compiled layer this is traced inline). Made
 # once here: built lazily inside a layer, its first use changed a global that the compiled layer

@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Optional, get_type_hints
 
-from .model import ATTENTION_CHOICES, COMPILE_CHOICES, PRESETS
 from .loss import CROSS_ENTROPY_CHOICES
+from .model import ATTENTION_CHOICES, COMPILE_CHOICES, PRESETS
 
 DESCRIPTION = "Train Qwen-architecture megatron-core GPTModels on qwen-data prefixes."
 

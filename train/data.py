@@ -50,14 +50,14 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
+from qwen_data.blend.files import SPLITS, BlendError, Source
+from qwen_data.blend.read import TrainBlend, read_train_blend
+from qwen_data.blend.weights import parse_split
 from qwen_data.formats import pai
 from qwen_data.formats.indexed import MASK_SUFFIX
 from qwen_data.formats.layouts import PaiLayout, layout_of
 from qwen_data.formats.manifest import Manifest
 from qwen_data.formats.outputs import atomic_file
-from qwen_data.blend.files import SPLITS, BlendError, Source
-from qwen_data.blend.read import TrainBlend, read_train_blend
-from qwen_data.blend.weights import parse_split
 
 from .patches import single_process_rank
 

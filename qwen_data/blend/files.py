@@ -37,7 +37,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-
 from .. import __version__
 from ..formats.indexed import MASK_SUFFIX, IndexFormatError, read_index
 from ..formats.layouts import layout_of

@@ -22,8 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .files import (SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source,
-                          strip_suffix)
+from .files import SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source, strip_suffix
 
 
 def parse_spec(text: str) -> tuple[str, float | None]:

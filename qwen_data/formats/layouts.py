@@ -18,12 +18,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..qwen import DEFAULT_PAD_ID
 from . import pai
 from .indexed import MASK_SUFFIX, Index, IndexedDatasetWriter, MaskedWriter, bin_tokens
 from .manifest import Manifest, SFTSection, fingerprint
 from .outputs import AtomicOutputs
 from .packing import PACKINGS, PackPlan, one_per_row, write_packed
-from ..qwen import DEFAULT_PAD_ID
 
 CHUNK = 1 << 20  # index entries checked at a time
 

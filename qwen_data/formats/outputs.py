@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import os
 
-
 TMP_SUFFIX = ".tmp"
 LOCK_SUFFIX = ".lock"
 

@@ -19,10 +19,10 @@ from typing import Iterator, Protocol
 
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
-from .progress import Progress
 from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard, expand, read_chunks
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
+from .progress import Progress
 from .workers import ordered_map
 
 # Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with

@@ -47,10 +47,10 @@ import time
 from ..errors import describe
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
-from . import pipeline
-from .progress import Progress
 from ..inputs.readers import STDIN, Shard, expand
 from ..inputs.records import EmptyOutput
+from . import pipeline
+from .progress import Progress
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
 RETRY_EXCEPTIONS = [OSError]

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..run import pipeline
 from ..errors import RecordError
 from ..formats.indexed import IndexedDatasetWriter, token_dtype
 from ..formats.manifest import Manifest, fingerprint
 from ..formats.outputs import AtomicOutputs
-from ..run.pipeline import ChunkResult, RunConfig
-from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects
+from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
+from ..run import pipeline
+from ..run.pipeline import ChunkResult, RunConfig
 from ..text.tokenizer import QwenTokenizer
 
 

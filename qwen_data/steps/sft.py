@@ -23,15 +23,16 @@ import numpy as np
 
 from ..errors import RecordError
 from ..formats.indexed import MaskedWriter, token_dtype
-from ..formats.layouts import DataLayout, counts_of, finish, sft_layout, trained_tokens, UNPACKED
+from ..formats.layouts import UNPACKED, DataLayout, counts_of, finish, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import AtomicOutputs
 from ..formats.packing import PACKINGS
 from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, reject_entry
-from ..qwen import (DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS, FIRST_ADDED_ID,
-                    TEMPLATE_FLAVOURS, TEMPLATE_TOKENS)
+from ..qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN
+from ..qwen import EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS
+from ..qwen import FIRST_ADDED_ID, TEMPLATE_FLAVOURS, TEMPLATE_TOKENS
 from ..run import pipeline
 from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals

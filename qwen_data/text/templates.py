@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .conversations import Conversation
 from ..errors import RecordError
+from .conversations import Conversation
 
 CONTEXT = "context"
 HEADER = "header"

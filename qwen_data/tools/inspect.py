@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..qwen import FIRST_ADDED_ID
-from .samples import Row, Samples
 from ..text.tokenizer import directory_of
+from .samples import Row, Samples
 
 TEXT, ADDED, PAD, EOD = "text", "added", "pad", "eod"  # what a piece is
 OPEN, CLOSE = "[[", "]]"  # --plain: around trained tokens

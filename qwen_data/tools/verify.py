@@ -31,8 +31,12 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..formats.indexed import IndexFormatError, file_digest, new_hash, read_index
-from ..formats.layouts import Block, chunks as _chunks, index_tokens as _tokens, layout_of
-from ..formats.manifest import Manifest, fingerprint, load, problems as manifest_problems
+from ..formats.layouts import Block
+from ..formats.layouts import chunks as _chunks
+from ..formats.layouts import index_tokens as _tokens
+from ..formats.layouts import layout_of
+from ..formats.manifest import Manifest, fingerprint, load
+from ..formats.manifest import problems as manifest_problems
 from ..formats.pai import IGNORE
 
 BLOCK_BYTES = 1 << 24  # .bin bytes read at a time

@@ -33,9 +33,9 @@ from safetensors.torch import save_file
 
 from qwen_data.formats.outputs import atomic_file
 
+from ..model import ModelShape, layer_offset
 from .config import CONFIG, GENERATION, UnsupportedCheckpoint
 from .weights import hf_source
-from ..model import ModelShape, layer_offset
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
