@@ -271,21 +271,20 @@ def layout_of(manifest: Manifest) -> DataLayout:
 # Writing: staged samples → the final rows
 
 
-def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, layout_name: str,
-           packing: str | None, seq_length: int, pad_id: int) -> tuple[dict, SFTSection]:
+def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, section: SFTSection,
+           layout_name: str, packing: str | None, pad_id: int) -> tuple[dict, SFTSection]:
     """Write PREFIX's data from the finished samples staged at PREFIX.unpacked: packed by the
-    algorithm `packing` (None: one sample per row), in the layout named. The manifest's counts, and
-    the sft fields of the result (layout, packing, trained and pad tokens)."""
+    algorithm `packing` (None: one sample per row) into rows of `section.seq_length`, in the layout
+    named. The manifest's counts, and `section` with what was laid out (nothing left to merge)."""
+    seq_length = section.seq_length
     plan = PACKINGS[packing](lengths, seq_length) if packing else one_per_row(lengths, seq_length)
     counts, trained = sft_layout(layout_name, packing is not None, seq_length).write(
         outputs, prefix, samples, lengths, plan, pad_id)
     for path in MaskedWriter.files(prefix + UNPACKED):
         outputs.discard(path)
-    final = SFTSection(layout=layout_name, packed=packing is not None, trained_tokens=trained,
-                       pad_tokens=plan.pad_tokens)
-    if packing:
-        final = final.replace(packing=packing, rows=plan.rows, fill=round(plan.fill, 6))
-    return counts, final
+    rows = dict(packing=packing, rows=plan.rows, fill=round(plan.fill, 6)) if packing else {}
+    return counts, section.replace(layout=layout_name, packed=packing is not None, trained_tokens=trained,
+                                   pad_tokens=plan.pad_tokens, pack_on_merge=None, layout_on_merge=None, **rows)
 
 
 def counts_of(data: IndexedDatasetWriter, digests: list[tuple[str, str]]) -> dict:

@@ -76,12 +76,6 @@ class SFTSection:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})  # later versions may add fields
 
-    def finished(self, final: "SFTSection") -> "SFTSection":
-        """This section with what `layouts.finish` wrote: the layout fields of `final`, nothing left to merge."""
-        laid_out = ("layout", "packed", "trained_tokens", "pad_tokens", "packing", "rows", "fill")
-        return self.replace(**{name: getattr(final, name) for name in laid_out}, pack_on_merge=None,
-                            layout_on_merge=None)
-
 
 def merge_fields(section_type, how: str) -> list[str]:
     """The fields of a manifest type (`Manifest`, `SFTSection`) a merge treats as `how` ("same", "sum")."""

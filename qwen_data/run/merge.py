@@ -58,15 +58,14 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
             data = IndexedDatasetWriter(outputs.tmp(output + ".bin"), outputs.tmp(output + ".idx"), dtype,
                                         hash_beside=True)
             writers = [data]
-        lengths = [_copy(prefix, m, writers, progress) for prefix, m in parts]
+        lengths = np.concatenate([_copy(prefix, m, writers, progress) for prefix, m in parts])
         data.finalize()
         progress.close()
-        manifest = _manifest(parts, data, np.concatenate(lengths))
+        manifest = _manifest(parts, data, lengths)
         if finishes:
-            s = first.sft
-            counts, final = finish(outputs, output, data, np.concatenate(lengths), s.layout_on_merge or s.layout,
-                                   (s.packing or "best-fit") if s.pack_on_merge else None, s.seq_length, first.pad_id)
-            manifest.sft = manifest.sft.finished(final)
+            s = manifest.sft
+            counts, manifest.sft = finish(outputs, output, data, lengths, s, s.layout_on_merge or s.layout,
+                                          (s.packing or "best-fit") if s.pack_on_merge else None, first.pad_id)
             for name, value in counts.items():
                 setattr(manifest, name, value)
         rejected = _join_rejects([p for p, _ in parts], outputs.tmp(rejects_path))

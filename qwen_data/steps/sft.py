@@ -307,9 +307,8 @@ class SFTWriter:
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         section = self._section(lengths)
         if config.stages:
-            counts, final = finish(self.outputs, self.prefix, self.samples, lengths, config.layout,
-                                   config.packing if config.pack else None, config.seq_length, step.pad_id)
-            section = section.finished(final)
+            counts, section = finish(self.outputs, self.prefix, self.samples, lengths, section, config.layout,
+                                     config.packing if config.pack else None, step.pad_id)
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
             counts = counts_of(self.samples.ids, self.samples.digests)
             staged = config.data_layout.staged
