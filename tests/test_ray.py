@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from _helpers import chats, corpus, pretrain, sft, write_jsonl
+from _helpers import chats, corpus, manifest, pretrain, sft, write_jsonl
 
 ray = pytest.importorskip("ray")
 
@@ -73,6 +73,21 @@ def test_sft_pack_matches_local_run(tmp_path, ray_instance):
     remote = sft([data], tmp_path / "ray", *extra, "--executor", "ray", "--ray-shards", SHARDS)
     same_files(local, remote, [".bin", ".idx", ".lossmask.bin", ".lossmask.idx", ".rejects.jsonl"])
     no_leftovers(remote)
+
+
+def test_rows_lacking_the_text_column_are_rejected_as_locally(tmp_path, ray_instance):
+    """A parquet file without the text column beside a good one: its rows are rejects on Ray too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good, lacking = str(tmp_path / "good.parquet"), str(tmp_path / "lacking.parquet")
+    pq.write_table(pa.table({"text": [f"text {i}" for i in range(40)]}), good, row_group_size=10)
+    pq.write_table(pa.table({"body": [f"body {i}" for i in range(30)]}), lacking, row_group_size=10)
+    local = pretrain([lacking, good], tmp_path / "local")
+    remote = pretrain([lacking, good], tmp_path / "ray", "--executor", "ray", "--ray-shards", SHARDS)
+    same_files(local, remote, [".bin", ".idx", ".rejects.jsonl"])
+    m = manifest(remote)
+    assert (m["documents"], m["rejects"]["count"]) == (40, 30)
 
 
 def _lock_holders(path: str) -> dict[int, int]:

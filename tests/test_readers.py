@@ -167,6 +167,62 @@ def test_broken_compressed_and_parquet_files_are_named(tmp_path, capsys, name, s
     assert not os.path.exists(tmp_path / "out.json")
 
 
+def write_arrow(path, records):
+    table = arrow_table(records)
+    with pa.ipc.new_stream(str(path), table.schema) as writer:
+        writer.write_table(table, max_chunksize=7)
+    return str(path)
+
+
+def every_kind(tmp_path, name, records):
+    """`records` as a file (or folder) of each kind of input, `name`: the start of its name."""
+    return [write_jsonl(tmp_path / f"{name}.jsonl", records), _json_array(tmp_path / f"{name}.json", records),
+            write_parquet(tmp_path / f"{name}.parquet", records, 10), write_arrow(tmp_path / f"{name}.arrow", records),
+            saved_dataset(tmp_path / f"{name}_saved", records)]
+
+
+def rejects_by_file(prefix):
+    by_file = {}
+    for entry in read_jsonl(f"{prefix}.rejects.jsonl"):
+        by_file[entry["file"]] = by_file.get(entry["file"], 0) + 1
+    return by_file
+
+
+def test_every_record_read_is_written_or_rejected_pretrain(tmp_path):
+    """Files of every kind that lack the text column (a table of no column once read) or lack it in
+    some records: each record is a document or a reject naming it, in workers and in this process."""
+    from qwen_data.run import pipeline
+    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
+
+    mixed = [{"text": f"doc {i}"} if i % 3 else {"body": f"other {i}"} for i in range(25)]
+    lacking = [{"body": f"no text {i}"} for i in range(23)]
+    inputs = every_kind(tmp_path, "mixed", mixed) + every_kind(tmp_path, "lacking", lacking)
+    written = sum("text" in r for r in mixed) * 5
+    in_workers = pretrain(inputs, tmp_path / "workers", "--chunk-mb", "0.0001")
+    pipeline.run(Tokenize(PretrainConfig(inputs=inputs, output_prefix=str(tmp_path / "here"), workers=0, quiet=True)))
+    for out in (in_workers, tmp_path / "here"):
+        m = manifest(out)
+        assert (m["documents"], m["rejects"]["count"]) == (written, 5 * (25 + 23) - written), out
+        by_file = rejects_by_file(out)
+        for path in inputs:
+            expected = 23 if "lacking" in path else 25 - sum("text" in r for r in mixed)
+            assert sum(n for f, n in by_file.items() if f == path or f.startswith(path + "/")) == expected, (out, path)
+        assert {e["reason"] for e in read_jsonl(f"{out}.rejects.jsonl")} == {"missing-key"}
+
+
+def test_every_record_read_is_written_or_rejected_sft(tmp_path):
+    """SFT reads only the columns a dataset_info entry maps: a file lacking them is all rejects."""
+    good = [{"q": f"question {i}", "a": f"answer {i}"} for i in range(12)]
+    lacking = [{"prompt": f"question {i}", "answer": f"answer {i}"} for i in range(9)]
+    inputs = every_kind(tmp_path, "good", good) + every_kind(tmp_path, "lacking", lacking)
+    info = tmp_path / "dataset_info.json"
+    info.write_text(json.dumps({"qa": {"file_name": "good.jsonl", "columns": {"prompt": "q", "response": "a"}}}))
+    out = sft(inputs, tmp_path / "out", "--dataset-info", f"{info}:qa")
+    m = manifest(out)
+    assert (m["documents"], m["rejects"]["count"]) == (5 * 12, 5 * 9)
+    assert sum(n for f, n in rejects_by_file(out).items() if "lacking" in f) == 5 * 9
+
+
 # -- shards and merge ------------------------------------------------------------------------------
 def mixed_inputs(tmp_path, make):
     """One corpus as three inputs of different kinds: a jsonl file, a parquet file of several row

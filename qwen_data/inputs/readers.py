@@ -35,7 +35,7 @@ import lzma
 import os
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import InputFileError, RecordError
@@ -198,6 +198,13 @@ class Chunk:
     row_group: int | None = None  # parquet: the row group of the rows ...
     group_first: int = 1  # ... and the number of its first row in the file
     input_bytes: int = 0  # how far this chunk moved through the file as it lies on disk
+    rows: int = field(init=False, default=0)  # the table's rows, kept apart: see __post_init__
+
+    def __post_init__(self) -> None:
+        # A table of no column (a file lacking every column the step reads) loses its row count when
+        # pickled to a worker; its rows are still records, each lacking those keys.
+        if self.table is not None:
+            self.rows = self.table.num_rows
 
     def records(self) -> Iterator[Record]:
         """Every record of the chunk, in order; an unreadable one carries its error."""
@@ -219,11 +226,11 @@ class Chunk:
 
     def _rows(self) -> Iterator[Record]:
         table = self.table
-        size = table.nbytes // max(1, table.num_rows)
+        size = table.nbytes // max(1, self.rows)
         try:
-            rows = table.to_pylist()
+            rows = table.to_pylist() if table.num_columns else [{}] * self.rows
         except UnicodeDecodeError:  # written by a tool that did not check: find the rows one by one
-            rows = [_row(table, i) for i in range(table.num_rows)]
+            rows = [_row(table, i) for i in range(self.rows)]
         for number, row in enumerate(rows, start=self.first):
             if isinstance(row, RecordError):
                 yield Record(number, {}, None, size, row)
