@@ -105,6 +105,33 @@ def test_every_reader_gives_the_jsonl_bytes_sft(tmp_path):
         same_data(reference, out, ("", ".lossmask"))
 
 
+def test_every_spelling_of_a_readable_name_is_read_and_the_rest_named(tmp_path, capsys):
+    """Directories and globs read names in any case, .ndjson, every compression; what they skip is said."""
+    import bz2
+
+    source = corpus(tmp_path / "c.jsonl", seed=12, documents=70, longest=20)
+    records = read_jsonl(source)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_jsonl(folder / "a.JSONL", records[:10])
+    write_jsonl(folder / "b.ndjson", records[10:20])
+    os.rename(write_compressed(folder / "c.jsonl.gz", write_jsonl(tmp_path / "c", records[20:30])), folder / "c.jsonl.GZ")
+    (folder / "d.Jsonl.bz2").write_bytes(bz2.compress(open(write_jsonl(tmp_path / "d", records[30:40]), "rb").read()))
+    write_compressed(folder / "e.ndjson.zst", write_jsonl(tmp_path / "e", records[40:50]))
+    _json_array(folder / "f.JSON", records[50:55])
+    (folder / "g.json.xz").write_bytes(lzma.compress(json.dumps(records[55:60]).encode()))
+    write_parquet(folder / "h.Parquet", records[60:70])
+    for name in ("README.md", ".part.jsonl", "i.parquet.gz"):
+        (folder / name).write_text("not read")
+    reference = pretrain([source], tmp_path / "ref")
+    capsys.readouterr()
+    for n, inputs in enumerate(([folder], [f"{folder}/*"])):
+        same_data(reference, pretrain(inputs, tmp_path / f"out{n}"))
+        err = capsys.readouterr().err
+        assert "README.md" in err and "i.parquet.gz" in err and "skipped" in err, err
+        assert (".part.jsonl" in err) == (inputs == [folder])  # a glob's * matches no hidden name
+
+
 def test_standard_input(tmp_path):
     source = corpus(tmp_path / "c.jsonl", seed=5, documents=50, longest=30)
     reference = pretrain([source], tmp_path / "ref")

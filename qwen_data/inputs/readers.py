@@ -1,13 +1,15 @@
 """Inputs as they come → chunks of whole records, each chunk knowing where its records come from.
 
 What an input may be (`expand` turns the command line into `InputFile`s, in this order):
-- a file: `.jsonl` (also `.gz`, `.zst`, `.xz`), `.json` (one array of records, optionally `.gz`),
-  `.parquet`, `.arrow` (Hugging Face `datasets` cache files: Arrow IPC streams);
+- a file: `.jsonl` or `.ndjson`, `.json` (one array of records), either also compressed (`.gz`,
+  `.zst`, `.xz`, `.bz2`); `.parquet`; `.arrow` (Hugging Face `datasets` cache files: Arrow IPC
+  streams); names in any case (`.JSONL.GZ`);
 - `-`: jsonl on standard input;
-- a directory: every such file under it, in sorted order of their paths; a Hugging Face `datasets`
+- a directory: every such file under it, in sorted order of their paths (the others, and hidden
+  files, are named on stderr as skipped); a Hugging Face `datasets`
   folder written by `save_to_disk` (`state.json`, or `dataset_dict.json` and a folder per split,
   chosen with `--hf-split`) is read as that dataset;
-- a glob (`data/*.parquet`), expanded in sorted order;
+- a glob (`data/*.parquet`), expanded in sorted order (what it matches that is not read, named);
 - `hf:NAME` (`hf:NAME:CONFIG`): a dataset downloaded into the local Hugging Face Hub cache
   (`huggingface-cli download --repo-type dataset NAME`), never fetched: its data files for
   `--hf-split` (default train) are read as the files above.
@@ -28,6 +30,7 @@ its first byte. Shards 0..N-1 read back to back are exactly the unsharded run's 
 
 from __future__ import annotations
 
+import bz2
 import glob
 import gzip
 import json
@@ -43,12 +46,11 @@ from .records import Record, parse_line
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".xz": "xz"}
-JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.xz")
-JSON = (".json", ".json.gz")
-PARQUET = (".parquet",)
-ARROW = (".arrow",)
-READABLE = JSONL + JSON + PARQUET + ARROW
+# Names are matched in any case (.JSONL, .Parquet): the kind by the name's ending before any compression.
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bzip2"}
+KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
+COMPRESSIBLE = ("jsonl", "json")  # parquet and Arrow compress inside the file
+READABLE = ".jsonl/.ndjson, .json (an array), either compressed (.gz, .zst, .xz, .bz2); .parquet, .arrow"
 STDIN = "-"
 
 
@@ -61,14 +63,11 @@ class InputFile:
 
     @property
     def kind(self) -> str:
-        for kind, endings in (("jsonl", JSONL), ("json", JSON), ("parquet", PARQUET), ("arrow", ARROW)):
-            if self.path.endswith(endings):
-                return kind
-        return "jsonl"  # standard input
+        return "jsonl" if self.path == STDIN else kind_of(self.path)[0]
 
     @property
     def compression(self) -> str | None:
-        return COMPRESSIONS.get(os.path.splitext(self.path)[1])
+        return None if self.path == STDIN else kind_of(self.path)[1]
 
     @property
     def splittable(self) -> bool:
@@ -96,6 +95,18 @@ class Shard:
         return f"{self.index}/{self.count}"
 
 
+def kind_of(path: str) -> tuple[str, str | None] | None:
+    """(kind, compression) of a file by its name, or None when it is no input qwen-data reads."""
+    stem, ending = os.path.splitext(path.lower())
+    compression = COMPRESSIONS.get(ending)
+    if compression is not None:
+        stem, ending = os.path.splitext(stem)
+    kind = KINDS.get(ending)
+    if kind is None or (compression is not None and kind not in COMPRESSIBLE):
+        return None
+    return kind, compression
+
+
 # -- expanding the command line -------------------------------------------------------------------
 def expand(inputs: list[str], hf_split: str | None = None) -> list[InputFile]:
     """The files behind the inputs, in reading order; a clear error for anything unreadable."""
@@ -115,15 +126,19 @@ def _expand_one(text: str, hf_split: str | None) -> list[str]:
     if os.path.isdir(text):
         return _directory_files(text, hf_split)
     if os.path.isfile(text):
-        if not text.endswith(READABLE):
-            raise InputFileError(f"{text}: expected one of {', '.join(READABLE)}")
+        if kind_of(text) is None:
+            raise InputFileError(f"{text}: not a kind of input qwen-data reads ({READABLE})")
         return [text]
     if glob.has_magic(text):
-        matches = sorted(glob.glob(text, recursive=True))
-        files = [p for m in matches for p in (_directory_files(m, hf_split) if os.path.isdir(m) else [m])
-                 if p.endswith(READABLE)]
+        files, skipped = [], []
+        for match in sorted(glob.glob(text, recursive=True)):
+            if os.path.isdir(match):
+                files += _directory_files(match, hf_split)
+            else:
+                (files if kind_of(match) else skipped).append(match)
+        _tell_skipped(text, skipped)
         if not files:
-            raise InputFileError(f"{text}: matches no readable input file ({', '.join(READABLE)})")
+            raise InputFileError(f"{text}: matches no readable input file ({READABLE})")
         return files
     raise FileNotFoundError(f"{text}: no such input file or directory")
 
@@ -132,11 +147,24 @@ def _directory_files(folder: str, hf_split: str | None) -> list[str]:
     saved = saved_dataset_files(folder, hf_split)
     if saved is not None:
         return saved
-    files = sorted(os.path.join(root, name) for root, dirs, names in os.walk(folder)
-                   for name in names if name.endswith(READABLE) and not name.startswith("."))
+    files, skipped = [], []
+    for root, dirs, names in os.walk(folder):
+        for name in names:
+            # hidden files are editors' and tools' own (.DS_Store, a download in progress)
+            (files if kind_of(name) and not name.startswith(".") else skipped).append(os.path.join(root, name))
+    _tell_skipped(folder, skipped)
     if not files:
-        raise InputFileError(f"{folder}: a directory holding no readable input file ({', '.join(READABLE)})")
-    return files
+        raise InputFileError(f"{folder}: a directory holding no readable input file ({READABLE})")
+    return sorted(files)
+
+
+def _tell_skipped(where: str, skipped: list[str], shown: int = 3) -> None:
+    """A directory's or glob's files that are not read, named on stderr (never skipped silently)."""
+    if skipped:
+        skipped = sorted(skipped)
+        names = ", ".join(skipped[:shown]) + (f" and {len(skipped) - shown} more" if len(skipped) > shown else "")
+        print(f"{where}: skipped {len(skipped)} file{'s' * (len(skipped) > 1)}, hidden or of no kind qwen-data reads "
+              f"({READABLE}): {names}", file=sys.stderr)
 
 
 def saved_dataset_files(folder: str, hf_split: str | None) -> list[str] | None:
@@ -180,9 +208,9 @@ def hub_dataset_files(name: str, split: str) -> list[str]:
         raise InputFileError(f"hf:{name}: no split {split!r} (splits: {', '.join(data_files) or 'none'}): "
                              "choose one with --hf-split")
     files = [str(p) for p in data_files[split]]
-    unreadable = [p for p in files if not p.endswith(READABLE)]
+    unreadable = [p for p in files if kind_of(p) is None]
     if unreadable:
-        raise InputFileError(f"hf:{name}: {unreadable[0]}: expected one of {', '.join(READABLE)}")
+        raise InputFileError(f"hf:{name}: {unreadable[0]}: not a kind of input qwen-data reads ({READABLE})")
     return files
 
 
@@ -265,6 +293,10 @@ def read_chunks(sources: list[InputFile], chunk_bytes: int = DEFAULT_CHUNK_BYTES
                                  "copied file)") from None
         except (zlib.error, lzma.LZMAError) as exc:
             raise InputFileError(f"{source.path}: corrupt {source.compression} data ({exc})") from None
+        except OSError as exc:
+            if source.compression != "bzip2" or exc.errno is not None:  # bz2's "Invalid data stream"
+                raise
+            raise InputFileError(f"{source.path}: corrupt {source.compression} data ({exc})") from None
         except Exception as exc:
             # zstandard's and pyarrow's errors, without importing them for runs that never use them
             if type(exc).__name__ in ("ZstdError", "ArrowInvalid", "ArrowIOError", "ArrowTypeError"):
@@ -341,6 +373,8 @@ def _open_stream(source: InputFile):
         return gzip.GzipFile(fileobj=raw, mode="rb"), raw
     if source.compression == "xz":
         return lzma.LZMAFile(raw), raw
+    if source.compression == "bzip2":
+        return bz2.BZ2File(raw), raw
     if source.compression == "zstd":
         return _ZstdReader(raw), raw
     return raw, raw
