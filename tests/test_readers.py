@@ -132,6 +132,52 @@ def test_every_spelling_of_a_readable_name_is_read_and_the_rest_named(tmp_path, 
         assert (".part.jsonl" in err) == (inputs == [folder])  # a glob's * matches no hidden name
 
 
+def test_json_array_elements_are_what_json_loads_reads(tmp_path):
+    """The .json splitter, fed in pieces of every small size, against json.loads on strings full of
+    brackets, commas, quotes and escapes, nested values, indented or not; broken arrays refused."""
+    import io
+
+    from qwen_data.inputs.readers import NotAnArray, json_array_elements
+
+    rng = random.Random(13)
+    atoms = ["", "a", "]", "[", ",", "{", "}", '"', "\\", '\\"', "é", "数据", "\n", "\u2028", "\U0001F600"]
+
+    def value(depth=0):
+        r = rng.random()
+        if depth > 3 or r < 0.4:
+            return "".join(rng.choice(atoms) for _ in range(rng.randint(0, 6)))
+        if r < 0.6:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        if r < 0.8:
+            return {value(9): value(depth + 1) for _ in range(rng.randint(0, 3))}
+        return rng.choice([1, -2.5e10, True, None, False])
+
+    for _ in range(200):
+        text = json.dumps([value() for _ in range(rng.randint(0, 6))], ensure_ascii=rng.random() < 0.5,
+                          indent=rng.choice([None, 2]))
+        for block in (1, 2, 3, 7, 64):
+            elements = list(json_array_elements(io.BytesIO(text.encode()).read, block))
+            assert [json.loads(e) for e in elements] == json.loads(text) and all(b"\n" not in e for e in elements)
+    for broken in (b"", b"{}", b'"x"', b"[1,]", b"[,1]", b"[1,,2]", b"[1", b'["ab', b"[1] x", b"[1]]", b"[}", b"[1] [2]"):
+        for block in (1, 64):
+            with pytest.raises(NotAnArray):
+                list(json_array_elements(io.BytesIO(broken).read, block))
+
+
+def test_json_array_streams_and_its_bad_elements_are_rejects(tmp_path):
+    from qwen_data.inputs.readers import expand, read_chunks
+
+    records = [{"text": f"document {i} " * 20} for i in range(2000)]
+    path = _json_array(tmp_path / "big.json", records)
+    first = next(read_chunks(expand([path]), chunk_bytes=1 << 14))
+    assert first.input_bytes < os.path.getsize(path) / 4, "the whole file was read for the first chunk"
+    (tmp_path / "mixed.json").write_text('[{"text": "a"},\n {"text": tru}, 5, {"text": "b"}]')
+    out = pretrain([tmp_path / "mixed.json"], tmp_path / "out")
+    assert manifest(out)["documents"] == 2
+    assert [(r["record"], r["reason"]) for r in read_jsonl(f"{out}.rejects.jsonl")] == [(2, "invalid-json"),
+                                                                                       (3, "not-an-object")]
+
+
 def test_standard_input(tmp_path):
     source = corpus(tmp_path / "c.jsonl", seed=5, documents=50, longest=30)
     reference = pretrain([source], tmp_path / "ref")
