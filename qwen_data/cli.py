@@ -47,6 +47,24 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _shard(text: str):
+    try:
+        return Shard.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _prefix(text: str) -> str:
+    """An output prefix; a data file's name stands for its prefix (out/web.bin: out/web)."""
+    from .blend.files import strip_suffix
+
+    prefix = strip_suffix(text)
+    if not prefix or prefix.endswith(("/", os.sep)) or os.path.basename(prefix) in (".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} names no file: a prefix is the start of the files' names "
+                                         "(PREFIX.bin, PREFIX.idx, PREFIX.json), e.g. out/web")
+    return prefix
+
+
 def _keys(text: str) -> list[str]:
     keys = text.split(",")
     if not all(keys):
@@ -61,12 +79,13 @@ def _subparser(sub, name: str, help: str) -> argparse.ArgumentParser:
 
 def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -> None:
     p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="input files (.jsonl[.gz|.zst|.xz], .json, .parquet, .arrow), directories, globs, - for "
+                   help="input files (.jsonl or .ndjson, .json arrays, either also .gz/.zst/.xz/.bz2; .parquet, .arrow; in "
+                        "any case), directories, globs, - for "
                         "standard input, a datasets save_to_disk folder, or hf:NAME[:CONFIG] from the local Hugging "
                         f"Face cache; with none at all, the bundled example {example} is used")
     p.add_argument("--hf-split", default=None,
                    help="split of a hf:NAME dataset (default train) or of a saved DatasetDict")
-    p.add_argument("--shard", type=Shard.parse, default=None, metavar="K/N",
+    p.add_argument("--shard", type=_shard, default=None, metavar="K/N",
                    help="process only part K (from 0) of N of the inputs, for `qwen-data merge` to join")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local: worker processes here; ray: shards as Ray tasks across a cluster's nodes, then merged "
@@ -75,7 +94,8 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
                    help="Ray cluster to join (e.g. auto, or ray://head:10001); none: a local Ray starts")
     p.add_argument("--ray-shards", type=_at_least(1), default=None,
                    help="shards (Ray tasks) to cut the inputs into (none: from the input size and the cluster's CPUs)")
-    p.add_argument("-o", "--output-prefix", default=default_output, help="output prefix: writes PREFIX.bin/.idx/.json")
+    p.add_argument("-o", "--output-prefix", type=_prefix, default=default_output,
+                   help="output prefix: writes PREFIX.bin/.idx/.json (out/web.bin or .idx or .json means out/web)")
     p.add_argument("--workers", type=_at_least(1), default=min(8, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--tokenizer", default=None,
                    help="local tokenizer directory or a Hub name already in the local HF cache "
@@ -209,7 +229,8 @@ def _add_merge_parser(sub) -> None:
             "run is packed here")
     p = sub.add_parser("merge", help=help, description=help)
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="prefixes to join (shards: in any order)")
-    p.add_argument("-o", "--output-prefix", required=True, help="the joined prefix")
+    p.add_argument("-o", "--output-prefix", type=_prefix, required=True,
+                   help="the joined prefix (out/web.bin or .idx or .json means out/web)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_merge)

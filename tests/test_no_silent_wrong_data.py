@@ -355,6 +355,44 @@ def test_unknown_tokens_and_missing_inputs_name_the_option_or_file(tmp_path, cap
         run("pretrain", "--quiet", "--debug", src, "--eod-token", "<|eos|>", "-o", tmp_path / "out")
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--shard", "4/3"], "argument --shard: '4/3': K counts parts from 0, so it is 0..2 for N=3"),
+    (["--shard", "0/0"], "argument --shard: '0/0': N, the number of parts, must be at least 1"),
+    (["--shard", "a/b"], "argument --shard: 'a/b' is not K/N"),
+    (["-o", "out/"], "argument -o/--output-prefix: 'out/' names no file"),
+    (["-o", ""], "argument -o/--output-prefix: '' names no file"),
+])
+def test_bad_shard_and_prefix_are_refused_when_parsing(tmp_path, capsys, args, says):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+    with pytest.raises(SystemExit) as exit_:
+        run("pretrain", src, *args)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["in.jsonl"]
+
+
+def test_input_and_tokenizer_errors_name_the_option_or_file(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "c.jsonl", [{"text": "hello"}])
+    broken = tmp_path / "tok"
+    broken.mkdir()
+    spec = open(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"), "rb").read()
+    (broken / "tokenizer.json").write_bytes(spec[: len(spec) // 2])
+    cases = [(["pretrain", src, "-", "-"], "standard input (-) is named more than once"),
+             (["pretrain", src, "--hf-split", "test"], "--hf-split test: none of the inputs has splits"),
+             (["pretrain", src, "--tokenizer", broken], f"{broken}/tokenizer.json: gigatoken cannot read it"),
+             (["sft", "--tokenizer", broken, "--backend", "hf"], f"{broken}/tokenizer.json: hf cannot read it")]
+    for args, says in cases:
+        assert run(*args[:1], "--quiet", *args[1:], "-o", tmp_path / "out") == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
+        assert _no_outputs(tmp_path)
+
+
+def test_a_data_file_name_given_as_prefix_means_its_prefix(tmp_path):
+    src = write_jsonl(tmp_path / "c.jsonl", [{"text": "hello"}])
+    assert run("pretrain", "--quiet", src, "-o", tmp_path / "web.bin") == 0
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl", "web.bin", "web.idx", "web.json"]
+
+
 # -- 8. printing into a closed pipe ----------------------------------------------------------------
 
 def test_printing_into_a_closed_pipe_ends_quietly(tmp_path):

@@ -213,6 +213,22 @@ def test_a_dataset_in_the_hub_cache_by_name(tmp_path):
     assert missing.returncode == 2 and "not in the local Hugging Face cache" in missing.stderr
 
 
+def test_a_dataset_dict_split_that_is_not_there_is_named_with_those_there(tmp_path, capsys):
+    import datasets
+
+    from qwen_data.cli import main
+
+    split = datasets.Dataset(datasets.table.InMemoryTable(arrow_table([{"text": "a"}])))
+    datasets.DatasetDict({"train": split, "test": split}).save_to_disk(str(tmp_path / "dd"))
+    capsys.readouterr()
+    for args, says in ((["--hf-split", "validation"], "no split 'validation' in this datasets DatasetDict (its splits: "
+                                                      "train, test): choose one with --hf-split"),
+                       ([], "a datasets DatasetDict (its splits: train, test): choose one with --hf-split")):
+        assert main(["pretrain", "--quiet", str(tmp_path / "dd"), *args, "-o", str(tmp_path / "out")]) == 2
+        assert says in capsys.readouterr().err
+    assert manifest(pretrain([tmp_path / "dd"], tmp_path / "test", "--hf-split", "test"))["documents"] == 1
+
+
 def test_parquet_rejects_name_the_row_group_and_row(tmp_path):
     from qwen_data.cli import main
 

@@ -88,9 +88,11 @@ class Shard:
         try:
             k, n = (int(part) for part in text.split("/"))
         except ValueError:
-            raise ValueError(f"--shard {text!r}: expected K/N, e.g. 0/8") from None
+            raise ValueError(f"{text!r} is not K/N (part K, counting from 0, of N parts), e.g. 0/8") from None
+        if n < 1:
+            raise ValueError(f"{text!r}: N, the number of parts, must be at least 1")
         if not 0 <= k < n:
-            raise ValueError(f"--shard {text!r}: K must be 0..N-1")
+            raise ValueError(f"{text!r}: K counts parts from 0, so it is 0..{n - 1} for N={n}")
         return cls(k, n)
 
     def __str__(self) -> str:
@@ -112,6 +114,11 @@ def kind_of(path: str) -> tuple[str, str | None] | None:
 # -- expanding the command line -------------------------------------------------------------------
 def expand(inputs: list[str], hf_split: str | None = None) -> list[InputFile]:
     """The files behind the inputs, in reading order; a clear error for anything unreadable."""
+    if inputs.count(STDIN) > 1:
+        raise InputFileError("standard input (-) is named more than once: it can be read once; give - once")
+    if hf_split is not None and not any(map(_has_splits, inputs)):
+        raise InputFileError(f"--hf-split {hf_split}: none of the inputs has splits (it chooses the split of an "
+                             "hf:NAME dataset or of a datasets DatasetDict folder): leave it out")
     paths: list[str] = []
     for text in inputs:
         paths += _expand_one(text, hf_split)
@@ -143,6 +150,12 @@ def _expand_one(text: str, hf_split: str | None) -> list[str]:
             raise InputFileError(f"{text}: matches no readable input file ({READABLE})")
         return files
     raise FileNotFoundError(f"{text}: no such input file or directory")
+
+
+def _has_splits(text: str) -> bool:
+    """Whether an input is one --hf-split applies to: hf:NAME, or a DatasetDict folder (or a glob of some)."""
+    folders = glob.glob(text) if glob.has_magic(text) else [text]
+    return text.startswith("hf:") or any(os.path.isfile(os.path.join(f, "dataset_dict.json")) for f in folders)
 
 
 def _directory_files(folder: str, hf_split: str | None) -> list[str]:
@@ -177,7 +190,9 @@ def saved_dataset_files(folder: str, hf_split: str | None) -> list[str] | None:
             splits = json.load(f).get("splits", [])
         split = hf_split or (splits[0] if len(splits) == 1 else None)
         if split not in splits:
-            raise InputFileError(f"{folder}: a datasets DatasetDict with splits {splits}: choose one with --hf-split")
+            what = f"no split {split!r} in this" if split else "a"
+            raise InputFileError(f"{folder}: {what} datasets DatasetDict (its splits: {', '.join(splits) or 'none'}): "
+                                 "choose one with --hf-split")
         folder = os.path.join(folder, split)
     state_file = os.path.join(folder, "state.json")
     if not os.path.isfile(state_file):

@@ -59,7 +59,8 @@ def resolve_tokenizer_dir(name: str | None) -> tuple[str, str]:
         return BUNDLED_NAME, bundled_tokenizer_dir()
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "tokenizer.json")):
-            raise TokenizerNotFound(f"{name}: no tokenizer.json in this directory")
+            raise TokenizerNotFound(f"{name}: no tokenizer.json in this directory: --tokenizer takes a folder holding "
+                                    "a model's tokenizer files (tokenizer.json, tokenizer_config.json)")
         return os.path.abspath(name), os.path.abspath(name)
     try:
         from huggingface_hub import snapshot_download
@@ -159,13 +160,19 @@ class QwenTokenizer:
             raise ValueError(f"backend must be one of {BACKENDS}")
         self.config = config
         self.name, self.directory = resolve_tokenizer_dir(config.name)
-        with open(os.path.join(self.directory, "tokenizer.json"), encoding="utf-8") as f:
-            # Kept as text, never as a parsed dict: the main process forks the workers, and every
-            # megabyte it holds shows up again in each worker's resident size.
-            self._json_text = f.read()
+        try:
+            with open(self._file(), encoding="utf-8") as f:
+                # Kept as text, never as a parsed dict: the main process forks the workers, and every
+                # megabyte it holds shows up again in each worker's resident size.
+                self._json_text = f.read()
+        except UnicodeDecodeError as exc:
+            raise self._broken(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         self._added_span, added_list = _find_added_tokens(self._json_text)
         added = {t["content"]: t["id"] for t in added_list}
-        detected = detect_flavour(set(added.values()))
+        try:
+            detected = detect_flavour(set(added.values()))
+        except ValueError as exc:
+            raise self._broken(str(exc)) from None
         self.flavour = config.flavour or detected
         if self.flavour not in FLAVOUR_ADDED_TOKENS:
             raise ValueError(f"flavour must be one of {sorted(FLAVOUR_ADDED_TOKENS)}")
@@ -183,6 +190,13 @@ class QwenTokenizer:
         self._backends: dict[frozenset, object] = {}
         self.encoded = 0  # characters encoded by this object (see `shared`)
         self._starts: np.ndarray | None = None  # see _spelling_starts
+
+    def _file(self) -> str:
+        return os.path.join(self.directory, "tokenizer.json")
+
+    def _broken(self, why: str) -> ValueError:
+        return ValueError(f"{self._file()}: {why}: a truncated or corrupt file? Use the model's own tokenizer files "
+                          "(copy or download them again), or leave out --tokenizer for the bundled Qwen tokenizer")
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -353,14 +367,18 @@ class QwenTokenizer:
         routing of `encode_batch` that sends the texts of `exact_rows` to HF."""
         key = self.kept_tokens(special)  # policies keeping the same tokens share a backend
         if key not in self._backends:
-            if self.config.backend == "gigatoken":
-                import gigatoken
+            try:
+                if self.config.backend == "gigatoken":
+                    import gigatoken
 
-                self._backends[key] = gigatoken.Tokenizer.from_json(self._spec(special))
-            else:
-                from tokenizers import Tokenizer
+                    self._backends[key] = gigatoken.Tokenizer.from_json(self._spec(special))
+                else:
+                    from tokenizers import Tokenizer
 
-                self._backends[key] = Tokenizer.from_str(self._spec(special))
+                    self._backends[key] = Tokenizer.from_str(self._spec(special))
+            except Exception as exc:  # (the libraries' own error types)
+                lines = str(exc).strip().splitlines()
+                raise self._broken(f"{self.config.backend} cannot read it ({lines[0] if lines else exc!r})") from None
         return self._backends[key]
 
 
