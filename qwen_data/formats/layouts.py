@@ -313,6 +313,37 @@ def _split_pad(tokens, trained, parts, pad_id: int):
 # Checks (verify)
 
 
+def check_offsets(index: Index, problems: list[str]) -> bool:
+    """Lengths ≥ 0, pointers the running byte offsets of the lengths, document indices 0 → sequences."""
+    itemsize = index.dtype.itemsize
+    offset = 0
+    for start, lengths in chunks(index.lengths):
+        if (lengths < 0).any():
+            i = start + int(np.argmax(lengths < 0))
+            problems.append(f"{index.path}: sequence {i} has a negative length {lengths[i - start]}")
+            return False
+        nbytes = lengths * itemsize
+        expected = offset + np.cumsum(nbytes) - nbytes
+        pointers = np.asarray(index.pointers[start: start + len(lengths)])
+        if not np.array_equal(pointers, expected):
+            i = int(np.argmax(pointers != expected))
+            problems.append(f"{index.path}: sequence {start + i} starts at byte {pointers[i]}, but the lengths "
+                            f"before it put it at {expected[i]}")
+            return False
+        offset += int(nbytes.sum())
+    docs = index.document_indices
+    if docs[0] != 0 or docs[-1] != index.sequences:
+        problems.append(f"{index.path}: document indices run from {docs[0]} to {docs[-1]}, "
+                        f"not from 0 to the sequence count {index.sequences}")
+        return False
+    for start, chunk in chunks(docs, overlap=1):
+        if (np.diff(chunk) < 0).any():
+            d = start + int(np.argmax(np.diff(chunk) < 0))
+            problems.append(f"{index.path}: document indices decrease after document {d}")
+            return False
+    return True
+
+
 def _one_sequence_each(index: Index, unit: str, where: str, problems: list[str]) -> bool:
     for start, chunk in chunks(index.document_indices, overlap=1):
         if (np.diff(chunk) != 1).any():
