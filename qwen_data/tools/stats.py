@@ -135,7 +135,7 @@ def blend_lines(b: BlendStats) -> list[str]:
     width = max(len(s.prefix) for _, _, s in b.sources)
     lines.append(f"  {'source':<{width}}  {'weight':>8}  {'tokens%':>8}  {'tokens':>14}  {'samples':>11}  trained")
     for weight, share, s in b.sources:
-        lines.append(f"  {s.prefix:<{width}}  {weight:>8.4f}  {share:>8.2%}  {s.tokens:>14,}  {s.samples:>11,}  "
+        lines.append(f"  {s.prefix:<{width}}  {weight:>8.4g}  {share:>8.2%}  {s.tokens:>14,}  {s.samples:>11,}  "
                      f"{s.trained_share:.1%}")
     for name, prefixes in b.other_splits.items():
         lines.append(f"  {name}: {' '.join(prefixes)}")
