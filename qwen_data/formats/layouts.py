@@ -90,8 +90,10 @@ class DataLayout:
         lengths: (token ids, trained flags, sample lengths, pad ids after the samples)."""
         return values, np.ones(len(values), bool), lengths, 0
 
-    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
-        return index.lengths  # int32 as the index holds them: no copy of a large index
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None):
+        """The length of every sample (pretraining: of every document), padding left out, yielded a
+        chunk at a time: memory stays flat however many there are."""
+        return index.length_chunks()
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
         """What the layout promises of documents and sequences, from the index alone."""
@@ -165,16 +167,16 @@ class PackedMaskLayout(MaskLayout):
     def row_values(self) -> int:
         return self.seq_length
 
-    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
-        lengths = index.lengths
-        if not len(lengths):
-            return lengths
-        # The last sequence of a row is its padding when its first id is the pad id.
-        last = np.asarray(index.document_indices[1:], np.int64) - 1
-        first_ids = data[np.asarray(index.pointers[last], np.int64) // index.dtype.itemsize]
-        keep = np.ones(len(lengths), bool)
-        keep[last[first_ids == pad_id]] = False
-        return lengths[keep]
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None):
+        for start, ends in chunks(index.document_indices[1:]):  # a chunk of rows: their end sequences
+            first = int(index.document_indices[start])
+            lengths = np.asarray(index.lengths[first:ends[-1]], np.int64)
+            # The last sequence of a row is its padding when its first id is the pad id.
+            last = ends - 1
+            first_ids = data[np.asarray(index.pointers[last], np.int64) // index.dtype.itemsize]
+            keep = np.ones(len(lengths), bool)
+            keep[last[first_ids == pad_id] - first] = False
+            yield lengths[keep]
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
         seq_length, total, n = self.seq_length, index_tokens(index), index.sequences
@@ -229,7 +231,7 @@ class PaiLayout(DataLayout):
         tokens, trained, parts = pai.split_row(values, self.seq_length)
         return _split_pad(tokens, trained.astype(bool), parts, pad_id)
 
-    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None):
         return pai.sample_lengths(data, self.seq_length)
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
