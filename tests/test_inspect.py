@@ -222,7 +222,7 @@ def test_stats_lengths_are_numpys_counted_a_chunk_at_a_time(n, monkeypatch):
     assert width == 300 and np.array_equal(binned, np.bincount(lengths // width, minlength=stats.BINS))
 
 
-def test_stats_of_what_is_not_a_prefix_says_what_to_give(data, capsys, tmp_path):
+def test_stats_of_what_is_not_a_prefix_says_what_to_give(capsys, tmp_path):
     text = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
     (tmp_path / "notes.txt").write_text("hello world\n")
     (tmp_path / "bad.json").write_text("{")
