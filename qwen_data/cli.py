@@ -460,7 +460,7 @@ def _print_blend(result) -> None:
           + (f" (temperature {blend.temperature:g})" if blend.temperature else ""))
     for name in SPLITS:
         for e in blend.splits.get(name) or ():
-            print(f"  {name:<5}  {e.source.prefix}  weight {e.weight:.4f}  tokens {100 * e.share:.2f}%  "
+            print(f"  {name:<5}  {e.source.prefix}  weight {e.weight:.4g}  tokens {100 * e.share:.2f}%  "
                   f"({e.source.real_tokens:,} tokens, {e.source.documents:,} documents)")
     print("wrote " + ", ".join(result.written))
     print("Megatron-LM flags: " + " ".join(result.megatron_args))

@@ -7,6 +7,8 @@ purpose updates them and says why.
 """
 
 import json
+import os
+import shutil
 
 import pytest
 
@@ -28,3 +30,26 @@ def test_bundled_examples_give_the_pinned_bytes(tmp_path, args):
     assert main([args[0], "--quiet", "-o", str(tmp_path / "out"), *args[1:]]) == 0
     with open(tmp_path / "out.json", encoding="utf-8") as f:
         assert json.load(f)["fingerprint"] == PINNED[args]
+
+
+@pytest.mark.corrupts_outputs  # a manifest edited to another flavour
+def test_parts_made_with_a_copied_tokenizer_or_the_hf_backend_merge_into_one_runs_bytes(tmp_path, capsys):
+    """A tokenizer is its files' content and flavour: not where the files lay, nor which backend encoded
+    (both give the same ids). A merge that refuses names the field that differs and both values."""
+    from _helpers import copy_prefix, corpus, manifest, pretrain
+    from qwen_data.text.tokenizer import bundled_tokenizer_dir
+    from qwen_data.tools.verify import verify
+
+    copied = str(shutil.copytree(bundled_tokenizer_dir(), tmp_path / "tokenizer"))
+    text = corpus(tmp_path / "c.jsonl", seed=5, documents=30, longest=30)
+    shards = [pretrain([text], tmp_path / "s0", "--shard", "0/2", "--tokenizer", copied),
+              pretrain([text], tmp_path / "s1", "--shard", "1/2", "--backend", "hf")]
+    assert main(["merge", "--quiet", *shards, "-o", str(tmp_path / "m")]) == 0
+    assert manifest(tmp_path / "m")["fingerprint"] == manifest(pretrain([text], tmp_path / "one"))["fingerprint"]
+    assert verify(str(tmp_path / "m")) == []
+    other = copy_prefix(shards[1], str(tmp_path / "q25"), lambda m: m["tokenizer"].update(flavour="qwen2.5"))
+    capsys.readouterr()
+    assert main(["merge", "--quiet", shards[0], other, "-o", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"{other} and {shards[0]} were made differently: tokenizer.flavour 'qwen2.5' vs 'qwen3'" in err, err
+    assert not os.path.exists(tmp_path / "x.json")

@@ -202,6 +202,40 @@ def test_stats_of_a_prefix(data, capsys):
     assert f"trained {s.trained:,} ({s.trained / s.tokens:.1%})" in out and f"packed: {s.documents:,} rows of 256" in out
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 30, 1001, 250_000])
+def test_stats_lengths_are_numpys_counted_a_chunk_at_a_time(n, monkeypatch):
+    """Counted by length a chunk at a time (no list of every length), the percentiles, mean and histogram
+    are numpy's over all the lengths at once, lengths beyond the dense counts included."""
+    from qwen_data.tools import stats
+
+    monkeypatch.setattr(stats, "DENSE", 1000)
+    rng = np.random.default_rng(n)
+    lengths = np.where(rng.random(n) < 0.05, rng.integers(1000, 5000, n), rng.integers(0, 1000, n))
+    counts = stats.LengthCounts()
+    for start in range(0, n, 977):
+        counts.add(lengths[start:start + 977])
+    percents = list(range(101)) + [99.9, 0.1, 33.3]
+    assert counts.percentiles(percents) == [int(v) for v in np.percentile(lengths, percents, method="inverted_cdf")]
+    assert (counts.samples, counts.tokens) == (n, lengths.sum())
+    binned, edges = counts.histogram(6000)
+    width = edges[1]
+    assert width == 300 and np.array_equal(binned, np.bincount(lengths // width, minlength=stats.BINS))
+
+
+def test_stats_of_what_is_not_a_prefix_says_what_to_give(capsys, tmp_path):
+    text = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+    (tmp_path / "notes.txt").write_text("hello world\n")
+    (tmp_path / "bad.json").write_text("{")
+    for target, says in ((text, "neither a prefix (PREFIX.bin/.idx/.json) nor a blend file"),
+                         (str(tmp_path), "a directory, not a prefix"),
+                         (str(tmp_path / "notes.txt"), "not a blend of qwen-data prefixes: hello: no manifest"),
+                         (str(tmp_path / "bad.json"), "not a per-split blend (JSON)"),
+                         (str(tmp_path / "none"), "no manifest")):
+        assert main(["stats", target]) == 2
+        err = capsys.readouterr().err
+        assert f"qwen-data stats: error: {target}" in err and says in err, err
+
+
 def test_stats_count_rejects_by_reason(data, capsys):
     records = write_jsonl(data["dir"] / "mixed.jsonl", [WORKED, WORKED | {"output": "word " * 300}, {"nothing": 1}])
     prefix = sft([records], data["dir"] / "mixed", "--seq-length", 128)

@@ -337,3 +337,53 @@ def test_pai_counts_and_row_width(prefixes, tmp_path, capsys):
                                         f"{manifest(prefixes['pai_packed'])['sft']['samples']}"]
     prefix = copy_prefix(prefixes["pai"], str(tmp_path / "width"), edit=lambda m: m["sft"].update(seq_length=SEQ // 2))
     assert f"{prefix}.idx: row 0 holds {2 * SEQ} values, not 2 x sft.seq_length = {SEQ}" in problems(capsys, prefix)
+
+
+# -- merge checks what it copies -------------------------------------------------------------------
+def _flip(path, position):
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)[0]
+        f.seek(position)
+        f.write(bytes([byte ^ 1]))
+
+
+def _same_counts_other_lengths(prefix):
+    """Sequences 0 and 1 given other lengths, the pointers moved to match: a well-formed index."""
+    index = read_index(prefix + ".idx")
+    lengths, pointers = np.array(index.lengths), np.array(index.pointers)
+    lengths[0], lengths[1] = lengths[0] + 1, lengths[1] - 1
+    pointers[1] += index.dtype.itemsize
+    with open(prefix + ".idx", "r+b") as f:
+        f.seek(int(index.lengths.offset))
+        f.write(lengths.tobytes())
+        f.write(pointers.tobytes())
+
+
+@corrupts
+@pytest.mark.parametrize("name, damage, cause", [
+    ("web", lambda p: _flip(p + ".bin", 4 * 7), "hash to fingerprint"),
+    ("web", lambda p: _flip(p + ".idx", os.path.getsize(p + ".idx") - 3), "document indices run from 0 to"),
+    ("web", _same_counts_other_lengths, "hash to fingerprint"),
+    ("web", lambda p: os.truncate(p + ".bin", os.path.getsize(p + ".bin") - 4), "truncated or extended"),
+    ("web", lambda p: os.truncate(p + ".idx", os.path.getsize(p + ".idx") - 8), "truncated or corrupt"),
+    ("unpacked", lambda p: _flip(p + ".bin", 4 * 3), "hash to fingerprint"),
+    ("unpacked", lambda p: _flip(p + ".lossmask.bin", 5), "hash to fingerprint"),
+    ("unpacked", lambda p: _same_counts_other_lengths(p + ".lossmask"), "hash to fingerprint"),
+    ("unpacked", lambda p: os.truncate(p + ".lossmask.bin", os.path.getsize(p + ".lossmask.bin") - 1),
+     "truncated or extended"),
+], ids=["bin", "idx", "idx-well-formed", "bin-truncated", "idx-truncated", "sft-bin", "lossmask-bin",
+        "lossmask-idx-well-formed", "lossmask-truncated"])
+def test_merge_refuses_a_changed_part_by_name(prefixes, tmp_path, capsys, name, damage, cause):
+    """A part whose files are not what its manifest says is refused, naming it and the cause; the
+    merged output is not written (a fresh fingerprint would vouch for the damaged data)."""
+    whole = copy_prefix(prefixes[name], str(tmp_path / "whole"))
+    part = copy_prefix(prefixes[name], str(tmp_path / "part"))
+    damage(part)
+    out = str(tmp_path / "m")
+    assert main(["merge", "--quiet", whole, part, "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert f"{part} was changed or damaged after it was made" in err and f"verify {part}" in err, err
+    assert err.count(part) >= 3 and cause in err, err  # the file named, what is wrong, what to do
+    assert not any(os.path.exists(out + suffix) for suffix in (".json", ".bin", ".idx", ".lossmask.bin"))
+    assert main(["merge", "--quiet", whole, whole, "-o", out]) == 0  # undamaged, it merges

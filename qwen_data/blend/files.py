@@ -325,7 +325,11 @@ def read_blend(path: str) -> BlendRecord:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if path.endswith(".json"):
-        return BlendRecord(_per_split_lists(path, json.loads(text)), True, None, fingerprints)
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise BlendError(f"{path}: not a per-split blend (JSON): {exc}") from None
+        return BlendRecord(_per_split_lists(path, data), True, None, fingerprints)
     # Megatron takes the split of a NAME.txt blend from the command line; ours recorded it.
     splits = {"train": blend_from_list(text.split()), "valid": None, "test": None}
     return BlendRecord(splits, False, record.get("split") if record else None, fingerprints)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from .files import SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source, strip_suffix
@@ -34,18 +35,21 @@ def parse_spec(text: str) -> tuple[str, float | None]:
         except ValueError:
             return text, None
         if not (value > 0 and math.isfinite(value)):
-            raise BlendError(f"{text}: weights must be positive numbers")
+            raise BlendError(f"{text}: a weight must be a positive number below {sys.float_info.max:.3g}")
         return prefix, value
     return text, None
 
 
 def token_shares(sources: list[Source], by: str, temperature: float | None) -> list[float]:
-    """Each source's share of training tokens (sums to 1)."""
+    """Each source's share of training tokens (sums to 1). Scaled by the largest first, so that no
+    weight or temperature overflows: a share too small for a float comes out 0 (see `_weigh`)."""
     if by == "ratio":
-        raw = [s.ratio for s in sources]
+        top = max(s.ratio for s in sources)
+        raw = [s.ratio / top for s in sources]
     else:
         exponent = 1.0 / (temperature or 1.0)
-        raw = [float(s.real_tokens) ** exponent for s in sources]
+        top = max(s.real_tokens for s in sources)
+        raw = [(s.real_tokens / top) ** exponent for s in sources]
     total = sum(raw)
     return [r / total for r in raw]
 
@@ -61,14 +65,23 @@ def megatron_weights(sources: list[Source], shares: list[float], ratio_unit: str
     return [float(f"{r / total:.12g}") for r in raw]
 
 
+# One part of a split as Megatron reads it whole: it takes every run of digits and dots in the string
+# as a number, so "98,-2,0" or "1e3,1" would be read as other numbers than they say.
+SPLIT_PART = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+
+
 def parse_split(split: str) -> list[float]:
-    """Megatron's `--split` reading: the numbers in the string, padded to 3, normalised."""
-    values = [float(v) for v in re.findall(r"[.0-9]+", split)]
-    if not values or len(values) > 3:
-        raise BlendError(f"--split {split!r}: expected up to 3 numbers like 98,2,0")
-    values += [0.0] * (3 - len(values))
+    """Megatron's `--split` reading: up to 3 comma-separated non-negative numbers, padded to 3, normalised."""
+    parts = split.split(",")
+    if len(parts) > 3 or not all(SPLIT_PART.fullmatch(part) for part in parts):
+        raise BlendError(f"--split {split!r}: expected up to 3 non-negative numbers separated by commas, like 98,2,0 "
+                         "(Megatron reads only digits and dots, so signs, exponents and other characters would "
+                         "change the numbers it sees)")
+    values = [float(part) for part in parts] + [0.0] * (3 - len(parts))
     total = sum(values)
-    if total <= 0 or values[0] <= 0:
+    if not math.isfinite(total):
+        raise BlendError(f"--split {split!r}: numbers too large; give shares like 98,2,0")
+    if values[0] <= 0:
         raise BlendError(f"--split {split!r}: the train part must be positive")
     return [v / total for v in values]
 
@@ -98,7 +111,7 @@ def plan_blend(
             chosen[name] = split_by, _load_split(name, items, absolute)
     everything = [s for _, sources in chosen.values() for s in sources]
     check_agreement(everything)  # before weighing: SFT and pretraining weights differ in meaning
-    splits = {name: _weigh(sources, split_by, temperature, ratio_unit)
+    splits = {name: _weigh(name, sources, split_by, temperature, ratio_unit)
               for name, (split_by, sources) in chosen.items()}
     train_by = by or ("ratio" if any(w is not None for _, w in specs["train"]) else "tokens")
     return Blend(splits, train_by, temperature, ratio_unit, split, everything)
@@ -128,8 +141,8 @@ def _weighting_asked(train, valid, test, by: str | None, temperature: float | No
         parse_split(split)
     if temperature is None:
         return by
-    if not temperature > 0:
-        raise BlendError("--temperature must be positive")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise BlendError(f"--temperature {temperature}: must be a positive number below {sys.float_info.max:.3g}")
     if by == "ratio":
         raise BlendError("--temperature weighs by token counts; it cannot be used with --by ratio")
     return "tokens"
@@ -166,9 +179,18 @@ def _load_split(name: str, items: list, absolute: bool) -> list[Source]:
     return sources
 
 
-def _weigh(sources: list[Source], by: str, temperature: float | None, ratio_unit: str) -> list[Entry]:
+def _weigh(name: str, sources: list[Source], by: str, temperature: float | None, ratio_unit: str) -> list[Entry]:
+    """Every source of a split with its share and weight; refused when a weight would be 0 or lose
+    precision (below the smallest normal float64): Megatron would never, or wrongly, draw from it."""
     shares = token_shares(sources, by, temperature)
     weights = megatron_weights(sources, shares, ratio_unit)
+    for s, weight in zip(sources, weights):
+        if weight < sys.float_info.min:
+            cause = (f"{s.prefix}={s.ratio:g} beside a weight of {max(x.ratio for x in sources):g}" if by == "ratio"
+                     else f"--temperature {temperature:g}")
+            raise BlendError(f"{name}: {cause} gives {s.prefix} a Megatron weight of {weight:.3g}, below "
+                             f"{sys.float_info.min:.3g}, the smallest a float64 holds exactly: raise "
+                             + ("its weight" if by == "ratio" else "the temperature") + " or leave it out")
     return [Entry(s, share, weight) for s, share, weight in zip(sources, shares, weights)]
 
 

@@ -231,6 +231,14 @@ class Index:
     def documents(self) -> int:
         return len(self.document_indices) - 1
 
+    def length_chunks(self):
+        """The sequence lengths (int32), _CHUNK at a time, read from the file rather than the memmap,
+        whose pages would stay resident: memory stays flat however long the index."""
+        with open(self.path, "rb") as f:
+            f.seek(_HEADER.size)
+            for start in range(0, self.sequences, _CHUNK):
+                yield np.fromfile(f, np.int32, min(_CHUNK, self.sequences - start))
+
 
 def read_index(idx_path: str) -> Index:
     """Open `idx_path`; IndexFormatError unless header, dtype code, counts and file size agree."""

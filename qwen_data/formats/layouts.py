@@ -90,8 +90,10 @@ class DataLayout:
         lengths: (token ids, trained flags, sample lengths, pad ids after the samples)."""
         return values, np.ones(len(values), bool), lengths, 0
 
-    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
-        return index.lengths  # int32 as the index holds them: no copy of a large index
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None):
+        """The length of every sample (pretraining: of every document), padding left out, yielded a
+        chunk at a time: memory stays flat however many there are."""
+        return index.length_chunks()
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
         """What the layout promises of documents and sequences, from the index alone."""
@@ -165,16 +167,16 @@ class PackedMaskLayout(MaskLayout):
     def row_values(self) -> int:
         return self.seq_length
 
-    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
-        lengths = index.lengths
-        if not len(lengths):
-            return lengths
-        # The last sequence of a row is its padding when its first id is the pad id.
-        last = np.asarray(index.document_indices[1:], np.int64) - 1
-        first_ids = data[np.asarray(index.pointers[last], np.int64) // index.dtype.itemsize]
-        keep = np.ones(len(lengths), bool)
-        keep[last[first_ids == pad_id]] = False
-        return lengths[keep]
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None):
+        for start, ends in chunks(index.document_indices[1:]):  # a chunk of rows: their end sequences
+            first = int(index.document_indices[start])
+            lengths = np.asarray(index.lengths[first:ends[-1]], np.int64)
+            # The last sequence of a row is its padding when its first id is the pad id.
+            last = ends - 1
+            first_ids = data[np.asarray(index.pointers[last], np.int64) // index.dtype.itemsize]
+            keep = np.ones(len(lengths), bool)
+            keep[last[first_ids == pad_id] - first] = False
+            yield lengths[keep]
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
         seq_length, total, n = self.seq_length, index_tokens(index), index.sequences
@@ -229,7 +231,7 @@ class PaiLayout(DataLayout):
         tokens, trained, parts = pai.split_row(values, self.seq_length)
         return _split_pad(tokens, trained.astype(bool), parts, pad_id)
 
-    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None) -> np.ndarray:
+    def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None):
         return pai.sample_lengths(data, self.seq_length)
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
@@ -311,6 +313,37 @@ def _split_pad(tokens, trained, parts, pad_id: int):
 
 # ---------------------------------------------------------------------------------------------
 # Checks (verify)
+
+
+def check_offsets(index: Index, problems: list[str]) -> bool:
+    """Lengths ≥ 0, pointers the running byte offsets of the lengths, document indices 0 → sequences."""
+    itemsize = index.dtype.itemsize
+    offset = 0
+    for start, lengths in chunks(index.lengths):
+        if (lengths < 0).any():
+            i = start + int(np.argmax(lengths < 0))
+            problems.append(f"{index.path}: sequence {i} has a negative length {lengths[i - start]}")
+            return False
+        nbytes = lengths * itemsize
+        expected = offset + np.cumsum(nbytes) - nbytes
+        pointers = np.asarray(index.pointers[start: start + len(lengths)])
+        if not np.array_equal(pointers, expected):
+            i = int(np.argmax(pointers != expected))
+            problems.append(f"{index.path}: sequence {start + i} starts at byte {pointers[i]}, but the lengths "
+                            f"before it put it at {expected[i]}")
+            return False
+        offset += int(nbytes.sum())
+    docs = index.document_indices
+    if docs[0] != 0 or docs[-1] != index.sequences:
+        problems.append(f"{index.path}: document indices run from {docs[0]} to {docs[-1]}, "
+                        f"not from 0 to the sequence count {index.sequences}")
+        return False
+    for start, chunk in chunks(docs, overlap=1):
+        if (np.diff(chunk) < 0).any():
+            d = start + int(np.argmax(np.diff(chunk) < 0))
+            problems.append(f"{index.path}: document indices decrease after document {d}")
+            return False
+    return True
 
 
 def _one_sequence_each(index: Index, unit: str, where: str, problems: list[str]) -> bool:

@@ -55,7 +55,7 @@ class SFTSection:
     truncated: int = field(default=0, metadata=SUM)
     layout: str = field(default="mask", metadata=SAME)  # one of LAYOUTS (absent before layouts were named)
     packed: bool = field(default=False, metadata=SAME)
-    trained_tokens: int = 0
+    trained_tokens: int = field(default=0, metadata=SUM)
     pad_tokens: int | None = field(default=None, metadata=OPTIONAL)
     packing: str | None = field(default=None, metadata=SAME | OPTIONAL)
     rows: int | None = field(default=None, metadata=OPTIONAL)

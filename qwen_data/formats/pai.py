@@ -79,15 +79,13 @@ def split_row(row: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.n
     return tokens, mask, np.diff(bounds).astype(np.int64)
 
 
-def sample_lengths(values: np.ndarray, width: int) -> np.ndarray:
-    """The length of every sample of the rows `values` holds: sample ends are the negative ids of
-    the rows' first halves, scanned a block of rows at a time."""
+def sample_lengths(values: np.ndarray, width: int):
+    """The length of every sample of the rows `values` holds, yielded a block of rows at a time:
+    sample ends are the negative ids of the rows' first halves."""
     rows = values.reshape(-1, 2 * width) if len(values) else np.zeros((0, 2 * width), np.int32)
-    out = []
     for first in range(0, len(rows), ROWS_PER_BATCH):
         ends = np.flatnonzero(rows[first:first + ROWS_PER_BATCH, :width].ravel() < 0)
         row, end = ends // width, ends % width + 1
         start = np.concatenate([[0], end[:-1]])
         start[np.concatenate([[True], row[1:] != row[:-1]])] = 0  # a row's first sample starts at 0
-        out.append(end - start)
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
+        yield end - start

@@ -7,9 +7,13 @@ leaves its samples as they are (best fit packs over all samples, so it cannot be
 the merge packs them and lays them out (`layouts.finish`). Prefixes that are not shards join in the
 order given.
 
-Refused, naming the prefix and the field: prefixes of another kind, tokenizer, eod/pad id, dtype or
-SFT settings; an incomplete or repeated set of shards, or shards of other inputs; already packed
-data and data in the pai layout; an index whose counts disagree with its manifest. (`verify` re-hashes the data itself.)
+Refused, naming the prefix and the field: prefixes of another kind, tokenizer (its files' content
+and flavour: not where they lay, nor the backend), eod/pad id, dtype or SFT settings; an incomplete
+or repeated set of shards, or shards of other inputs; already packed data and data in the pai layout.
+Refused, naming the file: a part whose index is malformed or disagrees with its manifest, whose
+.bin is not the size its manifest says, or whose files no longer hash to its manifest's fingerprint
+(each part is hashed as it is copied; the merged output is then left unwritten). The counts of the
+output are the parts' manifests' (trained tokens included): the data they describe is checked.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import time
 
 import numpy as np
 
-from ..formats.indexed import IndexedDatasetWriter, MaskedWriter, bin_tokens, read_index
-from ..formats.layouts import UNPACKED, counts_of, finish, layout_of, trained_tokens
-from ..formats.manifest import Manifest, SFTSection, merge_fields
+from ..formats.indexed import (IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, file_digest, new_hash,
+                               read_index)
+from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
+from ..formats.manifest import Manifest, SFTSection, fingerprint, merge_fields
 from ..formats.outputs import AtomicOutputs
+from ..text.tokenizer import IDS_IDENTITY
 from .progress import Progress
 
 # Fields of a manifest that say how data was made: equal in every part of a merge.
@@ -100,33 +106,62 @@ def _ordered(parts: list[tuple[str, Manifest]]) -> list[tuple[str, Manifest]]:
 
 def _check_alike(parts: list[tuple[str, Manifest]]) -> None:
     base_prefix, base = parts[0]
+    settings = _settings(base)
     for prefix, m in parts:
         layout = layout_of(m)
         if layout.staged:
             raise MergeError(f"{prefix} is {layout.described}, which cannot be joined: run the shards with --shard K/N and the "
                              "same --pack/--layout (they leave their samples for merge to pack and lay out)")
-        index = read_index(prefix + ".idx")
-        if (index.documents, index.sequences) != (m.documents, m.sequences):
-            raise MergeError(f"{prefix}.idx holds {index.documents} documents, {index.sequences} sequences; its "
-                             f"manifest says {m.documents}, {m.sequences}")
-        differ = [f for f in SETTINGS if getattr(m, f) != getattr(base, f)]
-        if m.sft and base.sft:
-            differ += [f"sft.{f}" for f in SFT_SETTINGS if getattr(m.sft, f) != getattr(base.sft, f)]
+        mine = _settings(m)
+        differ = [name for name in settings if mine.get(name) != settings[name]]
         if differ:
             field = differ[0]
-            mine, theirs = (_field(x, field) for x in (m, base))
-            raise MergeError(f"{prefix} and {base_prefix} were made differently: {field} {mine!r} vs {theirs!r}"
-                             + (f" (and {', '.join(differ[1:])})" if differ[1:] else ""))
+            raise MergeError(f"{prefix} and {base_prefix} were made differently: {field} {mine.get(field)!r} vs "
+                             f"{settings[field]!r}" + (f" (and {', '.join(differ[1:])})" if differ[1:] else ""))
+        _check_files(prefix, m)
 
 
-def _field(m: Manifest, name: str):
-    return getattr(m.sft, name[4:]) if name.startswith("sft.") else getattr(m, name)
+def _settings(m: Manifest) -> dict:
+    """What must be equal in every part, by the name a refusal gives it."""
+    found = {name: getattr(m, name) for name in SETTINGS if name != "tokenizer"}
+    found |= {f"tokenizer.{name}": m.tokenizer.get(name) for name in IDS_IDENTITY}
+    if m.sft:
+        found |= {f"sft.{name}": getattr(m.sft, name) for name in SFT_SETTINGS}
+    return found
+
+
+def _check_files(prefix: str, m: Manifest) -> None:
+    """The part's files can be copied by its index: each index well formed and holding the manifest's
+    counts, each .bin the size the manifest says (their bytes are checked as they are copied)."""
+    for name, dtype in layout_of(m).channels(prefix, m.dtype):
+        try:
+            index = read_index(name + ".idx")
+        except IndexFormatError as exc:
+            raise MergeError(f"{exc}; {_remedy(prefix)}") from None
+        problems = []
+        if (index.documents, index.sequences, index.dtype) != (m.documents, m.sequences, dtype):
+            problems.append(f"{index.path} holds {index.documents} documents, {index.sequences} sequences of "
+                            f"{index.dtype}; {prefix}.json says {m.documents}, {m.sequences} of {dtype}")
+        elif check_offsets(index, problems) and index_tokens(index) != m.tokens:
+            problems.append(f"{index.path} describes {index_tokens(index)} tokens; {prefix}.json says {m.tokens}")
+        size, expected = os.path.getsize(name + ".bin"), m.tokens * dtype.itemsize
+        if size != expected:
+            problems.append(f"{name}.bin: {size} bytes, but {prefix}.json says {m.tokens} tokens of "
+                            f"{dtype.itemsize} bytes ({expected} bytes): truncated or extended")
+        if problems:
+            raise MergeError(f"{problems[0]}; {_remedy(prefix)}")
+
+
+def _remedy(prefix: str) -> str:
+    return (f"{prefix} was changed or damaged after it was made: restore it or make it again "
+            f"(`qwen-data verify {prefix}` lists its problems)")
 
 
 def _copy(prefix: str, manifest: Manifest, writers: list, progress: Progress) -> np.ndarray:
-    """Append every document of `prefix` to the writers (one per channel of its layout); its sequence lengths."""
-    channels = [(writer, bin_tokens(name + ".bin", dtype))
-                for writer, (name, dtype) in zip(writers, layout_of(manifest).channels(prefix, writers[0].dtype))]
+    """Append every document of `prefix` to the writers (one per channel of its layout), hashing what
+    is read: MergeError unless it is the data its manifest's fingerprint says. → its sequence lengths."""
+    names = [name for name, _ in layout_of(manifest).channels(prefix, writers[0].dtype)]
+    channels = [(writer, bin_tokens(name + ".bin", writer.dtype), new_hash()) for writer, name in zip(writers, names)]
     index = read_index(prefix + ".idx")
     lengths = np.asarray(index.lengths, dtype=np.int64)
     bounds = np.asarray(index.document_indices)  # each document's first sequence, and the end
@@ -136,10 +171,18 @@ def _copy(prefix: str, manifest: Manifest, writers: list, progress: Progress) ->
         last = int(np.searchsorted(starts, starts[document] + BLOCK_TOKENS, side="right")) - 1
         last = min(max(last, document + 1), index.documents)
         low, high = int(starts[document]), int(starts[last])
-        for writer, tokens in channels:
-            writer.add_batch(tokens[low:high], lengths[bounds[document]:bounds[last]], np.diff(bounds[document:last + 1]))
+        for writer, tokens, digest in channels:
+            block = tokens[low:high]
+            writer.add_batch(block, lengths[bounds[document]:bounds[last]], np.diff(bounds[document:last + 1]))
+            digest.update(block)
         progress.update(last - document, 0, high - low, high - low)
         document = last
+    found = fingerprint([(file_digest(name + ".idx"), digest.hexdigest())
+                         for name, (_, _, digest) in zip(names, channels)])
+    if found != manifest.fingerprint:
+        files = ", ".join(f"{name}.bin/.idx" for name in names)
+        raise MergeError(f"{files} hash to fingerprint {found[:16]}…, but {prefix}.json says "
+                         f"{manifest.fingerprint[:16]}…; {_remedy(prefix)}")
     return lengths
 
 
@@ -155,8 +198,7 @@ def _manifest(parts: list[tuple[str, Manifest]], data, lengths: np.ndarray) -> M
     inputs = first.inputs if sharded else [i for _, m in parts for i in m.inputs]
     sft = None
     if first.sft is not None:
-        sft = first.sft.replace(**{k: sum(getattr(m.sft, k) for _, m in parts) for k in SFT_COUNTS},
-                                trained_tokens=trained_tokens(data))
+        sft = first.sft.replace(**{k: sum(getattr(m.sft, k) for _, m in parts) for k in SFT_COUNTS})
     special = None if first.special_token_records is None else sum(m.special_token_records for _, m in parts)
     return Manifest(
         kind=first.kind, tokenizer=first.tokenizer, eod_id=first.eod_id, eod_token=first.eod_token,

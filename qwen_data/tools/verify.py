@@ -31,7 +31,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..formats.indexed import IndexFormatError, file_digest, new_hash, read_index
-from ..formats.layouts import Block
+from ..formats.layouts import Block, check_offsets
 from ..formats.layouts import chunks as _chunks
 from ..formats.layouts import index_tokens as _tokens
 from ..formats.layouts import layout_of
@@ -65,7 +65,7 @@ def verify(prefix: str) -> list[str]:
             return problems
         indexes.append(index)
     # `sound`: the indexes and .bin sizes agree, so the data can be read by document and row.
-    sound = all([_check_index(index, problems) for index in indexes])
+    sound = all([check_offsets(index, problems) for index in indexes])
     sound = sound and _check_sizes(prefix, indexes, manifest, problems)
     if sound and len(indexes) == 2:
         sound = _same_index(indexes[0], indexes[1], problems)
@@ -100,37 +100,6 @@ def _open_channel(name: str, dtype: np.dtype, manifest: Manifest, problems: list
         if count != recorded:
             problems.append(f"{index.path}: {count} {unit}, the manifest {recorded}")
     return index
-
-
-def _check_index(index, problems: list[str]) -> bool:
-    """Lengths ≥ 0, pointers the running byte offsets of the lengths, document indices 0 → sequences."""
-    itemsize = index.dtype.itemsize
-    offset = 0
-    for start, lengths in _chunks(index.lengths):
-        if (lengths < 0).any():
-            i = start + int(np.argmax(lengths < 0))
-            problems.append(f"{index.path}: sequence {i} has a negative length {lengths[i - start]}")
-            return False
-        nbytes = lengths * itemsize
-        expected = offset + np.cumsum(nbytes) - nbytes
-        pointers = np.asarray(index.pointers[start: start + len(lengths)])
-        if not np.array_equal(pointers, expected):
-            i = int(np.argmax(pointers != expected))
-            problems.append(f"{index.path}: sequence {start + i} starts at byte {pointers[i]}, but the lengths "
-                            f"before it put it at {expected[i]}")
-            return False
-        offset += int(nbytes.sum())
-    docs = index.document_indices
-    if docs[0] != 0 or docs[-1] != index.sequences:
-        problems.append(f"{index.path}: document indices run from {docs[0]} to {docs[-1]}, "
-                        f"not from 0 to the sequence count {index.sequences}")
-        return False
-    for start, chunk in _chunks(docs, overlap=1):
-        if (np.diff(chunk) < 0).any():
-            d = start + int(np.argmax(np.diff(chunk) < 0))
-            problems.append(f"{index.path}: document indices decrease after document {d}")
-            return False
-    return True
 
 
 def _same_index(ids, mask, problems: list[str]) -> bool:
