@@ -72,7 +72,7 @@ SPLIT_PART = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 
 def parse_split(split: str) -> list[float]:
     """Megatron's `--split` reading: up to 3 comma-separated non-negative numbers, padded to 3, normalised."""
-    parts = split.split(",")
+    parts = [part.strip() for part in split.split(",")]  # Megatron skips spaces too
     if len(parts) > 3 or not all(SPLIT_PART.fullmatch(part) for part in parts):
         raise BlendError(f"--split {split!r}: expected up to 3 non-negative numbers separated by commas, like 98,2,0 "
                          "(Megatron reads only digits and dots, so signs, exponents and other characters would "
