@@ -212,6 +212,56 @@ def test_bad_records_are_set_aside_with_their_line(tmp_path, indexed):
     assert len(samples(indexed, tmp_path / "out")[0]) == 2
 
 
+def combining_marks_by_age() -> dict[str, list[str]]:
+    """Every character of canonical combining class != 0 (in the newest tables here: the `regex`
+    module's), grouped by the Unicode version band that introduced it, as far as the tables at hand
+    tell: in Unicode 3.2 (unicodedata.ucd_3_2_0); in the tokenizer's (HF `tokenizers`, Unicode 9:
+    it reorders the mark); in Python's (unicodedata); newer still."""
+    import unicodedata
+
+    import regex
+
+    from qwen_data.text.tokenizer import QwenTokenizer
+
+    normalize = QwenTokenizer.shared().normalize
+    everything = "".join(map(chr, [*range(0xD800), *range(0xE000, 0x110000)]))
+    bands: dict[str, list[str]] = {}
+    for mark in regex.findall(r"\P{ccc=0}", everything):
+        if unicodedata.ucd_3_2_0.combining(mark):
+            band = "3.2"
+        elif normalize("\u0345" + mark) != "\u0345" + mark:  # U+0345 has the highest class, 240
+            band = "4.0-9.0"
+        elif unicodedata.combining(mark):
+            band = f"10.0-{unicodedata.unidata_version}"
+        else:
+            band = "newer"
+        bands.setdefault(band, []).append(mark)
+    return bands
+
+
+def test_combining_marks_of_every_age_give_hf_ids_and_mask(tmp_path, indexed):
+    """Where Python's Unicode tables and the tokenizer's (older) ones normalize differently, the
+    mask still follows the tokenizer: no sample is refused, ids and mask are HF's."""
+    bands = combining_marks_by_age()
+    assert len(bands) == 4 and all(len(marks) > 20 for marks in bands.values()), {b: len(m) for b, m in bands.items()}
+    # Every mark of a band, 8 to a record: at the start of a segment, between a letter and a mark
+    # it may keep from composing (o + U+1DF6 + U+0300), between marks of a higher and a lower class,
+    # after a letter; in system, user and assistant turns.
+    groups = [marks[i:i + 8] for marks in bands.values() for i in range(0, len(marks), 8)]
+    records = [{"messages": [{"role": "system", "content": "".join(f"{m}s" for m in group[::-1])},
+                             {"role": "user", "content": " ".join(f"o{m}\u0300 \u0345{m}\u0334" for m in group)},
+                             {"role": "assistant", "content": " ".join(f"{m}e{m}\u0301 x{m}" for m in group)}]}
+               for group in groups]
+    src = write_jsonl(tmp_path / "c.jsonl", records)
+    assert sft(src, "-o", tmp_path / "out", "--workers", 1) == 0
+    assert json.load(open(tmp_path / "out.json"))["rejects"]["count"] == 0
+    ids, masks = samples(indexed, tmp_path / "out")
+    assert len(ids) == len(records)
+    for record, got_ids, got_mask in zip(records, ids, masks):
+        assert got_ids == hf_ids("qwen2p5", record)["input_ids"]
+        assert (got_ids, got_mask) == mask_by_definition("qwen2p5", record, "im_end_nl")
+
+
 @pytest.mark.parametrize("args", [["--pad-token", "<|im_end|>"], ["--pad-id", "151643"], ["--pad-id", "151644"],
                                   ["--pad-id", "200000"], ["--pad-token", "<think>", "--template", "qwen3"]])
 def test_colliding_pad_choices_are_refused(tmp_path, capsys, args):
