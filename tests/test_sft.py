@@ -262,6 +262,71 @@ def test_combining_marks_of_every_age_give_hf_ids_and_mask(tmp_path, indexed):
         assert (got_ids, got_mask) == mask_by_definition("qwen2p5", record, "im_end_nl")
 
 
+S = "\ud800"  # a lone surrogate: json.dumps escapes it, as a jsonl line from a careless tool holds it
+USER, ASSISTANT = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+CALL = {"type": "function", "function": {"name": "f", "arguments": {"x": "1"}}}
+TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+SURROGATES = [  # (record, where the message says it is); every format, every string it reads
+    ({"messages": [{"role": "system", "content": S}, USER, ASSISTANT]}, "message 0 content"),
+    ({"messages": [{"role": "user", "content": "q" + S}, ASSISTANT]}, "message 0 content"),
+    ({"messages": [USER, {"role": "assistant", "content": S + "a"}]}, "message 1 content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": S}]}, ASSISTANT]}, "message 0 content"),
+    ({"messages": [USER, {"role": "assistant", "content": "a", "reasoning_content": S}]}, "message 1 reasoning_content"),
+    ({"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f" + S, "arguments": {}}}]},
+        {"role": "tool", "content": "r"}, ASSISTANT]}, "message 1 tool_calls"),
+    ({"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": '{"x": "' + S + '"}'}}]},
+        {"role": "tool", "content": "r"}, ASSISTANT]}, "message 1 tool_calls"),
+    ({"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {S: "1"}}}]},
+        {"role": "tool", "content": "r"}, ASSISTANT]}, "message 1 tool_calls"),
+    ({"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                   {"role": "tool", "content": S}, ASSISTANT]}, "message 2 content"),
+    ({"messages": [USER, ASSISTANT], "tools": [{**TOOL, "function": {**TOOL["function"], "description": S}}]}, "tools"),
+    ({"instruction": S, "output": "a"}, "message 0 content"),
+    ({"instruction": "i", "input": S, "output": "a"}, "message 0 content"),
+    ({"instruction": "i", "output": S}, "message 1 content"),
+    ({"instruction": "i", "output": "a", "system": S}, "message 0 content"),
+    ({"instruction": "i", "output": "a", "history": [[S, "h"]]}, "message 0 content"),
+    ({"instruction": "i", "output": "a", "history": [["h", S]]}, "message 1 content"),
+    ({"conversations": [{"from": "human", "value": S}, {"from": "gpt", "value": "a"}]}, "message 0 content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": S}]}, "message 1 content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "system": S}, "message 0 content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": json.dumps(
+        {"name": "f", "arguments": {"x": S}})}, {"from": "observation", "value": "r"}, {"from": "gpt", "value": "a"}]},
+     "message 1 tool_calls"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": json.dumps(
+        {"name": "f", "arguments": {}})}, {"from": "observation", "value": S}, {"from": "gpt", "value": "a"}]},
+     "message 2 content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+      "tools": json.dumps([{"name": "f", "description": S}])}, "tools"),
+]
+
+
+@pytest.mark.parametrize("template", ["qwen2p5", "qwen3"])
+def test_lone_surrogates_are_rejected_in_every_string_of_every_format(tmp_path, indexed, template):
+    """Each record is set aside by file and line, naming the string; the run goes on. A surrogate in a key
+    no format reads, and an escaped backslash before "ud", are no reason to refuse a record; messages quoting a surrogate are written."""
+    good = {"messages": [USER, ASSISTANT]}
+    unread = {"messages": [USER, ASSISTANT], "id": S}
+    backslash = {"messages": [{"role": "user", "content": "C:\\udir\\Ud"}, ASSISTANT]}
+    bad_role = {"conversations": [{"from": "human" + S, "value": "q"}, {"from": "gpt", "value": "a"}]}
+    bad_key = {"k" + S: "v"}  # named in the message: the rejects file escapes it
+    lines = [json.dumps(record) for record in (good, *(record for record, _ in SURROGATES), unread, backslash, bad_role, bad_key)]
+    src = write_jsonl(tmp_path / "c.jsonl", lines)
+    assert sft(src, "-o", tmp_path / "out", "--template", template) == 0
+    rejects = [json.loads(line) for line in open(tmp_path / "out.rejects.jsonl", encoding="utf-8")]
+    assert [r["record"] for r in rejects] == list(range(2, len(SURROGATES) + 2)) + [len(SURROGATES) + 4, len(SURROGATES) + 5]
+    for reject, (_, where) in zip(rejects, SURROGATES):
+        assert reject["reason"] == "invalid-unicode" and reject["file"] == src
+        assert reject["message"] == f"{where} holds a lone surrogate (not valid Unicode text)"
+    assert rejects[-2]["reason"] == "unknown-role" and "\\ud800" in rejects[-2]["message"]
+    assert rejects[-1]["reason"] == "unknown-format" and S in rejects[-1]["message"]
+    ids, _ = samples(indexed, tmp_path / "out")
+    assert ids == [hf_ids(template, record)["input_ids"] for record in (good, good, backslash)]
+
+
 @pytest.mark.parametrize("args", [["--pad-token", "<|im_end|>"], ["--pad-id", "151643"], ["--pad-id", "151644"],
                                   ["--pad-id", "200000"], ["--pad-token", "<think>", "--template", "qwen3"]])
 def test_colliding_pad_choices_are_refused(tmp_path, capsys, args):
