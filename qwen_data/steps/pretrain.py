@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import RecordError
 from ..formats.indexed import IndexedDatasetWriter, token_dtype
-from ..formats.manifest import Manifest, fingerprint
+from ..formats.manifest import Manifest, fingerprint, train_problems
 from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, check_unicode
@@ -59,6 +59,8 @@ class Tokenize:
         config = self.config
         self.tokenizer = QwenTokenizer.shared(config.tokenizer)
         self.eod_id = self.tokenizer.token_id(config.eod_token, "--eod-token")
+        for problem in train_problems(config.output_prefix, "pretrain", self.eod_id, DEFAULT_PAD_ID):
+            raise ValueError(problem)
         self.tokenizer.prepare(config.special_tokens)
 
     def prefixes(self) -> list[str]:
