@@ -212,6 +212,21 @@ def test_bad_records_are_set_aside_with_their_line(tmp_path, indexed):
     assert len(samples(indexed, tmp_path / "out")[0]) == 2
 
 
+def compositions_newer_than_the_tokenizer() -> list[str]:
+    """The decomposed forms of the characters Python's NFC composes and the tokenizer's does not."""
+    import unicodedata
+
+    from qwen_data.text.tokenizer import QwenTokenizer
+
+    normalize = QwenTokenizer.shared().normalize
+    found = []
+    for composed in map(chr, [*range(0xD800), *range(0xE000, 0x110000)]):
+        parts = unicodedata.normalize("NFD", composed)
+        if parts != composed and unicodedata.normalize("NFC", parts) == composed and normalize(parts) != composed:
+            found.append(parts)
+    return found
+
+
 def combining_marks_by_age() -> dict[str, list[str]]:
     """Every character of canonical combining class != 0 (in the newest tables here: the `regex`
     module's), grouped by the Unicode version band that introduced it, as far as the tables at hand
@@ -252,6 +267,10 @@ def test_combining_marks_of_every_age_give_hf_ids_and_mask(tmp_path, indexed):
                              {"role": "user", "content": " ".join(f"o{m}\u0300 \u0345{m}\u0334" for m in group)},
                              {"role": "assistant", "content": " ".join(f"{m}e{m}\u0301 x{m}" for m in group)}]}
                for group in groups]
+    pairs = compositions_newer_than_the_tokenizer()  # Dives Akuru's U+11938 with Python 3.11's tables
+    assert pairs
+    records.append({"messages": [{"role": "user", "content": " ".join(pairs)},
+                                 {"role": "assistant", "content": "".join(pairs) + " a"}]})
     src = write_jsonl(tmp_path / "c.jsonl", records)
     assert sft(src, "-o", tmp_path / "out", "--workers", 1) == 0
     assert json.load(open(tmp_path / "out.json"))["rejects"]["count"] == 0
