@@ -133,7 +133,7 @@ def refusal(capsys, *args):
 @pytest.mark.corrupts_outputs
 def test_refuses_disagreeing_manifests(prefixes, tmp_path, capsys):
     d = str(tmp_path)
-    other_pad = copy_prefix(prefixes["code"], d + "/pad", lambda m: m.update(pad_id=151643))
+    other_pad = copy_prefix(prefixes["code"], d + "/pad", lambda m: m.update(pad_id=151655))
     err = refusal(capsys, prefixes["web"], other_pad, "-o", d + "/b.json")
     assert "pad id" in err and prefixes["web"] in err and other_pad in err
     other_tok = copy_prefix(prefixes["code"], d + "/tok", lambda m: m["tokenizer"].update(sha256="0" * 64))

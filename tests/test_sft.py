@@ -212,6 +212,140 @@ def test_bad_records_are_set_aside_with_their_line(tmp_path, indexed):
     assert len(samples(indexed, tmp_path / "out")[0]) == 2
 
 
+def compositions_newer_than_the_tokenizer() -> list[str]:
+    """The decomposed forms of the characters Python's NFC composes and the tokenizer's does not."""
+    import unicodedata
+
+    from qwen_data.text.tokenizer import QwenTokenizer
+
+    normalize = QwenTokenizer.shared().normalize
+    found = []
+    for composed in map(chr, [*range(0xD800), *range(0xE000, 0x110000)]):
+        parts = unicodedata.normalize("NFD", composed)
+        if parts != composed and unicodedata.normalize("NFC", parts) == composed and normalize(parts) != composed:
+            found.append(parts)
+    return found
+
+
+def combining_marks_by_age() -> dict[str, list[str]]:
+    """Every character of canonical combining class != 0 (in the newest tables here: the `regex`
+    module's), grouped by the Unicode version band that introduced it, as far as the tables at hand
+    tell: in Unicode 3.2 (unicodedata.ucd_3_2_0); in the tokenizer's (HF `tokenizers`, Unicode 9:
+    it reorders the mark); in Python's (unicodedata); newer still."""
+    import unicodedata
+
+    import regex
+
+    from qwen_data.text.tokenizer import QwenTokenizer
+
+    normalize = QwenTokenizer.shared().normalize
+    everything = "".join(map(chr, [*range(0xD800), *range(0xE000, 0x110000)]))
+    bands: dict[str, list[str]] = {}
+    for mark in regex.findall(r"\P{ccc=0}", everything):
+        if unicodedata.ucd_3_2_0.combining(mark):
+            band = "3.2"
+        elif normalize("\u0345" + mark) != "\u0345" + mark:  # U+0345 has the highest class, 240
+            band = "4.0-9.0"
+        elif unicodedata.combining(mark):
+            band = f"10.0-{unicodedata.unidata_version}"
+        else:
+            band = "newer"
+        bands.setdefault(band, []).append(mark)
+    return bands
+
+
+def test_combining_marks_of_every_age_give_hf_ids_and_mask(tmp_path, indexed):
+    """Where Python's Unicode tables and the tokenizer's (older) ones normalize differently, the
+    mask still follows the tokenizer: no sample is refused, ids and mask are HF's."""
+    bands = combining_marks_by_age()
+    assert len(bands) == 4 and all(len(marks) > 20 for marks in bands.values()), {b: len(m) for b, m in bands.items()}
+    # Every mark of a band, 8 to a record: at the start of a segment, between a letter and a mark
+    # it may keep from composing (o + U+1DF6 + U+0300), between marks of a higher and a lower class,
+    # after a letter; in system, user and assistant turns.
+    groups = [marks[i:i + 8] for marks in bands.values() for i in range(0, len(marks), 8)]
+    records = [{"messages": [{"role": "system", "content": "".join(f"{m}s" for m in group[::-1])},
+                             {"role": "user", "content": " ".join(f"o{m}\u0300 \u0345{m}\u0334" for m in group)},
+                             {"role": "assistant", "content": " ".join(f"{m}e{m}\u0301 x{m}" for m in group)}]}
+               for group in groups]
+    pairs = compositions_newer_than_the_tokenizer()  # Dives Akuru's U+11938 with Python 3.11's tables
+    assert pairs
+    records.append({"messages": [{"role": "user", "content": " ".join(pairs)},
+                                 {"role": "assistant", "content": "".join(pairs) + " a"}]})
+    src = write_jsonl(tmp_path / "c.jsonl", records)
+    assert sft(src, "-o", tmp_path / "out", "--workers", 1) == 0
+    assert json.load(open(tmp_path / "out.json"))["rejects"]["count"] == 0
+    ids, masks = samples(indexed, tmp_path / "out")
+    assert len(ids) == len(records)
+    for record, got_ids, got_mask in zip(records, ids, masks):
+        assert got_ids == hf_ids("qwen2p5", record)["input_ids"]
+        assert (got_ids, got_mask) == mask_by_definition("qwen2p5", record, "im_end_nl")
+
+
+S = "\ud800"  # a lone surrogate: json.dumps escapes it, as a jsonl line from a careless tool holds it
+USER, ASSISTANT = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+CALL = {"type": "function", "function": {"name": "f", "arguments": {"x": "1"}}}
+TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+SURROGATES = [  # (record, where the message says it is); every format, every string it reads
+    ({"messages": [{"role": "system", "content": S}, USER, ASSISTANT]}, "message 0 content"),
+    ({"messages": [{"role": "user", "content": "q" + S}, ASSISTANT]}, "message 0 content"),
+    ({"messages": [USER, {"role": "assistant", "content": S + "a"}]}, "message 1 content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": S}]}, ASSISTANT]}, "message 0 content"),
+    ({"messages": [USER, {"role": "assistant", "content": "a", "reasoning_content": S}]}, "message 1 reasoning_content"),
+    ({"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f" + S, "arguments": {}}}]},
+        {"role": "tool", "content": "r"}, ASSISTANT]}, "message 1 tool_calls"),
+    ({"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": '{"x": "' + S + '"}'}}]},
+        {"role": "tool", "content": "r"}, ASSISTANT]}, "message 1 tool_calls"),
+    ({"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {S: "1"}}}]},
+        {"role": "tool", "content": "r"}, ASSISTANT]}, "message 1 tool_calls"),
+    ({"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                   {"role": "tool", "content": S}, ASSISTANT]}, "message 2 content"),
+    ({"messages": [USER, ASSISTANT], "tools": [{**TOOL, "function": {**TOOL["function"], "description": S}}]}, "tools"),
+    ({"instruction": S, "output": "a"}, "message 0 content"),
+    ({"instruction": "i", "input": S, "output": "a"}, "message 0 content"),
+    ({"instruction": "i", "output": S}, "message 1 content"),
+    ({"instruction": "i", "output": "a", "system": S}, "message 0 content"),
+    ({"instruction": "i", "output": "a", "history": [[S, "h"]]}, "message 0 content"),
+    ({"instruction": "i", "output": "a", "history": [["h", S]]}, "message 1 content"),
+    ({"conversations": [{"from": "human", "value": S}, {"from": "gpt", "value": "a"}]}, "message 0 content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": S}]}, "message 1 content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "system": S}, "message 0 content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": json.dumps(
+        {"name": "f", "arguments": {"x": S}})}, {"from": "observation", "value": "r"}, {"from": "gpt", "value": "a"}]},
+     "message 1 tool_calls"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": json.dumps(
+        {"name": "f", "arguments": {}})}, {"from": "observation", "value": S}, {"from": "gpt", "value": "a"}]},
+     "message 2 content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+      "tools": json.dumps([{"name": "f", "description": S}])}, "tools"),
+]
+
+
+@pytest.mark.parametrize("template", ["qwen2p5", "qwen3"])
+def test_lone_surrogates_are_rejected_in_every_string_of_every_format(tmp_path, indexed, template):
+    """Each record is set aside by file and line, naming the string; the run goes on. A surrogate in a key
+    no format reads, and an escaped backslash before "ud", are no reason to refuse a record; messages quoting a surrogate are written."""
+    good = {"messages": [USER, ASSISTANT]}
+    unread = {"messages": [USER, ASSISTANT], "id": S}
+    backslash = {"messages": [{"role": "user", "content": "C:\\udir\\Ud"}, ASSISTANT]}
+    bad_role = {"conversations": [{"from": "human" + S, "value": "q"}, {"from": "gpt", "value": "a"}]}
+    bad_key = {"k" + S: "v"}  # named in the message: the rejects file escapes it
+    lines = [json.dumps(record) for record in (good, *(record for record, _ in SURROGATES), unread, backslash, bad_role, bad_key)]
+    src = write_jsonl(tmp_path / "c.jsonl", lines)
+    assert sft(src, "-o", tmp_path / "out", "--template", template) == 0
+    rejects = [json.loads(line) for line in open(tmp_path / "out.rejects.jsonl", encoding="utf-8")]
+    assert [r["record"] for r in rejects] == list(range(2, len(SURROGATES) + 2)) + [len(SURROGATES) + 4, len(SURROGATES) + 5]
+    for reject, (_, where) in zip(rejects, SURROGATES):
+        assert reject["reason"] == "invalid-unicode" and reject["file"] == src
+        assert reject["message"] == f"{where} holds a lone surrogate (not valid Unicode text)"
+    assert rejects[-2]["reason"] == "unknown-role" and "\\ud800" in rejects[-2]["message"]
+    assert rejects[-1]["reason"] == "unknown-format" and S in rejects[-1]["message"]
+    ids, _ = samples(indexed, tmp_path / "out")
+    assert ids == [hf_ids(template, record)["input_ids"] for record in (good, good, backslash)]
+
+
 @pytest.mark.parametrize("args", [["--pad-token", "<|im_end|>"], ["--pad-id", "151643"], ["--pad-id", "151644"],
                                   ["--pad-id", "200000"], ["--pad-token", "<think>", "--template", "qwen3"]])
 def test_colliding_pad_choices_are_refused(tmp_path, capsys, args):

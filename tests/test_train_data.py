@@ -7,6 +7,7 @@ megatron-core's reader and of train/data.py.
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -143,8 +144,11 @@ def test_sft_never_trains_across_sequences(prefixes, tmp_path):
 def test_sft_overlong(prefixes):
     prefix = prefixes["unpacked"]
     longest = max(sum(len(s) for s in doc) for doc in raw_documents(prefix))
-    with pytest.raises(ValueError, match="exceed seq_length"):
+    with pytest.raises(ValueError, match="exceed seq_length") as err:
         data.build_datasets([prefix], longest - 2, 4, 1, 1, split="80,10,10")
+    # options that exist: the train stage's, and sft's
+    assert f"train with --seq-length {longest - 1} or more" in str(err.value)
+    assert f"`qwen-data sft --seq-length {longest - 2}` (--overlong" in str(err.value)
     blend = {"train": [prefix], "valid": None, "test": None}
     with pytest.warns(UserWarning, match="truncated"):
         train, _, _ = data.build_datasets(blend, longest - 2, None, overlong="truncate")
@@ -299,9 +303,70 @@ def test_build_datasets_refuses_mismatched_manifests(prefixes, tmp_path):
     assert other_pad in str(err.value) and prefixes["web"] in str(err.value)
     with pytest.raises(BlendError, match="kind"):
         data.build_datasets({"train": [prefixes["web"]], "valid": [prefixes["packed"]], "test": None}, 16, 10, 1)
+
+
+@pytest.mark.corrupts_outputs
+def test_what_the_train_stage_refuses_is_refused_when_made_and_by_verify(prefixes, tmp_path, capsys):
+    """A pad id equal to the eod id: pretrain refuses up front naming its option, and a prefix made
+    so anyway (by hand, or an older qwen-data) fails `verify` as it fails the train stage."""
+    out = str(tmp_path / "vision")
+    assert main(["pretrain", "--quiet", os.path.join(prefixes["dir"], "web.jsonl"), "-o", out,
+                 "--eod-token", "<|vision_pad|>"]) == 2
+    assert "pad id equals the eod id 151654" in capsys.readouterr().err and not glob.glob(out + "*")
     pad_is_eod = copy_prefix(prefixes["code"], str(tmp_path / "padeod"), lambda m: m.update(pad_id=EOD))
-    with pytest.raises(BlendError, match="pad id equals the eod id"):
+    assert main(["verify", pad_is_eod]) == 1
+    said = capsys.readouterr().out
+    assert f"{pad_is_eod}: pad id equals the eod id {EOD}" in said and "another --eod-token" in said
+    with pytest.raises(BlendError, match="pad id equals the eod id .* another --eod-token"):
         data.build_datasets([pad_is_eod], 16, 10, 1, 1, split="80,10,10")
+
+
+def test_without_evaluation_a_small_sft_prefix_needs_no_validation_part(tmp_path):
+    """Evaluation off asks no validation samples; evaluation on, the refusal names options that exist."""
+    from qwen_data_train.config import TrainConfig, build_parser
+    from qwen_data_train.loader import build_splits
+
+    prefix = sft([chats(tmp_path / "c.jsonl", 3, 4, 10)], tmp_path / "small")  # 969,30,1: no valid document
+
+    def config(*extra):
+        return TrainConfig.parse(["--data", prefix, "--train-iters", "3", "--seq-length", "128", *extra])
+
+    train, valid = build_splits(config(), 1)
+    assert len(train) >= 3 and valid is None
+    with pytest.raises(BlendError, match="valid part .* is empty") as err:
+        build_splits(config("--eval-interval", "2"), 1)
+    named = set(re.findall(r"--[a-z-]+", str(err.value)))
+    train_options = {o for action in build_parser()._actions for o in action.option_strings}
+    assert {"--split", "--eval-interval", "--valid"} == named and "qwen-data blend --valid" in str(err.value)
+    assert named - {"--valid"} <= train_options  # --valid: `qwen-data blend`'s
+
+
+@pytest.mark.corrupts_outputs
+def test_ids_beyond_the_models_embedding_are_refused_at_start(prefixes, tmp_path):
+    """A pad id the data may hold (sft --pad-id up to 151935) that a custom model has no embedding row for."""
+    import dataclasses
+
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.distributed import distributed
+    from qwen_data_train.hf.config import config_of_shape
+    from qwen_data_train.loop import Trainer
+    from qwen_data_train.model import PRESETS
+    from qwen_data_train.patches import megatron_on_cpu
+
+    high_pad = copy_prefix(prefixes["unpacked"], str(tmp_path / "high"), lambda m: m.update(pad_id=151900))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    shape = dataclasses.replace(PRESETS["tiny"], vocab_size=151_680)  # more rows than the data's 151,665 token ids
+    (folder / "config.json").write_text(json.dumps(config_of_shape(shape, torch.bfloat16)))
+    config = TrainConfig.parse(["--data", high_pad, "--hf-model", str(folder), "--train-iters", "1",
+                                "--seq-length", "512", "--num-workers", "0"])
+    with megatron_on_cpu(), distributed(1) as device:
+        with pytest.raises(ValueError) as err:
+            Trainer(config, device)
+    message = str(err.value)
+    assert all(f"{n}" in message for n in ("pad id 151900", "eod id 151643", "tokenizer's 151665", "151680 embedding rows"))
+    assert "--pad-id below 151680" in message
+    data.ManifestTokenizer([load_source(prefixes["unpacked"])]).check_embedding(151_680, "custom")  # fits
 
 
 def test_boundary_helpers():

@@ -79,10 +79,7 @@ class ManifestTokenizer:
 
     def __init__(self, sources: list[Source]) -> None:
         first = sources[0].manifest
-        self.eod, self.pad = first.eod_id, first.pad_id
-        if self.pad == self.eod:
-            raise BlendError(f"{sources[0].prefix}: pad id equals the eod id {self.eod}: Megatron would "
-                             "mask every real end of document; rebuild with a distinct pad id")
+        self.eod, self.pad = first.eod_id, first.pad_id  # never equal: `load_source` refuses that
         self.vocab_size = first.vocab_size
         self.identity = first.tokenizer  # QwenTokenizer.identity() of the data
         self.unique_identifiers = {
@@ -95,6 +92,17 @@ class ManifestTokenizer:
             # fingerprint, hence the cache key.
             "fingerprints": {s.prefix: s.manifest.fingerprint for s in sorted(sources, key=lambda s: s.prefix)},
         }
+
+    def check_embedding(self, rows: int, model: str) -> None:
+        """ValueError unless every id the data feeds a model (its token ids, below the tokenizer's
+        vocabulary size, the eod id, and the pad id that fills samples) has a row of its embedding."""
+        largest = max(self.vocab_size - 1, self.eod, self.pad)
+        if largest >= rows:
+            raise ValueError(
+                f"the data feeds ids up to {largest} (token ids below its tokenizer's {self.vocab_size}, eod id "
+                f"{self.eod}, pad id {self.pad}), but the model {model} has {rows} embedding rows (ids 0..{rows - 1}): "
+                "train a model with more rows" + (f", or make the data with a --pad-id below {rows}"
+                                                  if self.pad >= rows > max(self.vocab_size - 1, self.eod) else ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,8 +272,10 @@ class SFTDataset(MegatronDataset):
                        f"documents exceed seq_length {self.config.sequence_length} (+1 label-only token), "
                        f"longest {int(lengths.max())}")
             if self.config.overlong == "error":
-                raise ValueError(message + ": rebuild with `qwen-data sft --seq-length N` or pass "
-                                 "overlong='truncate' (cut samples lose their final targets)")
+                raise ValueError(message + f": train with --seq-length {int(lengths.max()) - 1} or more, or make the "
+                                 f"data with `qwen-data sft --seq-length {self.config.sequence_length}` (--overlong: "
+                                 "drop or truncate longer samples; here overlong='truncate' cuts them, and cut "
+                                 "samples lose their final targets)")
             warnings.warn(message + ": truncated")
 
     def _build_sample_index(self) -> np.ndarray:
@@ -402,6 +412,8 @@ def _requested_split_matrix(matrix, sizes, sources):
         for s in sources:
             if round(begin * s.documents) == round(end * s.documents):
                 raise BlendError(f"{s.prefix}: its {name} part ({begin:.3g} to {end:.3g} of {s.documents} "
-                                 f"documents) is empty, but {name} samples are asked for: give a split with "
-                                 f"a larger {name} share, separate {name} prefixes, or no {name} samples")
+                                 f"documents) is empty, but {name} samples are asked for: give a --split with "
+                                 f"a larger {name} share, or separate {name} prefixes (`qwen-data blend "
+                                 f"--{name} PREFIX`)" + (", or train without evaluation (--eval-interval 0)"
+                                                         if name == "valid" else ""))
     return matrix

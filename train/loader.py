@@ -47,7 +47,7 @@ def build_splits(config: TrainConfig, global_batch: int):
     train, valid, _ = build_datasets(
         data.path, config.seq_length,
         train_samples=config.train_iters * global_batch,
-        valid_samples=max(1, evaluations * evals.eval_iters) * global_batch,
+        valid_samples=evaluations * evals.eval_iters * global_batch,  # none without evaluation
         test_samples=0,
         seed=config.seed, cache_dir=data.data_cache, split=data.split,
         reset_position_ids=data.reset_position_ids, reset_attention_mask=data.reset_attention_mask,

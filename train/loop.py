@@ -58,9 +58,7 @@ class Trainer:
         self.shape, hf_config, generation = model_of(config)
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
         tokenizer = self.train_ds.config.tokenizer
-        if tokenizer.vocab_size > self.shape.vocab_size:
-            raise ValueError(f"the data's tokenizer has {tokenizer.vocab_size} ids; the model's embedding only "
-                             f"{self.shape.vocab_size} rows")
+        tokenizer.check_embedding(self.shape.vocab_size, config.model.hf_model or self.shape.name)
         self.pad = tokenizer.pad
         self.core = self._build_model()
         self.params = [p for p in self.core.parameters() if p.requires_grad]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from .. import __version__
 from ..formats.indexed import MASK_SUFFIX, IndexFormatError, read_index
 from ..formats.layouts import layout_of
-from ..formats.manifest import Manifest
+from ..formats.manifest import Manifest, train_problems
 from ..formats.outputs import atomic_file
 
 BLEND_FORMAT = "qwen-data/blend/1"
@@ -108,6 +108,8 @@ def load_source(prefix: str, ratio: float | None = None) -> Source:
     source = Source(prefix, manifest, ratio)
     if source.documents <= 0 or source.real_tokens <= 0:
         raise BlendError(f"{prefix}: the manifest counts no documents or tokens: nothing to train on")
+    for problem in train_problems(prefix, manifest.kind, manifest.eod_id, manifest.pad_id):
+        raise BlendError(problem)
     for channel, dtype in layout_of(manifest).channels(prefix, manifest.dtype):
         _check_channel(prefix, channel, dtype.itemsize, manifest)
     return source

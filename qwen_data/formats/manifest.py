@@ -191,6 +191,17 @@ def problems(data, where: str) -> list[str]:
     return found
 
 
+def train_problems(prefix: str, kind: str, eod_id: int, pad_id: int) -> list[str]:
+    """What makes any prefix untrainable (the train stage refuses it, whatever the run), as sentences
+    naming the option that makes it otherwise: checked when a prefix is made, by `verify`, and by
+    every reader of blend sources."""
+    if pad_id == eod_id:
+        option = "--eod-token" if kind == "pretrain" else "--pad-id or --pad-token"
+        return [f"{prefix}: pad id equals the eod id {eod_id}: readers mask every pad id, so every real end "
+                f"of document would be masked; make it with another {option}"]
+    return []
+
+
 def _sft_problems(sft, where: str) -> list[str]:
     if not isinstance(sft, dict):
         return [f"{where}: an SFT manifest without its sft section"]

@@ -59,6 +59,21 @@ class Record:
     def rejected(self, chunk, error: RecordError) -> dict:
         return reject_entry(chunk, self.number, self.raw, error)
 
+    @property
+    def may_hold_surrogate(self) -> bool:
+        """Whether a string of the record can be a lone surrogate: only a \\ud800-\\udfff escape in a
+        JSON line makes one (Arrow strings are UTF-8). Cheaper than `check_unicode` on every string."""
+        raw = self.raw
+        return isinstance(raw, bytes) and (b"\\ud" in raw or b"\\uD" in raw)
+
+
+def check_unicode(text: str, where: str) -> None:
+    """RecordError unless `text` is valid Unicode: no lone surrogate (a tokenizer cannot take one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RecordError("invalid-unicode", f"{where} holds a lone surrogate (not valid Unicode text)") from None
+
 
 class Rejects:
     """The records of one chunk a step cannot use, as lines of PREFIX.rejects.jsonl (in record order
@@ -125,7 +140,8 @@ class RejectLog:
         self.max_rejects = max_rejects
         self.by_reason: dict[str, int] = {}
         self.count = 0
-        self._file = open(path, "w", encoding="utf-8")
+        # backslashreplace: a lone surrogate of a record (quoted in a message) becomes its JSON escape
+        self._file = open(path, "w", encoding="utf-8", errors="backslashreplace")
 
     def add(self, entries: list[dict]) -> None:
         for entry in entries:

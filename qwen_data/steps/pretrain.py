@@ -17,10 +17,10 @@ import numpy as np
 
 from ..errors import RecordError
 from ..formats.indexed import IndexedDatasetWriter, token_dtype
-from ..formats.manifest import Manifest, fingerprint
+from ..formats.manifest import Manifest, fingerprint, train_problems
 from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import Chunk
-from ..inputs.records import Record, Rejects
+from ..inputs.records import Record, Rejects, check_unicode
 from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..run import pipeline
 from ..run.pipeline import ChunkResult, RunConfig
@@ -59,6 +59,8 @@ class Tokenize:
         config = self.config
         self.tokenizer = QwenTokenizer.shared(config.tokenizer)
         self.eod_id = self.tokenizer.token_id(config.eod_token, "--eod-token")
+        for problem in train_problems(config.output_prefix, "pretrain", self.eod_id, DEFAULT_PAD_ID):
+            raise ValueError(problem)
         self.tokenizer.prepare(config.special_tokens)
 
     def prefixes(self) -> list[str]:
@@ -136,9 +138,7 @@ class _Texts:
 
     def add(self, record: Record) -> None:
         """Raises RecordError for a record without a usable text under every key."""
-        raw, policy = record.raw, self.policy
-        # A lone surrogate can only come from a \ud800-\udfff escape in a jsonl line.
-        maybe_surrogate = isinstance(raw, bytes) and (b"\\ud" in raw or b"\\uD" in raw)
+        policy, maybe_surrogate = self.policy, record.may_hold_surrogate
         values = [_text_field(record.value, key, maybe_surrogate) for key in self.keys]
         for value in values:
             if special := self.find_special(value, policy):
@@ -160,10 +160,7 @@ def _text_field(record: dict, key: str, maybe_surrogate: bool = True) -> str:
     if not value or value.isspace():
         raise RecordError("empty-text", f"{key!r} is empty" if not value else f"{key!r} holds only whitespace")
     if maybe_surrogate:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate escaped in the JSON, e.g. "\ud800"
-            raise RecordError("invalid-unicode", f"{key!r} holds a lone surrogate (not valid Unicode text)") from None
+        check_unicode(value, repr(key))
     return value
 
 

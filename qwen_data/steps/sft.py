@@ -29,7 +29,7 @@ from ..formats.outputs import AtomicOutputs
 from ..formats.packing import PACKINGS
 from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
-from ..inputs.records import Record, Rejects, reject_entry
+from ..inputs.records import Record, Rejects, check_unicode, reject_entry
 from ..qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN
 from ..qwen import EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS
 from ..qwen import FIRST_ADDED_ID, TEMPLATE_FLAVOURS, TEMPLATE_TOKENS
@@ -214,6 +214,9 @@ class _Batching:
             value = columns.apply(value)
         conversation = to_conversation(value, self.format, parse_tool_arguments=config.parse_tool_arguments,
                                        input_separator=config.input_separator)
+        if record.may_hold_surrogate:
+            for where, text in conversation.strings():
+                check_unicode(text, where)
         special = literals.find(conversation, self.step.acted_on)
         self.special_records += bool(special)
         rendered = self.step._render_conversation(conversation, special)

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Iterator
 
 from ..errors import RecordError
 
@@ -105,6 +106,27 @@ class Conversation:
     def assistant_indices(self) -> list[int]:
         """Message index of each assistant turn, in order (turn number = position here)."""
         return [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+
+    def strings(self) -> Iterator[tuple[str, str]]:
+        """(where, string) for every string a template can render: each message's role, content,
+        reasoning and tool calls (names, arguments, and the keys of arguments given as objects),
+        and the tools."""
+        for n, message in enumerate(self.messages):
+            for key, value in message.items():
+                yield from _strings(value, f"message {n} {key}")
+        yield from _strings(self.tools, "tools")
+
+
+def _strings(value, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key, where)
+            yield from _strings(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item, where)
 
 
 def to_conversation(record: dict, fmt: str = "auto", *, parse_tool_arguments: bool = False,

@@ -77,7 +77,7 @@ class SampleEncoder:
         starts, ends, position = [], [], 0
         for segment in sample.segments:
             text = segment.text
-            size = len(text) if text.isascii() else len(unicodedata.normalize("NFC", text).encode("utf-8"))
+            size = len(text) if text.isascii() else len(self._normalized(text).encode("utf-8"))
             if segment.turn in sample.trained_turns and segment.kind in self.trained_kinds and size:
                 if starts and ends[-1] == position:  # adjacent trained segments form one span
                     ends[-1] = position + size
@@ -97,3 +97,9 @@ class SampleEncoder:
         trained = np.zeros(len(ids), dtype=bool)
         trained[hit] = np.asarray(starts, dtype=np.int64)[j[hit]] < token_ends[hit]
         return trained.astype(np.uint8)
+
+    def _normalized(self, text: str) -> str:
+        """`text` as the tokenizer normalizes it (NFC, by HF's older Unicode tables). Text already in
+        NFC by Python's newer tables is in NFC by older ones too (they know fewer marks and
+        compositions, so they reorder and compose less): only other text needs the slower normalizer."""
+        return text if unicodedata.normalize("NFC", text) == text else self.tokenizer.normalize(text)

@@ -260,6 +260,17 @@ class QwenTokenizer:
             lengths[i] = len(content.encode("utf-8"))
         return lengths
 
+    def normalize(self, text: str) -> str:
+        """`text` normalized as these files' normalizer (Qwen's: NFC) does in HF `tokenizers`: the
+        text the ids spell, with HF's Unicode tables (the ids are HF's, see `exact_rows`)."""
+        if "normalizer" not in self._backends:  # built on first use; dropped on pickling, as backends are
+            from tokenizers import Tokenizer
+
+            spec = {"normalizer": _normalizer_spec(self._json_text), "model": {"type": "BPE", "vocab": {}, "merges": []}}
+            self._backends["normalizer"] = Tokenizer.from_str(json.dumps(spec)).normalizer
+        normalizer = self._backends["normalizer"]
+        return normalizer.normalize_str(text) if normalizer else text
+
     # -- encoding ------------------------------------------------------------------------------
     def encode_batch(self, texts: list[str], special: str = "parse") -> tuple[np.ndarray, np.ndarray]:
         """Encode many texts: (all ids back to back as int32, each text's token count).
@@ -404,3 +415,17 @@ def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:
         if isinstance(value, list) and all(isinstance(t, dict) and "id" in t and "content" in t for t in value):
             return (start, end), value
     return (0, 0), []
+
+
+def _normalizer_spec(text: str) -> dict | None:
+    """The top-level "normalizer" of tokenizer.json text (None: there is none); read without
+    parsing the whole file (about a second)."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r'"normalizer"\s*:\s*', text):
+        try:
+            value = decoder.raw_decode(text, match.end())[0]
+        except ValueError:
+            continue
+        if value is None or isinstance(value, dict):
+            return value
+    return None

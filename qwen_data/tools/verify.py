@@ -2,6 +2,7 @@
 
 Checked, for `PREFIX.bin/.idx` (and SFT's `PREFIX.lossmask.bin/.idx`):
   - the manifest is there and names a kind, dtype, vocabulary size, eod/pad ids, counts, fingerprint;
+  - nothing the train stage refuses in any prefix (`manifest.train_problems`: a pad id equal to the eod id);
   - each index is well formed (header, dtype code, size), is the manifest's dtype, its pointers are the
     running byte offsets of its lengths, its document indices run monotonically from 0 to the sequence
     count, and its counts (documents, sequences, tokens) and the .bin size are the manifest's;
@@ -35,7 +36,7 @@ from ..formats.layouts import Block, check_offsets
 from ..formats.layouts import chunks as _chunks
 from ..formats.layouts import index_tokens as _tokens
 from ..formats.layouts import layout_of
-from ..formats.manifest import Manifest, fingerprint, load
+from ..formats.manifest import Manifest, fingerprint, load, train_problems
 from ..formats.manifest import problems as manifest_problems
 from ..formats.pai import IGNORE
 
@@ -57,6 +58,7 @@ def verify(prefix: str) -> list[str]:
     if problems:
         return problems
     manifest = Manifest.from_json(data, where)
+    problems += train_problems(prefix, manifest.kind, manifest.eod_id, manifest.pad_id)
     layout = layout_of(manifest)
     indexes = []
     for name, dtype in layout.channels(prefix, manifest.dtype):
