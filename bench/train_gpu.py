@@ -25,7 +25,8 @@ import torch
 from qwen_data_train.attention import compiled_flex_attention, document_mask
 from qwen_data_train.data import samples_of_row
 from qwen_data_train.distributed import init_distributed
-from qwen_data_train.model import PRESETS, build_model
+from qwen_data_train.model import build_model
+from qwen_data_train.shapes import PRESETS
 from qwen_data_train.step import ForwardSpec, forward
 
 

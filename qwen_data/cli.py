@@ -14,6 +14,7 @@ import sys
 from . import __version__
 from .errors import describe
 from .inputs.readers import DEFAULT_CHUNK_BYTES, Shard
+from .options import DefaultsHelpFormatter
 from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END
 from .text.tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
 
@@ -73,8 +74,9 @@ def _keys(text: str) -> list[str]:
 
 
 # -- parsers --------------------------------------------------------------------------------------
-def _subparser(sub, name: str, help: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help, description=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def _subparser(sub, name: str, help: str, description: str | None = None, **keywords) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=description or help, formatter_class=DefaultsHelpFormatter,
+                          **keywords)
 
 
 def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -> None:
@@ -86,7 +88,7 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
     p.add_argument("--hf-split", default=None,
                    help="split of a hf:NAME dataset (default train) or of a saved DatasetDict")
     p.add_argument("--shard", type=_shard, default=None, metavar="K/N",
-                   help="process only part K (from 0) of N of the inputs, for `qwen-data merge` to join")
+                   help="process only part K (from 0) of N of the inputs, for `qwen-data merge` to join (none: all)")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local: worker processes here; ray: shards as Ray tasks across a cluster's nodes, then merged "
                         "(-o must be on a file system every node sees)")
@@ -113,7 +115,9 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qwen-data", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="qwen-data", description=__doc__.split("\n")[0],
+                                     epilog="`qwen-data COMMAND --help` gives each command's options and defaults.",
+                                     formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"qwen-data {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_pretrain_parser(sub)
@@ -183,7 +187,7 @@ def _add_sft_parser(sub) -> None:
                    help="tool-call arguments given as JSON strings are parsed to objects before rendering")
     p.add_argument("--pad-id", type=int, default=None, help=f"pad id (none: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN}; with --layout pai, "
                         "the tokenizer's first free id, where Pai-Megatron-Patch adds <|extra_0|>)")
-    p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>'")
+    p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>' (none: as --pad-id)")
     p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
     _add_column_options(p)
     p.set_defaults(func=_run_sft)
@@ -193,17 +197,19 @@ def _add_column_options(p: argparse.ArgumentParser) -> None:
     columns = p.add_mutually_exclusive_group()
     columns.add_argument("--columns", default=None, metavar="KEY=COLUMN[,...]",
                          help="the records' own column names, e.g. instruction=prompt,output=answer (keys: "
-                              "instruction, input, output, system, history, tools, messages, conversations)")
+                              "instruction, input, output, system, history, tools, messages, conversations; none: "
+                              "the keys are the column names)")
     columns.add_argument("--dataset-info", default=None, metavar="FILE:NAME",
                          help="read the records as entry NAME of a LLaMA-Factory dataset_info.json says "
-                              "(formatting, columns, tags; with no INPUT, its file_name or hf_hub_url)")
+                              "(formatting, columns, tags; with no INPUT, its file_name or hf_hub_url; none: as "
+                              "--columns says)")
 
 
 def _add_train_parser(sub) -> None:
     help = ("train a Qwen-architecture GPTModel on prepared prefixes in this process (CPU or one GPU; on several: "
             "torchrun -m qwen_data_train); its options: qwen-data train --help")
     # Every argument after `train` is the train stage's own (see `_main`).
-    p = sub.add_parser("train", help=help, description=help, add_help=False)
+    p = _subparser(sub, "train", help, add_help=False)
     p.set_defaults(func=_run_train, debug=False)
 
 
@@ -211,14 +217,14 @@ def _add_convert_parser(sub) -> None:
     # Like train: every argument after `convert` is the converter's own.
     help = ("convert between a Hugging Face Qwen folder and a megatron-core checkpoint (hf-to-mcore, mcore-to-hf); "
             "its options: qwen-data convert --help")
-    p = sub.add_parser("convert", help=help, description=help, add_help=False)
+    p = _subparser(sub, "convert", help, add_help=False)
     p.set_defaults(func=_run_convert, debug=False)
 
 
 def _add_verify_parser(sub) -> None:
-    p = sub.add_parser("verify", help="re-read prefixes as a reader would and check them against their manifests",
-                       description="Checks sizes, counts, dtype, ids, eod, loss mask, packing and the fingerprint; "
-                                   "exit 0 when every prefix is ok, 1 with the list of problems.")
+    p = _subparser(sub, "verify", "re-read prefixes as a reader would and check them against their manifests",
+                   "Checks sizes, counts, dtype, ids, eod, loss mask, packing and the fingerprint; "
+                   "exit 0 when every prefix is ok, 1 with the list of problems.")
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="output prefixes (PREFIX.bin/.idx/.json)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_verify)
@@ -227,7 +233,7 @@ def _add_verify_parser(sub) -> None:
 def _add_merge_parser(sub) -> None:
     help = ("join prefixes (the shards of a --shard K/N run, or datasets made alike) into one; a sharded --pack "
             "run is packed here")
-    p = sub.add_parser("merge", help=help, description=help)
+    p = _subparser(sub, "merge", help)
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="prefixes to join (shards: in any order)")
     p.add_argument("-o", "--output-prefix", type=_prefix, required=True,
                    help="the joined prefix (out/web.bin or .idx or .json means out/web)")
@@ -238,8 +244,7 @@ def _add_merge_parser(sub) -> None:
 
 def _add_blend_parser(sub) -> None:
     """`qwen-data blend`; what the options mean at length: `qwen_data.blend.files` and `qwen_data.blend.weights`."""
-    p = sub.add_parser("blend", help="weighted prefixes → Megatron --data-args-path / --per-split-data-args-path",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _subparser(sub, "blend", "weighted prefixes → Megatron --data-args-path / --per-split-data-args-path")
     p.add_argument("train", nargs="+", metavar="PREFIX[=W]",
                    help="train prefixes, each optionally with a weight (out/web=0.7)")
     p.add_argument("-o", "--output", default="out/blend.json",
@@ -249,16 +254,17 @@ def _add_blend_parser(sub) -> None:
                    help="weights from the PREFIX=W ratios (default when given) or from the "
                         "manifests' token counts (default otherwise)")
     p.add_argument("--temperature", type=float, default=None,
-                   help="weigh by tokens**(1/T): 1 = by tokens, larger flattens towards uniform")
+                   help="weigh by tokens**(1/T): 1 = by tokens, larger flattens towards uniform (none: as --by says)")
     p.add_argument("--ratio-unit", choices=["tokens", "samples"], default="tokens",
                    help="what ratios are shares of: training tokens (default; converted to "
                         "Megatron's per-sample weights for SFT) or samples (written unchanged)")
     p.add_argument("--valid", nargs="+", default=[], metavar="PREFIX[=W]",
-                   help="separate validation prefixes (per-split blend)")
+                   help="separate validation prefixes (per-split blend; none: no validation data)")
     p.add_argument("--test", nargs="+", default=[], metavar="PREFIX[=W]",
-                   help="separate test prefixes (per-split blend)")
+                   help="separate test prefixes (per-split blend; none: no test data)")
     p.add_argument("--split", default=None,
-                   help="cut every prefix like Megatron's --split (e.g. 98,2,0); writes no per-split JSON")
+                   help="cut every prefix like Megatron's --split (e.g. 98,2,0); writes no per-split JSON (none: "
+                        "no cut, all for training)")
     p.add_argument("--absolute", action="store_true", help="write absolute prefix paths")
     _add_budget(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -266,27 +272,34 @@ def _add_blend_parser(sub) -> None:
 
 
 def _add_budget(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--train-tokens", type=int, default=None, help="budget: data tokens the run trains on")
-    p.add_argument("--train-samples", type=int, default=None, help="budget: samples (with --seq-length)")
-    p.add_argument("--train-iters", type=int, default=None, help="budget: iterations (with --global-batch-size)")
-    p.add_argument("--global-batch-size", type=int, default=None)
-    p.add_argument("--seq-length", type=int, default=None)
+    p.add_argument("--train-tokens", type=int, default=None,
+                   help="budget: data tokens the run trains on (none: no budget)")
+    p.add_argument("--train-samples", type=int, default=None, help="budget: samples (none: no budget)")
+    p.add_argument("--train-iters", type=int, default=None,
+                   help="budget: iterations (with --global-batch-size; none: no budget)")
+    p.add_argument("--global-batch-size", type=int, default=None,
+                   help="samples per iteration (with --train-iters; none: no budget)")
+    p.add_argument("--seq-length", type=int, default=None,
+                   help="the run's tokens per sample, which pretraining prefixes' budgets need (none: SFT "
+                        "prefixes only)")
 
 
 def _add_inspect_parser(sub) -> None:
     help = "decoded rows of a prefix, trained tokens marked, pad and end of document shown, samples apart"
-    p = sub.add_parser("inspect", help=help, description=help)
+    p = _subparser(sub, "inspect", help)
     p.add_argument("prefix", metavar="PREFIX", help="an output prefix (PREFIX.bin/.idx/.json)")
     rows = p.add_mutually_exclusive_group()
     rows.add_argument("--index", type=_at_least(0), nargs="+", default=None, metavar="N",
                       help="rows to show, numbered from 0 (default: 0)")
-    rows.add_argument("--random", type=_at_least(1), default=None, metavar="K", help="K rows drawn at random")
+    rows.add_argument("--random", type=_at_least(1), default=None, metavar="K",
+                      help="K rows drawn at random (none: --index)")
     p.add_argument("--seed", type=int, default=0, help="for --random")
     p.add_argument("--plain", action="store_true",
                    help="no colour: trained tokens inside [[...]] (the default when not printing to a terminal)")
     p.add_argument("--ids", action="store_true", help="each token's id after it, as {id}")
     p.add_argument("--html", default=None, metavar="FILE",
-                   help="also write the report (stats, histogram, manifest) with these rows as one HTML file")
+                   help="also write the report (stats, histogram, manifest) with these rows as one HTML file "
+                        "(none: no report)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_inspect)
 
@@ -294,13 +307,14 @@ def _add_inspect_parser(sub) -> None:
 def _add_stats_parser(sub) -> None:
     help = ("documents, tokens, trained share, sample lengths, packing fill and rejects of prefixes; for a blend "
             "file, what each source contributes and, with a budget, how many epochs of it the run takes")
-    p = sub.add_parser("stats", help=help, description=help)
+    p = _subparser(sub, "stats", help)
     p.add_argument("targets", nargs="+", metavar="PREFIX|BLEND",
                    help="output prefixes, or blend files written by `qwen-data blend` (NAME.json, NAME.txt)")
     _add_budget(p)
     p.add_argument("--html", default=None, metavar="FILE",
-                   help="also write the report as one HTML file (one target only)")
-    p.add_argument("--png", default=None, metavar="FILE", help="also write the sample-length histograms as a PNG")
+                   help="also write the report as one HTML file (one target only; none: no report)")
+    p.add_argument("--png", default=None, metavar="FILE",
+                   help="also write the sample-length histograms as a PNG (none: no PNG)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_stats)
 
@@ -541,13 +555,13 @@ def _run_stats(args) -> int:
 
 
 def _run_train(args) -> int:
-    from qwen_data_train.loop import main as train
+    from qwen_data_train.commands import train
 
     return train(args.train_args)
 
 
 def _run_convert(args) -> int:
-    from qwen_data_train.convert import main as convert
+    from qwen_data_train.commands import convert
 
     return convert(args.train_args)
 

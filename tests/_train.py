@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -21,10 +22,13 @@ def torchrun(nproc: int) -> list[str]:
 
 
 def run(command: list[str]) -> str:
-    """Run a train-stage command (one thread per process); → its stdout."""
-    done = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=300)
+    """Run a train-stage command (one thread per process); → its stdout. It prints no Python warning
+    (megatron-core's notices are silenced unless QWEN_DATA_VERBOSE is set)."""
+    env = {k: v for k, v in os.environ.items() if k != "QWEN_DATA_VERBOSE"}
+    done = subprocess.run(command, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    warned = re.findall(r"^.*\bWarning: .*$", done.stderr, re.MULTILINE)
+    assert not warned, "warnings on stderr:\n" + "\n".join(warned)
     return done.stdout
 
 

@@ -19,7 +19,8 @@ def megatron_cpu():
 def test_compiled_layers_trace_whole(megatron_cpu, name):
     from torch._dynamo.utils import counters
 
-    from qwen_data_train.model import PRESETS, build_model
+    from qwen_data_train.model import build_model
+    from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, masked_loss
 
     torch.manual_seed(3)

@@ -34,7 +34,8 @@ def _loss_and_grads(model, run):
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
 def test_fused_equals_megatron_loss_and_gradients(megatron_cpu, monkeypatch, name):
     from qwen_data_train import loss as loss_module
-    from qwen_data_train.model import PRESETS, build_model
+    from qwen_data_train.model import build_model
+    from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, forward, masked_loss
 
     monkeypatch.setattr(loss_module, "CHUNK_TOKENS", 96)  # 400 positions: 4 chunks of 96 and one of 16

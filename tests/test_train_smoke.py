@@ -163,7 +163,8 @@ def _packed_batch(prefixes, least_segments=3):
 
 
 def _model(name, attention):
-    from qwen_data_train.model import PRESETS, build_model
+    from qwen_data_train.model import build_model
+    from qwen_data_train.shapes import PRESETS
     torch.manual_seed(3)
     return build_model(PRESETS[name], attention=attention, max_sequence_length=256).eval()
 
@@ -201,7 +202,7 @@ def test_sdpa_attention_equals_megatron_local_attention(prefixes, megatron_cpu):
 
 
 def test_presets_match_the_real_models():
-    from qwen_data_train.model import PRESETS
+    from qwen_data_train.shapes import PRESETS
     # Parameter counts of the released models, tied embeddings counted once (Qwen3's technical
     # report: 0.6B = 0.44B non-embedding + 151,936 × 1024; 1.7B = 1.4B + 151,936 × 2048).
     expected = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-7b": 7_615_616_512,

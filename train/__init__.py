@@ -7,11 +7,13 @@
 (installed as `qwen_data_train`; at the repo root `python -m train` works too)
 
 Modules, in the order a run uses them:
-  config          the command line (`qwen-data train --help`): config sections that own their options,
+  commands        `qwen-data train` / `convert`: options parsed before torch and megatron-core are imported
+  config          the command lines (`qwen-data train --help`): config sections that own their options,
                   and the frozen `TrainConfig` made of them
+  shapes          `ModelShape` and the presets with the real models' shapes
   patches         scoped stand-ins for CUDA and a process group where megatron-core assumes them
   distributed     process groups, the `ParallelLayout` of a step, the gradient reductions across ranks
-  model           presets with the real shapes, the GPTModel build
+  model           the GPTModel build of a shape
   hf/config       a Hugging Face config.json ↔ the model shape (unsupported checkpoints refused), a folder's model
   attention       fused core attention and the document mask for packed rows
   loss            the output layer and cross-entropy fused by chunks (no logits kept)
@@ -23,7 +25,32 @@ Modules, in the order a run uses them:
   hf/checkpoint   HF folders: streamed load per TP slice, gathered sharded save
   checkpoint      `Checkpointer`: dist_checkpointing save and resume, --save-hf exports
   metrics         `Metrics`: the log line, the JSON records, the steady-state summary
-  loop            `Trainer` (set-up, `run`, `train_step`) and `main`
+  loop            `Trainer` (set-up, `run`, `train_step`) and `train`
   convert         `qwen-data convert`: HF folder ↔ checkpoint on its own (no trainer)
   __main__        `python -m qwen_data_train`
+
+megatron-core's notices that are no news to a user of this stage are silenced here, before any of its
+modules is imported: `QWEN_DATA_VERBOSE=1` shows them, and its INFO log.
 """
+
+import logging
+import os
+import warnings
+
+VERBOSE = "QWEN_DATA_VERBOSE"
+# Said on import or at every run, whatever the run: optional accelerator libraries missing (this stage
+# has its own fallbacks), the deprecation of its own default cuda_graph_scope, a CUDA tuning hint.
+MEGATRON_NOTICES = (r"(Transformer Engine and )?Apex (is|are) not installed", r"full scope is deprecated",
+                    r"When using async grad allreduce it is recommended")
+
+
+def _megatron_notices() -> None:
+    if os.environ.get(VERBOSE, "0") not in ("", "0"):
+        logging.basicConfig(format="%(name)s: %(message)s")
+        logging.getLogger("megatron").setLevel(logging.INFO)
+        return
+    for message in MEGATRON_NOTICES:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning, module="megatron")
+
+
+_megatron_notices()

@@ -1,5 +1,5 @@
 import sys
 
-from .loop import main
+from .commands import train
 
-sys.exit(main())
+sys.exit(train())

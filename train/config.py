@@ -1,8 +1,10 @@
-"""The command line and the typed configuration it becomes, once, before anything runs.
+"""The command lines (`qwen-data train`, `qwen-data convert`) and the typed configuration a train run's
+becomes, once, before anything runs.
 
 Each field of a section is its option (`option`: flag, default, help and type stated together);
 `build_parser` adds the sections' options in the order of TrainConfig's fields, and each section
-builds itself from the parsed arguments by field name."""
+builds itself from the parsed arguments by field name. Nothing here imports torch or megatron-core:
+`--help` and a refused option answer at once."""
 
 from __future__ import annotations
 
@@ -11,10 +13,18 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Optional, get_type_hints
 
-from .loss import CROSS_ENTROPY_CHOICES
-from .model import ATTENTION_CHOICES, COMPILE_CHOICES, PRESETS
+from qwen_data.options import DefaultsHelpFormatter
+
+from .shapes import PRESETS
 
 DESCRIPTION = "Train Qwen-architecture megatron-core GPTModels on qwen-data prefixes."
+VERBOSE_HELP = "QWEN_DATA_VERBOSE=1 shows megatron-core's warnings and log."
+
+ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")  # model.py: what each is
+# --compile: nothing; megatron-core's own torch.compile'd SwiGLU; or that and every transformer layer
+# compiled (RMSNorm, rotary embedding, residual adds fused around the matmuls).
+COMPILE_CHOICES = ("none", "swiglu", "layers")
+CROSS_ENTROPY_CHOICES = ("fused", "megatron")  # --cross-entropy: loss.py's, or megatron-core's
 
 
 def option(flag: str, group: Optional[str] = None, **argparse_keywords) -> Any:
@@ -49,8 +59,10 @@ class DataConfig(Section):
 
     path: str = option("--data", required=True, metavar="DATA",
                        help="a `qwen-data blend` JSON, a Megatron blend, or one prefix")
-    split: Optional[str] = option("--split", help="Megatron split (e.g. 98,2,0) for blends without their own")
-    data_cache: Optional[str] = option("--data-cache", help="where megatron-core caches sample indices")
+    split: Optional[str] = option("--split", help="Megatron split (e.g. 98,2,0) for blends without their own "
+                                                      "(none: the blend's, else 969,30,1)")
+    data_cache: Optional[str] = option("--data-cache", help="where megatron-core caches sample indices (none: built "
+                                                             "in memory each run)")
     num_workers: int = option("--num-workers", type=int, default=2, help="DataLoader workers per rank")
     reset_position_ids: bool = option("--reset-position-ids", action="store_true",
                                       help="pretraining: positions restart after EOD")
@@ -71,7 +83,8 @@ class ModelConfig(Section):
              "gives the model)")
     hf_model: Optional[str] = option(
         "--hf-model", metavar="DIR",
-        help="start from this Hugging Face Qwen2/2.5/3 dense checkpoint folder (its config.json gives the shape)")
+        help="start from this Hugging Face Qwen2/2.5/3 dense checkpoint folder (its config.json gives the shape; "
+             "none: see --model)")
     # attention and compile as asked ("auto" included); the trainer resolves them.
     attention: str = option("--attention", default="auto", choices=ATTENTION_CHOICES,
                             help="core attention (auto: te where Transformer Engine runs on CUDA, else sdpa)")
@@ -126,13 +139,15 @@ class OptimConfig(Section):
 class CheckpointConfig(Section):
     GROUP = "checkpoints and logs"
 
-    save: Optional[str] = option("--save", help="checkpoint directory")
+    save: Optional[str] = option("--save", help="checkpoint directory (none: no checkpoints)")
     save_interval: int = option("--save-interval", type=int, default=0,  # and at --exit-after
                                 help="0 = only at the end")
-    load: Optional[str] = option("--load", help="resume from this checkpoint directory (its latest iteration)")
+    load: Optional[str] = option("--load", help="resume from this checkpoint directory (its latest iteration; "
+                                                  "none: start afresh)")
     save_hf: Optional[str] = option(
         "--save-hf", metavar="OUT",
-        help="also save as a Hugging Face folder: OUT at the end, OUT/iter_N at each --save-interval")
+        help="also save as a Hugging Face folder: OUT at the end, OUT/iter_N at each --save-interval (none: no "
+             "export)")
 
 
 @dataclass(frozen=True)
@@ -148,7 +163,8 @@ class LogConfig(Section):
     GROUP = "checkpoints and logs"
 
     log_interval: int = option("--log-interval", type=int, default=10, help="iterations per log line")
-    log_json: Optional[str] = option("--log-json", help="append one JSON line per log interval here (rank 0)")
+    log_json: Optional[str] = option("--log-json", help="append one JSON line per log interval here (rank 0; "
+                                                           "none: no JSON)")
     peak_tflops: Optional[float] = option("--peak-tflops", type=float,
                                           help="bf16 peak per GPU for MFU (default: by name)")
 
@@ -174,7 +190,7 @@ class TrainConfig:
     eval: EvalConfig
     log: LogConfig
     exit_after: Optional[int] = option("--exit-after", "checkpoints and logs", type=int,
-                                       help="stop (and save) after this iteration")
+                                       help="stop (and save) after this iteration (none: at --train-iters)")
 
     @classmethod
     def sections(cls) -> dict[str, type[Section]]:
@@ -194,8 +210,8 @@ class TrainConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     """The sections' options and TrainConfig's own, in its field order, grouped as they say."""
-    p = argparse.ArgumentParser(prog="qwen-data train", description=DESCRIPTION,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="qwen-data train", description=DESCRIPTION, epilog=VERBOSE_HELP,
+                                formatter_class=DefaultsHelpFormatter)
     groups = {}
     sections = TrainConfig.sections()
     for f in fields(TrainConfig):
@@ -207,4 +223,28 @@ def build_parser() -> argparse.ArgumentParser:
             section.add_arguments(groups[title])
         else:
             add_option(groups[title], f)
+    return p
+
+
+def convert_parser() -> argparse.ArgumentParser:
+    """`qwen-data convert` (convert.py: what it does)."""
+    p = argparse.ArgumentParser(prog="qwen-data convert", epilog=VERBOSE_HELP, formatter_class=DefaultsHelpFormatter,
+                                description="convert between a Hugging Face Qwen folder and a megatron-core "
+                                            "dist_checkpointing checkpoint")
+    sub = p.add_subparsers(dest="direction", required=True)
+    a = sub.add_parser("hf-to-mcore", help="a Hugging Face Qwen folder → a checkpoint for --load",
+                       formatter_class=DefaultsHelpFormatter)
+    a.add_argument("hf_model", metavar="HF_DIR", help="a Hugging Face Qwen2/2.5/3 dense checkpoint folder")
+    a.add_argument("checkpoint", metavar="CKPT", help="the checkpoint directory to write")
+    b = sub.add_parser("mcore-to-hf", help="a checkpoint's latest iteration → a Hugging Face folder",
+                       formatter_class=DefaultsHelpFormatter)
+    b.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory (of --save or hf-to-mcore)")
+    b.add_argument("hf_out", metavar="OUT", help="the Hugging Face folder to write")
+    b.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="tokenizer files to put in OUT (default: the tokenizer the checkpoint names)")
+    for s in (a, b):
+        s.add_argument("--tp", type=int, default=1, help="tensor-parallel size of this conversion")
+        s.add_argument("--pp", type=int, default=1, help="pipeline stages of this conversion (world size tp × pp)")
+        s.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
+                       help="the layer spec, which decides the checkpoint's parameter names")
     return p

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from typing import Optional
 
 import torch
@@ -28,32 +27,12 @@ import torch
 from qwen_data.text.tokenizer import directory_of, folder_identity
 
 from .checkpoint import Checkpointer, latest, stored
-from .config import CheckpointConfig
+from .config import CheckpointConfig, convert_parser
 from .distributed import distributed, log0
 from .hf.checkpoint import HFExport, load_hf_weights, save_hf
 from .hf.config import config_dtype, model_of_folder, shape_from_config
-from .model import ATTENTION_CHOICES, build_model, resolve_attention
+from .model import build_model, resolve_attention
 from .patches import megatron_on_cpu
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="qwen-data convert", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    sub = p.add_subparsers(dest="direction", required=True)
-    a = sub.add_parser("hf-to-mcore", help="a Hugging Face Qwen folder → a checkpoint for --load")
-    a.add_argument("hf_model", metavar="HF_DIR")
-    a.add_argument("checkpoint", metavar="CKPT")
-    b = sub.add_parser("mcore-to-hf", help="a checkpoint's latest iteration → a Hugging Face folder")
-    b.add_argument("checkpoint", metavar="CKPT")
-    b.add_argument("hf_out", metavar="OUT")
-    b.add_argument("--tokenizer", default=None, metavar="DIR",
-                   help="tokenizer files to put in OUT (default: the tokenizer the checkpoint names)")
-    for s in (a, b):
-        s.add_argument("--tp", type=int, default=1, help="tensor-parallel size of this conversion")
-        s.add_argument("--pp", type=int, default=1, help="pipeline stages of this conversion (world size tp × pp)")
-        s.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
-                       help="the layer spec, which decides the checkpoint's parameter names")
-    return p
 
 
 def hf_to_mcore(hf_model: str, root: str, tp: int, attention: str) -> None:
@@ -86,9 +65,8 @@ def mcore_to_hf(root: str, out: str, tp: int, attention: str, tokenizer_dir: Opt
     save_hf(model, export, out)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).* not installed")
+def convert(args: argparse.Namespace) -> int:
+    """One conversion, `args` as `config.convert_parser` parses them."""
     attention = resolve_attention(args.attention)
     with megatron_on_cpu(), distributed(args.tp, args.pp), torch.no_grad():
         if args.direction == "hf-to-mcore":
@@ -101,4 +79,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(convert(convert_parser().parse_args()))

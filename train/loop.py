@@ -19,9 +19,7 @@ Weights are float32 master weights, run in bf16 by autocast.
 
 from __future__ import annotations
 
-import sys
 import time
-import warnings
 from typing import Optional
 
 import torch
@@ -38,9 +36,10 @@ from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, make_loader
 from .metrics import Metrics, StepStats, Summary
-from .model import PRESETS, ModelShape, build_model, resolve_attention
+from .model import build_model, resolve_attention
 from .optimizer import Schedule, build_optimizer, optimizer_step
 from .patches import megatron_on_cpu
+from .shapes import PRESETS, ModelShape
 from .step import ForwardSpec, evaluate, forward_backward
 
 
@@ -200,13 +199,8 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
     return shape, config_of_shape(shape, torch.bfloat16), generation_config()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    config = TrainConfig.parse(argv)
-    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).* not installed")
+def train(config: TrainConfig) -> int:
     with megatron_on_cpu(), distributed(config.model.tp, config.model.pp) as device:
         Trainer(config, device).run()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

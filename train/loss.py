@@ -23,8 +23,6 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
                                                     gather_from_sequence_parallel_region)
 
-CROSS_ENTROPY_CHOICES = ("fused", "megatron")  # --cross-entropy: this module's, or megatron-core's
-
 # Positions per chunk: 4096 × 151,936 bf16 logits = 1.2 GB at a time, big enough matmuls.
 CHUNK_TOKENS = 4096
 

@@ -29,7 +29,7 @@ class ForwardSpec:
     attention: str  # resolved: te, sdpa or local (model.resolve_attention)
     device: torch.device  # where the micro-batches go
     autocast: bool  # bf16 autocast
-    cross_entropy: str  # loss.CROSS_ENTROPY_CHOICES
+    cross_entropy: str  # config.CROSS_ENTROPY_CHOICES
     seq_length: int  # the samples' length, for the pipeline schedule's activation shapes
 
 

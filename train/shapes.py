@@ -1,0 +1,78 @@
+"""The shape of a Qwen model (`ModelShape`), and presets with the real models' shapes.
+
+Every preset is the real model's shape (Qwen's config.json, research/qwen.md §4): RMSNorm (eps 1e-6),
+SwiGLU, grouped-query attention, RoPE base 1e6, no linear biases except Qwen2/2.5's QKV bias,
+Qwen3's QK-RMSNorm with explicit head_dim 128, tied embeddings for the small sizes, and the padded
+embedding rows the checkpoints have (151,936; 152,064 for Qwen2.5-7B). Plain numbers, no torch:
+`--help` lists the presets without importing it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qwen_data.qwen import EMBEDDING_ROWS_LARGE, EMBEDDING_ROWS_SMALL
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int  # head_dim
+    ffn_hidden_size: int
+    vocab_size: int  # padded embedding rows, as in the checkpoint
+    tied_embeddings: bool
+    qkv_bias: bool  # Qwen2/2.5
+    qk_norm: bool  # Qwen3
+    max_position_embeddings: int
+    rotary_base: float = 1_000_000.0
+    norm_epsilon: float = 1e-6
+
+    def matmul_params(self) -> int:
+        """Weights that take part in a matrix product per token: the layers and the output layer
+        (the input embedding is a lookup)."""
+        q = self.num_attention_heads * self.kv_channels
+        kv = self.num_query_groups * self.kv_channels
+        attention = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+        mlp = 3 * self.hidden_size * self.ffn_hidden_size
+        return self.num_layers * (attention + mlp) + self.vocab_size * self.hidden_size
+
+    def parameters(self) -> int:
+        q = self.num_attention_heads * self.kv_channels
+        kv = self.num_query_groups * self.kv_channels
+        per_layer = (self.hidden_size * (q + 2 * kv) + q * self.hidden_size + 3 * self.hidden_size * self.ffn_hidden_size
+                     + 2 * self.hidden_size + (q + 2 * kv if self.qkv_bias else 0)
+                     + (2 * self.kv_channels if self.qk_norm else 0))
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + self.hidden_size
+
+    def train_flops_per_token(self, seq_length: int) -> float:
+        """Forward + backward FLOPs per token of a causal row of `seq_length` (no recompute):
+        6 per matmul weight, plus QK^T and AV over on average half the row."""
+        attention = 6 * self.num_layers * seq_length * self.num_attention_heads * self.kv_channels
+        return 6 * self.matmul_params() + attention
+
+
+def _qwen2(name, layers, hidden, heads, groups, ffn, vocab=EMBEDDING_ROWS_SMALL, tied=True, head_dim=None, max_pos=32_768):
+    return ModelShape(name, layers, hidden, heads, groups, head_dim or hidden // heads, ffn, vocab, tied,
+                       qkv_bias=True, qk_norm=False, max_position_embeddings=max_pos)
+
+
+def _qwen3(name, layers, hidden, heads, groups, ffn, tied=True, max_pos=40_960):
+    return ModelShape(name, layers, hidden, heads, groups, 128, ffn, EMBEDDING_ROWS_SMALL, tied,
+                       qkv_bias=False, qk_norm=True, max_position_embeddings=max_pos)
+
+
+PRESETS: dict[str, ModelShape] = {p.name: p for p in (
+    _qwen2("qwen2.5-0.5b", 24, 896, 14, 2, 4864),
+    _qwen2("qwen2.5-1.5b", 28, 1536, 12, 2, 8960),
+    _qwen2("qwen2.5-7b", 28, 3584, 28, 4, 18944, vocab=EMBEDDING_ROWS_LARGE, tied=False),
+    _qwen3("qwen3-0.6b", 28, 1024, 16, 8, 3072),
+    _qwen3("qwen3-1.7b", 28, 2048, 16, 8, 6144),
+    _qwen3("qwen3-8b", 36, 4096, 32, 8, 12288, tied=False),
+    # Tests and smoke runs: the real vocabulary (data ids go up to 151,668), a toy body.
+    _qwen2("tiny", 2, 64, 4, 2, 128, head_dim=16, max_pos=4096),
+    ModelShape("tiny-qwen3", 2, 64, 4, 2, 32, 128, EMBEDDING_ROWS_SMALL, True, qkv_bias=False, qk_norm=True,
+                max_position_embeddings=4096),
+)}
