@@ -62,10 +62,11 @@ def test_text_policy_matches_hf_without_added_tokens(backend):
 
 
 def test_batch_call_matches_hf(monkeypatch):
-    """Large batches go through gigatoken's batch call, small ones text by text (the tests above)."""
+    """After BATCH_AFTER texts a tokenizer encodes through gigatoken's batch call; the tests
+    above, text by text."""
     import qwen_data.text.tokenizer as tokenizer
 
-    monkeypatch.setattr(tokenizer, "SMALL_BATCH", 0)
+    monkeypatch.setattr(tokenizer, "BATCH_AFTER", 0)
     ours = QwenTokenizer()
     hf = hf_reference("qwen3")
     got = split(*ours.encode_batch(TEXTS, special="parse"))

@@ -133,10 +133,10 @@ class TokenizerConfig:
 SHARED_TEXT_BUDGET = 1 << 30
 
 
-# Batches of fewer characters are encoded text by text: gigatoken's batch call returns an awkward
-# array, and importing awkward (~0.5 s) would cost a short run more than the batch call saves
-# (~15 µs a text).
-SMALL_BATCH = 1 << 20
+# gigatoken's batch call returns an awkward array: importing awkward costs a process ~0.5 s, and
+# encoding text by text ~5 µs a text more than the batch call. A tokenizer object encodes text by
+# text until it has encoded this many texts, when the import has paid for itself.
+BATCH_AFTER = 100_000
 
 
 class QwenTokenizer:
@@ -189,6 +189,7 @@ class QwenTokenizer:
         self._structural_re = _literal_pattern(set(self.added_tokens) - CONTENT_TOKENS)
         self._backends: dict[frozenset, object] = {}
         self.encoded = 0  # characters encoded by this object (see `shared`)
+        self.texts = 0  # texts encoded by this object (see BATCH_AFTER)
         self._starts: np.ndarray | None = None  # see _spelling_starts
 
     def __getstate__(self):
@@ -260,10 +261,10 @@ class QwenTokenizer:
         control ids (reject encodes as safe: the records it refuses never get here).
         """
         backend = self.backend(special)
-        characters = sum(map(len, texts))
-        self.encoded += characters
+        self.encoded += sum(map(len, texts))
+        self.texts += len(texts)
         if self.config.backend == "gigatoken":
-            if characters < SMALL_BATCH:
+            if self.texts <= BATCH_AFTER:
                 pieces = [backend.encode(text) for text in texts]
                 lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
                 ids = np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, dtype=np.int32)
