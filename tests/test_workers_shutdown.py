@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections import Counter
 
 import psutil
 import pytest
@@ -205,18 +204,4 @@ def test_an_exception_in_a_task_is_raised_in_the_main_process_with_its_traceback
     with pytest.raises(ZeroDivisionError) as info:
         list(ordered_map(inverse, range(40), 2, tasks_per_worker=3))
     assert "in inverse" in str(info.value.__cause__)
-    assert psutil.Process().children() == []
-
-
-def test_a_worker_is_replaced_once_it_has_grown():
-    """A worker whose caches grew by max_growth bytes is replaced; one that does not grow is kept."""
-    kept = []
-
-    def grow(x):
-        kept.append(b"\1" * (8 << 20))  # written, so resident
-        return os.getpid()
-
-    pids = Counter(ordered_map(grow, range(24), 2, max_growth=20 << 20))
-    assert len(pids) >= 4 and max(pids.values()) < 12
-    assert len(Counter(ordered_map(lambda x: os.getpid(), range(24), 2, max_growth=20 << 20))) == 2
     assert psutil.Process().children() == []

@@ -25,10 +25,9 @@ from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .progress import Progress
 from .workers import ordered_map
 
-# A worker restarts once its peak resident size has grown this much: the tokenizer's pretoken cache
-# grows with the distinct text a worker has seen (~1.5 MB a MB of fresh text), and restarting bounds
-# it, so peak memory does not grow with the corpus; a restart costs the cache's warmth, so not sooner.
-WORKER_GROWTH = 256 << 20
+# Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with
+# the text a worker has seen, and restarting bounds it, so peak memory does not grow with the corpus.
+TASKS_PER_WORKER = 16
 
 
 @dataclass(kw_only=True)
@@ -153,7 +152,7 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
 
     # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
     results = (map(step.process, counted(chunks)) if config.workers == 0 else
-               ordered_map(step.process, counted(chunks), config.workers, max_growth=WORKER_GROWTH))
+               ordered_map(step.process, counted(chunks), config.workers, tasks_per_worker=TASKS_PER_WORKER))
     for result in results:
         writer.add(result)
         rejects.add(result.rejects)

@@ -2,10 +2,8 @@
 
 Results come back in input order; at most `max_in_flight` tasks are queued or buffered at once,
 so memory stays flat however long the input. Item i goes to worker i mod n and results are read
-back in the same order. A worker is replaced by a fresh one after `tasks_per_worker` tasks, or
-once its peak resident size has grown by `max_growth` bytes since it started, to bound whatever
-caches grow inside it (the tokenizer's pretoken cache) without throwing away, every few tasks, the
-warm caches that make it fast.
+back in the same order. A worker is replaced by a fresh one after `tasks_per_worker` tasks, to
+bound whatever caches grow inside it (the tokenizer's pretoken cache).
 
 Each worker has its own pipe and the main process has no threads, so nothing is shared that a
 dying process could leave locked: ending the map is killing the workers. (multiprocessing.Pool
@@ -28,9 +26,7 @@ import contextlib
 import ctypes
 import os
 import queue
-import resource
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -51,7 +47,6 @@ def ordered_map(
     initargs: tuple = (),
     max_in_flight: int | None = None,
     tasks_per_worker: int | None = None,
-    max_growth: int | None = None,
 ) -> Iterator:
     max_in_flight = max_in_flight or 2 * workers + 1
     start = (fn, initializer, initargs)
@@ -62,7 +57,7 @@ def ordered_map(
     try:
         for i, item in enumerate(items):
             worker = slots[i % workers]
-            if worker is None or worker.assigned == tasks_per_worker or worker.grown >= (max_growth or sys.maxsize):
+            if worker is None or worker.assigned == tasks_per_worker:
                 if worker is not None:
                     worker.retire()
                 with _sigint_held():  # a worker started is a worker in `live`
@@ -106,7 +101,6 @@ class _Worker:
     def __init__(self, fn: Callable, initializer: Callable | None, initargs: tuple):
         self.conn, theirs = multiprocess.get_context("fork").Pipe()
         self.assigned = self.received = 0
-        self.grown = 0  # bytes its peak resident size grew by, as of its latest answer
         self.retired = False
         self.process = multiprocess.get_context("fork").Process(
             target=_serve, args=(theirs, os.getpid(), fn, initializer, initargs), daemon=True
@@ -132,7 +126,7 @@ class _Worker:
 
     def result(self):
         try:
-            ok, value, where, self.grown = self.conn.recv()
+            ok, value, where = self.conn.recv()
         except (EOFError, ConnectionError):
             raise self._died() from None
         self.received += 1
@@ -165,7 +159,7 @@ def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initar
     # process waits for it to read a result.
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_receive, args=(conn, tasks), daemon=True).start()
-    failed, start = None, _peak_rss()
+    failed = None
     if initializer is not None:
         try:
             initializer(*initargs)
@@ -173,23 +167,16 @@ def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initar
             failed = exc, traceback.format_exc()
     while (task := tasks.get()) is not _STOP:
         if failed is not None:
-            conn.send((False, *failed, 0))
+            conn.send((False, *failed))
             continue
         try:
             answer = (True, fn(task[0]), None)
         except Exception as exc:
             answer = (False, exc, traceback.format_exc())
-        grown = _peak_rss() - start
         try:
-            conn.send((*answer, grown))
+            conn.send(answer)
         except Exception:  # an exception that cannot be pickled: send its text
-            conn.send((False, WorkerError(f"{answer[1]!r}"), answer[2], grown))
-
-
-def _peak_rss() -> int:
-    """This process's peak resident size in bytes (a forked one starts at its parent's size)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # kilobytes elsewhere
+            conn.send((False, WorkerError(f"{answer[1]!r}"), answer[2]))
 
 
 def _receive(conn, tasks: queue.SimpleQueue) -> None:
