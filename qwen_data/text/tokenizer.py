@@ -351,9 +351,7 @@ class QwenTokenizer:
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=name, suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 np.save(f, array)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would: others' runs may read it
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users' runs
             os.replace(tmp, path)
         except OSError:
             if tmp is not None and os.path.exists(tmp):
