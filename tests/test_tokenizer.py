@@ -61,6 +61,45 @@ def test_text_policy_matches_hf_without_added_tokens(backend):
     assert got == [hf_plain_text(hf, t) for t in TEXTS]
 
 
+def test_batch_call_matches_hf(monkeypatch):
+    """After BATCH_AFTER texts a tokenizer encodes through gigatoken's batch call; the tests
+    above, text by text."""
+    import qwen_data.text.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "BATCH_AFTER", 0)
+    ours = QwenTokenizer()
+    hf = hf_reference("qwen3")
+    got = split(*ours.encode_batch(TEXTS, special="parse"))
+    assert got == [e.ids for e in hf.encode_batch(TEXTS, add_special_tokens=False)]
+
+
+def test_derived_arrays_are_cached_by_content(tmp_path, monkeypatch):
+    """What is derived from the tokenizer's files is built once and kept under their hash in
+    $XDG_CACHE_HOME/qwen-data; a cache that cannot be written or read is only rebuilt."""
+    import qwen_data.text.tokenizer as tokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tok = QwenTokenizer()
+    fresh = tok.token_byte_lengths()
+    files = list((tmp_path / "cache" / "qwen-data").glob(f"{tok.sha256}-*/*.npy"))
+    assert len(files) == 1
+    monkeypatch.setattr(QwenTokenizer, "_token_byte_lengths", lambda self: pytest.fail("rebuilt"))
+    assert np.array_equal(tok.token_byte_lengths(), fresh)  # from the file
+    monkeypatch.undo()
+
+    files[0].write_bytes(b"not an array")  # a broken file is rebuilt and replaced
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert np.array_equal(tok.token_byte_lengths(), fresh)
+    assert np.array_equal(np.load(files[0]), fresh)
+
+    unwritable = tmp_path / "a-file"  # (chmod cannot stop root from writing)
+    unwritable.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(unwritable))
+    assert tokenizer.cache_dir().startswith(str(unwritable))
+    assert np.array_equal(tok.token_byte_lengths(), fresh)
+    assert not list(tmp_path.glob("**/*.tmp"))
+
+
 def test_flavour_decides_what_is_special():
     text = "a<think>b</think><|im_end|>"
     q3 = QwenTokenizer(TokenizerConfig(flavour="qwen3")).encode(text).tolist()

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,6 +138,12 @@ class TokenizerConfig:
 SHARED_TEXT_BUDGET = 1 << 30
 
 
+# gigatoken's batch call returns an awkward array: importing awkward costs a process ~0.5 s, and
+# encoding text by text ~5 µs a text more than the batch call. A tokenizer object encodes text by
+# text until it has encoded this many texts, when the import has paid for itself.
+BATCH_AFTER = 100_000
+
+
 class QwenTokenizer:
     """Exact Qwen encoding plus the facts pipelines record: flavour, eod, vocab size, identity.
 
@@ -193,6 +200,7 @@ class QwenTokenizer:
         self._structural_re = _literal_pattern(set(self.added_tokens) - CONTENT_TOKENS)
         self._backends: dict[frozenset, object] = {}
         self.encoded = 0  # characters encoded by this object (see `shared`)
+        self.texts = 0  # texts encoded by this object (see BATCH_AFTER)
         self._starts: np.ndarray | None = None  # see _spelling_starts
 
     def _file(self) -> str:
@@ -247,6 +255,9 @@ class QwenTokenizer:
 
     def token_byte_lengths(self) -> np.ndarray:
         """Bytes each id stands for (byte-level BPE: every id is a fixed byte string)."""
+        return self._derived("byte_lengths", self._token_byte_lengths)
+
+    def _token_byte_lengths(self) -> np.ndarray:
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
         if self.config.backend == "gigatoken":
             for i, piece in self.backend("parse").vocab.items():
@@ -280,12 +291,18 @@ class QwenTokenizer:
         """
         backend = self.backend(special)
         self.encoded += sum(map(len, texts))
+        self.texts += len(texts)
         if self.config.backend == "gigatoken":
-            import awkward as ak
+            if self.texts <= BATCH_AFTER:
+                pieces = [backend.encode(text) for text in texts]
+                lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+                ids = np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, dtype=np.int32)
+            else:
+                import awkward as ak
 
-            encoded = backend.encode_batch(texts, parallel=False)
-            ids = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32)
-            lengths = np.asarray(ak.num(encoded, axis=1), dtype=np.int64)
+                encoded = backend.encode_batch(texts, parallel=False)
+                ids = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32)
+                lengths = np.asarray(ak.num(encoded, axis=1), dtype=np.int64)
             rows = self.exact_rows(texts, ids, lengths, backend)
             if rows:
                 ids, lengths = self._splice_hf(texts, rows, special, ids, lengths)
@@ -326,16 +343,49 @@ class QwenTokenizer:
         return [r for r in rows.tolist() if needs_exact(texts[r])]
 
     def _spelling_starts(self, backend) -> np.ndarray:
-        """Per id, whether `token_spells_start`; built once (~0.2 s), before workers fork."""
+        """Per id, whether `token_spells_start` (added tokens, ASCII, never do, so every policy's
+        backend gives the same array); loaded before workers fork."""
         if self._starts is None:
-            from qwen_data.text.unicode_exact import token_spells_start
+            from qwen_data.text.unicode_exact import EXACT_RANGES, token_spells_start
 
-            starts = np.zeros(self.vocab_size, dtype=bool)
-            for i, piece in backend.vocab.items():
-                if i < self.vocab_size:
-                    starts[i] = token_spells_start(piece)
-            self._starts = starts
+            def build() -> np.ndarray:
+                starts = np.zeros(self.vocab_size, dtype=bool)
+                for i, piece in backend.vocab.items():
+                    if i < self.vocab_size:
+                        starts[i] = token_spells_start(piece)
+                return starts
+
+            # The array follows from the table too: a changed table is another file.
+            table = hashlib.sha256(repr(EXACT_RANGES).encode()).hexdigest()[:16]
+            self._starts = self._derived(f"spelling_starts-{table}", build)
         return self._starts
+
+    def _derived(self, name: str, build) -> np.ndarray:
+        """`build()`, an array of vocab_size entries that follows from the tokenizer's files alone,
+        kept in `cache_dir()` under their hash (building it loops over the vocabulary in Python,
+        ~0.5 s, which every process, Ray task and command would pay). Written atomically, so
+        concurrent processes read a whole file or none; a cache that cannot be written or read
+        only costs the build."""
+        path = os.path.join(cache_dir(), f"{self.sha256}-{self.vocab_size}", name + ".npy")
+        try:
+            array = np.load(path, allow_pickle=False)
+            if array.shape == (self.vocab_size,):
+                return array
+        except (OSError, ValueError, EOFError):
+            pass
+        array = build()
+        tmp = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=name, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, array)
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users' runs
+            os.replace(tmp, path)
+        except OSError:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+        return array
 
     def _splice_hf(self, texts, rows, special, ids, lengths) -> tuple[np.ndarray, np.ndarray]:
         """`ids` and `lengths` with texts[rows] encoded by HF `tokenizers` instead, same added tokens."""
@@ -395,6 +445,12 @@ class QwenTokenizer:
                 lines = str(exc).strip().splitlines()
                 raise self._broken(f"{self.config.backend} cannot read it ({lines[0] if lines else exc!r})") from None
         return self._backends[key]
+
+
+def cache_dir() -> str:
+    """Where arrays derived from tokenizer files are kept: $XDG_CACHE_HOME/qwen-data (~/.cache)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "qwen-data")
 
 
 def _literal_pattern(contents) -> re.Pattern:
