@@ -27,7 +27,7 @@ def run(command: list[str]) -> str:
     env = {k: v for k, v in os.environ.items() if k != "QWEN_DATA_VERBOSE"}
     done = subprocess.run(command, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    warned = re.findall(r"^.*\bWarning: .*$", done.stderr, re.MULTILINE)
+    warned = re.findall(r"^.*:\d+: \w*Warning: .*$", done.stderr, re.MULTILINE)  # FILE:LINE: CATEGORY: message
     assert not warned, "warnings on stderr:\n" + "\n".join(warned)
     return done.stdout
 

@@ -29,8 +29,8 @@ Modules, in the order a run uses them:
   convert         `qwen-data convert`: HF folder ↔ checkpoint on its own (no trainer)
   __main__        `python -m qwen_data_train`
 
-megatron-core's notices that are no news to a user of this stage are silenced here, before any of its
-modules is imported: `QWEN_DATA_VERBOSE=1` shows them, and its INFO log.
+The notices of megatron-core (and of the torch API it calls) that are no news to a user of this stage are
+silenced here, before any of its modules is imported: `QWEN_DATA_VERBOSE=1` shows them, and its INFO log.
 """
 
 import logging
@@ -38,19 +38,29 @@ import os
 import warnings
 
 VERBOSE = "QWEN_DATA_VERBOSE"
-# Said on import or at every run, whatever the run: optional accelerator libraries missing (this stage
-# has its own fallbacks), the deprecation of its own default cuda_graph_scope, a CUDA tuning hint.
-MEGATRON_NOTICES = (r"(Transformer Engine and )?Apex (is|are) not installed", r"full scope is deprecated",
-                    r"When using async grad allreduce it is recommended")
+# (category, message, module) of what is said whatever the run: optional accelerator libraries missing (this
+# stage has its own fallbacks), the deprecation of megatron-core's own default cuda_graph_scope, a CUDA tuning
+# hint under tensor parallelism, and the deprecations of the torch API that megatron-core calls (checkpoint
+# loads, sequence-parallel collectives).
+DEPENDENCY_NOTICES = (
+    (UserWarning, r"(Transformer Engine and )?Apex (is|are) not installed", "megatron"),
+    (UserWarning, r"full scope is deprecated", "megatron"),
+    (UserWarning, r"When using (async grad allreduce|sequence parallelism) it is recommended to set the environment "
+                  r"variable CUDA_DEVICE_MAX_CONNECTIONS", "megatron"),
+    (FutureWarning, r"`load_state_dict` is deprecated", "megatron"),
+    (FutureWarning, r"Please use DTensor instead and we are deprecating ShardedTensor", "torch.distributed"),
+    (FutureWarning, r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+     "torch.distributed"),
+)
 
 
-def _megatron_notices() -> None:
+def _quiet_dependencies() -> None:
     if os.environ.get(VERBOSE, "0") not in ("", "0"):
         logging.basicConfig(format="%(name)s: %(message)s")
         logging.getLogger("megatron").setLevel(logging.INFO)
         return
-    for message in MEGATRON_NOTICES:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning, module="megatron")
+    for category, message, module in DEPENDENCY_NOTICES:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
 
-_megatron_notices()
+_quiet_dependencies()
