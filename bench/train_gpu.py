@@ -21,7 +21,6 @@ import sys
 import time
 
 import torch
-
 from qwen_data_train.attention import compiled_flex_attention, document_mask
 from qwen_data_train.data import samples_of_row
 from qwen_data_train.distributed import init_distributed
@@ -124,13 +123,12 @@ def attention(args) -> None:
 
 
 def profile(args) -> None:
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as profiler
-
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.distributed import distributed
     from qwen_data_train.loop import Trainer
     from qwen_data_train.patches import megatron_on_cpu
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
 
     with megatron_on_cpu(), distributed(1) as device:
         trainer = Trainer(TrainConfig.parse(args.train), device)

@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 import pytest
-
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
+
 from qwen_data.blend.files import BlendError, read_blend
 from qwen_data.blend.weights import parse_split, plan_blend
 from qwen_data.cli import main
+
 
 @pytest.fixture(scope="module")
 def prefixes(tmp_path_factory):
@@ -214,9 +215,9 @@ def test_huge_and_tiny_weights_keep_their_ratio_for_megatron(prefixes, tmp_path)
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
+    from qwen_data_train import data
 
     from qwen_data.blend.files import load_source
-    from qwen_data_train import data
 
     huge = plan_blend([f"{prefixes['web']}=1e308", f"{prefixes['code']}=1.7e308"])
     assert [e.weight for e in huge.splits["train"]] == pytest.approx([1 / 2.7, 1.7 / 2.7])

@@ -7,10 +7,11 @@ import json
 import subprocess
 import sys
 
-from qwen_data.cli import build_parser
-from qwen_data.options import says_default
 from qwen_data_train.config import build_parser as train_parser
 from qwen_data_train.config import convert_parser
+
+from qwen_data.cli import build_parser
+from qwen_data.options import says_default
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

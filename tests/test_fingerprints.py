@@ -37,6 +37,7 @@ def test_parts_made_with_a_copied_tokenizer_or_the_hf_backend_merge_into_one_run
     """A tokenizer is its files' content and flavour: not where the files lay, nor which backend encoded
     (both give the same ids). A merge that refuses names the field that differs and both values."""
     from _helpers import copy_prefix, corpus, manifest, pretrain
+
     from qwen_data.text.tokenizer import bundled_tokenizer_dir
     from qwen_data.tools.verify import verify
 

@@ -12,9 +12,9 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-
 from _helpers import chats, pretrain, sft, write_jsonl
 from multilingual import corpus as multilingual_corpus
+
 from qwen_data.cli import main
 from qwen_data.tools.samples import Samples
 

@@ -17,7 +17,6 @@ import threading
 import time
 
 import pytest
-
 from _helpers import chats, corpus, manifest, pretrain, sft, write_jsonl
 
 ray = pytest.importorskip("ray")

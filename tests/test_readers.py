@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _helpers import REPO_ROOT, chats, corpus, manifest, pretrain, sft, write_jsonl
 
 pa = pytest.importorskip("pyarrow")

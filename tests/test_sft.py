@@ -3,14 +3,15 @@
 import json
 import os
 
+import _conversations as gen
 import numpy as np
 import pytest
+from _helpers import hf_chat_tokenizer as hf_tokenizer
+from _helpers import hf_ids, write_jsonl
 
-import _conversations as gen
-from _helpers import hf_chat_tokenizer as hf_tokenizer, hf_ids, write_jsonl
 from qwen_data.cli import main
-from qwen_data.text.templates import SPAN_KINDS, TEMPLATE_SHA256, get_template, render_samples
 from qwen_data.text.conversations import to_conversation
+from qwen_data.text.templates import SPAN_KINDS, TEMPLATE_SHA256, get_template, render_samples
 
 PAD = 151654
 CASES = {"qwen2": dict(tools=False, reasoning=False), "qwen2p5": dict(tools=True, reasoning=False),

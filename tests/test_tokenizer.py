@@ -5,17 +5,12 @@ import os
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
-
 from _helpers import hf_plain_text
 from multilingual import SPECIAL_LITERALS, corpus
+from tokenizers import Tokenizer
+
 from qwen_data.qwen import DEFAULT_PAD_ID
-from qwen_data.text.tokenizer import (
-    QwenTokenizer,
-    TokenizerConfig,
-    TokenizerNotFound,
-    bundled_tokenizer_dir,
-)
+from qwen_data.text.tokenizer import QwenTokenizer, TokenizerConfig, TokenizerNotFound, bundled_tokenizer_dir
 
 TEXTS = corpus(600, seed=1)
 

@@ -17,11 +17,10 @@ def megatron_cpu():
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
 def test_compiled_layers_trace_whole(megatron_cpu, name):
-    from torch._dynamo.utils import counters
-
     from qwen_data_train.model import build_model
     from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, masked_loss
+    from torch._dynamo.utils import counters
 
     torch.manual_seed(3)
     model = build_model(PRESETS[name], attention="sdpa", max_sequence_length=128)

@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
 from _train import docs_of, raw_documents, stream_check
+
 from qwen_data.blend.build import BlendError
 from qwen_data.blend.files import load_source
 from qwen_data.cli import main
@@ -350,8 +350,8 @@ def test_ids_beyond_the_models_embedding_are_refused_at_start(prefixes, tmp_path
     from qwen_data_train.distributed import distributed
     from qwen_data_train.hf.config import config_of_shape
     from qwen_data_train.loop import Trainer
-    from qwen_data_train.model import PRESETS
     from qwen_data_train.patches import megatron_on_cpu
+    from qwen_data_train.shapes import PRESETS
 
     high_pad = copy_prefix(prefixes["unpacked"], str(tmp_path / "high"), lambda m: m.update(pad_id=151900))
     folder = tmp_path / "model"

@@ -14,9 +14,9 @@ import random
 
 import pytest
 import torch
-
 from _helpers import write_jsonl
 from _train import run_train as _train
+
 from qwen_data.cli import main as qwen_data
 
 WORDS = ("data model token river stone light cloud number garden window paper music "
@@ -142,7 +142,6 @@ def test_gradient_buckets_cover_every_gradient(megatron_cpu, monkeypatch):
     """Gradients reduced in flat buckets (data parallelism across pipelines, TP-partial norms):
     every gradient is reduced once, whatever the bucket size cuts."""
     from megatron.core import parallel_state
-
     from qwen_data_train import distributed
     monkeypatch.setattr(distributed, "BUCKET_ELEMENTS", 10)
     sizes = (3, 8, 4, 12, 1)
@@ -203,6 +202,7 @@ def test_sdpa_attention_equals_megatron_local_attention(prefixes, megatron_cpu):
 
 def test_presets_match_the_real_models():
     from qwen_data_train.shapes import PRESETS
+
     # Parameter counts of the released models, tied embeddings counted once (Qwen3's technical
     # report: 0.6B = 0.44B non-embedding + 151,936 × 1024; 1.7B = 1.4B + 151,936 × 2048).
     expected = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-7b": 7_615_616_512,
@@ -225,7 +225,6 @@ def test_config_is_built_once_from_the_command_line():
 
 def test_cpu_patches_are_undone_on_exit():
     from megatron.core import tensor_parallel
-
     from qwen_data_train.patches import megatron_on_cpu, single_process_rank
     tracker = tensor_parallel.get_cuda_rng_tracker()
     state = lambda: (torch.cuda.current_device, torch.cuda.synchronize, vars(tracker).get("fork"),  # noqa: E731

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 import pytest
-
 from _helpers import copy_prefix, manifest
+
 from qwen_data.blend.build import BlendError, plan_blend
 from qwen_data.cli import EXAMPLES, main
 from qwen_data.formats.indexed import file_digest, read_index

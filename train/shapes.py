@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from qwen_data.qwen import EMBEDDING_ROWS_LARGE, EMBEDDING_ROWS_SMALL
 
+
 @dataclass(frozen=True)
 class ModelShape:
     name: str

@@ -36,8 +36,9 @@ from ..formats.layouts import Block, check_offsets
 from ..formats.layouts import chunks as _chunks
 from ..formats.layouts import index_tokens as _tokens
 from ..formats.layouts import layout_of
-from ..formats.manifest import Manifest, fingerprint, load, train_problems
+from ..formats.manifest import Manifest, fingerprint, load
 from ..formats.manifest import problems as manifest_problems
+from ..formats.manifest import train_problems
 from ..formats.pai import IGNORE
 
 BLOCK_BYTES = 1 << 24  # .bin bytes read at a time
