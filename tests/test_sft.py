@@ -347,6 +347,22 @@ def test_lone_surrogates_are_rejected_in_every_string_of_every_format(tmp_path, 
     assert ids == [hf_ids(template, record)["input_ids"] for record in (good, good, backslash)]
 
 
+def test_a_surrogate_escaped_in_a_rows_json_string_is_rejected(tmp_path, indexed):
+    """A parquet row's strings are UTF-8, but tool arguments given as a JSON string are read again, and
+    their escapes can spell a lone surrogate: such a row is set aside as a jsonl line would be."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    call = {"type": "function", "function": {"name": "f", "arguments": json.dumps({"x": S})}}
+    bad = {"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [call]}]}
+    good = {"messages": [USER, ASSISTANT]}
+    pq.write_table(pa.Table.from_pylist([bad, good]), tmp_path / "c.parquet")
+    assert sft(tmp_path / "c.parquet", "-o", tmp_path / "out", "--parse-tool-arguments") == 0
+    rejects = [json.loads(line) for line in open(tmp_path / "out.rejects.jsonl", encoding="utf-8")]
+    assert [(r["record"], r["reason"]) for r in rejects] == [(1, "invalid-unicode")]
+    assert samples(indexed, tmp_path / "out")[0] == [hf_ids("qwen2p5", good)["input_ids"]]
+
+
 @pytest.mark.parametrize("args", [["--pad-token", "<|im_end|>"], ["--pad-id", "151643"], ["--pad-id", "151644"],
                                   ["--pad-id", "200000"], ["--pad-token", "<think>", "--template", "qwen3"]])
 def test_colliding_pad_choices_are_refused(tmp_path, capsys, args):

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import InputFileError, RecordError
-from .records import Record, parse_line
+from .records import Record, escapes_surrogate, parse_line
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -259,12 +259,14 @@ class Chunk:
         lines = self.data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
-        crlf = b"\r" in self.data  # (checked once: most files have none, and this loop is hot)
+        # Checked once a chunk: most chunks hold neither, and this loop is hot.
+        crlf, escapes = b"\r" in self.data, escapes_surrogate(self.data)
         for number, line in enumerate(lines, start=self.first):
             if crlf:
                 line = line.rstrip(b"\r")
+            surrogate = escapes and escapes_surrogate(line)
             try:
-                record = Record(number, line, parse_line(line), len(line))
+                record = Record(number, line, parse_line(line), len(line), may_hold_surrogate=surrogate)
             except RecordError as error:
                 record = Record(number, line, None, len(line), error)
             yield record

@@ -46,25 +46,27 @@ class Record:
     it cannot be used, when it cannot even be read (bad JSON, invalid UTF-8 ...)."""
 
     # Slots: one is made per record of the input, on the hot path.
-    __slots__ = ("number", "raw", "value", "size", "error")
+    __slots__ = ("number", "raw", "value", "size", "error", "may_hold_surrogate")
 
     def __init__(self, number: int, raw: bytes | dict, value: dict | None, size: int,
-                 error: RecordError | None = None) -> None:
+                 error: RecordError | None = None, may_hold_surrogate: bool = False) -> None:
         self.number = number
         self.raw = raw
         self.value = value
         self.size = size
         self.error = error
+        # Whether a string of the record can be a lone surrogate (`escapes_surrogate`): steps run
+        # `check_unicode` only then, as checking every string costs more than the scan.
+        self.may_hold_surrogate = may_hold_surrogate
 
     def rejected(self, chunk, error: RecordError) -> dict:
         return reject_entry(chunk, self.number, self.raw, error)
 
-    @property
-    def may_hold_surrogate(self) -> bool:
-        """Whether a string of the record can be a lone surrogate: only a \\ud800-\\udfff escape in a
-        JSON line makes one (Arrow strings are UTF-8). Cheaper than `check_unicode` on every string."""
-        raw = self.raw
-        return isinstance(raw, bytes) and (b"\\ud" in raw or b"\\uD" in raw)
+def escapes_surrogate(data: bytes) -> bool:
+    """Whether JSON text may spell a lone surrogate: only a \\ud800-\\udfff escape makes one (UTF-8
+    cannot encode one, and Arrow strings are UTF-8); its text may also be JSON read again (tool
+    arguments), so any such escape counts."""
+    return b"\\ud" in data or b"\\uD" in data
 
 
 def check_unicode(text: str, where: str) -> None:

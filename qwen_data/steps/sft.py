@@ -214,7 +214,9 @@ class _Batching:
             value = columns.apply(value)
         conversation = to_conversation(value, self.format, parse_tool_arguments=config.parse_tool_arguments,
                                        input_separator=config.input_separator)
-        if record.may_hold_surrogate:
+        # A row's strings are UTF-8, but a JSON string in one (tools, tool arguments) is read again
+        # here and may spell a lone surrogate: rows are checked whole.
+        if record.may_hold_surrogate or not isinstance(record.raw, bytes):
             for where, text in conversation.strings():
                 check_unicode(text, where)
         special = literals.find(conversation, self.step.acted_on)
