@@ -2,7 +2,7 @@
 # The train stage's GPU measurements, one stage per device call (each well under 10 minutes).
 #
 #   bench/gpu.sh data                 # here: real-text prefixes into .gpu/ (needs bench/corpora.py's cache)
-#   bench/gpu.sh pretrain|sft|parallel|speed  # there: the runs, logs under $OUT (default bench/results/gpu)
+#   bench/gpu.sh pretrain|sft|parallel|speed|te  # there: the runs, logs under $OUT (default bench/results/gpu)
 #
 # Data (`data`): ~19 MB of the multilingual prose and ~5.5 MB of the code of bench/corpora.py's
 # text corpus as two pretrain prefixes blended 0.75/0.25 with a 98/2/0 split; the first 6.5 MB of
@@ -20,6 +20,13 @@
 #           against the fast ones, seq 4096, global batch 8: Qwen2.5-0.5B pretraining and packed
 #           SFT, Qwen2.5-1.5B and Qwen3-0.6B pretraining; logs as $OUT/speed-*.jsonl, then the
 #           table of bench/gpu_table.py. SPEED="name:steps:args;..." replaces the list (probes).
+# te        Transformer Engine against PyTorch's attention (needs TE: ../shared/tools/device-te.sh), 0.5B at
+#           seq 4096, micro batch 4, global batch 8, layers compiled: pretraining and packed SFT under
+#           each, dynamo's recompiles counted (TORCH_LOGS=recompiles); packed rows through TE's THD
+#           against their samples alone; the GPU tests of tests/test_train_compile.py; one attention
+#           layer's kernels timed (bench/train_gpu.py attention); then
+#           $OUT/te.json (bench/te_report.py). TE_ONLY="name ..." runs only those (a call may hold only
+#           some: te.json takes every te-*.jsonl under $OUT); TE_CHECKS=0 skips the checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?stage: data, pretrain, sft, parallel or speed}
@@ -129,6 +136,35 @@ sft-fast:40:$SFT $FAST;1.5b-fast:20:$PT --model qwen2.5-1.5b $FAST;qwen3-0.6b-fa
   python3 bench/gpu_table.py "$OUT"/speed-*.jsonl | tee "$OUT/speed.md"
   python3 bench/gpu_table.py --flash | tee "$OUT/flash.txt"
   echo "speed stage: $SECONDS s" ;;
+te)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/te_device.txt"
+  python3 -c "import importlib.metadata as md, qwen_data_train, torch, megatron.core as m; print('torch', torch.__version__, \
+'megatron-core', m.__version__, 'cudnn', torch.backends.cudnn.version(), 'transformer-engine', \
+md.version('transformer_engine') if __import__('importlib.util').util.find_spec('transformer_engine') else None)" \
+    | tee -a "$OUT/te_device.txt"
+  if [ "${TE_CHECKS:-1}" = 1 ]; then
+    run te_packed_check python3 bench/train_gpu.py packed --data .gpu/sft_packed.json --model qwen2.5-0.5b \
+      --rows 4 --attention te --json "$OUT/te_packed_parity.json"
+    run te_tests python3 -m pytest -q -p no:cacheprovider tests/test_train_compile.py
+    run te_attention python3 bench/train_gpu.py attention --model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 4
+  fi
+  FAST="--cross-entropy fused --compile layers --micro-batch-size 4"
+  PT="--data .gpu/pretrain_blend.txt $FAST"
+  SFT="--data .gpu/sft_packed.json $FAST"
+  TE_RUNS="pretrain-sdpa:40:$PT --attention sdpa;pretrain-te:40:$PT --attention te;\
+sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te"
+  IFS=';' read -ra runs <<< "$TE_RUNS"
+  for spec in "${runs[@]}"; do
+    IFS=':' read -r name steps args <<< "$spec"
+    [ -z "${TE_ONLY:-}" ] || [[ " $TE_ONLY " == *" $name "* ]] || continue
+    rm -f "$OUT/te-$name.jsonl"
+    # shellcheck disable=SC2086  # args are words
+    TORCH_LOGS=recompiles run "te-$name" timeout 400 python3 -m train --model qwen2.5-0.5b --seq-length 4096 \
+      --global-batch-size 8 --num-workers 2 --train-iters "$steps" --warmup-iters 10 --lr 3e-4 --log-interval 10 \
+      $args --log-json "$OUT/te-$name.jsonl"
+  done
+  python3 bench/te_report.py "$OUT" | tee "$OUT/te.md"
+  echo "te stage: $SECONDS s" ;;
 *)
   echo "unknown stage $stage" >&2; exit 2 ;;
 esac

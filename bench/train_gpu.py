@@ -3,13 +3,15 @@
     python bench/train_gpu.py packed --data out/gpu/sft_packed.json --model qwen2.5-0.5b
     python bench/train_gpu.py attention --model qwen2.5-0.5b --seq-length 4096
 
-packed     Per-token losses of packed SFT rows (FlexAttention document mask) against each of their
-           samples run alone (SDPA, causal), in bf16 autocast and in float32. As a control, the
-           same rows with attention leaking across samples (plain causal).
+packed     Per-token losses of packed SFT rows (--attention sdpa: FlexAttention document mask; te:
+           Transformer Engine's THD) against each of their samples run alone (causal), in bf16
+           autocast and (sdpa) in float32. As a control, the same rows with attention leaking
+           across samples (plain causal). --json F: the bf16 figures as te.json's packed_parity.
 profile    A few steps of `python -m train` (its arguments after --) under torch.profiler: the
            kernels with the most GPU time, and each step's time.
-attention  One attention layer's shapes, forward + backward: SDPA causal and FlexAttention on rows
-           of one document (the same function), then flex against SDPA with a dense mask on rows
+attention  One attention layer's shapes, forward + backward: SDPA causal, FlexAttention and (where
+           installed) Transformer Engine on rows of one document (the same function), then flex
+           against SDPA with a dense mask on rows
            of about 4 documents (difference of output and gradients, and time); the block
            mask's build time.
 """
@@ -17,6 +19,7 @@ attention  One attention layer's shapes, forward + backward: SDPA causal and Fle
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -36,10 +39,11 @@ def packed(args) -> None:
     train, _, _ = build_datasets(args.data, args.seq_length, train_samples=args.rows, valid_samples=0,
                                  test_samples=0, seed=args.seed)
     torch.manual_seed(args.seed)
-    model = build_model(PRESETS[args.model], attention="sdpa", max_sequence_length=args.seq_length).to(device).eval()
-    print(f"{args.model}, {args.rows} packed rows of {args.seq_length} from {args.data}")
-    for autocast in (True, False):
-        spec = ForwardSpec("sdpa", device, autocast, cross_entropy="megatron", seq_length=args.seq_length)
+    model = build_model(PRESETS[args.model], attention=args.attention, max_sequence_length=args.seq_length)
+    model = model.to(device).eval()
+    print(f"{args.model}, attention {args.attention}, {args.rows} packed rows of {args.seq_length} from {args.data}")
+    for autocast in (True, False) if args.attention != "te" else (True,):
+        spec = ForwardSpec(args.attention, device, autocast, cross_entropy="megatron", seq_length=args.seq_length)
         worst, total_abs, count, trained_worst, leak = 0.0, 0.0, 0, 0.0, 0.0
         segments_seen = 0
         for i in range(args.rows):
@@ -64,6 +68,10 @@ def packed(args) -> None:
         print(f"[{mode}] {segments_seen} samples: per-token loss |packed - alone| max {worst:.3e} "
               f"(trained tokens: max {trained_worst:.3e}), mean {total_abs / count:.3e}; "
               f"control, attention leaking across samples: max {leak:.3e}")
+        if autocast and args.json:
+            with open(args.json, "w") as f:
+                json.dump({"attention": args.attention, "max_abs_diff": trained_worst, "leak_control": leak,
+                           "samples": segments_seen, "rows": args.rows}, f)
 
 
 def attention(args) -> None:
@@ -106,6 +114,14 @@ def attention(args) -> None:
     ref = run(sdpa)
     print(f"one document a row, {shape}: SDPA causal {time_it(sdpa):.2f} ms, flex {time_it(flex(one_doc)):.2f} ms "
           f"(differs by {rel(run(flex(one_doc)), ref):.1e})")
+    from qwen_data_train.attention import have_transformer_engine
+    if have_transformer_engine():
+        from transformer_engine.pytorch import DotProductAttention
+        te = DotProductAttention(q.shape[1], d, num_gqa_groups=k.shape[1], qkv_format="bshd", attn_mask_type="causal",
+                                 softmax_scale=d ** -0.5)
+        bshd = lambda: te(*(t.transpose(1, 2).contiguous() for t in (q, k, v))).view(b, s, q.shape[1], d).transpose(1, 2)  # noqa: E731
+        print(f"one document a row: Transformer Engine (cuDNN fused attention) {time_it(bshd):.2f} ms "
+              f"(differs from SDPA by {rel(run(bshd), ref):.1e})")
     # Four documents a row, as bench/gpu.sh's packed SFT rows hold on average.
     seg = (torch.rand(b, s, device=device) < 3 / s).cumsum(-1).to(torch.int32)
     dense = document_mask(seg.cpu()).dense().to(device)
@@ -157,6 +173,8 @@ def main() -> None:
     p.add_argument("--seq-length", type=int, default=4096)
     p.add_argument("--micro-batch-size", type=int, default=1)
     p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "te"], help="packed: the core attention")
+    p.add_argument("--json", help="packed: write the bf16 figures here")
     p.add_argument("--seed", type=int, default=1234)
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)

@@ -58,7 +58,7 @@ def test_help_imports_neither_torch_nor_megatron():
         assert helps[command].startswith(f"usage: qwen-data {command} "), command
     # train and convert answer with the train stage's options, defaults shown.
     assert "--seq-length SEQ_LENGTH" in helps["train"] and "(default: 4096)" in helps["train"]
-    assert "(default: auto)" in helps["convert hf-to-mcore"]
+    assert "(default: 1)" in helps["convert hf-to-mcore"]
 
 
 def test_every_option_shows_its_default():

@@ -64,3 +64,38 @@ def _quiet_dependencies() -> None:
 
 
 _quiet_dependencies()
+
+
+def _one_cudnn_for_transformer_engine() -> None:
+    """Transformer Engine (imported by megatron-core when installed) loads the first cuDNN it finds
+    under CUDA_HOME or /usr/local/cuda, and cuDNN's own parts are then found by name in the system's
+    library path. Where a CUDA toolkit there holds another cuDNN than the one torch bundles, the
+    process ends up with parts of both: torch refuses every cuDNN call ("cuDNN version
+    incompatibility") or a part fails to load (undefined symbol). Loading all of torch's cuDNN
+    first, each part after the parts it needs (which would otherwise be looked up by name, in the
+    system's), makes every later lookup by name find it. A CUDNN_HOME or CUDNN_PATH the user set is
+    left alone."""
+    import ctypes
+    import glob
+    import importlib.util
+    if "CUDNN_HOME" in os.environ or "CUDNN_PATH" in os.environ or not importlib.util.find_spec("transformer_engine"):
+        return
+    try:
+        spec = importlib.util.find_spec("nvidia.cudnn")
+    except ModuleNotFoundError:
+        return
+    if not spec or not spec.submodule_search_locations:
+        return
+    root = list(spec.submodule_search_locations)[0]
+    os.environ["CUDNN_PATH"] = root
+    needs_first = ("graph", "engines_precompiled", "engines_runtime_compiled", "heuristic", "ops", "cnn", "adv")
+    parts = glob.glob(os.path.join(root, "lib", "libcudnn*.so.*"))
+    order = {f"libcudnn_{name}": i for i, name in enumerate(needs_first)}
+    for path in sorted(parts, key=lambda p: order.get(os.path.basename(p).split(".")[0], len(order))):
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            return
+
+
+_one_cudnn_for_transformer_engine()

@@ -1,4 +1,4 @@
-"""Core attention for megatron-core's local layer spec over PyTorch's fused kernels.
+"""Core attention for megatron-core's local layer spec: PyTorch's fused kernels, or Transformer Engine's.
 
 megatron-core's own local `DotProductAttention` materialises the [b, heads, s, s] scores (measured on
 an H100, Qwen2.5-0.5B shape, seq 4096: 14.2k tokens/s and 50.5 GiB, against 37.1k and 13.7 GiB with
@@ -13,8 +13,17 @@ PyTorch's SDPA). `SDPACoreAttention` is a drop-in for the layer spec's `core_att
   attention_mask bool tensor   megatron's [b, 1, s, s] convention (True = masked) → SDPA with it
                                (correct, but dense: only for callers that insist)
 
-GPTModel passes `attention_mask` through untouched to every layer, so the block mask is built
-once per micro-batch (`document_mask`) and shared by all layers.
+`TECoreAttention` fills the same slot with Transformer Engine's DotProductAttention (cuDNN's fused
+attention on Hopper): causal rows as [s, b, h, d] ("sbhd"), packed rows as one stream of
+variable-length samples ("thd", padding_causal) described by the DocumentMask's PackedSeqParams.
+Everything else in the layer stays megatron-core's local modules, which torch.compile fuses; the TE
+call is kept out of the compiled graph, so its per-micro-batch metadata (how many samples, their
+lengths) never makes a compiled layer recompile.
+
+GPTModel passes `attention_mask` through untouched to every layer, so the mask is built once per
+micro-batch (`document_mask`, `thd_mask`) and shared by all layers. Rotary embeddings are applied by
+position in the row, not restarted per sample: attention within a sample depends only on the
+difference of two positions, so a packed sample attends exactly as it would alone.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
@@ -39,7 +49,8 @@ class DocumentMask:
     """Attention restricted to earlier positions of the same segment."""
 
     segment_ids: torch.Tensor  # [b, s]
-    block_mask: Optional[BlockMask]  # FlexAttention's, on CUDA
+    block_mask: Optional[BlockMask] = None  # FlexAttention's (sdpa on CUDA)
+    thd: Optional[PackedSeqParams] = None  # the b rows as one stream of samples (te)
 
     def dense(self) -> torch.Tensor:
         """[b, 1, s, s] bool, True = may attend (SDPA's convention)."""
@@ -62,6 +73,32 @@ def document_mask(segment_ids: torch.Tensor) -> DocumentMask:
     # booleans for every micro-batch.
     return DocumentMask(segment_ids, create_block_mask(same_segment_causal, b, None, s, s, device=segment_ids.device,
                                                        _compile=True))
+
+
+def thd_mask(segment_ids: torch.Tensor, cu_seqlens: torch.Tensor, device: torch.device) -> DocumentMask:
+    """Packed rows for Transformer Engine: the [b, s] rows read as one stream of b·s tokens, cut
+    where a sample (or a row's padding) starts. `cu_seqlens` is the loader's [b, s + 1], each row's
+    sample starts padded with s.
+
+    TE chooses its kernel, and cuDNN builds its graph, once per distinct (number of samples,
+    longest sample): both are rounded up to a power of two (at most s for the longest), so a run
+    meets a handful of them, not one per micro-batch. The extra samples are empty, at the end."""
+    b, s = segment_ids.shape
+    starts = cu_seqlens[:, :-1]
+    offsets = starts + s * torch.arange(b, dtype=starts.dtype).unsqueeze(1)
+    cu = offsets[starts < s]
+    count = 1 << max(1, (len(cu) - 1).bit_length())
+    cu = torch.cat([cu, torch.full((count + 1 - len(cu),), b * s, dtype=cu.dtype)]).to(torch.int32)
+    longest = min(s, 1 << (int(torch.diff(cu_seqlens, dim=1).max()) - 1).bit_length())
+    cu = cu.to(device, non_blocking=True)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                             max_seqlen_kv=longest)
+    return DocumentMask(segment_ids, thd=params)
+
+
+def have_transformer_engine() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("transformer_engine") is not None
 
 
 class SDPACoreAttention(MegatronModule):
@@ -108,3 +145,57 @@ class SDPACoreAttention(MegatronModule):
                                                  scale=self.softmax_scale, enable_gqa=gqa)
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+class TECoreAttention(MegatronModule):
+    """`core_attention` for megatron-core's local spec over Transformer Engine's DotProductAttention
+    (same signatures as SDPACoreAttention). It holds no weights: TE's module is kept off the module
+    tree, so checkpoints are the same under sdpa and te."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
+                 attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
+                 cp_comm_type: Optional[str] = None, pg_collection=None, **unused) -> None:
+        super().__init__(config=config)
+        from transformer_engine.pytorch import DotProductAttention
+        if config.context_parallel_size != 1:
+            raise ValueError("TECoreAttention does not do context parallelism yet")
+        tp = config.tensor_model_parallel_size
+        dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.__dict__["te"] = DotProductAttention(
+            config.num_attention_heads // tp, config.kv_channels, num_gqa_groups=config.num_query_groups // tp,
+            attention_dropout=dropout, qkv_format="sbhd", attn_mask_type="causal", layer_number=layer_number,
+            softmax_scale=softmax_scale or 1.0 / math.sqrt(config.kv_channels))
+
+    def train(self, mode: bool = True):
+        self.te.train(mode)
+        return super().train(mode)
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        if packed_seq_params is not None:
+            raise ValueError("packed rows reach TECoreAttention as a DocumentMask (thd_mask)")
+        if attention_bias is not None:
+            raise ValueError("TECoreAttention takes no attention bias")
+        # TE's fused kernels take bf16/fp16 of one layout: under autocast query, key and value can
+        # arrive as float32 (RoPE, megatron-core's linear) and value as a strided view into the fused
+        # QKV projection; anything else falls back to TE's unfused attention, which materialises
+        # the scores. The casts and layout changes stay in the compiled layer (fused with RoPE and
+        # the projections), only the TE call is left out of it (`_attend`).
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else value.dtype
+        if not isinstance(attention_mask, DocumentMask):
+            if attention_mask is not None:
+                raise ValueError("TECoreAttention takes causal rows, or packed rows as thd_mask gives them")
+            return self._attend(*(t.to(dtype).contiguous() for t in (query, key, value)), None)
+        s, b = query.shape[:2]
+        q, k, v = (t.to(dtype).transpose(0, 1).reshape(b * s, *t.shape[2:]).contiguous() for t in (query, key, value))
+        return self._attend(q, k, v, attention_mask).view(b, s, -1).transpose(0, 1)
+
+    @torch.compiler.disable
+    def _attend(self, q, k, v, mask: Optional[DocumentMask]) -> torch.Tensor:
+        """TE's attention: [s, b, h, d] causal rows (mask None), or the [t, h, d] stream of packed rows."""
+        if mask is None:
+            return self.te(q, k, v)
+        thd = mask.thd
+        return self.te(q, k, v, qkv_format="thd", attn_mask_type="padding_causal",
+                       cu_seqlens_q=thd.cu_seqlens_q, cu_seqlens_kv=thd.cu_seqlens_kv,
+                       max_seqlen_q=thd.max_seqlen_q, max_seqlen_kv=thd.max_seqlen_kv)

@@ -87,7 +87,8 @@ class ModelConfig(Section):
              "none: see --model)")
     # attention and compile as asked ("auto" included); the trainer resolves them.
     attention: str = option("--attention", default="auto", choices=ATTENTION_CHOICES,
-                            help="core attention (auto: te where Transformer Engine runs on CUDA, else sdpa)")
+                            help="core attention: te (Transformer Engine), sdpa (PyTorch), local (megatron-core's "
+                                 "unfused); auto: te where Transformer Engine runs on CUDA in bf16, else sdpa")
     cross_entropy: str = option(
         "--cross-entropy", default="fused", choices=CROSS_ENTROPY_CHOICES,
         help="fused: output layer and loss by chunks, no logits kept (train/loss.py); megatron: megatron-core's "
@@ -245,6 +246,4 @@ def convert_parser() -> argparse.ArgumentParser:
     for s in (a, b):
         s.add_argument("--tp", type=int, default=1, help="tensor-parallel size of this conversion")
         s.add_argument("--pp", type=int, default=1, help="pipeline stages of this conversion (world size tp × pp)")
-        s.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES,
-                       help="the layer spec, which decides the checkpoint's parameter names")
     return p

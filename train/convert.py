@@ -10,9 +10,8 @@ that loads it starts with fresh AdamW moments) and the folder's config.json and
 generation_config.json beside them; `mcore-to-hf` exports the latest iteration of a checkpoint
 saved by the train stage or by `hf-to-mcore`.
 
-The parameter names a checkpoint holds follow the layer spec: one converted under Transformer
-Engine (--attention te, or auto where TE is importable) loads into TE runs, one converted without
-it into sdpa/local runs.
+Every --attention runs the same local layer spec (core attention holds no weights), so one
+checkpoint serves them all.
 """
 
 from __future__ import annotations
@@ -31,13 +30,13 @@ from .config import CheckpointConfig, convert_parser
 from .distributed import distributed, log0
 from .hf.checkpoint import HFExport, load_hf_weights, save_hf
 from .hf.config import config_dtype, model_of_folder, shape_from_config
-from .model import build_model, resolve_attention
+from .model import build_model
 from .patches import megatron_on_cpu
 
 
-def hf_to_mcore(hf_model: str, root: str, tp: int, attention: str) -> None:
+def hf_to_mcore(hf_model: str, root: str, tp: int) -> None:
     shape, hf_config, generation = model_of_folder(hf_model)
-    model = build_model(shape, attention=attention, tensor_parallel=tp, initialize=False)
+    model = build_model(shape, attention="sdpa", tensor_parallel=tp, initialize=False)
     load_hf_weights(model, hf_model, shape)
     has_tokenizer = os.path.isfile(os.path.join(hf_model, "tokenizer.json"))
     tokenizer = folder_identity(hf_model) if has_tokenizer else None
@@ -46,7 +45,7 @@ def hf_to_mcore(hf_model: str, root: str, tp: int, attention: str) -> None:
                  tokenizer=tokenizer).save_megatron(root, 0, 0)
 
 
-def mcore_to_hf(root: str, out: str, tp: int, attention: str, tokenizer_dir: Optional[str]) -> None:
+def mcore_to_hf(root: str, out: str, tp: int, tokenizer_dir: Optional[str]) -> None:
     path = latest(root)
     if path is None:
         raise FileNotFoundError(f"{root}: no checkpoint (no latest_checkpointed_iteration.txt)")
@@ -59,7 +58,7 @@ def mcore_to_hf(root: str, out: str, tp: int, attention: str, tokenizer_dir: Opt
         tokenizer_dir = directory_of(common["tokenizer"])
     if tokenizer_dir is None:
         log0(f"note: {path} names no tokenizer: {out} gets none (give --tokenizer DIR)")
-    model = build_model(shape, attention=attention, tensor_parallel=tp, initialize=False)
+    model = build_model(shape, attention="sdpa", tensor_parallel=tp, initialize=False)
     export = HFExport(shape, hf_config, config_dtype(hf_config), tokenizer_dir, common["generation"])
     Checkpointer(CheckpointConfig(save=None, save_interval=0, load=root, save_hf=None), model, None, export).load()
     save_hf(model, export, out)
@@ -67,13 +66,12 @@ def mcore_to_hf(root: str, out: str, tp: int, attention: str, tokenizer_dir: Opt
 
 def convert(args: argparse.Namespace) -> int:
     """One conversion, `args` as `config.convert_parser` parses them."""
-    attention = resolve_attention(args.attention)
     with megatron_on_cpu(), distributed(args.tp, args.pp), torch.no_grad():
         if args.direction == "hf-to-mcore":
-            hf_to_mcore(args.hf_model, args.checkpoint, args.tp, attention)
+            hf_to_mcore(args.hf_model, args.checkpoint, args.tp)
             log0(f"wrote {args.checkpoint} (load it with --load {args.checkpoint})")
         else:
-            mcore_to_hf(args.checkpoint, args.hf_out, args.tp, attention, args.tokenizer)
+            mcore_to_hf(args.checkpoint, args.hf_out, args.tp, args.tokenizer)
             log0(f"wrote {args.hf_out}")
     return 0
 

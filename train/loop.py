@@ -50,10 +50,12 @@ class Trainer:
     def __init__(self, config: TrainConfig, device: torch.device) -> None:
         self.config, self.device = config, device
         self.layout = ParallelLayout.current(config.micro_batch_size, config.global_batch_size)
-        self.spec = ForwardSpec(resolve_attention(config.model.attention), device,
-                                autocast=device.type == "cuda" and not config.fp32,
+        cuda = device.type == "cuda"
+        attention, why = resolve_attention(config.model.attention, cuda=cuda, fp32=config.fp32)
+        self.spec = ForwardSpec(attention, device, autocast=cuda and not config.fp32,
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length)
         self.compile = resolve_compile(config.model.compile, device, config.model.sequence_parallel)
+        log0(f"attention {attention} ({why}), compile {self.compile}")
         self.shape, hf_config, generation = model_of(config)
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
         tokenizer = self.train_ds.config.tokenizer
@@ -161,8 +163,8 @@ class Trainer:
 
     def _announce(self) -> None:
         c, lay, spec, cuda = self.config, self.layout, self.spec, self.device.type == "cuda"
-        log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, attention {spec.attention}, "
-             f"compile {self.compile}, cross-entropy {c.model.cross_entropy}, "
+        log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, "
+             f"cross-entropy {c.model.cross_entropy}, "
              f"TP {lay.tp}{' (sequence parallel)' if c.model.sequence_parallel else ''} × PP {lay.pp} × DP {lay.dp}, "
              f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "

@@ -4,19 +4,19 @@ HF configs, `shapes.PRESETS`, or a Hugging Face folder's).
     preset = PRESETS["qwen2.5-0.5b"]
     model = build_model(preset, attention="auto")          # after parallel_state.initialize_model_parallel
 
-Attention ("auto" picks the first that applies):
-  te     Transformer Engine layer spec (fused kernels; packed SFT rows through PackedSeqParams/THD).
-  sdpa   megatron-core's local spec with `train.attention.SDPACoreAttention` as core attention:
-         PyTorch's fused scaled_dot_product_attention for causal rows, FlexAttention with a
-         document block mask for packed rows.
+Attention, the core of megatron-core's local layer spec (whose other modules torch.compile fuses):
+  te     `train.attention.TECoreAttention`: Transformer Engine's fused attention (cuDNN), packed SFT
+         rows as THD (PackedSeqParams, padding_causal).
+  sdpa   `train.attention.SDPACoreAttention`: PyTorch's fused scaled_dot_product_attention for
+         causal rows, FlexAttention with a document block mask for packed rows.
   local  megatron-core's own unfused DotProductAttention (a [b, h, s, s] score tensor: slow, memory
          hungry; kept for comparison only).
+  auto   `resolve_attention`: the fastest of these that runs here.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -29,23 +29,45 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from .attention import SDPACoreAttention
+from .attention import SDPACoreAttention, TECoreAttention, have_transformer_engine
 from .config import ATTENTION_CHOICES, COMPILE_CHOICES
 from .shapes import ModelShape
 
 
-def have_transformer_engine() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
+# What `auto` runs where Transformer Engine is installed, and why: on an H100 (bench/gpu.sh te,
+# bench/results/gpu/te.json) TE's fused attention took 0.95× PyTorch's tokens/s pretraining and 0.91×
+# on packed SFT, Qwen2.5-0.5B at seq 4096: cuDNN's causal kernel is slower than SDPA's flash kernel at
+# head dim 64 (1.37 against 1.20 ms per layer, forward + backward) and the TE call splits each
+# compiled layer in two.
+AUTO_WITH_TE = ("sdpa", "PyTorch's attention measured faster than Transformer Engine's on an H100 "
+                "(pretraining 1.05×, packed SFT 1.10×)")
 
 
-def resolve_attention(attention: str) -> str:
+def resolve_attention(attention: str, *, cuda: bool | None = None, fp32: bool = False,
+                      te_installed: bool | None = None) -> tuple[str, str]:
+    """(the core attention to run, why): `attention` as asked, or for "auto" the fastest that runs
+    here. `cuda` and `te_installed` default to what this process finds."""
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, not {attention!r}")
-    if attention == "auto":
-        return "te" if have_transformer_engine() and torch.cuda.is_available() else "sdpa"
-    if attention == "te" and not have_transformer_engine():
-        raise ValueError("attention='te' needs transformer_engine, which is not importable")
-    return attention
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    te_installed = have_transformer_engine() if te_installed is None else te_installed
+    if attention == "te":
+        if not te_installed:
+            raise ValueError("--attention te needs Transformer Engine (transformer_engine), which is not importable "
+                             "here: install it (README: Transformer Engine) or use --attention sdpa")
+        if not cuda or fp32:
+            raise ValueError("--attention te runs bf16 on CUDA only: use --attention sdpa"
+                             + (" with --fp32" if cuda else " on the CPU"))
+    if attention != "auto":
+        return attention, "as asked"
+    if not cuda:
+        return "sdpa", "auto: no CUDA"
+    if fp32:
+        return "sdpa", "auto: float32 (Transformer Engine's fused attention is bf16/fp16)"
+    if not te_installed:
+        return "sdpa", "auto: Transformer Engine is not installed"
+    choice, why = AUTO_WITH_TE
+    return choice, f"auto: {why}"
 
 
 def architecture(preset: ModelShape) -> dict:
@@ -85,7 +107,6 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
     """
     if preset.num_layers % pipeline_parallel:
         raise ValueError(f"{preset.name}: {preset.num_layers} layers do not split evenly over --pp {pipeline_parallel}")
-    te = attention == "te"
     return TransformerConfig(
         **architecture(preset),
         hidden_dropout=0.0,
@@ -108,7 +129,7 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         recompute_num_layers=1 if recompute else None,
         use_cpu_initialization=initialize,
         params_dtype=torch.float32,
-        transformer_impl="transformer_engine" if te else "local",
+        transformer_impl="local",
     )
 
 
@@ -172,20 +193,18 @@ class RMSNorm(torch.nn.Module):
         return out
 
 
+CORE_ATTENTION = {"sdpa": SDPACoreAttention, "te": TECoreAttention}  # local: the spec's own
+
+
 def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_parallel: bool = False):
-    if attention == "te":
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=preset.qk_norm)
-        spec.module, spec.params = SeededTransformerLayer, {**spec.params, "init_seed": seed}
-        return spec
     spec = get_gpt_layer_local_spec(qk_layernorm=preset.qk_norm, normalization="RMSNorm")
     spec.module, spec.params = SeededTransformerLayer, {**spec.params, "init_seed": seed}
     spec.submodules.self_attention.submodules.linear_proj = GroupedRowParallelLinear
     mlp = spec.submodules.mlp  # a ModuleSpec, or a functools.partial (megatron-core 0.19)
     (mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules).linear_fc2 = \
         GroupedRowParallelLinear
-    if attention == "sdpa":
-        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    if attention in CORE_ATTENTION:
+        spec.submodules.self_attention.submodules.core_attention = CORE_ATTENTION[attention]
     if sequence_parallel:
         attention_parts = spec.submodules.self_attention.submodules
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
@@ -196,10 +215,10 @@ def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_paral
 
 
 def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel: bool):
-    """The decoder's spec: this stage's layers, and under sequence parallelism without Transformer
-    Engine our RMSNorm as the final norm too (megatron-core would pick its torch wrapper)."""
-    spec = layer_spec(preset, attention, seed, sequence_parallel and attention != "te")
-    if not sequence_parallel or attention == "te":
+    """The decoder's spec: this stage's layers, and under sequence parallelism our RMSNorm as the
+    final norm too (megatron-core would pick its torch wrapper)."""
+    spec = layer_spec(preset, attention, seed, sequence_parallel)
+    if not sequence_parallel:
         return spec
     layers = preset.num_layers // parallel_state.get_pipeline_model_parallel_world_size()
     return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=RMSNorm)
@@ -216,7 +235,7 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
     it on CUDA only). Weights come from `seed` (the embedding and output layer from torch's
     generator as it stands, each layer from `seed` and its number), the same under every layout.
     """
-    attention = resolve_attention(attention)
+    attention, _ = resolve_attention(attention)
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {compile!r}")
     if sequence_parallel and tensor_parallel == 1:

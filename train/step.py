@@ -15,10 +15,9 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.packed_seq_params import PackedSeqParams
 from torch.nn.parallel import DistributedDataParallel
 
-from .attention import document_mask
+from .attention import document_mask, thd_mask
 from .loss import linear_cross_entropy
 
 
@@ -33,38 +32,19 @@ class ForwardSpec:
     seq_length: int  # the samples' length, for the pipeline schedule's activation shapes
 
 
-def thd_params(batch: dict) -> tuple[dict, PackedSeqParams]:
-    """Transformer Engine's packed form: the micro-batch as one [1, b·s] row of variable-length
-    sequences, cu_seqlens over all of them (padding positions are a sequence of their own)."""
-    b, s = batch["tokens"].shape
-    starts = []
-    for row in range(b):
-        cu = batch["cu_seqlens"][row]
-        starts.append(cu[cu < s] + row * s)
-    cu = torch.cat(starts + [torch.tensor([b * s], dtype=torch.int32)]).to(torch.int32)
-    longest = int(batch["max_seqlen"].max())
-    flat = {k: batch[k].reshape(1, b * s) for k in ("tokens", "labels", "loss_mask", "position_ids")}
-    return flat, PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                                 max_seqlen_q=longest, max_seqlen_kv=longest)
-
-
-def _inputs(batch: dict, spec: ForwardSpec) -> tuple[dict, tuple, Optional[PackedSeqParams]]:
-    """(the batch, reshaped for THD if packed under te; the model's tokens, position ids and
-    attention mask, on the spec's device; TE's packed-sequence parameters or None)."""
+def _inputs(batch: dict, spec: ForwardSpec) -> tuple:
+    """The model's tokens, position ids and attention mask for `batch`, on the spec's device: no
+    mask for rows of one segment (causal), else the core attention's form of the segments."""
     attention, device = spec.attention, spec.device
     packed = bool(batch["segment_ids"].amax() > 0)
-    packed_seq_params = None
-    if packed and attention == "te":
-        batch, packed_seq_params = thd_params(batch)
-        packed_seq_params = PackedSeqParams(**{k: (v.to(device) if torch.is_tensor(v) else v)
-                                               for k, v in vars(packed_seq_params).items()})
     mask = None
-    if packed and attention == "sdpa":
+    if packed and attention == "te":
+        mask = thd_mask(batch["segment_ids"], batch["cu_seqlens"], device)
+    elif packed and attention == "sdpa":
         mask = document_mask(batch["segment_ids"].to(device))
     elif attention == "local":  # megatron's own attention: a dense [b, 1, s, s] mask, True = masked
         mask = ~document_mask(batch["segment_ids"].to(device)).dense()
-    inputs = (batch["tokens"].to(device, non_blocking=True), batch["position_ids"].to(device, non_blocking=True), mask)
-    return batch, inputs, packed_seq_params
+    return batch["tokens"].to(device, non_blocking=True), batch["position_ids"].to(device, non_blocking=True), mask
 
 
 def forward(model, batch: dict, spec: ForwardSpec) -> torch.Tensor:
@@ -74,10 +54,9 @@ def forward(model, batch: dict, spec: ForwardSpec) -> torch.Tensor:
     Rows that hold several segments (packed SFT, or pretraining with --reset-attention-mask) get a
     document mask (sdpa) or THD packing (te); single-segment rows run plain causal attention.
     """
-    batch, inputs, packed_seq_params = _inputs(batch, spec)
     labels = batch["labels"].to(spec.device, non_blocking=True)
     with torch.autocast(spec.device.type, dtype=torch.bfloat16, enabled=spec.autocast):
-        return model(*inputs, labels=labels, packed_seq_params=packed_seq_params)
+        return model(*_inputs(batch, spec), labels=labels)
 
 
 def masked_loss(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) -> torch.Tensor:
@@ -85,7 +64,7 @@ def masked_loss(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) ->
     (cross_entropy "megatron") or by `loss.linear_cross_entropy` on the decoder's output ("fused")."""
     if spec.cross_entropy == "megatron":
         return (forward(model, batch, spec) * weights).sum()
-    batch, hidden = decoder_output(model, batch, spec)
+    hidden = decoder_output(model, batch, spec)
     core = _core(model)
     weight = core.shared_embedding_or_output_weight() if core.share_embeddings_and_output_weights \
         else core.output_layer.weight
@@ -94,13 +73,11 @@ def masked_loss(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) ->
                                 sequence_parallel=core.config.sequence_parallel)
 
 
-def decoder_output(model, batch: dict, spec: ForwardSpec) -> tuple[dict, torch.Tensor]:
-    """(the batch as `_inputs` leaves it, the decoder's output [s, b, h] for it): the model run
-    without its output layer."""
-    batch, inputs, packed_seq_params = _inputs(batch, spec)
+def decoder_output(model, batch: dict, spec: ForwardSpec) -> torch.Tensor:
+    """The decoder's output [s, b, h] for `batch`: the model run without its output layer."""
     autocast = torch.autocast(spec.device.type, dtype=torch.bfloat16, enabled=spec.autocast)
     with autocast, decoder_output_only(_core(model)):
-        return batch, model(*inputs, packed_seq_params=packed_seq_params)
+        return model(*_inputs(batch, spec))
 
 
 def _core(model):
@@ -113,7 +90,7 @@ def stage_output(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) -
     the activations megatron-core's schedule has set as the model's input)."""
     if parallel_state.is_pipeline_last_stage():
         return masked_loss(model, batch, weights, spec)
-    return decoder_output(model, batch, spec)[1]
+    return decoder_output(model, batch, spec)
 
 
 def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale: torch.Tensor, spec: ForwardSpec,
