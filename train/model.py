@@ -33,7 +33,6 @@ from .attention import SDPACoreAttention, TECoreAttention, have_transformer_engi
 from .config import ATTENTION_CHOICES, COMPILE_CHOICES
 from .shapes import ModelShape
 
-
 # What `auto` runs where Transformer Engine is installed, and why: on an H100 (bench/gpu.sh te,
 # bench/results/gpu/te.json) TE's fused attention took 0.95× PyTorch's tokens/s pretraining and 0.91×
 # on packed SFT, Qwen2.5-0.5B at seq 4096: cuDNN's causal kernel is slower than SDPA's flash kernel at
