@@ -24,7 +24,8 @@
 #           seq 4096, micro batch 4, global batch 8, layers compiled: pretraining and packed SFT under
 #           each, dynamo's recompiles counted (TORCH_LOGS=recompiles); packed rows through TE's THD
 #           against their samples alone; the GPU tests of tests/test_train_compile.py; one attention
-#           layer's kernels timed (bench/train_gpu.py attention); then
+#           layer's kernels timed (bench/train_gpu.py attention); FP8 recipes against bf16 at the 0.5B,
+#           1.5B, 3B and 7B shapes (7B: 8 of its layers), and the loss after 200 steps at 1.5B; then
 #           $OUT/te.json (bench/te_report.py). TE_ONLY="name ..." runs only those (a call may hold only
 #           some: te.json takes every te-*.jsonl under $OUT); TE_CHECKS=0 skips the checks.
 set -euo pipefail
@@ -151,8 +152,22 @@ md.version('transformer_engine') if __import__('importlib.util').util.find_spec(
   FAST="--cross-entropy fused --compile layers --micro-batch-size 4"
   PT="--data .gpu/pretrain_blend.txt $FAST"
   SFT="--data .gpu/sft_packed.json $FAST"
+  # FP8 against bf16 (each the default path otherwise), 20 steps; Qwen2.5-7B with 8 of its 28 layers (all of
+  # them do not fit one 80 GB GPU with float32 master weights and AdamW); the loss after 200 steps at 1.5B.
+  B="--data .gpu/pretrain_blend.txt --global-batch-size 8"
+  FP8="fp8-0.5b-bf16:20:$B --micro-batch-size 4;fp8-0.5b-tensorwise:20:$B --micro-batch-size 4 --fp8 tensorwise;\
+fp8-1.5b-bf16:20:$B --model qwen2.5-1.5b --micro-batch-size 4;\
+fp8-1.5b-tensorwise:20:$B --model qwen2.5-1.5b --micro-batch-size 4 --fp8 tensorwise;\
+fp8-3b-bf16:20:$B --model qwen2.5-3b --micro-batch-size 1;\
+fp8-3b-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 1 --fp8 tensorwise;\
+fp8-3b-delayed:20:$B --model qwen2.5-3b --micro-batch-size 1 --fp8 delayed;\
+fp8-3b-blockwise:20:$B --model qwen2.5-3b --micro-batch-size 1 --fp8 blockwise;\
+fp8-7b8l-bf16:20:$B --model qwen2.5-7b --num-layers 8 --micro-batch-size 1;\
+fp8-7b8l-tensorwise:20:$B --model qwen2.5-7b --num-layers 8 --micro-batch-size 1 --fp8 tensorwise;\
+loss-1.5b-bf16:200:$B --model qwen2.5-1.5b --micro-batch-size 4;\
+loss-1.5b-tensorwise:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --fp8 tensorwise"
   TE_RUNS="pretrain-sdpa:40:$PT --attention sdpa;pretrain-te:40:$PT --attention te;\
-sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te"
+sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te;$FP8"
   IFS=';' read -ra runs <<< "$TE_RUNS"
   for spec in "${runs[@]}"; do
     IFS=':' read -r name steps args <<< "$spec"

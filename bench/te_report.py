@@ -1,6 +1,9 @@
 """te.json and its table from what `bench/gpu.sh te` leaves in a folder.
 
     python3 bench/te_report.py bench/results/gpu        # → bench/results/gpu/te.json, a table on stdout
+    python3 bench/te_report.py --out bench/results/gpu/te.json bench/results/gpu/te-h100 bench/results/gpu/te-h200
+
+Several folders (runs of several machines): each run names its device, and `device` lists them.
 
 Each run is a te-NAME.jsonl (the trainer's --log-json) and te-NAME.log (the command line first,
 dynamo's "Recompiling function" lines among the output). Rates are steady state (the intervals
@@ -11,18 +14,21 @@ CUDA machine with Transformer Engine as te_device.txt records it; packed_parity:
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
 import re
 import shlex
-import sys
+from typing import Optional
 
 from gpu_table import WARM
 
 
 def option(argv: list[str], flag: str, default=None):
-    return argv[argv.index(flag) + 1] if flag in argv else default
+    """The value of `flag`'s last occurrence (argparse's rule), or `default`."""
+    where = [i for i, word in enumerate(argv) if word == flag]
+    return argv[where[-1] + 1] if where else default
 
 
 def run(jsonl: str) -> dict:
@@ -59,39 +65,55 @@ def run(jsonl: str) -> dict:
     }
 
 
-def main() -> None:
-    out = sys.argv[1] if len(sys.argv) > 1 else "bench/results/gpu"
-    runs = [run(p) for p in sorted(glob.glob(os.path.join(out, "te-*.jsonl")))]
+def folder(out: str) -> tuple[list[dict], Optional[str], Optional[str], Optional[dict], Optional[dict]]:
+    """(runs, device, software, auto_picks, packed_parity) of one folder of the te stage."""
     facts = os.path.join(out, "te_device.txt")
-    device = open(facts).read().strip() if os.path.exists(facts) else None
-    te = re.search(r"transformer-engine (\S+)", device or "")
+    lines = open(facts).read().strip().splitlines() if os.path.exists(facts) else []
+    device, software = (lines + [None, None])[:2]
+    runs = [dict(run(p), device=device) for p in sorted(glob.glob(os.path.join(out, "te-*.jsonl")))]
+    te = re.search(r"transformer-engine (\S+)", software or "")
     picks = None
     if te:
         from qwen_data_train.model import resolve_attention
         installed = te.group(1) != "None"
-        picks = {"bf16": resolve_attention("auto", cuda=True, te_installed=installed),
-                 "float32": resolve_attention("auto", cuda=True, fp32=True, te_installed=installed)}
+        picks = {kind: dict(zip(("attention", "why"), resolve_attention("auto", cuda=True, fp32=fp32,
+                                                                          te_installed=installed)))
+                 for kind, fp32 in (("bf16", False), ("float32", True))}
     parity = os.path.join(out, "te_packed_parity.json")
-    report = {
-        "device": device.splitlines()[0] if device else None,
-        "software": device.splitlines()[1] if device and len(device.splitlines()) > 1 else None,
-        "auto_picks": {k: {"attention": a, "why": why} for k, (a, why) in picks.items()} if picks else None,
-        "runs": runs,
-        "packed_parity": json.load(open(parity)) if os.path.exists(parity) else None,
-    }
-    with open(os.path.join(out, "te.json"), "w") as f:
+    return runs, device, software, picks, json.load(open(parity)) if os.path.exists(parity) else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folders", nargs="*", default=["bench/results/gpu"])
+    p.add_argument("--out", help="te.json here (default: in the first folder)")
+    args = p.parse_args()
+    report = {"device": None, "software": None, "auto_picks": None, "runs": [], "packed_parity": None}
+    devices, software = [], []
+    for out in args.folders:
+        runs, device, soft, picks, parity = folder(out)
+        report["runs"] += runs
+        devices += [device] if device and device not in devices else []
+        software += [soft] if soft and soft not in software else []
+        report["auto_picks"] = report["auto_picks"] or picks
+        report["packed_parity"] = report["packed_parity"] or parity
+    report["device"] = "; ".join(devices) or None
+    report["software"] = "; ".join(software) or None
+    with open(args.out or os.path.join(args.folders[0], "te.json"), "w") as f:
         json.dump(report, f, indent=1)
         f.write("\n")
-    head = ["name", "attention", "fp8", "packed", "steps", "tokens_per_s", "mfu", "max_memory_gib", "first_step_s",
-            "loss_at_end", "recompiles"]
-    print("| " + " | ".join(head) + " | vs sdpa |")
+    runs = report["runs"]
+    head = ["name", "device", "model", "attention", "fp8", "packed", "steps", "tokens_per_s", "mfu", "max_memory_gib",
+            "first_step_s", "loss_at_end", "recompiles"]
+    print("| " + " | ".join(head) + " | vs sdpa / bf16 |")
     print("|" + "---|" * (len(head) + 1))
     by_name = {r["name"]: r for r in runs}
     for r in runs:
-        base = by_name.get(re.sub(r"-te\b.*", "-sdpa", r["name"]))
+        base = by_name.get(re.sub(r"-te$", "-sdpa", re.sub(r"-(tensorwise|delayed|blockwise)$", "-bf16", r["name"])))
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}x" if base and base is not r and r["tokens_per_s"] \
             and base["tokens_per_s"] else "-"
-        print("| " + " | ".join(str(r[k]) for k in head) + f" | {ratio} |")
+        cells = [str(r[k]).split(",")[0] for k in head]  # the device's name, not its memory and driver
+        print("| " + " | ".join(cells) + f" | {ratio} |")
     if report["packed_parity"]:
         print("packed parity:", json.dumps(report["packed_parity"]))
 

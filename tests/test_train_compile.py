@@ -147,3 +147,35 @@ def test_auto_attention_says_what_it_picks_and_why():
         resolve_attention("te", cuda=False, te_installed=True)
     with pytest.raises(ValueError, match="needs Transformer Engine"):
         resolve_attention("te", cuda=True, te_installed=False)
+
+
+def test_fp8_runs_where_it_can_and_says_why_not_elsewhere():
+    from qwen_data_train.model import resolve_fp8
+
+    hopper = dict(cuda=True, te_installed=True, capability=(9, 0))
+    assert resolve_fp8(None, cuda=False, te_installed=False) is None  # bf16 asks nothing
+    for recipe in ("tensorwise", "delayed", "blockwise"):
+        assert resolve_fp8(recipe, **hopper) == recipe
+    assert resolve_fp8("tensorwise", cuda=True, te_installed=True, capability=(8, 9)) == "tensorwise"
+    refusals = [
+        (dict(hopper, te_installed=False), "needs Transformer Engine"),
+        (dict(hopper, cuda=False), "this machine has no GPU"),
+        (dict(hopper, fp32=True), "drop --fp32"),
+        (dict(hopper, capability=(8, 0)), r"compute capability 8\.0\) has no FP8"),
+    ]
+    for facts, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            resolve_fp8("tensorwise", **facts)
+    with pytest.raises(ValueError, match="blockwise runs on Hopper"):
+        resolve_fp8("blockwise", cuda=True, te_installed=True, capability=(10, 0))
+
+
+def test_num_layers_cuts_a_preset_and_nothing_else():
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.loop import model_of
+
+    shape, _, _ = model_of(TrainConfig.parse(["--data", "d", "--model", "qwen2.5-7b", "--num-layers", "8"]))
+    assert shape.num_layers == 8 and shape.hidden_size == 3584 and "8 of 28 layers" in shape.name
+    for argv in (["--num-layers", "8"], ["--model", "tiny", "--num-layers", "0"]):
+        with pytest.raises(SystemExit):
+            TrainConfig.parse(["--data", "d", *argv])

@@ -205,7 +205,8 @@ def test_presets_match_the_real_models():
 
     # Parameter counts of the released models, tied embeddings counted once (Qwen3's technical
     # report: 0.6B = 0.44B non-embedding + 151,936 × 1024; 1.7B = 1.4B + 151,936 × 2048).
-    expected = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-7b": 7_615_616_512,
+    expected = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-3b": 3_085_938_688,
+                "qwen2.5-7b": 7_615_616_512,
                 "qwen3-0.6b": 596_049_920, "qwen3-1.7b": 1_720_574_976, "qwen3-8b": 8_190_735_360}
     for name, count in expected.items():
         assert PRESETS[name].parameters() == count, name

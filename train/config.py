@@ -25,6 +25,8 @@ ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")  # model.py: what each is
 # compiled (RMSNorm, rotary embedding, residual adds fused around the matmuls).
 COMPILE_CHOICES = ("none", "swiglu", "layers")
 CROSS_ENTROPY_CHOICES = ("fused", "megatron")  # --cross-entropy: loss.py's, or megatron-core's
+# --fp8: megatron-core's names of Transformer Engine's FP8 recipes (model.resolve_fp8: where each runs).
+FP8_RECIPES = ("tensorwise", "delayed", "blockwise")
 
 
 def option(flag: str, group: Optional[str] = None, **argparse_keywords) -> Any:
@@ -105,11 +107,21 @@ class ModelConfig(Section):
         help="with --tp: activations outside attention and MLP split over the TP ranks along the sequence")
     recompute: bool = option("--recompute", action="store_true",
                              help="full activation recompute, one layer at a time")
+    fp8: Optional[str] = option(
+        "--fp8", metavar="RECIPE", choices=FP8_RECIPES,
+        help=f"FP8 matrix products through Transformer Engine's linear layers, by this scaling recipe "
+             f"({', '.join(FP8_RECIPES)}: tensorwise = current per-tensor scaling, delayed = amax history, "
+             f"blockwise = 128-wide blocks, Hopper); none: bf16")
+    num_layers: Optional[int] = option("--num-layers", type=int, metavar="N",
+                                       help="the --model preset with only its first N layers (speed probes of "
+                                            "shapes that do not fit; none: all of them)")
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ModelConfig:
         if ns.name and ns.hf_model:
             raise SystemExit("qwen-data train: give --model or --hf-model, not both")
+        if ns.num_layers is not None and (not ns.name or ns.num_layers < 1):
+            raise SystemExit("qwen-data train: --num-layers takes a positive count and a --model preset to cut")
         return super().from_args(ns)
 
 

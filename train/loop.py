@@ -19,6 +19,7 @@ Weights are float32 master weights, run in bf16 by autocast.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Optional
 
@@ -36,7 +37,7 @@ from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, make_loader
 from .metrics import Metrics, StepStats, Summary
-from .model import build_model, resolve_attention
+from .model import build_model, resolve_attention, resolve_fp8
 from .optimizer import Schedule, build_optimizer, optimizer_step
 from .patches import megatron_on_cpu
 from .shapes import PRESETS, ModelShape
@@ -54,8 +55,10 @@ class Trainer:
         attention, why = resolve_attention(config.model.attention, cuda=cuda, fp32=config.fp32)
         self.spec = ForwardSpec(attention, device, autocast=cuda and not config.fp32,
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length)
-        self.compile = resolve_compile(config.model.compile, device, config.model.sequence_parallel)
-        log0(f"attention {attention} ({why}), compile {self.compile}")
+        self.fp8 = resolve_fp8(config.model.fp8, cuda=cuda, fp32=config.fp32)
+        self.compile = resolve_compile(config.model.compile, device, config.model.sequence_parallel, bool(self.fp8))
+        log0(f"attention {attention} ({why}), compile {self.compile}"
+             + (f", FP8 {self.fp8} (Transformer Engine's linear layers)" if self.fp8 else ""))
         self.shape, hf_config, generation = model_of(config)
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
         tokenizer = self.train_ds.config.tokenizer
@@ -143,7 +146,7 @@ class Trainer:
         core = build_model(self.shape, attention=self.spec.attention, tensor_parallel=model.tp,
                            sequence_parallel=model.sequence_parallel, recompute=model.recompute,
                            max_sequence_length=self.config.seq_length, initialize=model.hf_model is None,
-                           compile=self.compile, seed=seed)
+                           compile=self.compile, seed=seed, fp8=self.fp8)
         if model.hf_model:
             load_hf_weights(core, model.hf_model, self.shape)
         return core.to(self.device)
@@ -172,19 +175,24 @@ class Trainer:
              f"{'bf16 autocast' if spec.autocast else 'float32'}")
 
 
-def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool) -> str:
+def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, fp8: bool = False) -> str:
     """--compile auto: each layer compiled on CUDA, nothing on the CPU. Under sequence parallelism
     only the SwiGLU: a compiled layer lost most of its gradient through megatron-core's
     sequence-parallel linears (2 × H200: gradient norm 0.65 against 15.6 at step 1, loss stuck),
-    so that combination is refused."""
+    so that combination is refused. Under FP8 only the SwiGLU too: dynamo fails on Transformer
+    Engine's FP8 weights inside a compiled layer (torch 2.11, TE 2.20: "'Float8Tensor' object has no
+    attribute '_data'")."""
     if asked == "layers" and sequence_parallel:
         raise ValueError("--compile layers with --sequence-parallel gives wrong gradients (megatron-core's "
                          "sequence-parallel linears inside a compiled layer): use --compile swiglu or auto")
+    if asked == "layers" and fp8:
+        raise ValueError("--compile layers with --fp8 fails in torch.compile (Transformer Engine's FP8 weights "
+                         "inside a compiled layer): use --compile swiglu or auto")
     if asked != "auto":
         return asked
     if device.type != "cuda":
         return "none"
-    return "swiglu" if sequence_parallel else "layers"
+    return "swiglu" if sequence_parallel or fp8 else "layers"
 
 
 def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
@@ -198,6 +206,10 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
         if "hf_config" in common:
             return shape_from_config(common["hf_config"], config.checkpoint.load), common["hf_config"], common["generation"]
     shape = PRESETS[config.model.name or "tiny"]
+    if config.model.num_layers is not None:
+        layers = config.model.num_layers
+        shape = dataclasses.replace(shape, name=f"{shape.name} ({layers} of {shape.num_layers} layers)",
+                                    num_layers=layers)
     return shape, config_of_shape(shape, torch.bfloat16), generation_config()
 
 

@@ -30,7 +30,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from .attention import SDPACoreAttention, TECoreAttention, have_transformer_engine
-from .config import ATTENTION_CHOICES, COMPILE_CHOICES
+from .config import ATTENTION_CHOICES, COMPILE_CHOICES, FP8_RECIPES
 from .shapes import ModelShape
 
 # What `auto` runs where Transformer Engine is installed, and why: on an H100 (bench/gpu.sh te,
@@ -69,6 +69,31 @@ def resolve_attention(attention: str, *, cuda: bool | None = None, fp32: bool = 
     return choice, f"auto: {why}"
 
 
+def resolve_fp8(recipe: str | None, *, cuda: bool | None = None, fp32: bool = False,
+                te_installed: bool | None = None, capability: tuple[int, int] | None = None) -> str | None:
+    """`recipe` (config.FP8_RECIPES) if it runs here, else a clear refusal; None: bf16. The facts
+    default to what this process finds (`capability`: the GPU's compute capability)."""
+    if recipe is None:
+        return None
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"--fp8 takes one of {FP8_RECIPES}, not {recipe!r}")
+    te_installed = have_transformer_engine() if te_installed is None else te_installed
+    if not te_installed:
+        raise ValueError("--fp8 needs Transformer Engine (transformer_engine), which is not importable here: install "
+                         "it (README: Transformer Engine) or train in bf16 (no --fp8)")
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if not cuda or fp32:
+        raise ValueError("--fp8 runs on CUDA under bf16 autocast: " + ("drop --fp32" if cuda else "this machine has no GPU"))
+    capability = torch.cuda.get_device_capability() if capability is None else capability
+    if capability < (8, 9):
+        raise ValueError(f"--fp8: this GPU (compute capability {capability[0]}.{capability[1]}) has no FP8 matrix "
+                         "units; they start with Ada and Hopper (8.9, 9.0): train in bf16 (no --fp8)")
+    if recipe == "blockwise" and capability[0] != 9:
+        raise ValueError(f"--fp8 blockwise runs on Hopper (compute capability 9.x), not "
+                         f"{capability[0]}.{capability[1]}: use --fp8 tensorwise or delayed")
+    return recipe
+
+
 def architecture(preset: ModelShape) -> dict:
     """The shape of `preset` in TransformerConfig's fields: Qwen's RMSNorm, SwiGLU, biases."""
     return dict(
@@ -90,7 +115,8 @@ def architecture(preset: ModelShape) -> dict:
 
 def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                        sequence_parallel: bool = False, recompute: bool = False,
-                       initialize: bool = True, fuse_swiglu: bool = False) -> TransformerConfig:
+                       initialize: bool = True, fuse_swiglu: bool = False,
+                       fp8: str | None = None) -> TransformerConfig:
     """megatron-core's TransformerConfig for `preset` (attention already resolved).
 
     Parameters stay float32 (the optimizer's master weights); the loop runs the model under bf16
@@ -103,7 +129,16 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
     Pipeline stages pass float32 activations (the residual stream stays float32 under autocast),
     and a micro-batch's loss comes back as a sum over its trained tokens, scaled by the step
     (`calculate_per_token_loss`: megatron-core's schedules then divide by nothing).
+
+    `fp8` (a resolved recipe): megatron-core's transformer block runs each layer under Transformer
+    Engine's FP8 autocast, E4M3 forward and E5M2 gradients ("hybrid"); the delayed recipe keeps the
+    amax of the last 1024 steps, as Megatron-LM's recipes do.
     """
+    fp8_fields = {}
+    if fp8:
+        fp8_fields = dict(fp8="hybrid", fp8_recipe=fp8)
+        if fp8 == "delayed":
+            fp8_fields.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
     if preset.num_layers % pipeline_parallel:
         raise ValueError(f"{preset.name}: {preset.num_layers} layers do not split evenly over --pp {pipeline_parallel}")
     return TransformerConfig(
@@ -129,6 +164,7 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         use_cpu_initialization=initialize,
         params_dtype=torch.float32,
         transformer_impl="local",
+        **fp8_fields,
     )
 
 
@@ -195,17 +231,23 @@ class RMSNorm(torch.nn.Module):
 CORE_ATTENTION = {"sdpa": SDPACoreAttention, "te": TECoreAttention}  # local: the spec's own
 
 
-def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_parallel: bool = False):
+def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_parallel: bool = False,
+               fp8: bool = False):
+    """megatron-core's local layer: our core attention; under `fp8` Transformer Engine's linear
+    layers (the same parameter names, so checkpoints and Hugging Face exports are unchanged)."""
     spec = get_gpt_layer_local_spec(qk_layernorm=preset.qk_norm, normalization="RMSNorm")
     spec.module, spec.params = SeededTransformerLayer, {**spec.params, "init_seed": seed}
-    spec.submodules.self_attention.submodules.linear_proj = GroupedRowParallelLinear
+    attention_parts = spec.submodules.self_attention.submodules
     mlp = spec.submodules.mlp  # a ModuleSpec, or a functools.partial (megatron-core 0.19)
-    (mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules).linear_fc2 = \
-        GroupedRowParallelLinear
+    mlp_parts = mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules
+    attention_parts.linear_proj = mlp_parts.linear_fc2 = GroupedRowParallelLinear
     if attention in CORE_ATTENTION:
-        spec.submodules.self_attention.submodules.core_attention = CORE_ATTENTION[attention]
+        attention_parts.core_attention = CORE_ATTENTION[attention]
+    if fp8:
+        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
+        attention_parts.linear_qkv = mlp_parts.linear_fc1 = TEColumnParallelLinear
+        attention_parts.linear_proj = mlp_parts.linear_fc2 = TERowParallelLinear
     if sequence_parallel:
-        attention_parts = spec.submodules.self_attention.submodules
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
         if preset.qk_norm:
             attention_parts.q_layernorm = attention_parts.k_layernorm = ModuleSpec(
@@ -213,10 +255,10 @@ def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_paral
     return spec
 
 
-def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel: bool):
+def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel: bool, fp8: bool = False):
     """The decoder's spec: this stage's layers, and under sequence parallelism our RMSNorm as the
     final norm too (megatron-core would pick its torch wrapper)."""
-    spec = layer_spec(preset, attention, seed, sequence_parallel)
+    spec = layer_spec(preset, attention, seed, sequence_parallel, fp8)
     if not sequence_parallel:
         return spec
     layers = preset.num_layers // parallel_state.get_pipeline_model_parallel_world_size()
@@ -226,7 +268,7 @@ def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel:
 def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel: int = 1,
                 sequence_parallel: bool = False, recompute: bool = False,
                 max_sequence_length: int | None = None, initialize: bool = True, compile: str = "none",
-                seed: int = 0) -> GPTModel:
+                seed: int = 0, fp8: str | None = None) -> GPTModel:
     """This rank's GPTModel (its pipeline stage's layers), on the CPU, float32 (move it with `.to(device)`).
 
     Needs `parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)` first.
@@ -242,10 +284,10 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
                                 pipeline_parallel=parallel_state.get_pipeline_model_parallel_world_size(),
                                 sequence_parallel=sequence_parallel, recompute=recompute, initialize=initialize,
-                                fuse_swiglu=compile != "none")
+                                fuse_swiglu=compile != "none", fp8=fp8)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(preset, attention, seed, sequence_parallel),
+        transformer_layer_spec=block_spec(preset, attention, seed, sequence_parallel, bool(fp8)),
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         vocab_size=preset.vocab_size,

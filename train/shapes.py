@@ -68,6 +68,7 @@ def _qwen3(name, layers, hidden, heads, groups, ffn, tied=True, max_pos=40_960):
 PRESETS: dict[str, ModelShape] = {p.name: p for p in (
     _qwen2("qwen2.5-0.5b", 24, 896, 14, 2, 4864),
     _qwen2("qwen2.5-1.5b", 28, 1536, 12, 2, 8960),
+    _qwen2("qwen2.5-3b", 36, 2048, 16, 2, 11008),
     _qwen2("qwen2.5-7b", 28, 3584, 28, 4, 18944, vocab=EMBEDDING_ROWS_LARGE, tied=False),
     _qwen3("qwen3-0.6b", 28, 1024, 16, 8, 3072),
     _qwen3("qwen3-1.7b", 28, 2048, 16, 8, 6144),
