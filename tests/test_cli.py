@@ -68,7 +68,8 @@ def test_every_option_shows_its_default():
     for name, parser in _all_parsers().items():
         formatter = parser._get_formatter()
         for action in parser._actions:
-            if not action.option_strings or action.nargs == 0 or action.required:
+            pair = isinstance(action, argparse.BooleanOptionalAction)  # --X / --no-X: says which is the default
+            if not action.option_strings or action.nargs == 0 and not pair or action.required:
                 continue
             text = formatter._expand_help(action) if action.help else ""
             assert says_default(text) and "(default: None)" not in text, f"qwen-data {name} {action.option_strings}"

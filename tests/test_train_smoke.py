@@ -45,17 +45,45 @@ def prefixes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def full_run(prefixes, tmp_path_factory):
+    """6 steps: (records, stdout, the run's folder: TensorBoard in tb/)."""
     out = tmp_path_factory.mktemp("full")
-    return _train(["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "6", *TRAIN], out / "log.jsonl")
+    records, stdout = _train(["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "6", *TRAIN,
+                              "--tensorboard-dir", str(out / "tb")], out / "log.jsonl")
+    return records, stdout, out
 
 
 def test_pretrain_blend_trains(full_run):
-    records, stdout = full_run
+    records, stdout, _ = full_run
     assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert records[0]["loss"] > 11  # ln(151,936) ≈ 11.9 at initialisation
     assert records[-1]["loss"] < records[0]["loss"] - 2
     assert all(0 <= r["data_share"] < 1 and r["tokens_per_s"] > 0 for r in records)
     assert "tok/s" in stdout and "data" in stdout
+
+
+def _scalars(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return lambda tag: [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_tensorboard_holds_what_the_log_says(full_run):
+    records, _, out = full_run
+    scalars = _scalars(out / "tb")
+    for field in ("loss", "lr", "grad_norm", "tokens_per_s", "data_share"):
+        assert scalars(f"train/{field}") == [(r["iteration"], pytest.approx(r[field], rel=1e-6)) for r in records]
+
+
+def test_validation_loss_is_logged_and_reaches_tensorboard(prefixes, tmp_path):
+    records, stdout = _train(["--data", str(prefixes / "web"), "--split", "80,20,0", "--train-iters", "2", *TRAIN,
+                              "--eval-interval", "1", "--eval-iters", "1", "--tensorboard-dir", str(tmp_path / "tb")],
+                             tmp_path / "log.jsonl")
+    valid = [r for r in records if "valid_loss" in r]
+    assert [r["iteration"] for r in valid] == [1, 2] and "validation at iteration 2: loss" in stdout
+    assert all(9 < r["valid_loss"] < 13 for r in valid)  # ln(151,936) ≈ 11.9 near initialisation
+    assert _scalars(tmp_path / "tb")("validation/loss") == [(r["iteration"], pytest.approx(r["valid_loss"], rel=1e-6))
+                                                           for r in valid]
 
 
 def test_checkpoint_resume_continues_exactly(prefixes, full_run, tmp_path):
@@ -220,6 +248,8 @@ def test_config_is_built_once_from_the_command_line():
     assert config.data.path == "out/blend.json" and config.model.name is None and config.model.tp == 2
     assert config.optim.lr == 1e-3 and config.optim.warmup_iters == 2  # 1% of the iterations
     assert config.global_batch_size is None  # micro batch × DP, once the ranks are known
+    assert config.data.eod_mask_loss  # Qwen's practice unless --no-eod-mask-loss
+    assert not TrainConfig.parse(["--data", "d", "--no-eod-mask-loss"]).data.eod_mask_loss
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.optim.lr = 1.0
 

@@ -71,8 +71,14 @@ class DataConfig(Section):
     reset_attention_mask: bool = option(
         "--reset-attention-mask", action="store_true",
         help="pretraining: documents in a row never attend to each other (document mask)")
-    eod_mask_loss: bool = option("--eod-mask-loss", action="store_true",
-                                 help="pretraining: no loss on predicting from EOD")
+    # Qwen's pretraining practice (QwenLM/Qwen#427): documents joined by <|endoftext|>, the loss of
+    # predicting it kept, the loss across the boundary (predicting a document's first token from the
+    # previous one's end) dropped: megatron-core's eod_mask_loss, which zeroes the loss where the
+    # input token is EOD.
+    eod_mask_loss: bool = option(
+        "--eod-mask-loss", action=argparse.BooleanOptionalAction, default=True,
+        help="pretraining: no loss on predicting the token after an EOD (the next document's first), as Qwen "
+             "pretrains; predicting the EOD itself keeps its loss; --no-eod-mask-loss trains every position")
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,14 @@ class LogConfig(Section):
                                                            "none: no JSON)")
     peak_tflops: Optional[float] = option("--peak-tflops", type=float,
                                           help="bf16 peak per GPU for MFU (default: by name)")
+    tensorboard_dir: Optional[str] = option(
+        "--tensorboard-dir", metavar="DIR",
+        help="TensorBoard scalars here (rank 0: loss, lr, grad norm, tokens/s, MFU, memory, validation loss; needs "
+             "the tensorboard package; none: no TensorBoard)")
+    wandb_project: Optional[str] = option(
+        "--wandb-project", metavar="NAME",
+        help="the same scalars to Weights & Biases (needs wandb; WANDB_MODE=offline writes them locally only; "
+             "none: no W&B)")
 
 
 @dataclass(frozen=True)

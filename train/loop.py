@@ -77,7 +77,7 @@ class Trainer:
         self.model = self._data_parallel(self.core)
         self.batches = self._loader(self.train_ds, self.consumed)
         self.metrics = Metrics(config.log, device, self.layout, self.shape.train_flops_per_token(config.seq_length),
-                               config.train_iters)
+                               config.train_iters, run_config=dataclasses.asdict(config))
         self._announce()
 
     def run(self) -> Summary:

@@ -1,5 +1,6 @@
-"""What the run reports: one record per log interval (printed, and a JSON line with --log-json)
-and the steady-state summary at the end.
+"""What the run reports: one record per log interval (printed, and a JSON line with --log-json,
+scalars for TensorBoard and Weights & Biases with --tensorboard-dir / --wandb-project) and the
+steady-state summary at the end.
 
 Token counts are the job's (one replica's tokens × data parallel); MFU divides by every GPU's
 peak. The first interval (iteration 1) is reported on its own and left out of the summary: its
@@ -34,6 +35,42 @@ def peak_flops(device: torch.device, override_tflops: Optional[float]) -> Option
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+class ScalarSinks:
+    """TensorBoard and W&B, on rank 0, as the run's LogConfig asks: each record's fields as
+    `train/<field>`, validation losses as `validation/loss`, against the iteration."""
+
+    def __init__(self, config: LogConfig, run_config: Optional[dict] = None) -> None:
+        self.tensorboard = self.wandb = None
+        if not is_rank0():
+            return
+        if config.tensorboard_dir:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise SystemExit(f"--tensorboard-dir needs the tensorboard package ({e}): pip install tensorboard")
+            self.tensorboard = SummaryWriter(config.tensorboard_dir)
+        if config.wandb_project:
+            try:
+                import wandb
+            except ImportError as e:
+                raise SystemExit(f"--wandb-project needs the wandb package ({e}): pip install wandb")
+            self.wandb = wandb.init(project=config.wandb_project, config=run_config)
+
+    def scalars(self, iteration: int, values: dict[str, float]) -> None:
+        if self.tensorboard:
+            for name, value in values.items():
+                self.tensorboard.add_scalar(name, value, iteration)
+            self.tensorboard.flush()
+        if self.wandb:
+            self.wandb.log(values, step=iteration)
+
+    def close(self) -> None:
+        if self.tensorboard:
+            self.tensorboard.close()
+        if self.wandb:
+            self.wandb.finish()
 
 
 @dataclass
@@ -123,12 +160,13 @@ class Metrics:
     """The run's records: steps are added, every `log_interval` iterations an interval is closed."""
 
     def __init__(self, config: LogConfig, device: torch.device, layout: ParallelLayout, flops_per_token: float,
-                 total_iters: int) -> None:
+                 total_iters: int, run_config: Optional[dict] = None) -> None:
         self.device, self.layout, self.flops_per_token, self.total_iters = device, layout, flops_per_token, total_iters
         self.log_interval, self.json_path = config.log_interval, config.log_json
         self.peak = peak_flops(device, config.peak_tflops)
         self.history: list[StepRecord] = []
         self.totals = _Totals()
+        self.sinks = ScalarSinks(config, run_config)
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -170,6 +208,7 @@ class Metrics:
         self.history.append(record)
         log0(record.line(self.total_iters))
         self._json(record.as_dict())
+        self.sinks.scalars(iteration, {f"train/{k}": v for k, v in record.as_dict().items() if k != "iteration"})
         self.restart_clock()
         return record
 
@@ -178,6 +217,8 @@ class Metrics:
         shown = "n/a (no trained tokens in its batches)" if loss is None else f"{loss:.4f}"
         log0(f"validation at iteration {iteration}: loss {shown}")
         self._json({"iteration": iteration, "valid_loss": loss})
+        if loss is not None:
+            self.sinks.scalars(iteration, {"validation/loss": loss})
 
     def _json(self, record: dict) -> None:
         if self.json_path and is_rank0():
@@ -213,4 +254,5 @@ class Metrics:
             log0("steady state (after iteration 1): " + ", ".join(f"{k} {v:.4g}" for k, v in rates.items()))
         if self.device.type == "cuda":
             log0(f"peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.1f} GiB")
+        self.sinks.close()
         return Summary(iterations, self.history, **rates)
