@@ -115,7 +115,7 @@ def test_thd_rows_are_one_stream_cut_at_every_sample():
     from qwen_data_train.attention import thd_mask
     s = 16
     batch = _rows_of([3, 1, 2], s)
-    thd = thd_mask(batch["segment_ids"], batch["cu_seqlens"], torch.device("cpu")).thd
+    thd = thd_mask(batch, torch.device("cpu")).thd
     # Row 0: samples at 0, 5, 10; row 1: one; row 2: at 0 and 8, each row's starts offset by its
     # place; 6 samples rounded up to 8 with empty ones at the end.
     assert thd.cu_seqlens_q.tolist() == [0, 5, 10, 16, 32, 40, 48, 48, 48]
@@ -128,7 +128,7 @@ def test_thd_rows_are_one_stream_cut_at_every_sample():
         assert a == b or flat[a:b].unique().numel() == 1 and (a == 0 or flat[a - 1] != flat[a])
     # Other micro-batches of up to 8 samples, the longest of 5 to 8 tokens, share its shape.
     shapes = {(len(t.cu_seqlens_q), t.max_seqlen_q) for t in
-              (thd_mask(m["segment_ids"], m["cu_seqlens"], torch.device("cpu")).thd
+              (thd_mask(m, torch.device("cpu")).thd
                for m in (_rows_of(counts, 16) for counts in ([3, 3, 2], [2, 2, 2], [3, 2, 3])))}
     assert shapes == {(9, 8)}
 

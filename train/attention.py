@@ -75,21 +75,22 @@ def document_mask(segment_ids: torch.Tensor) -> DocumentMask:
                                                        _compile=True))
 
 
-def thd_mask(segment_ids: torch.Tensor, cu_seqlens: torch.Tensor, device: torch.device) -> DocumentMask:
+def thd_mask(batch: dict, device: torch.device) -> DocumentMask:
     """Packed rows for Transformer Engine: the [b, s] rows read as one stream of b·s tokens, cut
-    where a sample (or a row's padding) starts. `cu_seqlens` is the loader's [b, s + 1], each row's
-    sample starts padded with s.
+    where a sample (or a row's padding) starts. From the loader's segment_ids, cu_seqlens ([b, s + 1],
+    each row's sample starts padded with s) and max_seqlen (each row's longest sample).
 
     TE chooses its kernel, and cuDNN builds its graph, once per distinct (number of samples,
     longest sample): both are rounded up to a power of two (at most s for the longest), so a run
     meets a handful of them, not one per micro-batch. The extra samples are empty, at the end."""
+    segment_ids = batch["segment_ids"]
     b, s = segment_ids.shape
-    starts = cu_seqlens[:, :-1]
+    starts = batch["cu_seqlens"][:, :-1]
     offsets = starts + s * torch.arange(b, dtype=starts.dtype).unsqueeze(1)
     cu = offsets[starts < s]
     count = 1 << max(1, (len(cu) - 1).bit_length())
     cu = torch.cat([cu, torch.full((count + 1 - len(cu),), b * s, dtype=cu.dtype)]).to(torch.int32)
-    longest = min(s, 1 << (int(torch.diff(cu_seqlens, dim=1).max()) - 1).bit_length())
+    longest = min(s, 1 << (int(batch["max_seqlen"].max()) - 1).bit_length())
     cu = cu.to(device, non_blocking=True)
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                              max_seqlen_kv=longest)

@@ -39,7 +39,7 @@ def _inputs(batch: dict, spec: ForwardSpec) -> tuple:
     packed = bool(batch["segment_ids"].amax() > 0)
     mask = None
     if packed and attention == "te":
-        mask = thd_mask(batch["segment_ids"], batch["cu_seqlens"], device)
+        mask = thd_mask(batch, device)
     elif packed and attention == "sdpa":
         mask = document_mask(batch["segment_ids"].to(device))
     elif attention == "local":  # megatron's own attention: a dense [b, 1, s, s] mask, True = masked
