@@ -2,7 +2,7 @@
 # The train stage's GPU measurements, one stage per device call (each well under 10 minutes).
 #
 #   bench/gpu.sh data                 # here: real-text prefixes into .gpu/ (needs bench/corpora.py's cache)
-#   bench/gpu.sh pretrain|sft|parallel|speed|te  # there: the runs, logs under $OUT (default bench/results/gpu)
+#   bench/gpu.sh pretrain|sft|parallel|speed|te|scale  # there: the runs, logs under $OUT (default bench/results/gpu)
 #
 # Data (`data`): ~19 MB of the multilingual prose and ~5.5 MB of the code of bench/corpora.py's
 # text corpus as two pretrain prefixes blended 0.75/0.25 with a 98/2/0 split; the first 6.5 MB of
@@ -28,6 +28,10 @@
 #           1.5B, 3B and 7B shapes (7B: 8 of its layers), and the loss after 200 steps at 1.5B; then
 #           $OUT/te.json (bench/te_report.py). TE_ONLY="name ..." runs only those (a call may hold only
 #           some: te.json takes every te-*.jsonl under $OUT); TE_CHECKS=0 skips the checks.
+# scale     two GPUs: sequence parallelism with compiled layers, the distributed optimizer against plain DP
+#           (losses over 50 steps, speed with and without overlap, a checkpoint resharded DP=2 → 1 → 2 and
+#           its --save-hf export), recompute none/selective/full, the Qwen2.5-7B shape at TP=2, Qwen2.5-3B on
+#           one GPU; then $OUT/scale.json (bench/scale_report.py). SCALE_ONLY="name ..." runs only those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?stage: data, pretrain, sft, parallel or speed}
@@ -180,6 +184,48 @@ sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te;$FP8"
   done
   python3 bench/te_report.py "$OUT" | tee "$OUT/te.md"
   echo "te stage: $SECONDS s" ;;
+scale)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/scale_device.txt"
+  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
+    | tee -a "$OUT/scale_device.txt"
+  # NAME:PROCESSES:STEPS:ARGS (SCALE_ONLY="name ..." runs only those). sp-*: sequence parallelism with and
+  # without compiled layers (same losses); dp2-*: plain DP (torch DDP) against the distributed optimizer, with
+  # and without overlap; ckpt-*: a distributed-optimizer run saved at DP=2, resumed at DP=1 and again at DP=2,
+  # against ckpt-ref uninterrupted; recompute-*: none, selective, full at Qwen2.5-1.5B on one GPU; 7b-*: the
+  # Qwen2.5-7B shape at TP=2 with sequence parallelism (random init), seq 4096; 3b-one: Qwen2.5-3B on one GPU.
+  D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
+  M="--model qwen2.5-0.5b --micro-batch-size 4"
+  C="--model qwen2.5-0.5b --micro-batch-size 1 --compile swiglu --log-interval 1 --train-iters 8 --distributed-optimizer"
+  K=/tmp/scale-ckpt
+  SCALE="sp-swiglu:2:10:$M --tp 2 --sequence-parallel --compile swiglu --log-interval 1;\
+sp-layers:2:10:$M --tp 2 --sequence-parallel --compile layers --log-interval 1;\
+dp2-plain:2:50:$M --log-interval 1;dp2-distopt:2:50:$M --log-interval 1 --distributed-optimizer;\
+dp2-distopt-sync:2:30:$M --distributed-optimizer --no-overlap-grad-reduce --no-overlap-param-gather;\
+ckpt-ref:2:8:$C;ckpt-a:2:8:$C --exit-after 3 --save $K;ckpt-b:1:8:$C --exit-after 6 --load $K --save $K;\
+ckpt-c:2:8:$C --load $K --save $K --save-hf /tmp/scale-hf;\
+recompute-none:1:20:--model qwen2.5-1.5b --micro-batch-size 2;\
+recompute-selective:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute selective;\
+recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
+7b-none:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel;\
+7b-selective:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute selective;\
+7b-full:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute full;\
+3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1"
+  IFS=';' read -ra runs <<< "$SCALE"
+  for spec in "${runs[@]}"; do
+    IFS=':' read -r name nproc steps args <<< "$spec"
+    [ -z "${SCALE_ONLY:-}" ] || [[ " $SCALE_ONLY " == *" $name "* ]] || continue
+    [ "$name" = ckpt-a ] && rm -rf "$K" /tmp/scale-hf
+    rm -f "$OUT/scale-$name.jsonl"
+    # shellcheck disable=SC2086  # args are words
+    run "scale-$name" timeout 500 torchrun --nproc-per-node "$nproc" -m train $D --train-iters "$steps" \
+      --log-interval 5 $args --log-json "$OUT/scale-$name.jsonl"
+  done
+  if [ -d /tmp/scale-hf ]; then  # --save-hf at DP=2 against the checkpoint saved with it, converted
+    run scale-hf-exact bash -c "python3 -m train.convert mcore-to-hf $K /tmp/scale-hf-converted && \
+python3 bench/scale_report.py --same-weights /tmp/scale-hf /tmp/scale-hf-converted"
+  fi
+  python3 bench/scale_report.py "$OUT" | tee "$OUT/scale.md"
+  echo "scale stage: $SECONDS s" ;;
 *)
   echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -108,6 +108,48 @@ def test_tensor_and_data_parallel_match_one_process(prefixes, full_run, tmp_path
         assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-3)
 
 
+@pytest.mark.parametrize("recompute", [["--recompute", "full"], ["--recompute", "selective"]])
+def test_recompute_gives_the_same_steps(prefixes, full_run, tmp_path, recompute):
+    data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "6", "--exit-after", "3", *TRAIN]
+    records, stdout = _train(data + recompute, tmp_path / "recompute.jsonl")
+    assert f"recompute {recompute[1]}" in stdout
+    for mine, reference in zip(records, full_run[0][:3]):
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+        assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+
+
+def test_recompute_runs_under_the_autocast_of_its_forward(megatron_cpu):
+    """megatron-core's checkpoint recomputes in backward, after the autocast block has closed (as
+    it has on autograd's CUDA thread): without the patch the recompute would run float32."""
+    from megatron.core import tensor_parallel
+    from qwen_data_train.patches import recompute_as_forward_ran
+
+    def dtypes_seen():
+        seen = []
+        weight = torch.randn(8, 8, requires_grad=True)
+
+        def layer(x):
+            y = x @ weight
+            seen.append(y.dtype)
+            return y
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = tensor_parallel.checkpoint(layer, False, torch.randn(4, 8, requires_grad=True))
+        out.float().sum().backward()
+        return seen  # [forward, recompute]
+
+    assert dtypes_seen() == [torch.bfloat16, torch.float32]  # what megatron-core does alone
+    with recompute_as_forward_ran():
+        assert dtypes_seen() == [torch.bfloat16, torch.bfloat16]
+    assert dtypes_seen() == [torch.bfloat16, torch.float32]  # and the patch is undone
+
+
+def test_distributed_optimizer_is_refused_on_the_cpu(prefixes, tmp_path):
+    data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "1", *TRAIN, "--distributed-optimizer"]
+    with pytest.raises(AssertionError, match="--distributed-optimizer runs on CUDA"):
+        _train(data, tmp_path / "log.jsonl")
+
+
 @pytest.fixture(scope="module")
 def qwen3_run(prefixes, tmp_path_factory):
     data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "3", *TRAIN, "--model", "tiny-qwen3"]
@@ -245,7 +287,7 @@ def test_config_is_built_once_from_the_command_line():
 
     from qwen_data_train.config import TrainConfig
     config = TrainConfig.parse(["--data", "out/blend.json", "--train-iters", "250", "--tp", "2", "--lr", "1e-3"])
-    assert config.data.path == "out/blend.json" and config.model.name is None and config.model.tp == 2
+    assert config.data.path == "out/blend.json" and config.model.name is None and config.parallel.tp == 2
     assert config.optim.lr == 1e-3 and config.optim.warmup_iters == 2  # 1% of the iterations
     assert config.global_batch_size is None  # micro batch × DP, once the ranks are known
     assert config.data.eod_mask_loss  # Qwen's practice unless --no-eod-mask-loss

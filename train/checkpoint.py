@@ -26,6 +26,7 @@ from .config import CheckpointConfig
 from .distributed import is_rank0, log0
 from .hf.checkpoint import HFExport, save_hf
 from .model import ModelShape
+from .optimizer import MOMENTS, AdamW, DistributedAdamW
 
 LATEST = "latest_checkpointed_iteration.txt"
 
@@ -53,7 +54,7 @@ class Checkpointer:
     """Saves and resumes the model, the AdamW moments and where the run stands (`--save`,
     `--load`), and exports Hugging Face folders (`--save-hf`)."""
 
-    def __init__(self, config: CheckpointConfig, core: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
+    def __init__(self, config: CheckpointConfig, core: torch.nn.Module, optimizer: Optional[AdamW | DistributedAdamW],
                  export: HFExport, tokenizer: Optional[dict] = None, **run_info) -> None:
         self.config, self.core, self.optimizer, self.export = config, core, optimizer, export
         self.run_info = dict(run_info, hf_config=export.config, generation=export.generation,
@@ -85,7 +86,7 @@ class Checkpointer:
         if self.optimizer is None:
             state = {"model": self.core.sharded_state_dict()}
         else:
-            state = self._sharded(self.optimizer.state_dict())
+            state = self._sharded(self.optimizer.moments())
         state.update(iteration=iteration, consumed_samples=consumed_samples, has_optimizer=self.optimizer is not None,
                      **self.run_info)
         dist_checkpointing.save(state, path)
@@ -111,13 +112,12 @@ class Checkpointer:
             self.core.load_state_dict(state["model"])
             log0(f"loaded the weights of {path} (iteration {common['iteration']})")
             return common["iteration"], common["consumed_samples"]
-        state = dist_checkpointing.load(self._sharded(self._fresh_optimizer_state()), path)
+        template = [{k: torch.zeros(p.shape) for k in MOMENTS} for p in self.optimizer.params]
+        state = dist_checkpointing.load(self._sharded(template), path)
         self.core.load_state_dict(state["model"])
-        steps = torch.tensor(float(state["iteration"]))  # every parameter is stepped every iteration
-        self.optimizer.load_state_dict({
-            "state": {i: {**s, "step": steps.clone()} for i, s in state["optimizer"]["state"].items()},
-            "param_groups": state["optimizer"]["param_groups"],
-        })
+        moments = state["optimizer"]["state"]
+        # Every parameter is stepped every iteration.
+        self.optimizer.load_moments([moments[i] for i in range(len(template))], steps=state["iteration"])
         log0(f"resumed from {path} (iteration {state['iteration']}, {state['consumed_samples']} samples consumed)")
         return state["iteration"], state["consumed_samples"]
 
@@ -133,18 +133,11 @@ class Checkpointer:
             shown = ", ".join(f"{k} {a} (checkpoint) vs {b}" for k, (a, b) in differ.items())
             raise ValueError(f"{path} holds another model: {shown}")
 
-    def _params(self) -> list[torch.nn.Parameter]:
-        return [p for g in self.optimizer.param_groups for p in g["params"]]
-
-    def _fresh_optimizer_state(self) -> dict:
-        """The load template: zero moments (the optimizer has none before its first step)."""
-        return {"state": {i: {"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
-                          for i, p in enumerate(self._params())},
-                "param_groups": self.optimizer.state_dict()["param_groups"]}
-
-    def _sharded(self, optim_state: dict) -> dict:
-        """Model and optimizer state as sharded tensors, the moments sharded like their parameters."""
+    def _sharded(self, moments: list[dict[str, torch.Tensor]]) -> dict:
+        """Model and optimizer state as sharded tensors, each parameter's whole moments sharded
+        like it (the same under every optimizer and data-parallel size)."""
         model_state = self.core.sharded_state_dict()
-        optim_state_to_sharding_state(optim_state, get_param_id_to_sharded_param_map(model_state, self._params()),
-                                      exclude_keys=("step",))
+        optim_state = {"state": dict(enumerate(moments)), "param_groups": [{"params": list(range(len(moments)))}]}
+        optim_state_to_sharding_state(
+            optim_state, get_param_id_to_sharded_param_map(model_state, self.optimizer.params))
         return {"model": model_state, "optimizer": optim_state}

@@ -27,6 +27,8 @@ COMPILE_CHOICES = ("none", "swiglu", "layers")
 CROSS_ENTROPY_CHOICES = ("fused", "megatron")  # --cross-entropy: loss.py's, or megatron-core's
 # --fp8: megatron-core's names of Transformer Engine's FP8 recipes (model.resolve_fp8: where each runs).
 FP8_RECIPES = ("tensorwise", "delayed", "blockwise")
+RECOMPUTE_CHOICES = ("selective", "full")
+RECOMPUTE_MODULES = ("core_attn", "mlp")  # megatron-core's recompute_modules that run under autocast here
 
 
 def option(flag: str, group: Optional[str] = None, **argparse_keywords) -> Any:
@@ -105,14 +107,14 @@ class ModelConfig(Section):
         "--compile", default="auto", choices=("auto",) + COMPILE_CHOICES,
         help="swiglu: megatron-core's compiled SwiGLU; layers: also torch.compile each transformer layer; "
              "auto: layers on CUDA (swiglu with --sequence-parallel), none on the CPU")
-    tp: int = option("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / (tp × pp))")
-    pp: int = option("--pp", type=int, default=1,
-                     help="pipeline-parallel size: the layers split evenly over pp stages, 1F1B schedule")
-    sequence_parallel: bool = option(
-        "--sequence-parallel", action="store_true",
-        help="with --tp: activations outside attention and MLP split over the TP ranks along the sequence")
-    recompute: bool = option("--recompute", action="store_true",
-                             help="full activation recompute, one layer at a time")
+    recompute: Optional[str] = option(
+        "--recompute", nargs="?", const="full", choices=RECOMPUTE_CHOICES,
+        help="activation recompute: full = each layer's forward again in backward (keeps only its input), "
+             "selective = only --recompute-modules; bare --recompute = full; none: keep every activation")
+    recompute_modules: str = option(
+        "--recompute-modules", default="mlp", metavar="M[,M]",
+        help=f"what --recompute selective recomputes, megatron-core's names: {', '.join(RECOMPUTE_MODULES)} "
+             "(core_attn gains nothing with fused attention, which keeps no score matrix)")
     fp8: Optional[str] = option(
         "--fp8", metavar="RECIPE", choices=FP8_RECIPES,
         help=f"FP8 matrix products through Transformer Engine's linear layers, by this scaling recipe "
@@ -128,7 +130,33 @@ class ModelConfig(Section):
             raise SystemExit("qwen-data train: give --model or --hf-model, not both")
         if ns.num_layers is not None and (not ns.name or ns.num_layers < 1):
             raise SystemExit("qwen-data train: --num-layers takes a positive count and a --model preset to cut")
+        unknown = set(ns.recompute_modules.split(",")) - set(RECOMPUTE_MODULES)
+        if unknown:
+            raise SystemExit(f"qwen-data train: --recompute-modules takes {', '.join(RECOMPUTE_MODULES)}, not "
+                             f"{', '.join(sorted(unknown))}")
         return super().from_args(ns)
+
+
+@dataclass(frozen=True)
+class ParallelConfig(Section):
+    GROUP = "parallelism"
+
+    tp: int = option("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / (tp × pp))")
+    pp: int = option("--pp", type=int, default=1,
+                     help="pipeline-parallel size: the layers split evenly over pp stages, 1F1B schedule")
+    sequence_parallel: bool = option(
+        "--sequence-parallel", action="store_true",
+        help="with --tp: activations outside attention and MLP split over the TP ranks along the sequence")
+    distributed_optimizer: bool = option(
+        "--distributed-optimizer", action=argparse.BooleanOptionalAction, default=False,
+        help="megatron-core's DistributedDataParallel and DistributedOptimizer: AdamW's moments sharded over the "
+             "data-parallel ranks (CUDA)")
+    overlap_grad_reduce: bool = option(
+        "--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True,
+        help="with --distributed-optimizer: reduce-scatter gradient buckets during backward")
+    overlap_param_gather: bool = option(
+        "--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True,
+        help="with --distributed-optimizer: all-gather the updated parameters during the next forward")
 
 
 @dataclass(frozen=True)
@@ -203,6 +231,7 @@ class TrainConfig:
 
     data: DataConfig
     model: ModelConfig
+    parallel: ParallelConfig
     seq_length: int = option("--seq-length", "model", type=int, default=4096, help="tokens per sample")
     micro_batch_size: int = option("--micro-batch-size", "optimisation", type=int, default=1,
                                    help="samples per micro-batch and rank")

@@ -13,6 +13,9 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel as MegatronDDP
+from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+from torch.nn.parallel import DistributedDataParallel
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
@@ -90,6 +93,52 @@ class ParallelLayout:
         return cls(parallel_state.get_tensor_model_parallel_world_size(),
                    parallel_state.get_pipeline_model_parallel_world_size(), dp, dist.get_world_size(),
                    micro_batch, global_batch)
+
+
+def data_parallel(core: torch.nn.Module, layout: ParallelLayout, device: torch.device, parallel) -> torch.nn.Module:
+    """The model as the step runs it, for `parallel` (config.ParallelConfig):
+      --distributed-optimizer  megatron-core's DistributedDataParallel (contiguous float32 gradient
+                               buckets, reduce-scattered for the DistributedOptimizer; its
+                               finalize_model_grads does every reduction a step needs);
+      else, DP > 1 without pipeline stages: torch DDP (all-reduce overlapping backward);
+      else the model itself (`reduce_grads` after the schedule)."""
+    if parallel.distributed_optimizer:
+        if device.type != "cuda":
+            raise ValueError("--distributed-optimizer runs on CUDA (megatron-core's gradient buffers and "
+                             "DistributedOptimizer): drop it on the CPU")
+        ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
+                                            overlap_grad_reduce=parallel.overlap_grad_reduce,
+                                            overlap_param_gather=parallel.overlap_param_gather)
+        model = MegatronDDP(config=core.config, ddp_config=ddp, module=core)
+        core.config.no_sync_func = model.no_sync  # the schedule: reduce only after the last micro-batch
+        core.config.finalize_model_grads_func = finalize_model_grads
+        return model
+    if layout.dp == 1 or layout.pp > 1:
+        return core
+    model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None,
+                                    process_group=parallel_state.get_data_parallel_group())
+    core.config.no_sync_func = model.no_sync  # megatron-core's schedules hold gradient sync with it
+    return model
+
+
+@contextlib.contextmanager
+def whole_parameters(model: torch.nn.Module) -> Iterator[None]:
+    """Every parameter up to date inside the block (checkpoints, exports read them): with
+    overlapped gathering, megatron-core's DDP brings a parameter's update in only when the next
+    forward reaches it, so the gathers are finished first and the hooks put back after."""
+    if not (isinstance(model, MegatronDDP) and model.ddp_config.overlap_param_gather):
+        yield
+        return
+    model.disable_forward_pre_hook(param_sync=True)
+    try:
+        yield
+    finally:
+        model.enable_forward_pre_hook()
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside a data-parallel wrapper."""
+    return model.module if isinstance(model, (DistributedDataParallel, MegatronDDP)) else model
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,20 +26,19 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
-from torch.nn.parallel import DistributedDataParallel
-
 from qwen_data.text.tokenizer import directory_of
 
 from .checkpoint import Checkpointer, latest, stored
 from .config import TrainConfig
-from .distributed import ParallelLayout, distributed, log0, reduce_grads
+from .distributed import (MegatronDDP, ParallelLayout, data_parallel, distributed, log0, reduce_grads,
+                          whole_parameters)
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, make_loader
 from .metrics import Metrics, StepStats, Summary
 from .model import build_model, resolve_attention, resolve_fp8
-from .optimizer import Schedule, build_optimizer, optimizer_step
-from .patches import megatron_on_cpu
+from .optimizer import AdamW, DistributedAdamW, Schedule
+from .patches import megatron_on_cpu, recompute_as_forward_ran
 from .shapes import PRESETS, ModelShape
 from .step import ForwardSpec, evaluate, forward_backward
 
@@ -56,7 +55,7 @@ class Trainer:
         self.spec = ForwardSpec(attention, device, autocast=cuda and not config.fp32,
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length)
         self.fp8 = resolve_fp8(config.model.fp8, cuda=cuda, fp32=config.fp32)
-        self.compile = resolve_compile(config.model.compile, device, config.model.sequence_parallel, bool(self.fp8))
+        self.compile = resolve_compile(config.model.compile, device, bool(self.fp8))
         log0(f"attention {attention} ({why}), compile {self.compile}"
              + (f", FP8 {self.fp8} (Transformer Engine's linear layers)" if self.fp8 else ""))
         self.shape, hf_config, generation = model_of(config)
@@ -65,8 +64,9 @@ class Trainer:
         tokenizer.check_embedding(self.shape.vocab_size, config.model.hf_model or self.shape.name)
         self.pad = tokenizer.pad
         self.core = self._build_model()
-        self.params = [p for p in self.core.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.core, config.optim)
+        self.model = data_parallel(self.core, self.layout, device, config.parallel)
+        self.optimizer = (DistributedAdamW(self.model, config.optim) if config.parallel.distributed_optimizer
+                          else AdamW(self.core, config.optim))
         self.schedule = Schedule.of(config.optim, config.train_iters)
         export = HFExport(self.shape, hf_config, config_dtype(hf_config),
                           directory_of(tokenizer.identity) if config.checkpoint.save_hf else None, generation)
@@ -74,7 +74,6 @@ class Trainer:
                                          tokenizer=tokenizer.identity, seq_length=config.seq_length,
                                          global_batch_size=self.layout.global_batch)
         self.iteration, self.consumed = self.checkpointer.load()
-        self.model = self._data_parallel(self.core)
         self.batches = self._loader(self.train_ds, self.consumed)
         self.metrics = Metrics(config.log, device, self.layout, self.shape.train_flops_per_token(config.seq_length),
                                config.train_iters, run_config=dataclasses.asdict(config))
@@ -94,7 +93,7 @@ class Trainer:
                     self.evaluate()
             stop = config.exit_after is not None and self.iteration >= config.exit_after
             if self.checkpointer.due(self.iteration, last=stop or self.iteration == config.train_iters):
-                with self.metrics.paused():
+                with self.metrics.paused(), whole_parameters(self.model):
                     self.checkpointer.save(self.iteration, self.consumed, last=self.iteration == config.train_iters)
             if stop:
                 break
@@ -107,7 +106,7 @@ class Trainer:
         data_seconds = time.perf_counter() - started
         loss = self._forward_backward(micro)
         lr = self.schedule(self.iteration)
-        grad_norm = optimizer_step(self.optimizer, self.params, lr, self.config.optim.clip_grad)
+        grad_norm = self.optimizer.step(lr)
         return StepStats(loss=loss, tokens=sum(mb["tokens"].numel() for mb in micro),
                          real_tokens=sum(int((mb["tokens"] != self.pad).sum()) for mb in micro),
                          data_seconds=data_seconds, lr=lr, grad_norm=grad_norm)
@@ -115,13 +114,18 @@ class Trainer:
     def _forward_backward(self, micro: list[dict]) -> torch.Tensor:
         """Gradients of the global batch's mean masked loss; → [Σ loss × mask, Σ mask] here."""
         masks = [mb["loss_mask"].to(self.device, non_blocking=True) for mb in micro]
+        if isinstance(self.model, MegatronDDP):
+            # megatron-core's DDP sums over DP, and its finalize_model_grads (which the schedule
+            # calls) divides by the step's trained tokens, summed over every rank.
+            self.model.zero_grad_buffer()
+            return forward_backward(self.model, micro, masks, torch.ones((), device=self.device), self.spec)
         trained = torch.stack([m.sum() for m in masks]).sum()
         dist.all_reduce(trained, group=parallel_state.get_data_parallel_group())
         scale = self.layout.dp / trained.clamp(min=1)  # DDP averages over DP: undo that, divide by the global count
         # Gradients are all-reduced over DP once per step, with the last micro-batch's backward
-        # (the schedule holds DDP's no_sync until then: `_data_parallel`).
+        # (the schedule holds DDP's no_sync until then: `distributed.data_parallel`).
         total = forward_backward(self.model, micro, masks, scale, self.spec)
-        reduce_grads(self.core, self.params, under_ddp=self.model is not self.core)
+        reduce_grads(self.core, self.optimizer.params, under_ddp=self.model is not self.core)
         return total
 
     def evaluate(self) -> Optional[float]:
@@ -143,23 +147,15 @@ class Trainer:
         torch.manual_seed(seed)  # the same weights on every rank and under every TP layout
         if self.device.type == "cuda":
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        core = build_model(self.shape, attention=self.spec.attention, tensor_parallel=model.tp,
-                           sequence_parallel=model.sequence_parallel, recompute=model.recompute,
+        parallel = self.config.parallel
+        core = build_model(self.shape, attention=self.spec.attention, tensor_parallel=parallel.tp,
+                           sequence_parallel=parallel.sequence_parallel,
+                           recompute=model.recompute, recompute_modules=model.recompute_modules.split(","),
                            max_sequence_length=self.config.seq_length, initialize=model.hf_model is None,
                            compile=self.compile, seed=seed, fp8=self.fp8)
         if model.hf_model:
             load_hf_weights(core, model.hf_model, self.shape)
         return core.to(self.device)
-
-    def _data_parallel(self, core: torch.nn.Module) -> torch.nn.Module:
-        """torch DDP (gradient reduction overlapping backward) without pipeline stages; with them,
-        `distributed.average_data_parallel_grads` after the schedule."""
-        if self.layout.dp == 1 or self.layout.pp > 1:
-            return core
-        model = DistributedDataParallel(core, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                        process_group=parallel_state.get_data_parallel_group())
-        core.config.no_sync_func = model.no_sync  # megatron-core's schedules hold gradient sync with it
-        return model
 
     def _loader(self, dataset, consumed: int):
         return make_loader(dataset, consumed, self.config.micro_batch_size, self.config.data.num_workers, self.device)
@@ -168,23 +164,23 @@ class Trainer:
         c, lay, spec, cuda = self.config, self.layout, self.spec, self.device.type == "cuda"
         log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, "
              f"cross-entropy {c.model.cross_entropy}, "
-             f"TP {lay.tp}{' (sequence parallel)' if c.model.sequence_parallel else ''} × PP {lay.pp} × DP {lay.dp}, "
+             f"TP {lay.tp}{' (sequence parallel)' if c.parallel.sequence_parallel else ''} × PP {lay.pp} × DP {lay.dp}, "
              f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "
              f"{'bf16 autocast' if spec.autocast else 'float32'}")
+        optimizer = "distributed over DP" if c.parallel.distributed_optimizer else "whole on each DP rank"
+        log0(f"optimizer AdamW, {optimizer}: {self.optimizer.state_bytes() / 2**30:.3f} GiB of state a GPU"
+             + (f", recompute {c.model.recompute}" + (f" ({c.model.recompute_modules})"
+                                                      if c.model.recompute == "selective" else "")
+                if c.model.recompute else ""))
 
 
-def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, fp8: bool = False) -> str:
-    """--compile auto: each layer compiled on CUDA, nothing on the CPU. Under sequence parallelism
-    only the SwiGLU: a compiled layer lost most of its gradient through megatron-core's
-    sequence-parallel linears (2 × H200: gradient norm 0.65 against 15.6 at step 1, loss stuck),
-    so that combination is refused. Under FP8 only the SwiGLU too: dynamo fails on Transformer
-    Engine's FP8 weights inside a compiled layer (torch 2.11, TE 2.20: "'Float8Tensor' object has no
-    attribute '_data'")."""
-    if asked == "layers" and sequence_parallel:
-        raise ValueError("--compile layers with --sequence-parallel gives wrong gradients (megatron-core's "
-                         "sequence-parallel linears inside a compiled layer): use --compile swiglu or auto")
+def resolve_compile(asked: str, device: torch.device, fp8: bool = False) -> str:
+    """--compile auto: each layer compiled on CUDA, nothing on the CPU (under sequence parallelism
+    the linears stay out of the graph: model.EagerColumnParallelLinear). Under FP8 only the SwiGLU:
+    dynamo fails on Transformer Engine's FP8 weights inside a compiled layer (torch 2.11, TE 2.20:
+    "'Float8Tensor' object has no attribute '_data'")."""
     if asked == "layers" and fp8:
         raise ValueError("--compile layers with --fp8 fails in torch.compile (Transformer Engine's FP8 weights "
                          "inside a compiled layer): use --compile swiglu or auto")
@@ -192,7 +188,7 @@ def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, f
         return asked
     if device.type != "cuda":
         return "none"
-    return "swiglu" if sequence_parallel or fp8 else "layers"
+    return "swiglu" if fp8 else "layers"
 
 
 def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
@@ -214,7 +210,7 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 
 
 def train(config: TrainConfig) -> int:
-    with megatron_on_cpu(), distributed(config.model.tp, config.model.pp) as device:
+    with megatron_on_cpu(), recompute_as_forward_ran(), distributed(config.parallel.tp, config.parallel.pp) as device:
         Trainer(config, device).run()
     return 0
 

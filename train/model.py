@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.tensor_parallel.layers import RowParallelLinear
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
@@ -114,8 +114,8 @@ def architecture(preset: ModelShape) -> dict:
 
 
 def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                       sequence_parallel: bool = False, recompute: bool = False,
-                       initialize: bool = True, fuse_swiglu: bool = False,
+                       sequence_parallel: bool = False, recompute: str | None = None,
+                       recompute_modules: tuple[str, ...] = ("mlp",), initialize: bool = True, fuse_swiglu: bool = False,
                        fp8: str | None = None) -> TransformerConfig:
     """megatron-core's TransformerConfig for `preset` (attention already resolved).
 
@@ -158,9 +158,10 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         pipeline_dtype=torch.float32,
         calculate_per_token_loss=True,
         sequence_parallel=sequence_parallel,
-        recompute_granularity="full" if recompute else None,
-        recompute_method="uniform" if recompute else None,
-        recompute_num_layers=1 if recompute else None,
+        recompute_granularity=recompute,
+        recompute_method="uniform" if recompute == "full" else None,
+        recompute_num_layers=1 if recompute == "full" else None,
+        recompute_modules=list(recompute_modules) if recompute == "selective" else None,
         use_cpu_initialization=initialize,
         params_dtype=torch.float32,
         transformer_impl="local",
@@ -182,6 +183,28 @@ class GroupedRowParallelLinear(RowParallelLinear):
         if kwargs.get("tp_group") is None:
             kwargs["tp_group"] = self.tp_group
         return super()._forward_impl(input, weight, *args, **kwargs)
+
+
+class EagerColumnParallelLinear(ColumnParallelLinear):
+    """megatron-core's ColumnParallelLinear with its matmul outside torch.compile. Under sequence
+    parallelism that matmul all-gathers its input (and reduce-scatters the input's gradient) inside
+    one autograd function, and a compiled layer got its gradients wrong (2 × H200: gradient norm
+    0.65 against 15.6 at step 1, loss stuck); left out of the graph, it runs as megatron-core
+    wrote it, and the norms, rotary embedding, SwiGLU and residual adds between the linears still
+    compile."""
+
+    @torch.compiler.disable
+    def _forward_impl(self, *args, **kwargs):
+        return super()._forward_impl(*args, **kwargs)
+
+
+class EagerRowParallelLinear(GroupedRowParallelLinear):
+    """GroupedRowParallelLinear with its matmul (and its reduce-scatter under sequence
+    parallelism) outside torch.compile, as EagerColumnParallelLinear's."""
+
+    @torch.compiler.disable
+    def _forward_impl(self, *args, **kwargs):
+        return super()._forward_impl(*args, **kwargs)
 
 
 def layer_offset(num_layers: int) -> int:
@@ -247,6 +270,9 @@ def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_paral
         from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
         attention_parts.linear_qkv = mlp_parts.linear_fc1 = TEColumnParallelLinear
         attention_parts.linear_proj = mlp_parts.linear_fc2 = TERowParallelLinear
+    if sequence_parallel and not fp8:
+        attention_parts.linear_qkv = mlp_parts.linear_fc1 = EagerColumnParallelLinear
+        attention_parts.linear_proj = mlp_parts.linear_fc2 = EagerRowParallelLinear
     if sequence_parallel:
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
         if preset.qk_norm:
@@ -266,8 +292,9 @@ def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel:
 
 
 def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel: int = 1,
-                sequence_parallel: bool = False, recompute: bool = False,
-                max_sequence_length: int | None = None, initialize: bool = True, compile: str = "none",
+                sequence_parallel: bool = False, recompute: str | None = None,
+                recompute_modules: tuple[str, ...] = ("mlp",), max_sequence_length: int | None = None,
+                initialize: bool = True, compile: str = "none",
                 seed: int = 0, fp8: str | None = None) -> GPTModel:
     """This rank's GPTModel (its pipeline stage's layers), on the CPU, float32 (move it with `.to(device)`).
 
@@ -283,7 +310,8 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
         raise ValueError("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more")
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
                                 pipeline_parallel=parallel_state.get_pipeline_model_parallel_world_size(),
-                                sequence_parallel=sequence_parallel, recompute=recompute, initialize=initialize,
+                                sequence_parallel=sequence_parallel, recompute=recompute,
+                                recompute_modules=tuple(recompute_modules), initialize=initialize,
                                 fuse_swiglu=compile != "none", fp8=fp8)
     model = GPTModel(
         config=config,

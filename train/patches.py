@@ -1,4 +1,5 @@
-"""Scoped stand-ins for what megatron-core assumes of a run: CUDA, and a process group.
+"""Scoped stand-ins for what megatron-core assumes of a run: CUDA, a process group, and weights
+in the dtype they run in.
 
 Each is a context manager that restores what it replaced on exit, so nothing outside the
 `with` block (another test, a later GPU run in the same process) sees a patched library.
@@ -7,7 +8,8 @@ Each is a context manager that restores what it replaced on exit, so nothing out
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import functools
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -47,7 +49,8 @@ def megatron_on_cpu() -> Iterator[None]:
 
     megatron-core asks `torch.cuda.current_device()` for the device of RoPE's inverse frequencies,
     of its global memory buffer and of pipeline messages, forks the CUDA RNG tracker around
-    dropout, and dist_checkpointing synchronises CUDA before writing: inside the block these point
+    dropout and keeps the CUDA generator's state for activation recompute, and dist_checkpointing
+    synchronises CUDA before writing: inside the block these point
     at the CPU or do nothing.
     """
     if torch.cuda.is_available():
@@ -65,6 +68,9 @@ def megatron_on_cpu() -> Iterator[None]:
         stack.enter_context(_replaced(schedules, "torch", _TorchOnCpu()))
         stack.enter_context(_replaced(tensor_parallel.get_cuda_rng_tracker(), "fork",
                                       lambda *args, **kwargs: contextlib.nullcontext()))
+        # Activation recompute saves and restores the CUDA generator's state around the forward.
+        stack.enter_context(_replaced(tensor_parallel.random, "_get_cuda_rng_state", lambda *args, **kwargs: None))
+        stack.enter_context(_replaced(tensor_parallel.random, "_set_cuda_rng_state", lambda *args, **kwargs: None))
         yield
 
 
@@ -77,4 +83,42 @@ def single_process_rank() -> Iterator[None]:
         yield
         return
     with _replaced(dist, "get_rank", lambda group=None: 0):
+        yield
+
+
+def _as_forward_ran(function: Callable, autocast: tuple | None, arguments: tuple, *tensors):
+    """`function` on `arguments`, the tensors among them replaced by `tensors`, under `autocast`
+    ((device type, dtype), or None)."""
+    given = iter(tensors)
+    arguments = [next(given) if _saveable(a) else a for a in arguments]
+    with torch.autocast(*autocast) if autocast else contextlib.nullcontext():
+        return function(*arguments)
+
+
+def _saveable(argument) -> bool:
+    return argument is None or isinstance(argument, torch.Tensor)
+
+
+@contextlib.contextmanager
+def recompute_as_forward_ran() -> Iterator[None]:
+    """megatron-core's activation recompute (`tensor_parallel.checkpoint`: --recompute full, and
+    selective's modules), as the trainer's forward runs:
+      - the recompute runs during backward, on autograd's thread, where the forward's autocast is
+        not in force: with float32 weights under bf16 autocast, as the trainer keeps them, it would
+        recompute in float32. Inside the block it runs under the autocast its forward ran under.
+        (megatron-core's own runs keep bf16 weights and no autocast.)
+      - it keeps its arguments with save_for_backward, which takes tensors only: the others (the
+        document mask of packed rows) are bound into the function instead."""
+    from megatron.core import tensor_parallel
+
+    original = tensor_parallel.checkpoint
+
+    def checkpoint(function, distribute_saved_activations, *args):
+        autocast = next(((device, torch.get_autocast_dtype(device)) for device in ("cuda", "cpu")
+                         if torch.is_autocast_enabled(device)), None)
+        tensors = [a for a in args if _saveable(a)]
+        return original(functools.partial(_as_forward_ran, function, autocast, args),
+                        distribute_saved_activations, *tensors)
+
+    with _replaced(tensor_parallel, "checkpoint", checkpoint):
         yield

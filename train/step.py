@@ -15,9 +15,9 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from torch.nn.parallel import DistributedDataParallel
 
 from .attention import document_mask, thd_mask
+from .distributed import unwrapped
 from .loss import linear_cross_entropy
 
 
@@ -65,7 +65,7 @@ def masked_loss(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) ->
     if spec.cross_entropy == "megatron":
         return (forward(model, batch, spec) * weights).sum()
     hidden = decoder_output(model, batch, spec)
-    core = _core(model)
+    core = unwrapped(model)
     weight = core.shared_embedding_or_output_weight() if core.share_embeddings_and_output_weights \
         else core.output_layer.weight
     return linear_cross_entropy(hidden, weight, batch["labels"].to(spec.device, non_blocking=True), weights,
@@ -76,12 +76,8 @@ def masked_loss(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) ->
 def decoder_output(model, batch: dict, spec: ForwardSpec) -> torch.Tensor:
     """The decoder's output [s, b, h] for `batch`: the model run without its output layer."""
     autocast = torch.autocast(spec.device.type, dtype=torch.bfloat16, enabled=spec.autocast)
-    with autocast, decoder_output_only(_core(model)):
+    with autocast, decoder_output_only(unwrapped(model)):
         return model(*_inputs(batch, spec))
-
-
-def _core(model):
-    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def stage_output(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) -> torch.Tensor:

@@ -1,0 +1,144 @@
+"""scale.json and its table from what `bench/gpu.sh scale` leaves in a folder.
+
+    python3 bench/scale_report.py bench/results/gpu/scale-h100x2   # → .../scale.json, a table on stdout
+    python3 bench/scale_report.py --same-weights HF_A HF_B          # exit 1 unless two HF folders hold equal tensors
+
+Each run is a scale-NAME.jsonl (the trainer's --log-json) and scale-NAME.log (the command line first).
+Rates are steady state (intervals after iteration 10, as bench/gpu_table.py; a run of fewer steps: after
+iteration 1) per GPU; memory the peak of the run on rank 0. distributed_optimizer: dp2-distopt's losses
+against dp2-plain's, step by step; checkpoint: ckpt-a/b/c (saved at DP=2, resumed at DP=1, then at DP=2)
+against ckpt-ref uninterrupted; sequence_parallel_compiled: sp-layers against sp-swiglu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shlex
+import sys
+
+from gpu_table import WARM
+
+
+def option(argv: list[str], flag: str, default=None):
+    where = [i for i, word in enumerate(argv) if word == flag]
+    return argv[where[-1] + 1] if where else default
+
+
+def records(folder: str, name: str) -> list[dict]:
+    path = os.path.join(folder, f"scale-{name}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if "loss" in r]
+
+
+def run(folder: str, name: str) -> dict:
+    text = open(os.path.join(folder, f"scale-{name}.log")).read()
+    argv = shlex.split(text.splitlines()[0].lstrip("$ "))
+    rows = records(folder, name)
+    nproc = int(option(argv, "--nproc-per-node", 1))
+    tp, pp = int(option(argv, "--tp", 1)), int(option(argv, "--pp", 1))
+    warm = WARM if rows and rows[-1]["iteration"] > WARM else 1
+    seconds = tokens = 0.0
+    mfu_per_token, previous = None, 0
+    for r in rows:
+        if previous >= warm:
+            elapsed = r["step_ms"] * (r["iteration"] - previous) / 1000
+            seconds += elapsed
+            tokens += r["tokens_per_s"] * elapsed
+            mfu_per_token = r["mfu"] / r["tokens_per_s"] if "mfu" in r else None
+        previous = r["iteration"]
+    rate = tokens / seconds if seconds else None
+    state = re.search(r"([\d.]+) GiB of state a GPU", text)
+    return {
+        "name": name, "model": option(argv, "--model", "tiny"), "tp": tp, "pp": pp, "dp": nproc // (tp * pp), "cp": 1,
+        "distributed_optimizer": "--distributed-optimizer" in argv,
+        "recompute": option(argv, "--recompute"),
+        "sequence_parallel": "--sequence-parallel" in argv,
+        "compile": option(argv, "--compile", "auto"),
+        "seq_length": int(option(argv, "--seq-length", 4096)),
+        "steps": previous,
+        "tokens_per_s_per_gpu": round(rate / nproc, 1) if rate else None,
+        "mfu": round(rate * mfu_per_token, 4) if rate and mfu_per_token else None,
+        "max_memory_gib": round(max(r.get("max_memory_gib", 0) for r in rows), 2) if rows else None,
+        "optimizer_state_gib": float(state.group(1)) if state else None,
+        "loss_at_end": round(rows[-1]["loss"], 4) if rows else None,
+        "error": None if rows and "exit status 0" in text else text.strip().splitlines()[-1][-300:],
+    }
+
+
+def max_rel_diff(mine: list[dict], reference: list[dict]) -> tuple[float | None, int]:
+    """Largest |loss - reference| / reference over the iterations both logged; → (it, how many)."""
+    theirs = {r["iteration"]: r["loss"] for r in reference}
+    diffs = [abs(r["loss"] - theirs[r["iteration"]]) / theirs[r["iteration"]] for r in mine if r["iteration"] in theirs]
+    return (round(max(diffs), 6) if diffs else None), len(diffs)
+
+
+def report(folder: str) -> dict:
+    names = sorted(os.path.basename(p).removeprefix("scale-").removesuffix(".log")
+                   for p in glob.glob(os.path.join(folder, "scale-*.log")))
+    runs = [run(folder, n) for n in names if os.path.exists(os.path.join(folder, f"scale-{n}.jsonl"))]
+    device = open(os.path.join(folder, "scale_device.txt")).read().strip() \
+        if os.path.exists(os.path.join(folder, "scale_device.txt")) else None
+    diff, steps = max_rel_diff(records(folder, "dp2-distopt"), records(folder, "dp2-plain"))
+    resumed = records(folder, "ckpt-b") + records(folder, "ckpt-c")
+    ck_diff, ck_steps = max_rel_diff(resumed, records(folder, "ckpt-ref"))
+    sp_diff, sp_steps = max_rel_diff(records(folder, "sp-layers"), records(folder, "sp-swiglu"))
+    exact = os.path.join(folder, "scale-hf-exact.log")
+    return {
+        "device": device,
+        "runs": runs,
+        "distributed_optimizer": {"max_rel_loss_diff": diff, "steps": steps},
+        "checkpoint_dp2_dp1_dp2": {"resumed_iterations": [r["iteration"] for r in resumed],
+                                   "max_rel_loss_diff": ck_diff, "steps": ck_steps,
+                                   "save_hf_exact": ("same weights" in open(exact).read()) if os.path.exists(exact)
+                                   else None},
+        "sequence_parallel_compiled": {"max_rel_loss_diff": sp_diff, "steps": sp_steps},
+        "context_parallel": None,
+    }
+
+
+def table(result: dict) -> str:
+    head = ["name", "model", "tp", "dp", "distributed_optimizer", "recompute", "compile",
+            "tokens_per_s_per_gpu", "mfu", "max_memory_gib", "optimizer_state_gib", "loss_at_end"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in result["runs"]]
+    rest = {k: v for k, v in result.items() if k not in ("runs", "device")}
+    return "\n".join([str(result["device"]), *lines, json.dumps(rest, indent=1)])
+
+
+def same_weights(a: str, b: str) -> bool:
+    from safetensors.torch import load_file
+
+    def tensors(folder):
+        out = {}
+        for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+            out.update(load_file(path))
+        return out
+    x, y = tensors(a), tensors(b)
+    differ = [k for k in x if k not in y or not x[k].equal(y[k])]
+    print(f"{len(x)} tensors in {a}, {len(y)} in {b}: " + ("same weights" if not differ and x.keys() == y.keys()
+                                                         else f"differ: {differ[:5]}"))
+    return not differ and x.keys() == y.keys()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", nargs="?")
+    p.add_argument("--same-weights", nargs=2, metavar=("HF_A", "HF_B"))
+    args = p.parse_args()
+    if args.same_weights:
+        return 0 if same_weights(*args.same_weights) else 1
+    result = report(args.folder)
+    with open(os.path.join(args.folder, "scale.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
