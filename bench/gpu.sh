@@ -195,7 +195,7 @@ scale)
   # Qwen2.5-7B shape at TP=2 with sequence parallelism (random init), seq 4096; 3b-one: Qwen2.5-3B on one GPU.
   D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
   M="--model qwen2.5-0.5b --micro-batch-size 4"
-  C="--model qwen2.5-0.5b --micro-batch-size 1 --compile swiglu --log-interval 1 --train-iters 8 --distributed-optimizer"
+  C="--model qwen2.5-0.5b --micro-batch-size 1 --compile swiglu --log-interval 1 --train-iters 8 --distributed-optimizer --lr 1e-4"
   K=/tmp/scale-ckpt
   SCALE="sp-swiglu:2:10:$M --tp 2 --sequence-parallel --compile swiglu --log-interval 1;\
 sp-layers:2:10:$M --tp 2 --sequence-parallel --compile layers --log-interval 1;\

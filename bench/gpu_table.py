@@ -18,6 +18,21 @@ import os
 WARM = 10  # iterations left out of the rates
 
 
+def steady_rate(records: list[dict], warm: int = WARM) -> tuple[float | None, float | None]:
+    """(tokens/s, MFU) of the log intervals after iteration `warm`, each weighted by its time."""
+    seconds = tokens = 0.0
+    mfu_per_token, previous = None, 0
+    for r in records:
+        if previous >= warm:
+            elapsed = r["step_ms"] * (r["iteration"] - previous) / 1000
+            seconds += elapsed
+            tokens += r["tokens_per_s"] * elapsed
+            mfu_per_token = r["mfu"] / r["tokens_per_s"] if "mfu" in r else None
+        previous = r["iteration"]
+    rate = tokens / seconds if seconds else None
+    return rate, (rate * mfu_per_token if rate and mfu_per_token else None)
+
+
 def row(path: str) -> dict:
     with open(path) as f:
         records = [r for r in map(json.loads, f) if "loss" in r]

@@ -1,6 +1,7 @@
 """scale.json and its table from what `bench/gpu.sh scale` leaves in a folder.
 
-    python3 bench/scale_report.py bench/results/gpu/scale-h100x2   # → .../scale.json, a table on stdout
+    python3 bench/scale_report.py bench/results/gpu                 # → bench/results/gpu/scale.json, a table on stdout
+    python3 bench/scale_report.py --out bench/results/gpu/scale.json bench/results/gpu/scale-h200x2
     python3 bench/scale_report.py --same-weights HF_A HF_B          # exit 1 unless two HF folders hold equal tensors
 
 Each run is a scale-NAME.jsonl (the trainer's --log-json) and scale-NAME.log (the command line first).
@@ -20,7 +21,7 @@ import re
 import shlex
 import sys
 
-from gpu_table import WARM
+from gpu_table import WARM, steady_rate
 
 
 def option(argv: list[str], flag: str, default=None):
@@ -43,16 +44,7 @@ def run(folder: str, name: str) -> dict:
     nproc = int(option(argv, "--nproc-per-node", 1))
     tp, pp = int(option(argv, "--tp", 1)), int(option(argv, "--pp", 1))
     warm = WARM if rows and rows[-1]["iteration"] > WARM else 1
-    seconds = tokens = 0.0
-    mfu_per_token, previous = None, 0
-    for r in rows:
-        if previous >= warm:
-            elapsed = r["step_ms"] * (r["iteration"] - previous) / 1000
-            seconds += elapsed
-            tokens += r["tokens_per_s"] * elapsed
-            mfu_per_token = r["mfu"] / r["tokens_per_s"] if "mfu" in r else None
-        previous = r["iteration"]
-    rate = tokens / seconds if seconds else None
+    rate, mfu = steady_rate(rows, warm)
     state = re.search(r"([\d.]+) GiB of state a GPU", text)
     return {
         "name": name, "model": option(argv, "--model", "tiny"), "tp": tp, "pp": pp, "dp": nproc // (tp * pp), "cp": 1,
@@ -61,9 +53,9 @@ def run(folder: str, name: str) -> dict:
         "sequence_parallel": "--sequence-parallel" in argv,
         "compile": option(argv, "--compile", "auto"),
         "seq_length": int(option(argv, "--seq-length", 4096)),
-        "steps": previous,
+        "steps": rows[-1]["iteration"] if rows else 0,
         "tokens_per_s_per_gpu": round(rate / nproc, 1) if rate else None,
-        "mfu": round(rate * mfu_per_token, 4) if rate and mfu_per_token else None,
+        "mfu": round(mfu, 4) if mfu else None,
         "max_memory_gib": round(max(r.get("max_memory_gib", 0) for r in rows), 2) if rows else None,
         "optimizer_state_gib": float(state.group(1)) if state else None,
         "loss_at_end": round(rows[-1]["loss"], 4) if rows else None,
@@ -129,12 +121,13 @@ def same_weights(a: str, b: str) -> bool:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder", nargs="?")
+    p.add_argument("--out", help="where scale.json goes (default: in the folder)")
     p.add_argument("--same-weights", nargs=2, metavar=("HF_A", "HF_B"))
     args = p.parse_args()
     if args.same_weights:
         return 0 if same_weights(*args.same_weights) else 1
     result = report(args.folder)
-    with open(os.path.join(args.folder, "scale.json"), "w") as f:
+    with open(args.out or os.path.join(args.folder, "scale.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(table(result))
     return 0

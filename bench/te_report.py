@@ -22,7 +22,7 @@ import re
 import shlex
 from typing import Optional
 
-from gpu_table import WARM
+from gpu_table import steady_rate
 
 
 def option(argv: list[str], flag: str, default=None):
@@ -38,16 +38,7 @@ def run(jsonl: str) -> dict:
     argv = shlex.split(text.splitlines()[0].lstrip("$ ")) if text else []
     with open(jsonl) as f:
         records = [r for r in map(json.loads, f) if "loss" in r]
-    seconds = tokens = 0.0
-    mfu_per_token, previous = None, 0
-    for r in records:
-        if previous >= WARM:
-            elapsed = r["step_ms"] * (r["iteration"] - previous) / 1000
-            seconds += elapsed
-            tokens += r["tokens_per_s"] * elapsed
-            mfu_per_token = r["mfu"] / r["tokens_per_s"] if "mfu" in r else None
-        previous = r["iteration"]
-    rate = tokens / seconds if seconds else None
+    rate, mfu = steady_rate(records)
     data = option(argv, "--data", "")
     return {
         "name": name,
@@ -55,9 +46,9 @@ def run(jsonl: str) -> dict:
         "attention": option(argv, "--attention", "auto"),
         "fp8": option(argv, "--fp8"),
         "packed": "sft_packed" in data,
-        "steps": previous,
+        "steps": records[-1]["iteration"] if records else 0,
         "tokens_per_s": round(rate, 1) if rate else None,
-        "mfu": round(rate * mfu_per_token, 4) if rate and mfu_per_token else None,
+        "mfu": round(mfu, 4) if mfu else None,
         "max_memory_gib": round(max(r.get("max_memory_gib", 0) for r in records), 2) if records else None,
         "first_step_s": round(records[0]["step_ms"] / 1000, 1) if records else None,
         "loss_at_end": round(records[-1]["loss"], 4) if records else None,

@@ -22,6 +22,7 @@ import sys
 from typing import Optional
 
 import torch
+from megatron.core import tensor_parallel
 
 from qwen_data.text.tokenizer import directory_of, folder_identity
 
@@ -66,7 +67,9 @@ def mcore_to_hf(root: str, out: str, tp: int, tokenizer_dir: Optional[str]) -> N
 
 def convert(args: argparse.Namespace) -> int:
     """One conversion, `args` as `config.convert_parser` parses them."""
-    with megatron_on_cpu(), distributed(args.tp, args.pp), torch.no_grad():
+    with megatron_on_cpu(), distributed(args.tp, args.pp) as device, torch.no_grad():
+        if device.type == "cuda":  # megatron-core's layers draw their initial weights from its CUDA generators
+            tensor_parallel.model_parallel_cuda_manual_seed(0)
         if args.direction == "hf-to-mcore":
             hf_to_mcore(args.hf_model, args.checkpoint, args.tp)
             log0(f"wrote {args.checkpoint} (load it with --load {args.checkpoint})")

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel as MegatronDDP
 from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
-from torch.nn.parallel import DistributedDataParallel
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.parallel import DistributedDataParallel
 
 
 def _free_port() -> int:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel.layers import RowParallelLinear
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
@@ -185,28 +185,6 @@ class GroupedRowParallelLinear(RowParallelLinear):
         return super()._forward_impl(input, weight, *args, **kwargs)
 
 
-class EagerColumnParallelLinear(ColumnParallelLinear):
-    """megatron-core's ColumnParallelLinear with its matmul outside torch.compile. Under sequence
-    parallelism that matmul all-gathers its input (and reduce-scatters the input's gradient) inside
-    one autograd function, and a compiled layer got its gradients wrong (2 × H200: gradient norm
-    0.65 against 15.6 at step 1, loss stuck); left out of the graph, it runs as megatron-core
-    wrote it, and the norms, rotary embedding, SwiGLU and residual adds between the linears still
-    compile."""
-
-    @torch.compiler.disable
-    def _forward_impl(self, *args, **kwargs):
-        return super()._forward_impl(*args, **kwargs)
-
-
-class EagerRowParallelLinear(GroupedRowParallelLinear):
-    """GroupedRowParallelLinear with its matmul (and its reduce-scatter under sequence
-    parallelism) outside torch.compile, as EagerColumnParallelLinear's."""
-
-    @torch.compiler.disable
-    def _forward_impl(self, *args, **kwargs):
-        return super()._forward_impl(*args, **kwargs)
-
-
 def layer_offset(num_layers: int) -> int:
     """How many layers the pipeline stages before this rank's hold (layers split evenly)."""
     stages = parallel_state.get_pipeline_model_parallel_world_size()
@@ -270,9 +248,6 @@ def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_paral
         from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
         attention_parts.linear_qkv = mlp_parts.linear_fc1 = TEColumnParallelLinear
         attention_parts.linear_proj = mlp_parts.linear_fc2 = TERowParallelLinear
-    if sequence_parallel and not fp8:
-        attention_parts.linear_qkv = mlp_parts.linear_fc1 = EagerColumnParallelLinear
-        attention_parts.linear_proj = mlp_parts.linear_fc2 = EagerRowParallelLinear
     if sequence_parallel:
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
         if preset.qk_norm:
