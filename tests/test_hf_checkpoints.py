@@ -1,9 +1,10 @@
 """Hugging Face checkpoints into the train stage and back out, against transformers itself.
 
-Two small random models built by transformers and saved with `save_pretrained`: a Qwen2 (QKV
-bias, tied embeddings, sharded safetensors with an index) and a Qwen3 (QK-norm, head_dim unlike
-hidden / heads, untied). Every parameter is drawn at random (norm weights and biases too), so a
-tensor put in the wrong place cannot go unnoticed.
+Three small random models built by transformers and saved with `save_pretrained`: a Qwen2 (QKV
+bias, tied embeddings, sharded safetensors with an index), a Qwen3 (QK-norm, head_dim unlike
+hidden / heads, untied) and a Qwen3-MoE (8 experts, 2 per token, one tensor set per expert).
+Every parameter is drawn at random (norm weights and biases too), so a tensor put in the wrong
+place cannot go unnoticed.
 """
 
 import glob
@@ -23,14 +24,17 @@ SEQ = ["--seq-length", "256", "--micro-batch-size", "2", "--global-batch-size", 
 
 
 def _hf_model(kind, directory):
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config, Qwen3MoeConfig
     common = dict(vocab_size=151_936, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
     if kind == "qwen2":
         config = Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6)
-    else:
+    elif kind == "qwen3":
         config = Qwen3Config(**common, head_dim=32, tie_word_embeddings=False, rope_theta=5e5)
-    torch.manual_seed(0 if kind == "qwen2" else 1)
+    else:
+        config = Qwen3MoeConfig(**common, head_dim=32, tie_word_embeddings=False, rope_theta=5e5, num_experts=8,
+                                num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    torch.manual_seed({"qwen2": 0, "qwen3": 1, "qwen3_moe": 2}[kind])
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -57,7 +61,7 @@ def assert_same_tensors(a, b):
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
-    folders = {kind: _hf_model(kind, d / kind) for kind in ("qwen2", "qwen3")}
+    folders = {kind: _hf_model(kind, d / kind) for kind in ("qwen2", "qwen3", "qwen3_moe")}
     assert (d / "qwen2" / "model.safetensors.index.json").is_file()  # sharded
     assert not (d / "qwen3" / "model.safetensors.index.json").is_file()  # one file
     rng = random.Random(3)
@@ -75,9 +79,9 @@ def test_logits_equal_transformers_under_tp_1_and_2(hf, tmp_path):
     tokens = [doc[:48] for doc in docs_of(hf["prefix"])[:2]]  # real ids: chat markers, CJK, Cyrillic
     (tmp_path / "tokens.json").write_text(json.dumps(tokens))
     run(torchrun(2) + ["tests/_hf_logits.py", str(tmp_path / "out.json"), str(tmp_path / "tokens.json"),
-                       hf["qwen2"], hf["qwen3"]])
+                       hf["qwen2"], hf["qwen3"], hf["qwen3_moe"]])
     diffs = json.loads((tmp_path / "out.json").read_text())
-    for kind in ("qwen2", "qwen3"):
+    for kind in ("qwen2", "qwen3", "qwen3_moe"):
         assert diffs[hf[kind]]["1"] <= 1e-4 and diffs[hf[kind]]["2"] <= 1e-4, diffs
 
 
@@ -107,6 +111,21 @@ def _transformers_loss(model, hf):
     labels = torch.cat([torch.full((4, 1), -100), trained[:, :-1]], 1)
     with torch.no_grad():
         return model(input_ids=tokens, labels=labels).loss.item()
+
+
+def test_moe_under_tp2_round_trips_bit_identical_from_transformers_first_loss(hf, tmp_path):
+    """Qwen3-MoE: the folder in under TP=2 with sequence parallelism (which megatron-core asks of
+    MoE under TP; each expert split like a dense MLP, the router whole),
+    the first loss transformers' (the load-balancing loss is not part of the logged loss, as
+    transformers leaves it out unless asked for router logits), and every tensor written back."""
+    out = tmp_path / "out"
+    records, stdout = run_train(["--data", hf["blend"], "--hf-model", hf["qwen3_moe"], "--lr", "0", "--save-hf",
+                                 str(out), "--tp", "2", "--sequence-parallel", *SEQ], tmp_path / "log.jsonl", nproc=2)
+    assert "TP 2 (sequence parallel)" in stdout
+    assert_same_tensors(out, hf["qwen3_moe"])
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
 
 
 def test_tp2_training_saves_the_same_tensors(hf, tmp_path):
@@ -176,6 +195,8 @@ def test_a_checkpoint_of_another_model_is_refused(hf, converted):
 @pytest.mark.parametrize("field, value, named", [
     ("model_type", "qwen2_moe", "model_type"),
     ("num_experts", 8, "num_experts"),
+    ("mlp_only_layers", [0], "mlp_only_layers"),
+    ("decoder_sparse_step", 2, "decoder_sparse_step"),
     ("use_sliding_window", True, "use_sliding_window"),
     ("layer_types", ["full_attention", "sliding_attention"], "layer_types"),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling"),
@@ -184,7 +205,7 @@ def test_a_checkpoint_of_another_model_is_refused(hf, converted):
 ])
 def test_unsupported_checkpoints_are_refused_naming_the_field(hf, field, value, named):
     from qwen_data_train.hf.config import UnsupportedCheckpoint, read_config, shape_from_config
-    config = read_config(hf["qwen2"])
+    config = read_config(hf["qwen3_moe" if field in ("mlp_only_layers", "decoder_sparse_step") else "qwen2"])
     shape_from_config(config)  # as saved: supported
     with pytest.raises(UnsupportedCheckpoint, match=named):
         shape_from_config(dict(config, **{field: value}))

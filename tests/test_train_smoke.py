@@ -150,6 +150,19 @@ def test_distributed_optimizer_is_refused_on_the_cpu(prefixes, tmp_path):
         _train(data, tmp_path / "log.jsonl")
 
 
+@pytest.mark.parametrize("blend,seq", [("pretrain_blend.json", "128"), ("sft_blend.json", "256")])
+def test_moe_trains_and_logs_the_tokens_of_each_expert(prefixes, tmp_path, blend, seq):
+    """Qwen3-MoE (8 experts, 2 per token, 2 layers) on pretraining rows and packed SFT rows: each log
+    line counts every token of the global batch twice in each layer."""
+    records, stdout = _train(["--data", str(prefixes / blend), "--train-iters", "2", *TRAIN, "--model",
+                              "tiny-qwen3-moe", "--seq-length", seq], tmp_path / "moe.jsonl")
+    assert "experts max/mean" in stdout
+    for r in records:
+        assert len(r["expert_tokens"]) == 8 and sum(r["expert_tokens"]) == 4 * int(seq) * 2 * 2
+        assert r["expert_load_max"] == max(r["expert_tokens"]) * 8 / sum(r["expert_tokens"])
+    assert records[-1]["loss"] < records[0]["loss"]
+
+
 @pytest.fixture(scope="module")
 def qwen3_run(prefixes, tmp_path_factory):
     data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "3", *TRAIN, "--model", "tiny-qwen3"]
@@ -280,6 +293,14 @@ def test_presets_match_the_real_models():
                 "qwen3-0.6b": 596_049_920, "qwen3-1.7b": 1_720_574_976, "qwen3-8b": 8_190_735_360}
     for name, count in expected.items():
         assert PRESETS[name].parameters() == count, name
+    # Qwen3-MoE, as their model cards give them: total, activated per token, non-embedding.
+    for name, total, active, body in (("qwen3-30b-a3b", 30.5e9, 3.3e9, 29.9e9),
+                                      ("qwen3-235b-a22b", 235e9, 22e9, 234e9)):
+        shape = PRESETS[name]
+        embeddings = 2 * shape.vocab_size * shape.hidden_size
+        assert round(shape.parameters() / total, 2) == 1.0, name
+        assert round((shape.matmul_params() + shape.vocab_size * shape.hidden_size) / active, 1) == 1.0, name
+        assert round((shape.parameters() - embeddings) / body, 2) == 1.0, name
 
 
 def test_config_is_built_once_from_the_command_line():

@@ -128,7 +128,10 @@ class Checkpointer:
             if common.get("model_name") != self.export.shape.name:
                 raise ValueError(f"{path} holds a {common.get('model_name')} model, not {self.export.shape.name}")
             return
-        differ = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+        # A field added since the checkpoint was saved has its default there (MoE fields: a dense model).
+        defaults = {f.name: f.default for f in dataclasses.fields(ModelShape)}
+        theirs = {k: theirs.get(k, defaults.get(k)) for k in ours}
+        differ = {k: (theirs[k], v) for k, v in ours.items() if theirs[k] != v}
         if differ:
             shown = ", ".join(f"{k} {a} (checkpoint) vs {b}" for k, (a, b) in differ.items())
             raise ValueError(f"{path} holds another model: {shown}")

@@ -93,8 +93,8 @@ class ModelConfig(Section):
              "gives the model)")
     hf_model: Optional[str] = option(
         "--hf-model", metavar="DIR",
-        help="start from this Hugging Face Qwen2/2.5/3 dense checkpoint folder (its config.json gives the shape; "
-             "none: see --model)")
+        help="start from this Hugging Face Qwen2/2.5/3 or Qwen3-MoE checkpoint folder (its config.json gives the "
+             "shape; none: see --model)")
     # attention and compile as asked ("auto" included); the trainer resolves them.
     attention: str = option("--attention", default="auto", choices=ATTENTION_CHOICES,
                             help="core attention: te (Transformer Engine), sdpa (PyTorch), local (megatron-core's "
@@ -301,7 +301,7 @@ def convert_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="direction", required=True)
     a = sub.add_parser("hf-to-mcore", help="a Hugging Face Qwen folder → a checkpoint for --load",
                        formatter_class=DefaultsHelpFormatter)
-    a.add_argument("hf_model", metavar="HF_DIR", help="a Hugging Face Qwen2/2.5/3 dense checkpoint folder")
+    a.add_argument("hf_model", metavar="HF_DIR", help="a Hugging Face Qwen2/2.5/3 or Qwen3-MoE checkpoint folder")
     a.add_argument("checkpoint", metavar="CKPT", help="the checkpoint directory to write")
     b = sub.add_parser("mcore-to-hf", help="a checkpoint's latest iteration → a Hugging Face folder",
                        formatter_class=DefaultsHelpFormatter)

@@ -35,10 +35,10 @@ from .distributed import MegatronDDP, ParallelLayout, data_parallel, distributed
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, make_loader
-from .metrics import Metrics, StepStats, Summary
+from .metrics import ExpertLoad, Metrics, StepStats, Summary
 from .model import build_model, resolve_attention, resolve_fp8
 from .optimizer import AdamW, DistributedAdamW, Schedule
-from .patches import megatron_on_cpu, recompute_as_forward_ran
+from .patches import megatron_on_cpu, moe_router_without_transformer_engine, recompute_as_forward_ran
 from .shapes import PRESETS, ModelShape
 from .step import ForwardSpec, evaluate, forward_backward
 
@@ -54,12 +54,17 @@ class Trainer:
         attention, why = resolve_attention(config.model.attention, cuda=cuda, fp32=config.fp32)
         self.spec = ForwardSpec(attention, device, autocast=cuda and not config.fp32,
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length)
+        self.shape, hf_config, generation = model_of(config)
         self.fp8 = resolve_fp8(config.model.fp8, cuda=cuda, fp32=config.fp32)
+        if self.fp8 and self.shape.moe:
+            raise ValueError("--fp8 with a mixture-of-experts model is not built: train it in bf16 (no --fp8)")
+        if self.shape.moe and config.parallel.tp > 1 and not config.parallel.sequence_parallel:
+            raise ValueError("a mixture-of-experts model under --tp trains with --sequence-parallel (megatron-core "
+                             "refuses it without): add --sequence-parallel")
         self.compile = resolve_compile(config.model.compile, device, config.parallel.sequence_parallel,
-                                       bool(self.fp8))
+                                       bool(self.fp8), self.shape.moe)
         log0(f"attention {attention} ({why}), compile {self.compile}"
              + (f", FP8 {self.fp8} (Transformer Engine's linear layers)" if self.fp8 else ""))
-        self.shape, hf_config, generation = model_of(config)
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
         tokenizer = self.train_ds.config.tokenizer
         tokenizer.check_embedding(self.shape.vocab_size, config.model.hf_model or self.shape.name)
@@ -77,7 +82,9 @@ class Trainer:
         self.iteration, self.consumed = self.checkpointer.load()
         self.batches = self._loader(self.train_ds, self.consumed)
         self.metrics = Metrics(config.log, device, self.layout, self.shape.train_flops_per_token(config.seq_length),
-                               config.train_iters, run_config=dataclasses.asdict(config))
+                               config.train_iters, run_config=dataclasses.asdict(config),
+                               expert_load=ExpertLoad(self.core, self.shape.num_experts, device) if self.shape.moe
+                               else None)
         self._announce()
 
     def run(self) -> Summary:
@@ -177,13 +184,16 @@ class Trainer:
                 if c.model.recompute else ""))
 
 
-def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, fp8: bool = False) -> str:
+def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, fp8: bool = False,
+                    moe: bool = False) -> str:
     """--compile auto: each layer compiled on CUDA, nothing on the CPU. Under sequence parallelism
     only the SwiGLU: a compiled layer lost most of its gradient there (2 × H200: gradient norm 0.65
     against 15.6 at step 1, loss stuck), also with megatron-core's sequence-parallel linears kept
-    out of the graph (loss 11.97 against 10.52 after 10 steps), so that combination is refused. Under FP8 only the SwiGLU too: dynamo fails on Transformer
-    Engine's FP8 weights inside a compiled layer (torch 2.11, TE 2.20: "'Float8Tensor' object has no
-    attribute '_data'")."""
+    out of the graph (loss 11.97 against 10.52 after 10 steps), so that combination is refused.
+    Under FP8 only the SwiGLU too: dynamo fails on Transformer Engine's FP8 weights inside a
+    compiled layer (torch 2.11, TE 2.20: "'Float8Tensor' object has no attribute '_data'").
+    A mixture-of-experts layer routes a different number of tokens to each
+    expert every micro-batch: only the SwiGLU there too (compiled layers not measured yet)."""
     if asked == "layers" and sequence_parallel:
         raise ValueError("--compile layers with --sequence-parallel gives wrong gradients: use --compile swiglu or "
                          "auto")
@@ -194,7 +204,7 @@ def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, f
         return asked
     if device.type != "cuda":
         return "none"
-    return "swiglu" if sequence_parallel or fp8 else "layers"
+    return "swiglu" if sequence_parallel or fp8 or moe else "layers"
 
 
 def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
@@ -216,7 +226,8 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 
 
 def train(config: TrainConfig) -> int:
-    with megatron_on_cpu(), recompute_as_forward_ran(), distributed(config.parallel.tp, config.parallel.pp) as device:
+    with (megatron_on_cpu(), recompute_as_forward_ran(), moe_router_without_transformer_engine(),
+          distributed(config.parallel.tp, config.parallel.pp) as device):
         Trainer(config, device).run()
     return 0
 

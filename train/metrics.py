@@ -101,6 +101,10 @@ class StepRecord:
     consumed_samples: int
     mfu: Optional[float] = None
     max_memory_gib: Optional[float] = None
+    # Mixture of experts: the busiest expert's tokens over the mean (1 = balanced), and the tokens
+    # each expert received in the interval, all layers and ranks together.
+    expert_load_max: Optional[float] = None
+    expert_tokens: Optional[list[int]] = None
 
     def as_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -114,6 +118,8 @@ class StepRecord:
         parts.append(f"data {100 * self.data_share:.2f}%")
         if self.max_memory_gib is not None:
             parts.append(f"mem {self.max_memory_gib:.1f} GiB")
+        if self.expert_load_max is not None:
+            parts.append(f"experts max/mean {self.expert_load_max:.2f}")
         return " | ".join(parts)
 
 
@@ -156,11 +162,39 @@ class _Totals:
         self.seconds += seconds
 
 
+class ExpertLoad:
+    """The tokens each expert of a mixture-of-experts model is routed in training, counted from
+    megatron-core's routers (their routing map) over all layers; `take` sums them over every rank
+    (sequence, data and expert parallel ranks route different tokens; pipeline stages, different
+    layers) and starts again."""
+
+    def __init__(self, model: torch.nn.Module, num_experts: int, device: torch.device) -> None:
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+        for module in model.modules():
+            if isinstance(module, TopKRouter):
+                module.register_forward_hook(self._count)
+
+    def _count(self, router, inputs, output) -> None:
+        if router.training:
+            _, routing_map = output
+            self.counts += routing_map.sum(0)
+
+    def take(self) -> list[int]:
+        counts = self.counts.clone()
+        dist.all_reduce(counts)
+        self.counts.zero_()
+        return counts.tolist()
+
+
 class Metrics:
     """The run's records: steps are added, every `log_interval` iterations an interval is closed."""
 
     def __init__(self, config: LogConfig, device: torch.device, layout: ParallelLayout, flops_per_token: float,
-                 total_iters: int, run_config: Optional[dict] = None) -> None:
+                 total_iters: int, run_config: Optional[dict] = None,
+                 expert_load: Optional[ExpertLoad] = None) -> None:
+        self.expert_load = expert_load
         self.device, self.layout, self.flops_per_token, self.total_iters = device, layout, flops_per_token, total_iters
         self.log_interval, self.json_path = config.log_interval, config.log_json
         self.peak = peak_flops(device, config.peak_tflops)
@@ -208,7 +242,8 @@ class Metrics:
         self.history.append(record)
         log0(record.line(self.total_iters))
         self._json(record.as_dict())
-        self.sinks.scalars(iteration, {f"train/{k}": v for k, v in record.as_dict().items() if k != "iteration"})
+        self.sinks.scalars(iteration, {f"train/{k}": v for k, v in record.as_dict().items()
+                                       if k not in ("iteration", "expert_tokens")})
         self.restart_clock()
         return record
 
@@ -228,6 +263,7 @@ class Metrics:
     def _record(self, iteration: int, consumed_samples: int, loss: torch.Tensor, elapsed: float) -> StepRecord:
         w, dp = self.window, self.layout.dp
         cuda = self.device.type == "cuda"
+        experts = self.expert_load.take() if self.expert_load else None
         return StepRecord(
             iteration=iteration, loss=(loss[0] / loss[1]).item() if loss[1] > 0 else math.nan,
             lr=w.last.lr, grad_norm=w.last.grad_norm.item(), step_ms=1000 * elapsed / w.steps,
@@ -235,6 +271,8 @@ class Metrics:
             data_share=w.data_seconds / elapsed, consumed_samples=consumed_samples,
             mfu=self._mfu(w.tokens * dp, elapsed),
             max_memory_gib=torch.cuda.max_memory_allocated(self.device) / 2**30 if cuda else None,
+            expert_load_max=max(experts) * len(experts) / max(1, sum(experts)) if experts else None,
+            expert_tokens=experts,
         )
 
     def _mfu(self, tokens: int, seconds: float) -> Optional[float]:

@@ -110,12 +110,41 @@ def architecture(preset: ModelShape) -> dict:
         add_bias_linear=False,
         add_qkv_bias=preset.qkv_bias,
         qk_layernorm=preset.qk_norm,
+        **(experts(preset) if preset.moe else {}),
+    )
+
+
+def experts(preset: ModelShape) -> dict:
+    """The mixture of experts of `preset` in TransformerConfig's fields, computing what
+    transformers' Qwen3MoeSparseMoeBlock does: a softmax router over all experts, the top k, their
+    weights renormalised to sum to 1 (megatron-core: top k of the logits, then softmax over them,
+    the same numbers) or, without norm_topk_prob, taken from the softmax over all (pre-softmax);
+    no shared expert, no token dropped.
+
+    The load-balancing loss: transformers adds router_aux_loss_coef × E × Σ_e f_e P_e once, over
+    all layers' routing together (f_e: the share of routed tokens expert e gets, P_e: its mean
+    router probability); megatron-core adds one per layer, divided by the top k. The coefficient
+    below makes the two the same size where layers route alike (they differ in how layers mix).
+
+    Tokens reach the experts by all-to-all on GPUs (megatron-core's choice for expert
+    parallelism) and by all-gather on the CPU (its all-to-all needs a CUDA stream)."""
+    return dict(
+        num_moe_experts=preset.num_experts,
+        moe_router_topk=preset.moe_topk,
+        moe_ffn_hidden_size=preset.moe_ffn_hidden_size,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not preset.norm_topk_prob,
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=preset.router_aux_loss_coef * preset.moe_topk / preset.num_layers,
+        moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather",
+        moe_grouped_gemm=False,
     )
 
 
 def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                        sequence_parallel: bool = False, recompute: str | None = None,
-                       recompute_modules: tuple[str, ...] = ("mlp",), initialize: bool = True, fuse_swiglu: bool = False,
+                       recompute_modules: tuple[str, ...] = ("mlp",), initialize: bool = True,
+                       fuse_swiglu: bool = False,
                        fp8: str | None = None) -> TransformerConfig:
     """megatron-core's TransformerConfig for `preset` (attention already resolved).
 
@@ -232,15 +261,21 @@ class RMSNorm(torch.nn.Module):
 CORE_ATTENTION = {"sdpa": SDPACoreAttention, "te": TECoreAttention}  # local: the spec's own
 
 
+def _submodules(spec):
+    """A ModuleSpec's submodules (megatron-core 0.19 gives some specs as functools.partial)."""
+    return spec.keywords["submodules"] if isinstance(spec, functools.partial) else spec.submodules
+
+
 def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_parallel: bool = False,
                fp8: bool = False):
     """megatron-core's local layer: our core attention; under `fp8` Transformer Engine's linear
     layers (the same parameter names, so checkpoints and Hugging Face exports are unchanged)."""
-    spec = get_gpt_layer_local_spec(qk_layernorm=preset.qk_norm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=preset.num_experts or None, moe_grouped_gemm=False,
+                                    qk_layernorm=preset.qk_norm, normalization="RMSNorm")
     spec.module, spec.params = SeededTransformerLayer, {**spec.params, "init_seed": seed}
     attention_parts = spec.submodules.self_attention.submodules
-    mlp = spec.submodules.mlp  # a ModuleSpec, or a functools.partial (megatron-core 0.19)
-    mlp_parts = mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules
+    mlp = _submodules(spec.submodules.mlp)
+    mlp_parts = _submodules(mlp.experts) if preset.moe else mlp  # of a MoE layer: each expert's
     attention_parts.linear_proj = mlp_parts.linear_fc2 = GroupedRowParallelLinear
     if attention in CORE_ATTENTION:
         attention_parts.core_attention = CORE_ATTENTION[attention]

@@ -122,3 +122,17 @@ def recompute_as_forward_ran() -> Iterator[None]:
 
     with _replaced(tensor_parallel, "checkpoint", checkpoint):
         yield
+
+
+@contextlib.contextmanager
+def moe_router_without_transformer_engine() -> Iterator[None]:
+    """megatron-core 0.16 imports `te_general_gemm` for its MoE router only where Transformer
+    Engine imports, and then asks whether it is None: without TE the router fails with a NameError.
+    Inside the block the name is None, as megatron-core 0.19 defines it (nothing else changes)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if hasattr(moe_utils, "te_general_gemm"):
+        yield
+        return
+    with _replaced(moe_utils, "te_general_gemm", None):
+        yield

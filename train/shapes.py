@@ -4,7 +4,12 @@ Every preset is the real model's shape (Qwen's config.json, research/qwen.md §4
 SwiGLU, grouped-query attention, RoPE base 1e6, no linear biases except Qwen2/2.5's QKV bias,
 Qwen3's QK-RMSNorm with explicit head_dim 128, tied embeddings for the small sizes, and the padded
 embedding rows the checkpoints have (151,936; 152,064 for Qwen2.5-7B). Plain numbers, no torch:
-`--help` lists the presets without importing it."""
+`--help` lists the presets without importing it.
+
+Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): every layer's MLP is `num_experts` SwiGLU experts of
+`moe_ffn_hidden_size`, a softmax router picking `moe_topk` of them per token, their weights
+renormalised to sum to 1 (`norm_topk_prob`), no shared expert; `ffn_hidden_size` keeps the
+config's (unused) dense `intermediate_size`."""
 
 from __future__ import annotations
 
@@ -29,20 +34,38 @@ class ModelShape:
     max_position_embeddings: int
     rotary_base: float = 1_000_000.0
     norm_epsilon: float = 1e-6
+    num_experts: int = 0  # 0: a dense model
+    moe_ffn_hidden_size: int = 0
+    moe_topk: int = 0
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.0
 
-    def matmul_params(self) -> int:
-        """Weights that take part in a matrix product per token: the layers and the output layer
-        (the input embedding is a lookup)."""
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
+
+    def _attention_params(self) -> int:
         q = self.num_attention_heads * self.kv_channels
         kv = self.num_query_groups * self.kv_channels
-        attention = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
-        mlp = 3 * self.hidden_size * self.ffn_hidden_size
-        return self.num_layers * (attention + mlp) + self.vocab_size * self.hidden_size
+        return self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+
+    def _mlp_params(self, experts: int) -> int:
+        """A layer's MLP weights with `experts` experts (a dense layer: its one MLP)."""
+        if not self.moe:
+            return 3 * self.hidden_size * self.ffn_hidden_size
+        return experts * 3 * self.hidden_size * self.moe_ffn_hidden_size + self.num_experts * self.hidden_size
+
+    def matmul_params(self) -> int:
+        """Weights that take part in a matrix product per token: the layers (of a MoE layer, the
+        router and the `moe_topk` experts a token goes to) and the output layer (the input
+        embedding is a lookup)."""
+        mlp = self._mlp_params(self.moe_topk)
+        return self.num_layers * (self._attention_params() + mlp) + self.vocab_size * self.hidden_size
 
     def parameters(self) -> int:
         q = self.num_attention_heads * self.kv_channels
         kv = self.num_query_groups * self.kv_channels
-        per_layer = (self.hidden_size * (q + 2 * kv) + q * self.hidden_size + 3 * self.hidden_size * self.ffn_hidden_size
+        per_layer = (self._attention_params() + self._mlp_params(self.num_experts)
                      + 2 * self.hidden_size + (q + 2 * kv if self.qkv_bias else 0)
                      + (2 * self.kv_channels if self.qk_norm else 0))
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
@@ -65,6 +88,12 @@ def _qwen3(name, layers, hidden, heads, groups, ffn, tied=True, max_pos=40_960):
                        qkv_bias=False, qk_norm=True, max_position_embeddings=max_pos)
 
 
+def _qwen3_moe(name, layers, hidden, heads, groups, ffn, experts, moe_ffn, topk, head_dim=128, max_pos=40_960):
+    return ModelShape(name, layers, hidden, heads, groups, head_dim, ffn, EMBEDDING_ROWS_SMALL, False,
+                      qkv_bias=False, qk_norm=True, max_position_embeddings=max_pos, num_experts=experts,
+                      moe_ffn_hidden_size=moe_ffn, moe_topk=topk, norm_topk_prob=True, router_aux_loss_coef=0.001)
+
+
 PRESETS: dict[str, ModelShape] = {p.name: p for p in (
     _qwen2("qwen2.5-0.5b", 24, 896, 14, 2, 4864),
     _qwen2("qwen2.5-1.5b", 28, 1536, 12, 2, 8960),
@@ -73,8 +102,11 @@ PRESETS: dict[str, ModelShape] = {p.name: p for p in (
     _qwen3("qwen3-0.6b", 28, 1024, 16, 8, 3072),
     _qwen3("qwen3-1.7b", 28, 2048, 16, 8, 6144),
     _qwen3("qwen3-8b", 36, 4096, 32, 8, 12288, tied=False),
+    _qwen3_moe("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, experts=128, moe_ffn=768, topk=8),
+    _qwen3_moe("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, experts=128, moe_ffn=1536, topk=8),
     # Tests and smoke runs: the real vocabulary (data ids go up to 151,668), a toy body.
     _qwen2("tiny", 2, 64, 4, 2, 128, head_dim=16, max_pos=4096),
     ModelShape("tiny-qwen3", 2, 64, 4, 2, 32, 128, EMBEDDING_ROWS_SMALL, True, qkv_bias=False, qk_norm=True,
                 max_position_embeddings=4096),
+    _qwen3_moe("tiny-qwen3-moe", 2, 64, 4, 2, 128, experts=8, moe_ffn=32, topk=2, head_dim=32, max_pos=4096),
 )}

@@ -101,12 +101,19 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
         batch, mask = next(data_iterator)
         output = stage_output(stage, batch, mask, spec)
         count = mask.sum()
-        return output, lambda loss_sum: (loss_sum * scale, count.int(), {"sum": loss_sum.detach(), "count": count})
+        return output, lambda loss_sum: (loss_sum, count.int(), {"sum": loss_sum.detach(), "count": count})
 
-    results = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=zip(micro, masks), model=[model],
-        num_microbatches=len(micro), seq_length=spec.seq_length, micro_batch_size=micro[0]["tokens"].shape[0],
-        forward_only=forward_only)
+    # `scale` goes through megatron-core's own hook: the schedule multiplies each micro-batch's loss
+    # by it before backward, and MoE layers scale their load-balancing loss by it too.
+    config = unwrapped(model).config
+    config.grad_scale_func = lambda loss: loss * scale
+    try:
+        results = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=zip(micro, masks), model=[model],
+            num_microbatches=len(micro), seq_length=spec.seq_length, micro_batch_size=micro[0]["tokens"].shape[0],
+            forward_only=forward_only)
+    finally:
+        config.grad_scale_func = None
     total = torch.zeros(2, device=spec.device)
     for r in results:
         total += torch.stack([r["sum"].float(), r["count"].float()])

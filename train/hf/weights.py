@@ -11,6 +11,10 @@ Per layer (h attention heads, g query groups, d head_dim; TP size t, rank r):
   norms        input_layernorm, post_attention_layernorm (megatron's pre_mlp_layernorm, or the
                norm Transformer Engine fuses into linear_qkv / linear_fc1), Qwen3's q_norm and
                k_norm: whole on every rank.
+Qwen3-MoE layers, for linear_fc1 / linear_fc2:
+  router       mlp.gate: whole on every rank.
+  experts      local expert j of an expert-parallel rank is expert `expert_offset` + j:
+               mlp.experts.{e}.gate_proj / up_proj / down_proj, split over TP like the dense MLP.
 Outside the layers: embed_tokens and lm_head rows (the vocabulary) split over ranks, model.norm
 whole. With tied embeddings there is no output_layer (nor, in the HF folder, an lm_head).
 
@@ -118,6 +122,7 @@ class GroupedQKV(TensorSlicing):
 ROWS, COLUMNS, WHOLE, STACKED = Split(0), Split(1), Whole(), Stacked()
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
+_EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight")
 _OUTSIDE = {
     "embedding.word_embeddings.weight": (ROWS, ["model.embed_tokens.weight"]),
     "decoder.final_layernorm.weight": (WHOLE, ["model.norm.weight"]),
@@ -133,9 +138,11 @@ _NORMS = {
 }
 
 
-def hf_source(name: str, shape: ModelShape, layer_offset: int = 0) -> tuple[TensorSlicing, list[str]]:
+def hf_source(name: str, shape: ModelShape, layer_offset: int = 0,
+              expert_offset: int = 0) -> tuple[TensorSlicing, list[str]]:
     """(slicing, HF tensor names) of the megatron parameter `name` of a pipeline stage whose first
-    layer is global layer `layer_offset`. With tied embeddings split over stages, the last stage's
+    layer is global layer `layer_offset` (and, of a MoE model, of an expert-parallel rank whose
+    first expert is `expert_offset`). With tied embeddings split over stages, the last stage's
     output layer is its copy of the embeddings."""
     if name == "output_layer.weight" and shape.tied_embeddings:
         return _OUTSIDE["embedding.word_embeddings.weight"]
@@ -147,6 +154,14 @@ def hf_source(name: str, shape: ModelShape, layer_offset: int = 0) -> tuple[Tens
     prefix, rest = f"model.layers.{int(match[1]) + layer_offset}.", match[2]
     if rest in _NORMS:
         return WHOLE, [prefix + _NORMS[rest]]
+    if rest == "mlp.router.weight":
+        return WHOLE, [prefix + "mlp.gate.weight"]
+    expert = _EXPERT.fullmatch(rest)
+    if expert:
+        experts = f"{prefix}mlp.experts.{int(expert[1]) + expert_offset}."
+        if expert[2] == "linear_fc1":
+            return STACKED, [experts + "gate_proj.weight", experts + "up_proj.weight"]
+        return COLUMNS, [experts + "down_proj.weight"]
     qkv = GroupedQKV(shape.num_attention_heads, shape.num_query_groups, shape.kv_channels)
     slicings = {
         "self_attention.linear_qkv.weight": (qkv, [f"self_attn.{p}_proj.weight" for p in "qkv"]),
