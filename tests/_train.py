@@ -17,8 +17,10 @@ EOD = 151643
 
 
 def torchrun(nproc: int) -> list[str]:
+    """torchrun on a port of this test process's own (pytest-xdist workers run side by side)."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-port", str(29400 + os.getpid() % 500)]
+            "--master-port", str(29400 + 250 * worker + os.getpid() % 250)]
 
 
 def run(command: list[str]) -> str:

@@ -128,6 +128,33 @@ def test_moe_under_tp2_round_trips_bit_identical_from_transformers_first_loss(hf
     assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
 
 
+def test_moe_under_ep2_round_trips_bit_identical(hf, tmp_path):
+    """The Qwen3-MoE folder with its experts split over two expert-parallel ranks (DP=2, each rank
+    reads and writes back its own 4 of the 8 experts, tokens travel to them): the first loss is
+    transformers' on the same global batch, and every tensor comes back."""
+    out = tmp_path / "out"
+    records, stdout = run_train(["--data", hf["blend"], "--hf-model", hf["qwen3_moe"], "--lr", "0", "--save-hf",
+                                 str(out), "--ep", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)
+    assert "DP 2 (experts over EP 2)" in stdout
+    assert_same_tensors(out, hf["qwen3_moe"])
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
+
+
+def test_moe_trains_under_ep2_as_in_one_process(hf, tmp_path):
+    """Three steps of the Qwen3-MoE folder at DP=2 with the experts over EP=2 (each expert's
+    gradient reduced over its own ranks, the gradient norm over both ranks' experts) against one
+    process: the same losses and gradient norms."""
+    steps = ["--data", hf["blend"], "--hf-model", hf["qwen3_moe"], "--lr", "1e-3", *SEQ, "--train-iters", "3"]
+    one, _ = run_train(steps, tmp_path / "one.jsonl")
+    two, _ = run_train(steps + ["--ep", "2"], tmp_path / "ep2.jsonl", nproc=2)
+    for mine, reference in zip(two, one, strict=True):
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+        assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+        assert mine["expert_tokens"] == reference["expert_tokens"]
+
+
 def test_tp2_training_saves_the_same_tensors(hf, tmp_path):
     run_train(["--data", hf["blend"], "--hf-model", hf["qwen2"], "--lr", "0", "--save-hf", str(tmp_path / "out"),
                "--tp", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)

@@ -147,6 +147,9 @@ class ParallelConfig(Section):
     sequence_parallel: bool = option(
         "--sequence-parallel", action="store_true",
         help="with --tp: activations outside attention and MLP split over the TP ranks along the sequence")
+    ep: int = option("--ep", type=int, default=1,
+                     help="expert-parallel size (mixture-of-experts models): each layer's experts split over ep "
+                          "data-parallel ranks, tokens sent to them and back; divides the data-parallel size")
     # Off by default, as measured (bench/results/gpu/scale.json, Qwen2.5-0.5B on 2 × H200, DP=2, layers
     # compiled): the distributed optimizer took 0.99× plain DP's tokens/s (its gain is memory: 1.84
     # against 3.68 GiB of AdamW state a GPU); overlapping the gradient reduce-scatter 0.90×, and the

@@ -25,9 +25,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(tp: int, pp: int = 1) -> torch.device:
+def init_distributed(tp: int, pp: int = 1, ep: int = 1) -> torch.device:
     """Join torchrun's process group (or make one of a lone process), set up megatron-core's
-    groups; → this rank's device."""
+    groups (`ep`: expert parallelism within each data-parallel group); → this rank's device."""
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -42,15 +42,18 @@ def init_distributed(tp: int, pp: int = 1) -> torch.device:
     world = dist.get_world_size()
     if world % (tp * pp):
         raise ValueError(f"world size {world} is not a multiple of --tp {tp} × --pp {pp}")
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    if (world // (tp * pp)) % ep:
+        raise ValueError(f"--ep {ep} does not divide the data-parallel size {world // (tp * pp)}")
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             expert_model_parallel_size=ep)
     return device
 
 
 @contextlib.contextmanager
-def distributed(tp: int, pp: int = 1) -> Iterator[torch.device]:
+def distributed(tp: int, pp: int = 1, ep: int = 1) -> Iterator[torch.device]:
     """`init_distributed` for the block; the groups are torn down after it, also on error."""
     try:
-        yield init_distributed(tp, pp)
+        yield init_distributed(tp, pp, ep)
     finally:
         if dist.is_initialized():
             parallel_state.destroy_model_parallel()
@@ -115,6 +118,9 @@ def data_parallel(core: torch.nn.Module, layout: ParallelLayout, device: torch.d
         return model
     if layout.dp == 1 or layout.pp > 1:
         return core
+    # An expert-parallel rank's experts are its own: `reduce_grads` reduces them over their own group.
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        core, [name for name, p in core.named_parameters() if is_expert_parallel(p)])
     model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None,
                                     process_group=parallel_state.get_data_parallel_group())
     core.config.no_sync_func = model.no_sync  # megatron-core's schedules hold gradient sync with it
@@ -134,6 +140,11 @@ def whole_parameters(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.enable_forward_pre_hook()
+
+
+def is_expert_parallel(param: torch.nn.Parameter) -> bool:
+    """A parameter of the experts this expert-parallel rank holds alone (megatron-core's mark)."""
+    return not getattr(param, "allreduce", True)
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -172,8 +183,18 @@ def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
     reduced.)"""
     size = parallel_state.get_data_parallel_world_size()
     if size > 1:
-        all_reduce_grads([p.grad for p in params if p.grad is not None], parallel_state.get_data_parallel_group(),
-                         divide_by=size)
+        all_reduce_grads([p.grad for p in params if p.grad is not None and not is_expert_parallel(p)],
+                         parallel_state.get_data_parallel_group(), divide_by=size)
+
+
+def average_expert_grads(params: list[torch.nn.Parameter]) -> None:
+    """Gradients of expert-parallel parameters (whose tokens came from every rank of their expert-
+    parallel group) summed over the ranks holding the same experts, then divided by the whole
+    data-parallel size, as the other gradients are averaged."""
+    experts = [p.grad for p in params if p.grad is not None and is_expert_parallel(p)]
+    if experts:
+        all_reduce_grads(experts, parallel_state.get_expert_data_parallel_group(),
+                         divide_by=parallel_state.get_data_parallel_world_size())
 
 
 def sum_partial_grads(core) -> None:
@@ -204,8 +225,10 @@ def sync_tied_embedding_grads(core) -> None:
 
 def reduce_grads(core, params: list[torch.nn.Parameter], under_ddp: bool) -> None:
     """A step's gradients made whole after the schedule: averaged over data parallelism unless DDP
-    did it during backward, then the TP-partial and tied-embedding sums."""
+    did it during backward (experts over their own group), then the TP-partial and tied-embedding
+    sums."""
     if not under_ddp:
         average_data_parallel_grads(params)
+    average_expert_grads(params)
     sum_partial_grads(core)
     sync_tied_embedding_grads(core)

@@ -58,6 +58,8 @@ class Trainer:
         self.fp8 = resolve_fp8(config.model.fp8, cuda=cuda, fp32=config.fp32)
         if self.fp8 and self.shape.moe:
             raise ValueError("--fp8 with a mixture-of-experts model is not built: train it in bf16 (no --fp8)")
+        if config.parallel.ep > 1 and not self.shape.moe:
+            raise ValueError(f"--ep {config.parallel.ep} splits experts: {self.shape.name} has none")
         if self.shape.moe and config.parallel.tp > 1 and not config.parallel.sequence_parallel:
             raise ValueError("a mixture-of-experts model under --tp trains with --sequence-parallel (megatron-core "
                              "refuses it without): add --sequence-parallel")
@@ -172,7 +174,8 @@ class Trainer:
         c, lay, spec, cuda = self.config, self.layout, self.spec, self.device.type == "cuda"
         log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, "
              f"cross-entropy {c.model.cross_entropy}, "
-             f"TP {lay.tp}{' (sequence parallel)' if c.parallel.sequence_parallel else ''} × PP {lay.pp} × DP {lay.dp}, "
+             f"TP {lay.tp}{' (sequence parallel)' if c.parallel.sequence_parallel else ''} × PP {lay.pp} × DP {lay.dp}"
+             f"{f' (experts over EP {c.parallel.ep})' if c.parallel.ep > 1 else ''}, "
              f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "
@@ -227,7 +230,7 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 
 def train(config: TrainConfig) -> int:
     with (megatron_on_cpu(), recompute_as_forward_ran(), moe_router_without_transformer_engine(),
-          distributed(config.parallel.tp, config.parallel.pp) as device):
+          distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep) as device):
         Trainer(config, device).run()
     return 0
 

@@ -23,6 +23,7 @@ from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_du
 from megatron.core.transformer.module import param_is_not_shared
 
 from .config import OptimConfig
+from .distributed import is_expert_parallel
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's state of a parameter besides its step count
 
@@ -159,15 +160,21 @@ class Schedule:
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Global L2 norm of the gradients over the model-parallel group (TP × PP; a TP-replicated
-    parameter, and the last stage's copy of tied embeddings, counted once), scaled down to
-    `max_norm` if above (0 = measure only)."""
+    parameter, and the last stage's copy of tied embeddings, counted once; expert-parallel ranks'
+    experts, each its own, summed over their group too), scaled down to `max_norm` if above (0 =
+    measure only)."""
     grads = [p.grad for p in params if p.grad is not None]
-    unique = [p.grad for p in params
-              if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
-    norms = torch._foreach_norm(unique) if unique else [torch.zeros((), device=params[0].device)]
-    norm_sq = torch.stack(norms).float().square().sum()
-    if parallel_state.get_tensor_model_parallel_world_size() * parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        dist.all_reduce(norm_sq, group=parallel_state.get_model_parallel_group())
+    norm_sq = torch.zeros((), device=params[0].device)
+    for experts, group in ((False, parallel_state.get_model_parallel_group()),
+                           (True, parallel_state.get_expert_tensor_model_pipeline_parallel_group())):
+        if experts and parallel_state.get_expert_model_parallel_world_size() == 1:
+            continue  # no expert-parallel parameter
+        unique = [p.grad for p in params if p.grad is not None and is_expert_parallel(p) == experts
+                  and param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)]
+        part = torch.stack(torch._foreach_norm(unique)).float().square().sum() if unique else torch.zeros_like(norm_sq)
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(part, group=group)
+        norm_sq += part
     norm = norm_sq.sqrt()
     if max_norm > 0:
         torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))

@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 
 from qwen_data.formats.outputs import atomic_file
 
+from ..distributed import is_expert_parallel
 from ..model import ModelShape, layer_offset
 from .config import CONFIG, GENERATION, UnsupportedCheckpoint
 from .weights import hf_source
@@ -91,10 +92,10 @@ def load_hf_weights(model: torch.nn.Module, directory: str, shape: ModelShape) -
     `model`; every tensor of the folder must find a place on some stage."""
     rank = parallel_state.get_tensor_model_parallel_rank()
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    offset = layer_offset(shape.num_layers)
+    offset, experts = layer_offset(shape.num_layers), expert_offset(shape)
     with SafetensorsFolder(directory) as folder, torch.no_grad():
         for name, param in model.named_parameters():
-            slicing, names = hf_source(name, shape, offset)
+            slicing, names = hf_source(name, shape, offset, experts)
             _check_split(name, param, slicing.dim, tp)
             tensor = slicing.read(names, folder.read, folder.size, rank, tp)
             if tensor.shape != param.shape:
@@ -102,10 +103,9 @@ def load_hf_weights(model: torch.nn.Module, directory: str, shape: ModelShape) -
                                             f"which is {tuple(param.shape)} on this rank")
             param.copy_(tensor)
         unread = folder.unread
-        if parallel_state.get_pipeline_model_parallel_world_size() > 1:  # read by no stage
-            read = [None] * parallel_state.get_pipeline_model_parallel_world_size()
-            dist.all_gather_object(read, set(folder.files) - unread,
-                                   group=parallel_state.get_pipeline_model_parallel_group())
+        if dist.get_world_size() > 1:  # read by no rank (pipeline stages, expert-parallel ranks read their own)
+            read = [None] * dist.get_world_size()
+            dist.all_gather_object(read, set(folder.files) - unread)
             unread = set(folder.files).difference(*read)
         # A tied model has no output layer; a folder may still carry lm_head (a copy of the embeddings).
         extra = {n for n in unread if not n.endswith("rotary_emb.inv_freq")}
@@ -114,6 +114,14 @@ def load_hf_weights(model: torch.nn.Module, directory: str, shape: ModelShape) -
         if extra:
             raise UnsupportedCheckpoint(f"{directory}: {len(extra)} tensors have no place in the model, "
                                         f"e.g. {sorted(extra)[:3]}")
+
+
+def expert_offset(shape: ModelShape) -> int:
+    """The global number of this expert-parallel rank's first expert."""
+    if not shape.moe:
+        return 0
+    return parallel_state.get_expert_model_parallel_rank() * shape.num_experts // \
+        parallel_state.get_expert_model_parallel_world_size()
 
 
 def _check_split(name: str, param: torch.Tensor, dim: Optional[int], tp: int) -> None:
@@ -145,6 +153,7 @@ def save_hf(model: torch.nn.Module, export: HFExport, out_dir: str, max_shard_by
     """
     writer = _ShardWriter(out_dir, max_shard_bytes) if dist.get_rank() == 0 else None
     if parallel_state.get_data_parallel_rank() == 0:  # one pipeline of tensor-parallel groups gathers
+        # (with its expert-parallel peers, which gather their experts to it)
         tensors = _stage_tensors(model, export)
         pipeline = dist.get_process_group_ranks(parallel_state.get_pipeline_model_parallel_group())
         if writer is not None:
@@ -161,6 +170,9 @@ def save_hf(model: torch.nn.Module, export: HFExport, out_dir: str, max_shard_by
         else:
             for _ in tensors:  # the gathers need every rank of the group
                 pass
+    elif parallel_state.get_expert_data_parallel_rank() == 0:  # an expert-parallel peer of that pipeline
+        for _ in _stage_tensors(model, export):
+            pass
     if writer is not None:
         writer.finish(export)
     dist.barrier()
@@ -168,19 +180,35 @@ def save_hf(model: torch.nn.Module, export: HFExport, out_dir: str, max_shard_by
 
 def _stage_tensors(model: torch.nn.Module, export: HFExport):
     """(HF name, whole tensor in the folder's dtype, on the model's device) of this pipeline
-    stage, gathered over its tensor-parallel group (collective: every rank of the group iterates)."""
-    group = parallel_state.get_tensor_model_parallel_group()
-    tp = parallel_state.get_tensor_model_parallel_world_size()
+    stage, gathered over its tensor-parallel group, and experts also over the expert-parallel
+    group (collective: every rank of those groups iterates)."""
     offset = layer_offset(export.shape.num_layers)
     for name, param in model.named_parameters():
         if getattr(param, "shared", False):  # the last stage's copy of tied embeddings: the first stage writes them
             continue
-        slicing, names = hf_source(name, export.shape, offset)
-        shards = [param.detach()]
+        experts = is_expert_parallel(param)
+        group = parallel_state.get_expert_tensor_parallel_group() if experts \
+            else parallel_state.get_tensor_model_parallel_group()
+        slicing, names = hf_source(name, export.shape, offset, expert_offset(export.shape))
+        shards, tp = [param.detach()], dist.get_world_size(group)
         if slicing.dim is not None and tp > 1:
             shards = [torch.empty_like(param) for _ in range(tp)]
             dist.all_gather(shards, param.detach().contiguous(), group=group)
-        for hf_name, tensor in zip(names, slicing.join(shards, len(names))):
+        whole = slicing.join(shards, len(names))
+        if experts:  # the same local expert of every expert-parallel rank, in rank order
+            ep = parallel_state.get_expert_model_parallel_world_size()
+            gathered = []
+            for tensor in whole:
+                parts = [torch.empty_like(tensor) for _ in range(ep)]
+                dist.all_gather(parts, tensor.contiguous(), group=parallel_state.get_expert_model_parallel_group())
+                gathered.append(parts)
+            local = export.shape.num_experts // ep
+            for rank in range(ep):
+                _, rank_names = hf_source(name, export.shape, offset, rank * local)
+                for hf_name, parts in zip(rank_names, gathered):
+                    yield hf_name, parts[rank].to(export.dtype)
+            continue
+        for hf_name, tensor in zip(names, whole):
             yield hf_name, tensor.to(export.dtype)
 
 
