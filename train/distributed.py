@@ -18,6 +18,8 @@ from megatron.core.distributed import DistributedDataParallelConfig, finalize_mo
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
+from .model import is_expert_parallel
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -140,11 +142,6 @@ def whole_parameters(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.enable_forward_pre_hook()
-
-
-def is_expert_parallel(param: torch.nn.Parameter) -> bool:
-    """A parameter of the experts this expert-parallel rank holds alone (megatron-core's mark)."""
-    return not getattr(param, "allreduce", True)
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:

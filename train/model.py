@@ -216,6 +216,11 @@ class GroupedRowParallelLinear(RowParallelLinear):
         return super()._forward_impl(input, weight, *args, **kwargs)
 
 
+def is_expert_parallel(param: torch.nn.Parameter) -> bool:
+    """A parameter of the experts this expert-parallel rank holds alone (megatron-core's mark)."""
+    return not getattr(param, "allreduce", True)
+
+
 def layer_offset(num_layers: int) -> int:
     """How many layers the pipeline stages before this rank's hold (layers split evenly)."""
     stages = parallel_state.get_pipeline_model_parallel_world_size()

@@ -33,8 +33,7 @@ from safetensors.torch import save_file
 
 from qwen_data.formats.outputs import atomic_file
 
-from ..distributed import is_expert_parallel
-from ..model import ModelShape, layer_offset
+from ..model import ModelShape, is_expert_parallel, layer_offset
 from .config import CONFIG, GENERATION, UnsupportedCheckpoint
 from .weights import hf_source
 
