@@ -12,7 +12,8 @@ Modules, in the order a run uses them:
                   and the frozen `TrainConfig` made of them
   shapes          `ModelShape` and the presets with the real models' shapes
   patches         scoped stand-ins for CUDA and a process group where megatron-core assumes them
-  distributed     process groups, the `ParallelLayout` of a step, the gradient reductions across ranks
+  distributed     process groups, the `ParallelLayout` of a step, the data-parallel wrapper, the gradient
+                  reductions across ranks
   model           the GPTModel build of a shape
   hf/config       a Hugging Face config.json ↔ the model shape (unsupported checkpoints refused), a folder's model
   attention       fused core attention and the document mask for packed rows
@@ -20,7 +21,8 @@ Modules, in the order a run uses them:
   data            datasets through megatron-core's builder (the blend read by `qwen_data.blend.read`)
   loader          the run's splits and each rank's micro-batches
   step            what one step computes: forward (`ForwardSpec`), backward, validation loss
-  optimizer       AdamW, its warmup + cosine schedule, gradient clipping
+  optimizer       AdamW (whole, or megatron-core's distributed optimizer), its warmup + cosine schedule,
+                  gradient clipping
   hf/weights      which HF tensors make each megatron parameter (`TensorSlicing`), each TP rank's slice
   hf/checkpoint   HF folders: streamed load per TP slice, gathered sharded save
   checkpoint      `Checkpointer`: dist_checkpointing save and resume, --save-hf exports

@@ -13,7 +13,9 @@ fit), and on CUDA each transformer layer is torch.compile'd (`--compile`).
 
 Parallelism: tensor and pipeline parallelism from megatron-core (`parallel_state`, the model's own
 TP layers, its pipeline schedules: 1F1B over `--pp` stages, each building only its layers), data
-parallelism with torch DDP over megatron-core's data-parallel group.
+parallelism with torch DDP over megatron-core's data-parallel group, or megatron-core's DDP and
+DistributedOptimizer (`--distributed-optimizer`), and a mixture of experts' experts split over
+data-parallel ranks (`--ep`).
 Weights are float32 master weights, run in bf16 by autocast.
 """
 
