@@ -95,23 +95,23 @@ class DistributedAdamW:
         return torch.as_tensor(grad_norm)
 
     def _owned(self):
-        """(parameter, its flat range this rank owns, the optimizer's state of that range) for every
-        parameter of which this rank owns a part."""
+        """(parameter, its flat range this rank owns, the optimizer's state of that range, the torch
+        optimizer holding it) for every parameter of which this rank owns a part."""
         for optimizer in self.shards:
             for p in self.params:
                 if p not in optimizer.model_param_gbuf_map:
                     continue
                 owned = optimizer._get_model_param_range_map(p)["param"]
                 if owned.size:
-                    yield p, owned, optimizer._get_main_param_and_optimizer_states(p)
+                    yield p, owned, optimizer._get_main_param_and_optimizer_states(p), optimizer.optimizer
 
     def state_bytes(self) -> int:
-        return len(MOMENTS) * sum(owned.size * 4 for _, owned, _ in self._owned())
+        return len(MOMENTS) * sum(owned.size * 4 for _, owned, _, _ in self._owned())
 
     def moments(self) -> list[dict[str, torch.Tensor]]:
         """Whole moments on the CPU, gathered from the data-parallel ranks (each adds its part to
         zeros, then one sum per parameter)."""
-        parts = {p: (owned, state) for p, owned, state in self._owned()}
+        parts = {p: (owned, state) for p, owned, state, _ in self._owned()}
         group = parallel_state.get_data_parallel_group()
         whole = []
         for p in self.params:
@@ -130,9 +130,8 @@ class DistributedAdamW:
         """Each rank's part of whole moments into its shard's state; the main parameters are
         views of the (already loaded) model parameters."""
         index = {p: i for i, p in enumerate(self.params)}
-        for p, owned, state in self._owned():
+        for p, owned, state, inner in self._owned():
             main = state["param"]
-            inner = next(o.optimizer for o in self.shards if p in o.model_param_gbuf_map)
             inner.state[main] = {k: moments[index[p]][k].reshape(-1)[owned.start:owned.end].to(main.device).clone()
                                  for k in MOMENTS}
             inner.state[main]["step"] = torch.tensor(float(steps))
