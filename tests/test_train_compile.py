@@ -111,6 +111,40 @@ def test_transformer_engine_layers_never_recompile_across_sample_counts(megatron
     _no_recompiles_across_sample_counts(megatron_cpu, "te", autocast=True)
 
 
+def test_fp8_layers_compile_around_transformer_engines_linears(megatron_cpu):
+    """Under --fp8 a compiled layer calls Transformer Engine's linears outside its graph (dynamo
+    fails inside them): it gives the eager loss and gradients, and compiles once."""
+    from qwen_data_train.attention import have_transformer_engine
+    from qwen_data_train.model import build_model
+    from qwen_data_train.shapes import PRESETS
+    from qwen_data_train.step import ForwardSpec, masked_loss
+
+    if megatron_cpu.type != "cuda" or not have_transformer_engine() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a GPU with FP8 and Transformer Engine")
+    s = 64
+    batch = dict(tokens=torch.randint(0, 1000, (2, s)), labels=torch.randint(0, 1000, (2, s)),
+                 position_ids=torch.arange(s).repeat(2, 1), segment_ids=torch.zeros(2, s, dtype=torch.long))
+    spec = ForwardSpec("sdpa", megatron_cpu, autocast=True, cross_entropy="fused", seq_length=s)
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(3)
+        model = build_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise",
+                            compile="layers" if compiled else "swiglu").to(megatron_cpu)
+        try:
+            for _ in range(2):
+                model.zero_grad()
+                loss = masked_loss(model, batch, torch.ones(2, s, device=megatron_cpu), spec)
+                loss.backward()
+                torch._dynamo.config.error_on_recompile = True  # the second call runs the first's graphs
+        finally:
+            torch._dynamo.config.error_on_recompile = False
+            torch._dynamo.reset()
+        runs.append((loss.item(), [p.grad.float().norm().item() for p in model.parameters()]))
+    (eager, eager_grads), (compiled, compiled_grads) = runs
+    assert compiled == pytest.approx(eager, rel=1e-2)
+    assert compiled_grads == pytest.approx(eager_grads, rel=5e-2)
+
+
 def test_thd_rows_are_one_stream_cut_at_every_sample():
     from qwen_data_train.attention import thd_mask
     s = 16

@@ -66,7 +66,7 @@ class Trainer:
             raise ValueError("a mixture-of-experts model under --tp trains with --sequence-parallel (megatron-core "
                              "refuses it without): add --sequence-parallel")
         self.compile = resolve_compile(config.model.compile, device, config.parallel.sequence_parallel,
-                                       bool(self.fp8), self.shape.moe)
+                                       self.shape.moe)
         log0(f"attention {attention} ({why}), compile {self.compile}"
              + (f", FP8 {self.fp8} (Transformer Engine's linear layers)" if self.fp8 else ""))
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
@@ -189,27 +189,22 @@ class Trainer:
                 if c.model.recompute else ""))
 
 
-def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, fp8: bool = False,
-                    moe: bool = False) -> str:
+def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, moe: bool = False) -> str:
     """--compile auto: each layer compiled on CUDA, nothing on the CPU. Under sequence parallelism
     only the SwiGLU: a compiled layer lost most of its gradient there (2 × H200: gradient norm 0.65
     against 15.6 at step 1, loss stuck), also with megatron-core's sequence-parallel linears kept
     out of the graph (loss 11.97 against 10.52 after 10 steps), so that combination is refused.
-    Under FP8 only the SwiGLU too: dynamo fails on Transformer Engine's FP8 weights inside a
-    compiled layer (torch 2.11, TE 2.20: "'Float8Tensor' object has no attribute '_data'").
+    Under FP8 layers compile around Transformer Engine's linears (`model.fp8_linear`).
     A mixture-of-experts layer routes a different number of tokens to each
     expert every micro-batch: only the SwiGLU there too (compiled layers not measured yet)."""
     if asked == "layers" and sequence_parallel:
         raise ValueError("--compile layers with --sequence-parallel gives wrong gradients: use --compile swiglu or "
                          "auto")
-    if asked == "layers" and fp8:
-        raise ValueError("--compile layers with --fp8 fails in torch.compile (Transformer Engine's FP8 weights "
-                         "inside a compiled layer): use --compile swiglu or auto")
     if asked != "auto":
         return asked
     if device.type != "cuda":
         return "none"
-    return "swiglu" if sequence_parallel or fp8 or moe else "layers"
+    return "swiglu" if sequence_parallel or moe else "layers"
 
 
 def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:

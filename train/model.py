@@ -287,15 +287,26 @@ def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_paral
     if attention in CORE_ATTENTION:
         attention_parts.core_attention = CORE_ATTENTION[attention]
     if fp8:
-        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
-        attention_parts.linear_qkv = mlp_parts.linear_fc1 = TEColumnParallelLinear
-        attention_parts.linear_proj = mlp_parts.linear_fc2 = TERowParallelLinear
+        attention_parts.linear_qkv = mlp_parts.linear_fc1 = fp8_linear("TEColumnParallelLinear")
+        attention_parts.linear_proj = mlp_parts.linear_fc2 = fp8_linear("TERowParallelLinear")
     if sequence_parallel:
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
         if preset.qk_norm:
             attention_parts.q_layernorm = attention_parts.k_layernorm = ModuleSpec(
                 module=RMSNorm, params={"sequence_split": False})
     return spec
+
+
+@functools.cache
+def fp8_linear(name: str) -> type:
+    """megatron-core's Transformer Engine linear `name`, called outside torch.compile's graphs:
+    dynamo cannot trace TE's FP8 tensors ("'Float8Tensor' object has no attribute '_data'", torch
+    2.11, TE 2.20), and so a compiled layer keeps its norms, RoPE, attention and SwiGLU fused
+    around the FP8 matrix multiplications, as in bf16."""
+    from megatron.core.extensions import transformer_engine
+
+    linear = getattr(transformer_engine, name)
+    return type(name, (linear,), {"forward": torch.compiler.disable(linear.forward), "__module__": __name__})
 
 
 def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel: bool, fp8: bool = False):
