@@ -2,7 +2,7 @@
 # The train stage's GPU measurements, one stage per device call (each well under 10 minutes).
 #
 #   bench/gpu.sh data                 # here: real-text prefixes into .gpu/ (needs bench/corpora.py's cache)
-#   bench/gpu.sh pretrain|sft|parallel|speed|te|scale  # there: the runs, logs under $OUT (default bench/results/gpu)
+#   bench/gpu.sh pretrain|sft|parallel|speed|te|scale|moe  # there: the runs, logs under $OUT (default bench/results/gpu)
 #
 # Data (`data`): ~19 MB of the multilingual prose and ~5.5 MB of the code of bench/corpora.py's
 # text corpus as two pretrain prefixes blended 0.75/0.25 with a 98/2/0 split; the first 6.5 MB of
@@ -32,6 +32,8 @@
 #           (losses over 50 steps, speed with and without overlap, a checkpoint resharded DP=2 → 1 → 2 and
 #           its --save-hf export), recompute none/selective/full, the Qwen2.5-7B shape at TP=2, Qwen2.5-3B on
 #           one GPU; then $OUT/scale.json (bench/scale_report.py). SCALE_ONLY="name ..." runs only those.
+# moe       two GPUs: the Qwen3-30B-A3B shape with fewer layers, EP=2 against EP=1 (losses over 50 steps) and
+#           tokens/s on one GPU and on two with EP=2; then $OUT/moe.json (bench/moe_report.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?stage: data, pretrain, sft, parallel or speed}
@@ -226,6 +228,29 @@ python3 bench/scale_report.py --same-weights /tmp/scale-hf /tmp/scale-hf-convert
   fi
   python3 bench/scale_report.py "$OUT" | tee "$OUT/scale.md"
   echo "scale stage: $SECONDS s" ;;
+moe)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/moe_device.txt"
+  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
+    | tee -a "$OUT/moe_device.txt"
+  # The Qwen3-30B-A3B shape with fewer layers (random init: its 48 layers need ~490 GB of float32 weights,
+  # gradients and AdamW). ep1/ep2: 2 layers on two GPUs, experts on both (EP=1) against split over them
+  # (EP=2), 50 steps, same seed and data; one/two-ep2: 4 layers on one GPU, and on two with EP=2.
+  # NAME:PROCESSES:STEPS:ARGS (MOE_ONLY="name ..." runs only those).
+  D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
+  Q="--model qwen3-30b-a3b --micro-batch-size 1"
+  MOE="ep1:2:50:$Q --num-layers 2 --log-interval 1;ep2:2:50:$Q --num-layers 2 --ep 2 --log-interval 1;\
+one:1:20:$Q --num-layers 4;two-ep2:2:20:$Q --num-layers 4 --ep 2"
+  IFS=';' read -ra runs <<< "$MOE"
+  for spec in "${runs[@]}"; do
+    IFS=':' read -r name nproc steps args <<< "$spec"
+    [ -z "${MOE_ONLY:-}" ] || [[ " $MOE_ONLY " == *" $name "* ]] || continue
+    rm -f "$OUT/moe-$name.jsonl"
+    # shellcheck disable=SC2086  # args are words
+    run "moe-$name" timeout 400 torchrun --nproc-per-node "$nproc" -m train $D --train-iters "$steps" \
+      --log-interval 5 $args --log-json "$OUT/moe-$name.jsonl"
+  done
+  python3 bench/moe_report.py "$OUT" | tee "$OUT/moe.md"
+  echo "moe stage: $SECONDS s" ;;
 *)
   echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -29,25 +29,26 @@ def option(argv: list[str], flag: str, default=None):
     return argv[where[-1] + 1] if where else default
 
 
-def records(folder: str, name: str) -> list[dict]:
-    path = os.path.join(folder, f"scale-{name}.jsonl")
+def records(folder: str, name: str, stage: str = "scale") -> list[dict]:
+    path = os.path.join(folder, f"{stage}-{name}.jsonl")
     if not os.path.exists(path):
         return []
     with open(path) as f:
         return [r for r in map(json.loads, f) if "loss" in r]
 
 
-def run(folder: str, name: str) -> dict:
-    text = open(os.path.join(folder, f"scale-{name}.log")).read()
+def run(folder: str, name: str, stage: str = "scale") -> dict:
+    text = open(os.path.join(folder, f"{stage}-{name}.log")).read()
     argv = shlex.split(text.splitlines()[0].lstrip("$ "))
-    rows = records(folder, name)
+    rows = records(folder, name, stage)
     nproc = int(option(argv, "--nproc-per-node", 1))
     tp, pp = int(option(argv, "--tp", 1)), int(option(argv, "--pp", 1))
     warm = WARM if rows and rows[-1]["iteration"] > WARM else 1
     rate, mfu = steady_rate(rows, warm)
     state = re.search(r"([\d.]+) GiB of state a GPU", text)
     return {
-        "name": name, "model": option(argv, "--model", "tiny"), "tp": tp, "pp": pp, "dp": nproc // (tp * pp), "cp": 1,
+        "name": name, "model": option(argv, "--model", "tiny"), "num_layers": option(argv, "--num-layers"),
+        "tp": tp, "pp": pp, "dp": nproc // (tp * pp), "cp": 1, "ep": int(option(argv, "--ep", 1)),
         "distributed_optimizer": "--distributed-optimizer" in argv,
         "recompute": option(argv, "--recompute"),
         "sequence_parallel": "--sequence-parallel" in argv,

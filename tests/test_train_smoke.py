@@ -158,6 +158,28 @@ def test_recompute_runs_under_the_autocast_of_its_forward(megatron_cpu):
     assert dtypes_seen() == [torch.bfloat16, torch.float32]  # and the patch is undone
 
 
+def test_moe_router_trains_under_bf16_autocast(megatron_cpu):
+    """The trainer's float32 weights under bf16 autocast: without the patch the backward of
+    megatron-core's router product multiplies a bf16 gradient by a float32 weight and fails (as
+    it did on the GPUs); with it the router's logits and gradients are float32."""
+    from megatron.core.transformer.moe import router
+    from qwen_data_train.patches import moe_router_outside_autocast, moe_router_without_transformer_engine
+
+    def router_grad():
+        inp = torch.randn(6, 16, requires_grad=True)
+        weight = torch.randn(8, 16, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = router.router_gating_linear(inp, weight, None, torch.float32)
+        logits.float().sum().backward()
+        return logits.dtype, weight.grad.dtype
+
+    with moe_router_without_transformer_engine():
+        with pytest.raises(RuntimeError, match="same dtype"):
+            router_grad()
+        with moe_router_outside_autocast():
+            assert router_grad() == (torch.float32, torch.float32)
+
+
 def test_distributed_optimizer_is_refused_on_the_cpu(megatron_cpu):
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.distributed import ParallelLayout, data_parallel

@@ -40,7 +40,8 @@ from .loader import build_splits, make_loader
 from .metrics import ExpertLoad, Metrics, StepStats, Summary
 from .model import build_model, resolve_attention, resolve_fp8
 from .optimizer import AdamW, DistributedAdamW, Schedule
-from .patches import megatron_on_cpu, moe_router_without_transformer_engine, recompute_as_forward_ran
+from .patches import (megatron_on_cpu, moe_router_outside_autocast, moe_router_without_transformer_engine,
+                      recompute_as_forward_ran)
 from .shapes import PRESETS, ModelShape
 from .step import ForwardSpec, evaluate, forward_backward
 
@@ -227,7 +228,7 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 
 def train(config: TrainConfig) -> int:
     with (megatron_on_cpu(), recompute_as_forward_ran(), moe_router_without_transformer_engine(),
-          distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep) as device):
+          moe_router_outside_autocast(), distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep) as device):
         Trainer(config, device).run()
     return 0
 

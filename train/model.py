@@ -23,11 +23,12 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.tensor_parallel.layers import RowParallelLinear
+from megatron.core.tensor_parallel.layers import RowParallelLinear, _initialize_affine_weight_cpu
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer
+from megatron.core.utils import get_pg_rank, get_pg_size
 
 from .attention import SDPACoreAttention, TECoreAttention, have_transformer_engine
 from .config import ATTENTION_CHOICES, COMPILE_CHOICES, FP8_RECIPES
@@ -237,6 +238,29 @@ class SeededTransformerLayer(TransformerLayer):
         torch.manual_seed(init_seed * 1_000_003 + number)
         super().__init__(config, submodules, layer_number, *args, **kwargs)
         assert self.layer_number == number, "megatron-core numbers this layer otherwise"
+        if config.num_moe_experts and config.use_cpu_initialization:
+            self._draw_each_expert(init_seed * 1_000_003 + number)
+
+    def _draw_each_expert(self, seed: int) -> None:
+        """Each expert's weights drawn again from `seed` and its global number: a rank builds only
+        its expert-parallel share of the experts, whose draws would otherwise start where expert 0's
+        do, and leave torch's generator elsewhere for the next module. megatron-core's own initialization (the init method of each linear, the whole matrix
+        drawn and this tensor-parallel rank's part kept, as the linear was built)."""
+        local = self.mlp.experts.local_experts
+        first = parallel_state.get_expert_model_parallel_rank() * len(local)
+        for number, expert in enumerate(local, start=first):
+            torch.manual_seed(seed * 1_000_003 + 1 + number)
+            for linear, init in ((expert.linear_fc1, self.config.init_method),
+                                 (expert.linear_fc2, self.config.output_layer_init_method)):
+                weight, world = linear.weight, get_pg_size(linear.tp_group)
+                dim = weight.partition_dim
+                whole = [n * world if d == dim else n for d, n in enumerate(weight.shape)]
+                drawn = torch.empty_like(weight)  # megatron marks the tensor it draws: a fresh one
+                _initialize_affine_weight_cpu(drawn, *whole, weight.shape[dim], dim, init,
+                                              stride=weight.partition_stride, params_dtype=weight.dtype,
+                                              rank=get_pg_rank(linear.tp_group), world_size=world)
+                weight.data.copy_(drawn)
+        torch.manual_seed(seed * 1_000_003)  # what is drawn after this layer (the output layer) alike too
 
 
 class RMSNorm(torch.nn.Module):

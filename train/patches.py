@@ -136,3 +136,22 @@ def moe_router_without_transformer_engine() -> Iterator[None]:
         return
     with _replaced(moe_utils, "te_general_gemm", None):
         yield
+
+
+@contextlib.contextmanager
+def moe_router_outside_autocast() -> Iterator[None]:
+    """megatron-core's MoE router computes its logits by an autograd function whose backward
+    multiplies in its input's dtype: under autocast the forward's product ran in bf16, and the
+    backward met a bf16 gradient beside a float32 weight ("expected mat1 and mat2 to have the same
+    dtype"). Inside the block the router runs outside autocast, in its input's dtype (float32 with
+    the trainer's float32 weights), as transformers' router runs in the model's dtype."""
+    from megatron.core.transformer.moe import router
+
+    original = router.router_gating_linear
+
+    def gating(inp, weight, bias, router_dtype):
+        with torch.autocast(inp.device.type, enabled=False):
+            return original(inp, weight, bias, router_dtype)
+
+    with _replaced(router, "router_gating_linear", gating):
+        yield

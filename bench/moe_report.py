@@ -1,0 +1,62 @@
+"""moe.json and its table from what `bench/gpu.sh moe` leaves in a folder.
+
+    python3 bench/moe_report.py bench/results/gpu                  # → bench/results/gpu/moe.json, a table on stdout
+    python3 bench/moe_report.py --out bench/results/gpu/moe.json bench/results/gpu/moe-h100x2
+
+Each run is a moe-NAME.jsonl (the trainer's --log-json) and moe-NAME.log (the command line first), read as
+scale_report reads its runs (steady-state rates per GPU; MFU counts the active parameters, as the trainer
+does), plus the most loaded expert against the mean (expert_load_max, the run's largest). expert_parallel:
+ep2's losses against ep1's step by step (same seed, data and global batch; experts split over the two GPUs
+against replicated on both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+from scale_report import max_rel_diff, records, run
+
+
+def report(folder: str) -> dict:
+    names = sorted(os.path.basename(p).removeprefix("moe-").removesuffix(".log")
+                   for p in glob.glob(os.path.join(folder, "moe-*.log")))
+    runs = []
+    for name in names:
+        rows = records(folder, name, "moe")
+        if rows:
+            loads = [r["expert_load_max"] for r in rows if r.get("expert_load_max") is not None]
+            runs.append({**run(folder, name, "moe"), "gpus": None,
+                         "expert_load_max": round(max(loads), 3) if loads else None})
+            runs[-1]["gpus"] = runs[-1]["dp"] * runs[-1]["tp"] * runs[-1]["pp"]
+    device = os.path.join(folder, "moe_device.txt")
+    diff, steps = max_rel_diff(records(folder, "ep2", "moe"), records(folder, "ep1", "moe"))
+    return {"device": open(device).read().strip() if os.path.exists(device) else None, "runs": runs,
+            "expert_parallel": {"max_rel_loss_diff": diff, "steps": steps}}
+
+
+def table(result: dict) -> str:
+    head = ["name", "model", "num_layers", "gpus", "ep", "tokens_per_s_per_gpu", "mfu", "max_memory_gib",
+            "expert_load_max", "loss_at_end", "error"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in result["runs"]]
+    return "\n".join([str(result["device"]), *lines, json.dumps(result["expert_parallel"])])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder")
+    p.add_argument("--out", help="where moe.json goes (default: in the folder)")
+    args = p.parse_args()
+    result = report(args.folder)
+    with open(args.out or os.path.join(args.folder, "moe.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
