@@ -1,8 +1,9 @@
 """The Qwen tokenizer: where its files come from, which Qwen flavour it is, and exact encoding.
 
 Ids must equal Hugging Face `tokenizers` on the same files for every input. The default backend is
-gigatoken (Rust, loads `tokenizer.json` itself, ~10x HF's speed on one core and id-identical in our
-tests); `backend="hf"` uses HF `tokenizers` itself. gigatoken reads Unicode from newer tables than HF:
+gigatoken (Rust, ~10x HF's speed on one core and id-identical in our tests; built from a rank file
+derived from Qwen's `tokenizer.json` in a third of the time, see `QwenTokenizer._rank_file`);
+`backend="hf"` uses HF `tokenizers` itself. gigatoken reads Unicode from newer tables than HF:
 the rare texts holding a character on which the two differ (qwen_data.text.unicode_exact) go to HF.
 
 Flavours share one byte-level BPE and differ only in their added tokens (`qwen_data.qwen`). A
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import tempfile
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +43,21 @@ _IDENTITY_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 # Its name, path and backend say where the files lay and which code encoded them (both backends
 # give the same ids), so data made with copies of the files, or by either backend, is alike.
 IDS_IDENTITY = ("sha256", "flavour", "vocab_size")
+# The tokenizer.json settings of Qwen2.5's and Qwen3's files (tests/test_tokenizer.py), under which
+# gigatoken builds from a rank file (`QwenTokenizer._rank_file`) the BPE it builds from the file:
+# NFC (done here, `gigatoken_input`), the split regex gigatoken calls "qwen2", byte-level BPE.
+QWEN_SETTINGS = {
+    "normalizer": {"type": "NFC"},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?"
+                                               r"[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+              "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False},
+}
+# ... and of their added tokens: matched as they are in the raw text, as gigatoken matches special tokens.
+PLAIN_ADDED_TOKEN = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
 
 
 class TokenizerNotFound(FileNotFoundError):
@@ -172,14 +189,15 @@ class QwenTokenizer:
         self.config = config
         self.name, self.directory = resolve_tokenizer_dir(config.name)
         try:
-            with open(self._file(), encoding="utf-8") as f:
+            with open(self._file(), "rb") as f:
                 # Kept as text, never as a parsed dict: the main process forks the workers, and every
-                # megabyte it holds shows up again in each worker's resident size.
-                self._json_text = f.read()
+                # megabyte it holds shows up again in each worker's resident size. Read as bytes and
+                # decoded whole: a text-mode read translates newlines, ~0.1 s on Qwen's 7 MB.
+                self._json_text = f.read().decode("utf-8")
         except UnicodeDecodeError as exc:
             raise self._broken(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        self._added_span, added_list = _find_added_tokens(self._json_text)
-        added = {t["content"]: t["id"] for t in added_list}
+        self._added_span, self._added_list = _find_added_tokens(self._json_text)
+        added = {t["content"]: t["id"] for t in self._added_list}
         try:
             detected = detect_flavour(set(added.values()))
         except ValueError as exc:
@@ -213,6 +231,7 @@ class QwenTokenizer:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_backends"] = {}
+        state.pop("_ranks", None)  # a path on this machine: each process looks for its own
         return state
 
     # -- facts ---------------------------------------------------------------------------------
@@ -293,6 +312,7 @@ class QwenTokenizer:
         self.encoded += sum(map(len, texts))
         self.texts += len(texts)
         if self.config.backend == "gigatoken":
+            raw, texts = texts, self.gigatoken_input(texts, special)
             if self.texts <= BATCH_AFTER:
                 pieces = [backend.encode(text) for text in texts]
                 lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
@@ -303,14 +323,40 @@ class QwenTokenizer:
                 encoded = backend.encode_batch(texts, parallel=False)
                 ids = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32)
                 lengths = np.asarray(ak.num(encoded, axis=1), dtype=np.int64)
-            rows = self.exact_rows(texts, ids, lengths, backend)
+            rows = self.exact_rows(raw, ids, lengths, backend)
             if rows:
-                ids, lengths = self._splice_hf(texts, rows, special, ids, lengths)
+                ids, lengths = self._splice_hf(raw, rows, special, ids, lengths)
         else:
             encodings = backend.encode_batch(texts, add_special_tokens=False)
             lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
             ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(lengths.sum()))
         return ids, lengths
+
+    def gigatoken_input(self, texts: list[str], special: str) -> list[str]:
+        """`texts` as gigatoken's backend for `special` takes them. Built from tokenizer.json it
+        normalizes itself; built from a rank file it does not, and gets the texts in NFC here, by
+        Python's Unicode tables. Where those normalize otherwise than HF's (older) tables, the text
+        holds a character of unicode_exact.EXACT_RANGES and goes to HF (`exact_rows`; tested in
+        tests/test_unicode_exact.py).
+
+        HF splits the literals it keeps as control tokens out of the raw text and normalizes the
+        pieces between them (U+0338 after `<think>` stays apart; NFC of the whole text would compose
+        it with the `>`), so the pieces are normalized one by one. NFC writes no ASCII character
+        that was not in its input, bar K ; ` (from U+212A U+037E U+1FEF), none of which a literal
+        holds: gigatoken finds in the joined pieces the literals found here.
+        """
+        if not self._rank_file():
+            return texts
+        literals = None
+        out = []
+        for text in texts:
+            if not text.isascii() and not unicodedata.is_normalized("NFC", text):
+                if literals is None:
+                    literals = _literal_pattern(self.kept_tokens(special))
+                pieces = literals.split(text)  # the literals at odd positions: the pattern is a group
+                text = "".join(p if k % 2 else unicodedata.normalize("NFC", p) for k, p in enumerate(pieces))
+            out.append(text)
+        return out
 
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
         return self.encode_batch([text], special)[0]
@@ -320,8 +366,8 @@ class QwenTokenizer:
         `unicode_exact.EXACT_RANGES` (Unicode tables of different ages).
 
         Searching every text would cost a tenth to a third of gigatoken's own time, so the ids are
-        looked at first: the token holding the first byte of such a character (gigatoken's NFC keeps
-        them, or composes them into others of the table) is one of the few (22 in Qwen's vocabulary)
+        looked at first: the token holding the first byte of such a character (NFC keeps them, or
+        composes them into others of the table) is one of the few (22 in Qwen's vocabulary)
         for which `token_spells_start` is true, and only the texts with one are searched.
         """
         from qwen_data.text.unicode_exact import needs_exact
@@ -366,7 +412,7 @@ class QwenTokenizer:
         ~0.5 s, which every process, Ray task and command would pay). Written atomically, so
         concurrent processes read a whole file or none; a cache that cannot be written or read
         only costs the build."""
-        path = os.path.join(cache_dir(), f"{self.sha256}-{self.vocab_size}", name + ".npy")
+        path = self._cache_path(name + ".npy")
         try:
             array = np.load(path, allow_pickle=False)
             if array.shape == (self.vocab_size,):
@@ -374,18 +420,60 @@ class QwenTokenizer:
         except (OSError, ValueError, EOFError):
             pass
         array = build()
-        tmp = None
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=name, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
                 np.save(f, array)
-            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users' runs
-            os.replace(tmp, path)
-        except OSError:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
+
+        _store(path, write)
         return array
+
+    def _cache_path(self, name: str) -> str:
+        return os.path.join(cache_dir(), f"{self.sha256}-{self.vocab_size}", name)
+
+    def _rank_file(self) -> str | None:
+        """A tiktoken rank file of this tokenizer's BPE (per id from 0, a line: its bytes in base64,
+        the id), or None where there is none: gigatoken then reads tokenizer.json, ~3x slower.
+
+        Derived once (in `cache_dir()`, like `_derived`'s arrays) from a file whose settings are
+        QWEN_SETTINGS, and only kept when the BPE gigatoken builds from it has the vocabulary and
+        the merges, in priority order, of the one it builds from tokenizer.json: with the same
+        split and the same added tokens, gigatoken then encodes with the same tables. (Ids follow
+        merge order in Qwen's files, so ranks are ids.) An empty file says: no rank file. Without
+        a writable cache there is none either: deriving it costs more than it saves once.
+        """
+        if not hasattr(self, "_ranks"):
+            path = self._cache_path("bpe.tiktoken")
+            if not os.path.exists(path):
+                _store(path, self._write_ranks)
+            self._ranks = path if os.path.exists(path) and os.path.getsize(path) else None
+        return self._ranks
+
+    def _write_ranks(self, tmp: str) -> None:
+        """Write this tokenizer's rank file to `tmp`, or leave `tmp` empty (see `_rank_file`)."""
+        import base64
+
+        import gigatoken
+
+        whole = gigatoken.Tokenizer.from_json(self._spec("text"))  # raises for a broken file: `backend` says so
+        settings = json.loads(self._json_text)
+        model = {k: v for k, v in settings["model"].items() if k not in ("vocab", "merges")}
+        added = [{k: t.get(k) for k in PLAIN_ADDED_TOKEN} for t in self._added_list if t["content"] in self.added_tokens]
+        vocab = whole.vocab
+        if ({k: settings.get(k) for k in ("normalizer", "pre_tokenizer")} | {"model": model} != QWEN_SETTINGS
+                or any(t != PLAIN_ADDED_TOKEN for t in added) or list(vocab) != list(range(len(vocab)))):
+            return
+        with open(tmp, "w", encoding="ascii") as f:
+            f.writelines(f"{base64.b64encode(piece).decode()} {i}\n" for i, piece in vocab.items())
+        try:
+            ranked = gigatoken.Tokenizer.from_tiktoken(tmp, "qwen2", {})
+            same = ranked.vocab == vocab and ranked.merges == whole.merges
+        except BaseException as exc:  # a Rust panic (BaseException) where a token merges from no pair of ranks
+            if type(exc).__name__ != "PanicException":
+                raise
+            same = False
+        if not same:
+            open(tmp, "w").close()
 
     def _splice_hf(self, texts, rows, special, ids, lengths) -> tuple[np.ndarray, np.ndarray]:
         """`ids` and `lengths` with texts[rows] encoded by HF `tokenizers` instead, same added tokens."""
@@ -436,7 +524,10 @@ class QwenTokenizer:
                 if self.config.backend == "gigatoken":
                     import gigatoken
 
-                    self._backends[key] = gigatoken.Tokenizer.from_json(self._spec(special))
+                    ranks = self._rank_file()
+                    self._backends[key] = (
+                        gigatoken.Tokenizer.from_tiktoken(ranks, "qwen2", {c: self.added_tokens[c] for c in key}) if ranks
+                        else gigatoken.Tokenizer.from_json(self._spec(special)))
                 else:
                     from tokenizers import Tokenizer
 
@@ -454,9 +545,29 @@ def cache_dir() -> str:
 
 
 def _literal_pattern(contents) -> re.Pattern:
-    # longest first, so that no literal is matched by a shorter one it starts with
+    # longest first, so that no literal is matched by a shorter one it starts with (leftmost longest,
+    # as HF and gigatoken match added tokens); one group, so that `split` keeps the literals
     alternatives = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
-    return re.compile(alternatives or r"(?!)")
+    return re.compile(f"({alternatives or '(?!)'})")
+
+
+def _store(path: str, write) -> None:
+    """`write(tmp)` to a file beside `path`, then moved onto it: concurrent processes read a whole
+    file or none. A cache that cannot be written only costs the build."""
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path), suffix=".tmp")
+        os.close(fd)
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users' runs
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:
