@@ -22,6 +22,7 @@ Qwen3 `<think>` and `<tool_response>`, see CONTENT_TOKENS) legitimately live ins
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -188,15 +189,12 @@ class QwenTokenizer:
             raise ValueError(f"backend must be one of {BACKENDS}")
         self.config = config
         self.name, self.directory = resolve_tokenizer_dir(config.name)
-        try:
-            with open(self._file(), "rb") as f:
-                # Kept as text, never as a parsed dict: the main process forks the workers, and every
-                # megabyte it holds shows up again in each worker's resident size. Read as bytes and
-                # decoded whole: a text-mode read translates newlines, ~0.1 s on Qwen's 7 MB.
-                self._json_text = f.read().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise self._broken(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        self._added_span, self._added_list = _find_added_tokens(self._json_text)
+        with open(self._file(), "rb") as f:
+            # Kept as bytes, never as a parsed dict: the main process forks the workers, and every
+            # megabyte it holds shows up again in each worker's resident size (`_json_text` decodes it).
+            self._json_bytes = f.read()
+        self.sha256 = files_sha256(self.directory)
+        self._added_list = self._file_added_tokens()
         added = {t["content"]: t["id"] for t in self._added_list}
         try:
             detected = detect_flavour(set(added.values()))
@@ -212,7 +210,6 @@ class QwenTokenizer:
         # would for the real tokenizer of that flavour.
         self.added_tokens = {c: i for c, i in added.items() if FIRST_ADDED_ID <= i <= last_id}
         self.vocab_size = last_id + 1
-        self.sha256 = files_sha256(self.directory)
         self.eod_id = self.added_tokens[EOD_TOKEN]
         self.special_re = _literal_pattern(self.added_tokens)
         self._structural_re = _literal_pattern(set(self.added_tokens) - CONTENT_TOKENS)
@@ -228,9 +225,37 @@ class QwenTokenizer:
         return ValueError(f"{self._file()}: {why}: a truncated or corrupt file? Use the model's own tokenizer files "
                           "(copy or download them again), or leave out --tokenizer for the bundled Qwen tokenizer")
 
+    @functools.cached_property
+    def _json_text(self) -> str:
+        """tokenizer.json as text, for what reads more than its added tokens (~25 ms to decode)."""
+        try:
+            return self._json_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._broken(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+    def _file_added_tokens(self) -> list[dict]:
+        """tokenizer.json's "added_tokens". Kept in cache_dir() under the files' hash: reading them
+        decodes the whole file, which the rest of a run with a rank file (`_rank_file`) never needs.
+        A file is decoded, and refused if broken, the first time only: its hash is then known good."""
+        path = os.path.join(cache_dir(), f"{self.sha256}.added_tokens.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            pass
+        tokens = _find_added_tokens(self._json_text)[1]
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(tokens, f)
+
+        _store(path, write)
+        return tokens
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_backends"] = {}
+        state.pop("_json_text", None)  # decoded again where needed
         state.pop("_ranks", None)  # a path on this machine: each process looks for its own
         return state
 
@@ -496,7 +521,7 @@ class QwenTokenizer:
     def _spec(self, special: str) -> str:
         """tokenizer.json with only the added tokens this policy treats as control tokens (every
         other literal is then split by the regular BPE, like any text)."""
-        start, end = self._added_span
+        start, end = _find_added_tokens(self._json_text)[0]
         kept = self.kept_tokens(special)
         tokens = [t for t in json.loads(self._json_text[start:end]) if t["content"] in self.added_tokens]
         text = self._json_text[:start] + json.dumps([t for t in tokens if t["content"] in kept]) + self._json_text[end:]
