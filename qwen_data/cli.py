@@ -57,7 +57,7 @@ def _shard(text: str):
 
 def _prefix(text: str) -> str:
     """An output prefix; a data file's name stands for its prefix (out/web.bin: out/web)."""
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
 
     prefix = strip_suffix(text)
     if not prefix or prefix.endswith(("/", os.sep)) or os.path.basename(prefix) in (".", ".."):
@@ -421,7 +421,7 @@ def _run_sft(args) -> int:
 
 
 def _run_merge(args) -> int:
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
     from .run.merge import merge
 
     m = merge([strip_suffix(p) for p in args.prefixes], args.output_prefix, quiet=args.quiet)
@@ -506,7 +506,7 @@ def _format_budget(rows, approximate: bool) -> list[str]:
 
 
 def _run_inspect(args) -> int:
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
     from .tools.inspect import Inspector, choose_rows, terminal
 
     prefix = strip_suffix(args.prefix)
@@ -523,7 +523,7 @@ def _run_inspect(args) -> int:
 
 
 def _run_stats(args) -> int:
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
     from .tools.stats import blend_lines, blend_stats, histogram_png, is_blend, prefix_lines, prefix_stats
 
     if args.html and len(args.targets) > 1:
@@ -568,7 +568,7 @@ def _run_convert(args) -> int:
 
 
 def _run_verify(args) -> int:
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
     from .formats.manifest import Manifest
     from .tools.verify import verify
 
