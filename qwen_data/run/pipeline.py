@@ -1,7 +1,7 @@
 """The pipeline core: reader → step → writer, with what every run owes done once.
 
-    readers.read_chunks (main) → step.process (workers, results in input order) → step's writer (main)
-    → one manifest per dataset, committed last
+    readers.read_chunks (main) → step.process (workers, results in input order; one chunk: main)
+    → step's writer (main) → one manifest per dataset, committed last
 
 A step (`pretrain.Tokenize`, `sft.ChatSamples`) says which prefixes and files it writes, what a
 worker makes of a chunk of records and how the results are written. `run` does the rest for any
