@@ -57,7 +57,7 @@ def _shard(text: str):
 
 def _prefix(text: str) -> str:
     """An output prefix; a data file's name stands for its prefix (out/web.bin: out/web)."""
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
 
     prefix = strip_suffix(text)
     if not prefix or prefix.endswith(("/", os.sep)) or os.path.basename(prefix) in (".", ".."):
@@ -114,26 +114,22 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command is listed; with `command`, only its options are built (sft's import its
+    templates and formats: time that a run of another command would spend for nothing)."""
     parser = argparse.ArgumentParser(prog="qwen-data", description=__doc__.split("\n")[0],
                                      epilog="`qwen-data COMMAND --help` gives each command's options and defaults.",
                                      formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"qwen-data {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_pretrain_parser(sub)
-    _add_sft_parser(sub)
-    _add_merge_parser(sub)
-    _add_blend_parser(sub)
-    _add_verify_parser(sub)
-    _add_inspect_parser(sub)
-    _add_stats_parser(sub)
-    _add_train_parser(sub)
-    _add_convert_parser(sub)
+    for name, (help, description, own_help, add_options) in COMMANDS.items():
+        p = _subparser(sub, name, help, description, add_help=own_help)
+        if command in (None, name):
+            add_options(p)
     return parser
 
 
-def _add_pretrain_parser(sub) -> None:
-    p = _subparser(sub, "pretrain", "jsonl text → Megatron indexed dataset (.bin/.idx)")
+def _pretrain_options(p: argparse.ArgumentParser) -> None:
     _add_common(p, "out/web", "corpus.jsonl")
     p.add_argument("--text-key", type=_keys, action="append", default=None, metavar="KEY[,KEY...]",
                    help="json key holding the text (repeat the flag or give a comma-separated list; several keys "
@@ -143,7 +139,7 @@ def _add_pretrain_parser(sub) -> None:
     p.set_defaults(func=_run_pretrain)
 
 
-def _add_sft_parser(sub) -> None:
+def _sft_options(p: argparse.ArgumentParser) -> None:
     from .formats.indexed import MASK_SUFFIX
     from .formats.manifest import LAYOUTS
     from .formats.packing import PACKINGS
@@ -151,7 +147,6 @@ def _add_sft_parser(sub) -> None:
     from .text.masking import MASK_POLICIES
     from .text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
 
-    p = _subparser(sub, "sft", "chat/instruction records → tokens + loss mask indexed datasets")
     _add_common(p, "out/chat", "chats.jsonl")
     p.add_argument("--template", default="qwen2p5", choices=TEMPLATE_NAMES + ("auto",),
                    help="chat template: qwen2, qwen2p5, qwen3, or auto (the --tokenizer directory's chat_template)")
@@ -205,35 +200,23 @@ def _add_column_options(p: argparse.ArgumentParser) -> None:
                               "--columns says)")
 
 
-def _add_train_parser(sub) -> None:
-    help = ("train a Qwen-architecture GPTModel on prepared prefixes in this process (CPU or one GPU; on several: "
-            "torchrun -m qwen_data_train); its options: qwen-data train --help")
+def _train_options(p: argparse.ArgumentParser) -> None:
     # Every argument after `train` is the train stage's own (see `_main`).
-    p = _subparser(sub, "train", help, add_help=False)
     p.set_defaults(func=_run_train, debug=False)
 
 
-def _add_convert_parser(sub) -> None:
+def _convert_options(p: argparse.ArgumentParser) -> None:
     # Like train: every argument after `convert` is the converter's own.
-    help = ("convert between a Hugging Face Qwen folder and a megatron-core checkpoint (hf-to-mcore, mcore-to-hf); "
-            "its options: qwen-data convert --help")
-    p = _subparser(sub, "convert", help, add_help=False)
     p.set_defaults(func=_run_convert, debug=False)
 
 
-def _add_verify_parser(sub) -> None:
-    p = _subparser(sub, "verify", "re-read prefixes as a reader would and check them against their manifests",
-                   "Checks sizes, counts, dtype, ids, eod, loss mask, packing and the fingerprint; "
-                   "exit 0 when every prefix is ok, 1 with the list of problems.")
+def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="output prefixes (PREFIX.bin/.idx/.json)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_verify)
 
 
-def _add_merge_parser(sub) -> None:
-    help = ("join prefixes (the shards of a --shard K/N run, or datasets made alike) into one; a sharded --pack "
-            "run is packed here")
-    p = _subparser(sub, "merge", help)
+def _merge_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="prefixes to join (shards: in any order)")
     p.add_argument("-o", "--output-prefix", type=_prefix, required=True,
                    help="the joined prefix (out/web.bin or .idx or .json means out/web)")
@@ -242,9 +225,8 @@ def _add_merge_parser(sub) -> None:
     p.set_defaults(func=_run_merge)
 
 
-def _add_blend_parser(sub) -> None:
+def _blend_options(p: argparse.ArgumentParser) -> None:
     """`qwen-data blend`; what the options mean at length: `qwen_data.blend.files` and `qwen_data.blend.weights`."""
-    p = _subparser(sub, "blend", "weighted prefixes → Megatron --data-args-path / --per-split-data-args-path")
     p.add_argument("train", nargs="+", metavar="PREFIX[=W]",
                    help="train prefixes, each optionally with a weight (out/web=0.7)")
     p.add_argument("-o", "--output", default="out/blend.json",
@@ -284,9 +266,7 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
                         "prefixes only)")
 
 
-def _add_inspect_parser(sub) -> None:
-    help = "decoded rows of a prefix, trained tokens marked, pad and end of document shown, samples apart"
-    p = _subparser(sub, "inspect", help)
+def _inspect_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prefix", metavar="PREFIX", help="an output prefix (PREFIX.bin/.idx/.json)")
     rows = p.add_mutually_exclusive_group()
     rows.add_argument("--index", type=_at_least(0), nargs="+", default=None, metavar="N",
@@ -304,10 +284,7 @@ def _add_inspect_parser(sub) -> None:
     p.set_defaults(func=_run_inspect)
 
 
-def _add_stats_parser(sub) -> None:
-    help = ("documents, tokens, trained share, sample lengths, packing fill and rejects of prefixes; for a blend "
-            "file, what each source contributes and, with a budget, how many epochs of it the run takes")
-    p = _subparser(sub, "stats", help)
+def _stats_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("targets", nargs="+", metavar="PREFIX|BLEND",
                    help="output prefixes, or blend files written by `qwen-data blend` (NAME.json, NAME.txt)")
     _add_budget(p)
@@ -317,6 +294,30 @@ def _add_stats_parser(sub) -> None:
                    help="also write the sample-length histograms as a PNG (none: no PNG)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_stats)
+
+
+# name: (its line in `qwen-data --help`, its own description (None: that line), whether it has -h (train
+# and convert answer --help with the train stage's options), what adds its options); in this order.
+COMMANDS = {
+    "pretrain": ("jsonl text → Megatron indexed dataset (.bin/.idx)", None, True, _pretrain_options),
+    "sft": ("chat/instruction records → tokens + loss mask indexed datasets", None, True, _sft_options),
+    "merge": ("join prefixes (the shards of a --shard K/N run, or datasets made alike) into one; a sharded --pack "
+              "run is packed here", None, True, _merge_options),
+    "blend": ("weighted prefixes → Megatron --data-args-path / --per-split-data-args-path", None, True,
+              _blend_options),
+    "verify": ("re-read prefixes as a reader would and check them against their manifests",
+               "Checks sizes, counts, dtype, ids, eod, loss mask, packing and the fingerprint; "
+               "exit 0 when every prefix is ok, 1 with the list of problems.", True, _verify_options),
+    "inspect": ("decoded rows of a prefix, trained tokens marked, pad and end of document shown, samples apart",
+                None, True, _inspect_options),
+    "stats": ("documents, tokens, trained share, sample lengths, packing fill and rejects of prefixes; for a blend "
+              "file, what each source contributes and, with a budget, how many epochs of it the run takes",
+              None, True, _stats_options),
+    "train": ("train a Qwen-architecture GPTModel on prepared prefixes in this process (CPU or one GPU; on several: "
+              "torchrun -m qwen_data_train); its options: qwen-data train --help", None, False, _train_options),
+    "convert": ("convert between a Hugging Face Qwen folder and a megatron-core checkpoint (hf-to-mcore, "
+                "mcore-to-hf); its options: qwen-data convert --help", None, False, _convert_options),
+}
 
 
 # -- commands -------------------------------------------------------------------------------------
@@ -420,7 +421,7 @@ def _run_sft(args) -> int:
 
 
 def _run_merge(args) -> int:
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
     from .run.merge import merge
 
     m = merge([strip_suffix(p) for p in args.prefixes], args.output_prefix, quiet=args.quiet)
@@ -505,7 +506,7 @@ def _format_budget(rows, approximate: bool) -> list[str]:
 
 
 def _run_inspect(args) -> int:
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
     from .tools.inspect import Inspector, choose_rows, terminal
 
     prefix = strip_suffix(args.prefix)
@@ -522,7 +523,7 @@ def _run_inspect(args) -> int:
 
 
 def _run_stats(args) -> int:
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
     from .tools.stats import blend_lines, blend_stats, histogram_png, is_blend, prefix_lines, prefix_stats
 
     if args.html and len(args.targets) > 1:
@@ -567,7 +568,7 @@ def _run_convert(args) -> int:
 
 
 def _run_verify(args) -> int:
-    from .blend.files import strip_suffix
+    from .formats.manifest import strip_suffix
     from .formats.manifest import Manifest
     from .tools.verify import verify
 
@@ -598,7 +599,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # The first word is the command: the options before it (--version, --help) take no value.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     args, rest = parser.parse_known_args(argv)
     if rest and args.command not in ("train", "convert"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -185,3 +185,29 @@ def test_second_run_into_a_busy_prefix_refuses(tmp_path, capsys):
     finally:
         holder.abort()
     assert run_cli(src, "-o", tmp_path / "out") == 0
+
+
+SMALL_RUN = """
+import json, sys
+from qwen_data.cli import main
+from qwen_data.text.tokenizer import QwenTokenizer
+assert main(sys.argv[1:]) == 0
+decoded = ["_json_text" in vars(t) for t in QwenTokenizer._built.values()]
+print(json.dumps({"modules": sorted(sys.modules), "decoded": decoded}))
+"""
+
+
+def test_a_small_run_starts_with_only_what_it_uses(tmp_path):
+    """Start-up is most of a small run's time (bench/startup.py). Its one chunk is tokenized in the
+    main process (no worker, no multiprocess), neither sft's modules nor merge's thread pool are
+    imported, and tokenizer.json is not decoded once its rank file and added tokens are cached."""
+    src = write_jsonl(tmp_path / "one.jsonl", [{"text": "Hello world, a short document."}])
+    command = [sys.executable, "-c", SMALL_RUN, "pretrain", "--quiet", str(src), "-o", str(tmp_path / "out")]
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    for _ in range(2):  # the first run fills the cache
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    loaded = set(result["modules"])
+    assert not loaded & {"multiprocess", "concurrent.futures", "qwen_data.text.masking", "qwen_data.text.templates"}
+    assert result["decoded"] == [False]

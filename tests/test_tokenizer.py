@@ -5,12 +5,13 @@ import os
 
 import numpy as np
 import pytest
-from _helpers import hf_plain_text
+from _helpers import hf_plain_text, qwen25_tokenizer_folder
 from multilingual import SPECIAL_LITERALS, corpus
 from tokenizers import Tokenizer
 
 from qwen_data.qwen import DEFAULT_PAD_ID
-from qwen_data.text.tokenizer import QwenTokenizer, TokenizerConfig, TokenizerNotFound, bundled_tokenizer_dir
+from qwen_data.text.tokenizer import (SPECIAL_POLICIES, QwenTokenizer, TokenizerConfig, TokenizerNotFound,
+                                      bundled_tokenizer_dir)
 
 TEXTS = corpus(600, seed=1)
 
@@ -66,6 +67,48 @@ def test_batch_call_matches_hf(monkeypatch):
     hf = hf_reference("qwen3")
     got = split(*ours.encode_batch(TEXTS, special="parse"))
     assert got == [e.ids for e in hf.encode_batch(TEXTS, add_special_tokens=False)]
+
+
+# Where NFC meets a literal: '>' then U+0338 composes to '≯' unless the '>' ends a literal kept as a
+# control token; marks after and before literals; U+212A KELVIN SIGN, whose NFC is K, before one.
+BOUNDARIES = ["<think>\u0338", "x>\u0338<|im_end|>\u0338y", "\u212a<think>e\u0301</think>\u0301",
+              "<tool_call>\u0338\u0301", "e<|endoftext|>\u0301", "\u1e0b\u0323<|im_start|>\u00c5\u0323</tool_call>"]
+
+
+@pytest.mark.parametrize("special", SPECIAL_POLICIES)
+def test_every_policy_matches_hf_where_normalization_meets_a_literal(special):
+    """gigatoken built from the rank file gets its texts in NFC, normalized between the literals the
+    policy keeps, as HF normalizes them (`QwenTokenizer.gigatoken_input`)."""
+    ours, hf = QwenTokenizer(), QwenTokenizer(TokenizerConfig(backend="hf"))
+    assert ours._rank_file(), "the default backend is built from the rank file"
+    texts = BOUNDARIES + TEXTS
+    assert split(*ours.encode_batch(texts, special)) == split(*hf.encode_batch(texts, special))
+
+
+def test_qwen_files_build_gigatoken_from_a_rank_file(tmp_path, monkeypatch):
+    """Qwen's tokenizer.json (Qwen3's; Qwen2.5's added tokens) gives a rank file from which gigatoken
+    builds the BPE it builds from the file: the same vocabulary and merges in the same order. A file
+    with other settings gives none, and gigatoken reads the file itself."""
+    import gigatoken
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for folder in (bundled_tokenizer_dir(), qwen25_tokenizer_folder(tmp_path / "qwen2.5")):
+        tok = QwenTokenizer(TokenizerConfig(name=folder))
+        assert tok._rank_file(), folder
+        ranked, whole = tok.backend("parse"), gigatoken.Tokenizer.from_json(tok._spec("parse"))
+        assert ranked.vocab == whole.vocab and ranked.merges == whole.merges
+
+    with open(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    spec["model"]["ignore_merges"] = True  # a word in the vocabulary is one token, whatever the merges
+    other = tmp_path / "ignore-merges"
+    other.mkdir()
+    (other / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    tok = QwenTokenizer(TokenizerConfig(name=str(other)))
+    assert tok._rank_file() is None
+    hf = Tokenizer.from_str(json.dumps(spec))
+    got = split(*tok.encode_batch(TEXTS[:100], special="parse"))
+    assert got == [e.ids for e in hf.encode_batch(TEXTS[:100], add_special_tokens=False)]
 
 
 def test_derived_arrays_are_cached_by_content(tmp_path, monkeypatch):

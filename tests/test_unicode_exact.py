@@ -313,20 +313,51 @@ def test_every_text_holding_a_table_character_goes_to_hf(ours, special):
     texts = [probe.format(chr(c)) for c in sorted(table()) for probe in (NORMALIZATION_PROBE, SPLIT_PROBE, "{0}")]
     texts += ["plain text", "中文 русский"]
     backend = ours.backend(special)
-    encoded = backend.encode_batch(texts, parallel=False)
+    encoded = backend.encode_batch(ours.gigatoken_input(texts, special), parallel=False)
     ids, lengths = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32), np.asarray(ak.num(encoded, axis=1))
     assert ours.exact_rows(texts, ids, lengths, backend) == list(range(len(texts) - 2))
     assert our_ids(ours, special, texts) == hf_ids(special, texts)
 
 
 def test_nko_dantayalan_gets_hf_ids(ours):
-    """NKo U+07F3 then U+07FD (Unicode 11, class 220): gigatoken's NFC moves U+07FD before U+07F3
-    (class 230), HF's does not."""
+    """NKo U+07F3 then U+07FD (Unicode 11, class 220): gigatoken's NFC and Python's move U+07FD
+    before U+07F3 (class 230), HF's does not."""
     texts = ["ߊ\u07f3\u07fd ߞߊ߲", "plain", "ߊ\u07f3\u07fd"]
-    raw = ours.backend("text").encode(texts[0]).tolist()
+    raw = ours.backend("text").encode(ours.gigatoken_input(texts[:1], "text")[0]).tolist()
     assert raw != hf_ids("text", texts[:1])[0], "gigatoken and HF agree on NKo now: the example shows nothing"
     for special in ("text", "parse"):
         assert our_ids(ours, special, texts) == hf_ids(special, texts)
+
+
+def test_pythons_nfc_differs_from_hfs_only_on_table_characters(ours):
+    """gigatoken built from a rank file gets its texts in NFC by Python's Unicode tables
+    (`QwenTokenizer.gigatoken_input`). Wherever those normalize otherwise than HF's, the text holds a
+    character of the table and goes to HF: every code point alone and between marks, and every pair
+    a composition newer than HF's tables could join."""
+    hf = Backends().hf.normalizer
+
+    def differ(texts: list[str]) -> list[bool]:
+        return [o != hf.normalize_str(t) for o, t in zip(ours.gigatoken_input(texts, "text"), texts)]
+
+    # A code point Python's tables do not know, HF's older ones do not know either: both leave it be,
+    # and it composes with nothing. So only those Python knows are probed.
+    known = np.array([unicodedata.category(chr(c)) not in ("Cn", "Co") for c in range(0x110000)])
+    pairs = composition_pairs()
+    pairs = pairs[known[pairs].all(axis=1)]
+    _, _, marks = differing(differ, NORMALIZATION_PROBE, CODE_POINTS[known[CODE_POINTS]])
+    _, _, joined = differing(differ, "{0}{1}", pairs[:, 0], pairs[:, 1])
+    assert marks and joined, "Python's tables and HF's agree everywhere: the test shows nothing"
+    assert all(needs_exact(t) for t in marks + joined)
+
+
+def test_nfc_writes_no_character_of_a_literal(ours):
+    """`QwenTokenizer.gigatoken_input` normalizes the pieces between literals and joins them: gigatoken
+    finds no other literal in them, as NFC writes no character that literals are made of where its
+    input had none (it composes into non-ASCII characters, and no other decomposes into one)."""
+    alphabet = set("".join(ours.added_tokens))
+    others = [chr(c) for c in CODE_POINTS.tolist() if c > 127]
+    made = [c for c, nfc in zip(others, ours.gigatoken_input(others, "parse")) if set(nfc) & alphabet]
+    assert not made, [hex(ord(c)) for c in made]
 
 
 @pytest.mark.parametrize("special", ["text", "parse"])

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import __version__
-from ..formats.indexed import MASK_SUFFIX, IndexFormatError, read_index
+from ..formats.indexed import IndexFormatError, read_index
 from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest, train_problems
 from ..formats.outputs import atomic_file
@@ -84,14 +84,6 @@ class Source:
     def tokens_per_sample(self) -> float | None:
         """Mean real tokens per sample for SFT (one sample = one document); None for pretraining."""
         return self.real_tokens / self.documents if self.kind == "sft" else None
-
-
-def strip_suffix(path: str) -> str:
-    """Accept a data file's name for its prefix (`out/web.bin` → `out/web`)."""
-    for suffix in (MASK_SUFFIX + ".bin", MASK_SUFFIX + ".idx", ".bin", ".idx", ".json"):
-        if path.endswith(suffix):
-            return path[: -len(suffix)]
-    return path
 
 
 def load_source(prefix: str, ratio: float | None = None) -> Source:

@@ -23,7 +23,8 @@ import re
 import sys
 from dataclasses import dataclass
 
-from .files import SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source, strip_suffix
+from ..formats.manifest import strip_suffix
+from .files import SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source
 
 
 def parse_spec(text: str) -> tuple[str, float | None]:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import __version__
-from .indexed import DTYPE_CODES, token_dtype
+from .indexed import DTYPE_CODES, MASK_SUFFIX, token_dtype
 
 FORMAT = "qwen-data/1"
 KINDS = ("pretrain", "sft")
@@ -27,6 +27,14 @@ LAYOUTS = ("mask", "pai")
 
 class ManifestError(ValueError):
     pass
+
+
+def strip_suffix(path: str) -> str:
+    """Accept a data file's name for its prefix (`out/web.bin` → `out/web`)."""
+    for suffix in (MASK_SUFFIX + ".bin", MASK_SUFFIX + ".idx", ".bin", ".idx", ".json"):
+        if path.endswith(suffix):
+            return path[: -len(suffix)]
+    return path
 
 
 SAME = {"merge": "same"}  # a setting: equal in every part of a merge

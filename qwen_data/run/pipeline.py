@@ -1,7 +1,7 @@
 """The pipeline core: reader → step → writer, with what every run owes done once.
 
-    readers.read_chunks (main) → step.process (workers, results in input order) → step's writer (main)
-    → one manifest per dataset, committed last
+    readers.read_chunks (main) → step.process (workers, results in input order; one chunk: main)
+    → step's writer (main) → one manifest per dataset, committed last
 
 A step (`pretrain.Tokenize`, `sft.ChatSamples`) says which prefixes and files it writes, what a
 worker makes of a chunk of records and how the results are written. `run` does the rest for any
@@ -11,6 +11,7 @@ manifests and the commit. (`ray.run_on_ray` takes the same step, to run it as sh
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import deque
@@ -23,7 +24,6 @@ from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .progress import Progress
-from .workers import ordered_map
 
 # Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with
 # the text a worker has seen, and restarting bounds it, so peak memory does not grow with the corpus.
@@ -150,9 +150,18 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
             sizes.append(chunk.input_bytes)
             yield chunk
 
-    # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
-    results = (map(step.process, counted(chunks)) if config.workers == 0 else
-               ordered_map(step.process, counted(chunks), config.workers, tasks_per_worker=TASKS_PER_WORKER))
+    chunks = counted(chunks)
+    head = list(itertools.islice(chunks, 2))
+    chunks = itertools.chain(head, chunks)
+    if config.workers == 0 or len(head) < 2:
+        # One chunk is processed here: forking a worker for it (and importing multiprocess) takes
+        # longer than a small input's whole run.
+        results = map(step.process, chunks)
+    else:
+        from .workers import ordered_map
+
+        # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
+        results = ordered_map(step.process, chunks, config.workers, tasks_per_worker=TASKS_PER_WORKER)
     for result in results:
         writer.add(result)
         rejects.add(result.rejects)

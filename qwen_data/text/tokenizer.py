@@ -1,8 +1,9 @@
 """The Qwen tokenizer: where its files come from, which Qwen flavour it is, and exact encoding.
 
 Ids must equal Hugging Face `tokenizers` on the same files for every input. The default backend is
-gigatoken (Rust, loads `tokenizer.json` itself, ~10x HF's speed on one core and id-identical in our
-tests); `backend="hf"` uses HF `tokenizers` itself. gigatoken reads Unicode from newer tables than HF:
+gigatoken (Rust, ~10x HF's speed on one core and id-identical in our tests; built from a rank file
+derived from Qwen's `tokenizer.json` in a third of the time, see `QwenTokenizer._rank_file`);
+`backend="hf"` uses HF `tokenizers` itself. gigatoken reads Unicode from newer tables than HF:
 the rare texts holding a character on which the two differ (qwen_data.text.unicode_exact) go to HF.
 
 Flavours share one byte-level BPE and differ only in their added tokens (`qwen_data.qwen`). A
@@ -21,12 +22,14 @@ Qwen3 `<think>` and `<tool_response>`, see CONTENT_TOKENS) legitimately live ins
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import os
 import re
 import tempfile
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +44,21 @@ _IDENTITY_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 # Its name, path and backend say where the files lay and which code encoded them (both backends
 # give the same ids), so data made with copies of the files, or by either backend, is alike.
 IDS_IDENTITY = ("sha256", "flavour", "vocab_size")
+# The tokenizer.json settings of Qwen2.5's and Qwen3's files (tests/test_tokenizer.py), under which
+# gigatoken builds from a rank file (`QwenTokenizer._rank_file`) the BPE it builds from the file:
+# NFC (done here, `gigatoken_input`), the split regex gigatoken calls "qwen2", byte-level BPE.
+QWEN_SETTINGS = {
+    "normalizer": {"type": "NFC"},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?"
+                                               r"[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+              "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False},
+}
+# ... and of their added tokens: matched as they are in the raw text, as gigatoken matches special tokens.
+PLAIN_ADDED_TOKEN = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
 
 
 class TokenizerNotFound(FileNotFoundError):
@@ -171,15 +189,13 @@ class QwenTokenizer:
             raise ValueError(f"backend must be one of {BACKENDS}")
         self.config = config
         self.name, self.directory = resolve_tokenizer_dir(config.name)
-        try:
-            with open(self._file(), encoding="utf-8") as f:
-                # Kept as text, never as a parsed dict: the main process forks the workers, and every
-                # megabyte it holds shows up again in each worker's resident size.
-                self._json_text = f.read()
-        except UnicodeDecodeError as exc:
-            raise self._broken(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        self._added_span, added_list = _find_added_tokens(self._json_text)
-        added = {t["content"]: t["id"] for t in added_list}
+        with open(self._file(), "rb") as f:
+            # Kept as bytes, never as a parsed dict: the main process forks the workers, and every
+            # megabyte it holds shows up again in each worker's resident size (`_json_text` decodes it).
+            self._json_bytes = f.read()
+        self.sha256 = files_sha256(self.directory)
+        self._added_list = self._file_added_tokens()
+        added = {t["content"]: t["id"] for t in self._added_list}
         try:
             detected = detect_flavour(set(added.values()))
         except ValueError as exc:
@@ -194,7 +210,6 @@ class QwenTokenizer:
         # would for the real tokenizer of that flavour.
         self.added_tokens = {c: i for c, i in added.items() if FIRST_ADDED_ID <= i <= last_id}
         self.vocab_size = last_id + 1
-        self.sha256 = files_sha256(self.directory)
         self.eod_id = self.added_tokens[EOD_TOKEN]
         self.special_re = _literal_pattern(self.added_tokens)
         self._structural_re = _literal_pattern(set(self.added_tokens) - CONTENT_TOKENS)
@@ -210,9 +225,38 @@ class QwenTokenizer:
         return ValueError(f"{self._file()}: {why}: a truncated or corrupt file? Use the model's own tokenizer files "
                           "(copy or download them again), or leave out --tokenizer for the bundled Qwen tokenizer")
 
+    @functools.cached_property
+    def _json_text(self) -> str:
+        """tokenizer.json as text, for what reads more than its added tokens (~25 ms to decode)."""
+        try:
+            return self._json_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._broken(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+    def _file_added_tokens(self) -> list[dict]:
+        """tokenizer.json's "added_tokens". Kept in cache_dir() under the files' hash: reading them
+        decodes the whole file, which the rest of a run with a rank file (`_rank_file`) never needs.
+        A file is decoded, and refused if broken, the first time only: its hash is then known good."""
+        path = os.path.join(cache_dir(), f"{self.sha256}.added_tokens.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            pass
+        tokens = _find_added_tokens(self._json_text)[1]
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(tokens, f)
+
+        _store(path, write)
+        return tokens
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_backends"] = {}
+        state.pop("_json_text", None)  # decoded again where needed
+        state.pop("_ranks", None)  # a path on this machine: each process looks for its own
         return state
 
     # -- facts ---------------------------------------------------------------------------------
@@ -293,6 +337,7 @@ class QwenTokenizer:
         self.encoded += sum(map(len, texts))
         self.texts += len(texts)
         if self.config.backend == "gigatoken":
+            raw, texts = texts, self.gigatoken_input(texts, special)
             if self.texts <= BATCH_AFTER:
                 pieces = [backend.encode(text) for text in texts]
                 lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
@@ -303,14 +348,40 @@ class QwenTokenizer:
                 encoded = backend.encode_batch(texts, parallel=False)
                 ids = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32)
                 lengths = np.asarray(ak.num(encoded, axis=1), dtype=np.int64)
-            rows = self.exact_rows(texts, ids, lengths, backend)
+            rows = self.exact_rows(raw, ids, lengths, backend)
             if rows:
-                ids, lengths = self._splice_hf(texts, rows, special, ids, lengths)
+                ids, lengths = self._splice_hf(raw, rows, special, ids, lengths)
         else:
             encodings = backend.encode_batch(texts, add_special_tokens=False)
             lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
             ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(lengths.sum()))
         return ids, lengths
+
+    def gigatoken_input(self, texts: list[str], special: str) -> list[str]:
+        """`texts` as gigatoken's backend for `special` takes them. Built from tokenizer.json it
+        normalizes itself; built from a rank file it does not, and gets the texts in NFC here, by
+        Python's Unicode tables. Where those normalize otherwise than HF's (older) tables, the text
+        holds a character of unicode_exact.EXACT_RANGES and goes to HF (`exact_rows`; tested in
+        tests/test_unicode_exact.py).
+
+        HF splits the literals it keeps as control tokens out of the raw text and normalizes the
+        pieces between them (U+0338 after `<think>` stays apart; NFC of the whole text would compose
+        it with the `>`), so the pieces are normalized one by one. NFC writes no ASCII character
+        that was not in its input, bar K ; ` (from U+212A U+037E U+1FEF), none of which a literal
+        holds: gigatoken finds in the joined pieces the literals found here.
+        """
+        if not self._rank_file():
+            return texts
+        literals = None
+        out = []
+        for text in texts:
+            if not text.isascii() and not unicodedata.is_normalized("NFC", text):
+                if literals is None:
+                    literals = _literal_pattern(self.kept_tokens(special))
+                pieces = literals.split(text)  # the literals at odd positions: the pattern is a group
+                text = "".join(p if k % 2 else unicodedata.normalize("NFC", p) for k, p in enumerate(pieces))
+            out.append(text)
+        return out
 
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
         return self.encode_batch([text], special)[0]
@@ -320,8 +391,8 @@ class QwenTokenizer:
         `unicode_exact.EXACT_RANGES` (Unicode tables of different ages).
 
         Searching every text would cost a tenth to a third of gigatoken's own time, so the ids are
-        looked at first: the token holding the first byte of such a character (gigatoken's NFC keeps
-        them, or composes them into others of the table) is one of the few (22 in Qwen's vocabulary)
+        looked at first: the token holding the first byte of such a character (NFC keeps them, or
+        composes them into others of the table) is one of the few (22 in Qwen's vocabulary)
         for which `token_spells_start` is true, and only the texts with one are searched.
         """
         from qwen_data.text.unicode_exact import needs_exact
@@ -366,7 +437,7 @@ class QwenTokenizer:
         ~0.5 s, which every process, Ray task and command would pay). Written atomically, so
         concurrent processes read a whole file or none; a cache that cannot be written or read
         only costs the build."""
-        path = os.path.join(cache_dir(), f"{self.sha256}-{self.vocab_size}", name + ".npy")
+        path = self._cache_path(name + ".npy")
         try:
             array = np.load(path, allow_pickle=False)
             if array.shape == (self.vocab_size,):
@@ -374,18 +445,60 @@ class QwenTokenizer:
         except (OSError, ValueError, EOFError):
             pass
         array = build()
-        tmp = None
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=name, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
                 np.save(f, array)
-            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users' runs
-            os.replace(tmp, path)
-        except OSError:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
+
+        _store(path, write)
         return array
+
+    def _cache_path(self, name: str) -> str:
+        return os.path.join(cache_dir(), f"{self.sha256}-{self.vocab_size}", name)
+
+    def _rank_file(self) -> str | None:
+        """A tiktoken rank file of this tokenizer's BPE (per id from 0, a line: its bytes in base64,
+        the id), or None where there is none: gigatoken then reads tokenizer.json, ~3x slower.
+
+        Derived once (in `cache_dir()`, like `_derived`'s arrays) from a file whose settings are
+        QWEN_SETTINGS, and only kept when the BPE gigatoken builds from it has the vocabulary and
+        the merges, in priority order, of the one it builds from tokenizer.json: with the same
+        split and the same added tokens, gigatoken then encodes with the same tables. (Ids follow
+        merge order in Qwen's files, so ranks are ids.) An empty file says: no rank file. Without
+        a writable cache there is none either: deriving it costs more than it saves once.
+        """
+        if not hasattr(self, "_ranks"):
+            path = self._cache_path("bpe.tiktoken")
+            if not os.path.exists(path):
+                _store(path, self._write_ranks)
+            self._ranks = path if os.path.exists(path) and os.path.getsize(path) else None
+        return self._ranks
+
+    def _write_ranks(self, tmp: str) -> None:
+        """Write this tokenizer's rank file to `tmp`, or leave `tmp` empty (see `_rank_file`)."""
+        import base64
+
+        import gigatoken
+
+        whole = gigatoken.Tokenizer.from_json(self._spec("text"))  # raises for a broken file: `backend` says so
+        settings = json.loads(self._json_text)
+        model = {k: v for k, v in settings["model"].items() if k not in ("vocab", "merges")}
+        added = [{k: t.get(k) for k in PLAIN_ADDED_TOKEN} for t in self._added_list if t["content"] in self.added_tokens]
+        vocab = whole.vocab
+        if ({k: settings.get(k) for k in ("normalizer", "pre_tokenizer")} | {"model": model} != QWEN_SETTINGS
+                or any(t != PLAIN_ADDED_TOKEN for t in added) or list(vocab) != list(range(len(vocab)))):
+            return
+        with open(tmp, "w", encoding="ascii") as f:
+            f.writelines(f"{base64.b64encode(piece).decode()} {i}\n" for i, piece in vocab.items())
+        try:
+            ranked = gigatoken.Tokenizer.from_tiktoken(tmp, "qwen2", {})
+            same = ranked.vocab == vocab and ranked.merges == whole.merges
+        except BaseException as exc:  # a Rust panic (BaseException) where a token merges from no pair of ranks
+            if type(exc).__name__ != "PanicException":
+                raise
+            same = False
+        if not same:
+            open(tmp, "w").close()
 
     def _splice_hf(self, texts, rows, special, ids, lengths) -> tuple[np.ndarray, np.ndarray]:
         """`ids` and `lengths` with texts[rows] encoded by HF `tokenizers` instead, same added tokens."""
@@ -408,7 +521,7 @@ class QwenTokenizer:
     def _spec(self, special: str) -> str:
         """tokenizer.json with only the added tokens this policy treats as control tokens (every
         other literal is then split by the regular BPE, like any text)."""
-        start, end = self._added_span
+        start, end = _find_added_tokens(self._json_text)[0]
         kept = self.kept_tokens(special)
         tokens = [t for t in json.loads(self._json_text[start:end]) if t["content"] in self.added_tokens]
         text = self._json_text[:start] + json.dumps([t for t in tokens if t["content"] in kept]) + self._json_text[end:]
@@ -436,7 +549,10 @@ class QwenTokenizer:
                 if self.config.backend == "gigatoken":
                     import gigatoken
 
-                    self._backends[key] = gigatoken.Tokenizer.from_json(self._spec(special))
+                    ranks = self._rank_file()
+                    self._backends[key] = (
+                        gigatoken.Tokenizer.from_tiktoken(ranks, "qwen2", {c: self.added_tokens[c] for c in key}) if ranks
+                        else gigatoken.Tokenizer.from_json(self._spec(special)))
                 else:
                     from tokenizers import Tokenizer
 
@@ -454,9 +570,29 @@ def cache_dir() -> str:
 
 
 def _literal_pattern(contents) -> re.Pattern:
-    # longest first, so that no literal is matched by a shorter one it starts with
+    # longest first, so that no literal is matched by a shorter one it starts with (leftmost longest,
+    # as HF and gigatoken match added tokens); one group, so that `split` keeps the literals
     alternatives = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
-    return re.compile(alternatives or r"(?!)")
+    return re.compile(f"({alternatives or '(?!)'})")
+
+
+def _store(path: str, write) -> None:
+    """`write(tmp)` to a file beside `path`, then moved onto it: concurrent processes read a whole
+    file or none. A cache that cannot be written only costs the build."""
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path), suffix=".tmp")
+        os.close(fd)
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users' runs
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:

@@ -24,6 +24,7 @@ that test.
 
 from __future__ import annotations
 
+import functools
 import re
 
 # (first, last) inclusive; see the module docstring.
@@ -138,25 +139,26 @@ def needs_exact(text: str) -> bool:
     return len(text.encode("utf-16-le", "surrogatepass")) > 2 * len(text) and _ASTRAL.search(text) is not None
 
 
-def _utf8_pieces() -> tuple[set[bytes], set[bytes]]:
+@functools.lru_cache(maxsize=None)
+def _utf8_pieces() -> tuple[set[bytes], set[bytes], re.Pattern]:
+    """The UTF-8 of every EXACT_RANGES character, its first bytes, and a pattern of its lead bytes.
+    Built on first use (~15 ms): only deriving `QwenTokenizer._spelling_starts` asks."""
     whole, heads = set(), set()
     for first, last in EXACT_RANGES:
         for c in range(first, last + 1):
             u = chr(c).encode()
             whole.add(u)
             heads.update(u[:k] for k in range(1, len(u)))
-    return whole, heads
-
-
-_WHOLE, _HEADS = _utf8_pieces()
-_LEAD = re.compile(b"[" + b"".join(re.escape(bytes([b])) for b in sorted({u[0] for u in _WHOLE})) + b"]")
+    lead = re.compile(b"[" + b"".join(re.escape(bytes([b])) for b in sorted({u[0] for u in whole})) + b"]")
+    return whole, heads, lead
 
 
 def token_spells_start(token: bytes) -> bool:
     """Whether a byte-level token can spell the start of an EXACT_RANGES character in UTF-8: it
     holds one, or ends with the first bytes of one. Of the tokens of a text holding such a
     character, the one with its first byte is like that; few tokens are."""
-    if not _LEAD.search(token):
+    whole, heads, lead = _utf8_pieces()
+    if not lead.search(token):
         return False
-    return (any(token[-k:] in _HEADS for k in (1, 2, 3))
-            or any(token[j:j + n] in _WHOLE for n in (2, 3, 4) for j in range(len(token) - n + 1)))
+    return (any(token[-k:] in heads for k in (1, 2, 3))
+            or any(token[j:j + n] in whole for n in (2, 3, 4) for j in range(len(token) - n + 1)))

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..blend.files import BlendError, Source, read_blend, strip_suffix
+from ..blend.files import BlendError, Source, read_blend
 from ..blend.weights import Budget, BudgetRow, blend_of_record, budget_rows
+from ..formats.manifest import strip_suffix
 from .samples import Samples
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
