@@ -52,6 +52,25 @@ run() {  # run NAME ARGS...: the command and its output, both kept; a failure do
   { "$@" 2>&1; echo "exit status $? after $((SECONDS - started)) s"; } | grep -v -i "warn" | tee -a "$OUT/$name.log" || true
 }
 
+device() {  # device FILE: the GPUs, then the software the stage runs on
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$1"
+  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
+    | tee -a "$1"
+}
+
+torchruns() {  # torchruns STAGE ONLY "NAME:PROCESSES:STEPS:ARGS;...": each run after $D (ONLY: names to run; empty: all)
+  local stage=$1 only=$2 spec name nproc steps args runs
+  IFS=';' read -ra runs <<< "$3"
+  for spec in "${runs[@]}"; do
+    IFS=':' read -r name nproc steps args <<< "$spec"
+    [ -z "$only" ] || [[ " $only " == *" $name "* ]] || continue
+    rm -f "$OUT/$stage-$name.jsonl"
+    # shellcheck disable=SC2086  # args are words
+    run "$stage-$name" timeout 500 torchrun --nproc-per-node "$nproc" -m train $D --train-iters "$steps" \
+      --log-interval 5 $args --log-json "$OUT/$stage-$name.jsonl"
+  done
+}
+
 case $stage in
 data)
   src=${QWEN_DATA_BENCH_CACHE:-$HOME/.cache/qwen-data-bench}
@@ -121,9 +140,7 @@ pp2_mb1:2:--micro-batch-size 1 --pp 2;dp2:2:--micro-batch-size 4;q3_tp1:1:$Q3;q3
     | tee -a "$OUT/parallel.md"
   echo "parallel stage: $SECONDS s" ;;
 speed)
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
-    | tee -a "$OUT/device.txt"
+  device "$OUT/device.txt"
   TODAY="--cross-entropy megatron --compile none --micro-batch-size 1"
   FAST="--cross-entropy fused --compile layers --micro-batch-size 4"
   PT="--data .gpu/pretrain_blend.txt"
@@ -187,9 +204,7 @@ sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te;$FP8"
   python3 bench/te_report.py "$OUT" | tee "$OUT/te.md"
   echo "te stage: $SECONDS s" ;;
 scale)
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/scale_device.txt"
-  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
-    | tee -a "$OUT/scale_device.txt"
+  device "$OUT/scale_device.txt"
   # NAME:PROCESSES:STEPS:ARGS (SCALE_ONLY="name ..." runs only those). sp-*: sequence parallelism with and
   # without compiled layers (same losses); dp2-*: plain DP (torch DDP) against the distributed optimizer, with
   # and without overlap; ckpt-*: a distributed-optimizer run saved at DP=2, resumed at DP=1 and again at DP=2,
@@ -212,16 +227,8 @@ recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
 7b-selective:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute selective;\
 7b-full:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute full;\
 3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1"
-  IFS=';' read -ra runs <<< "$SCALE"
-  for spec in "${runs[@]}"; do
-    IFS=':' read -r name nproc steps args <<< "$spec"
-    [ -z "${SCALE_ONLY:-}" ] || [[ " $SCALE_ONLY " == *" $name "* ]] || continue
-    [ "$name" = ckpt-a ] && rm -rf "$K" /tmp/scale-hf
-    rm -f "$OUT/scale-$name.jsonl"
-    # shellcheck disable=SC2086  # args are words
-    run "scale-$name" timeout 500 torchrun --nproc-per-node "$nproc" -m train $D --train-iters "$steps" \
-      --log-interval 5 $args --log-json "$OUT/scale-$name.jsonl"
-  done
+  if [ -z "${SCALE_ONLY:-}" ] || [[ " $SCALE_ONLY " == *" ckpt-a "* ]]; then rm -rf "$K" /tmp/scale-hf; fi  # ckpt-a's
+  torchruns scale "${SCALE_ONLY:-}" "$SCALE"
   if [ -d /tmp/scale-hf ]; then  # --save-hf at DP=2 against the checkpoint saved with it, converted
     run scale-hf-exact bash -c "python3 -m train.convert mcore-to-hf $K /tmp/scale-hf-converted && \
 python3 bench/scale_report.py --same-weights /tmp/scale-hf /tmp/scale-hf-converted"
@@ -229,9 +236,7 @@ python3 bench/scale_report.py --same-weights /tmp/scale-hf /tmp/scale-hf-convert
   python3 bench/scale_report.py "$OUT" | tee "$OUT/scale.md"
   echo "scale stage: $SECONDS s" ;;
 moe)
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/moe_device.txt"
-  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
-    | tee -a "$OUT/moe_device.txt"
+  device "$OUT/moe_device.txt"
   # The Qwen3-30B-A3B shape with fewer layers (random init: its 48 layers need ~490 GB of float32 weights,
   # gradients and AdamW). ep1/ep2: 2 layers on two GPUs, experts on both (EP=1) against split over them
   # (EP=2), 50 steps, same seed and data; one/two-ep2: 4 layers on one GPU, and on two with EP=2.
@@ -240,15 +245,7 @@ moe)
   Q="--model qwen3-30b-a3b --micro-batch-size 1"
   MOE="ep1:2:50:$Q --num-layers 2 --log-interval 1;ep2:2:50:$Q --num-layers 2 --ep 2 --log-interval 1;\
 one:1:20:$Q --num-layers 4;two-ep2:2:20:$Q --num-layers 4 --ep 2"
-  IFS=';' read -ra runs <<< "$MOE"
-  for spec in "${runs[@]}"; do
-    IFS=':' read -r name nproc steps args <<< "$spec"
-    [ -z "${MOE_ONLY:-}" ] || [[ " $MOE_ONLY " == *" $name "* ]] || continue
-    rm -f "$OUT/moe-$name.jsonl"
-    # shellcheck disable=SC2086  # args are words
-    run "moe-$name" timeout 400 torchrun --nproc-per-node "$nproc" -m train $D --train-iters "$steps" \
-      --log-interval 5 $args --log-json "$OUT/moe-$name.jsonl"
-  done
+  torchruns moe "${MOE_ONLY:-}" "$MOE"
   python3 bench/moe_report.py "$OUT" | tee "$OUT/moe.md"
   echo "moe stage: $SECONDS s" ;;
 *)

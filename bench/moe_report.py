@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from scale_report import max_rel_diff, records, run
+from scale_report import markdown, max_rel_diff, records, run
 
 
 def report(folder: str) -> dict:
@@ -41,9 +41,7 @@ def report(folder: str) -> dict:
 def table(result: dict) -> str:
     head = ["name", "model", "num_layers", "gpus", "ep", "tokens_per_s_per_gpu", "mfu", "max_memory_gib",
             "expert_load_max", "loss_at_end", "error"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in result["runs"]]
-    return "\n".join([str(result["device"]), *lines, json.dumps(result["expert_parallel"])])
+    return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(result["expert_parallel"])])
 
 
 def main() -> int:

@@ -95,13 +95,17 @@ def report(folder: str) -> dict:
     }
 
 
+def markdown(rows: list[dict], head: list[str]) -> list[str]:
+    """The `head` columns of `rows` as the lines of a markdown table."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in rows]
+
+
 def table(result: dict) -> str:
     head = ["name", "model", "tp", "dp", "distributed_optimizer", "recompute", "compile",
             "tokens_per_s_per_gpu", "mfu", "max_memory_gib", "optimizer_state_gib", "loss_at_end"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in result["runs"]]
     rest = {k: v for k, v in result.items() if k not in ("runs", "device")}
-    return "\n".join([str(result["device"]), *lines, json.dumps(rest, indent=1)])
+    return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(rest, indent=1)])
 
 
 def same_weights(a: str, b: str) -> bool:

@@ -20,6 +20,10 @@ Everything else in the layer stays megatron-core's local modules, which torch.co
 call is kept out of the compiled graph, so its per-micro-batch metadata (how many samples, their
 lengths) never makes a compiled layer recompile.
 
+Context parallelism (--cp): each rank of a group holds two of the 2·cp chunks of every row
+(`context_positions`); SDPACoreAttention gathers the group's keys and values (`gather_context`) and
+attends its own queries to them under `context_mask`: causal by row position, within a segment.
+
 GPTModel passes `attention_mask` through untouched to every layer, so the mask is built once per
 micro-batch (`document_mask`, `thd_mask`) and shared by all layers. Rotary embeddings are applied by
 position in the row, not restarted per sample: attention within a sample depends only on the
@@ -33,7 +37,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
@@ -48,16 +54,22 @@ compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
 class DocumentMask:
     """Attention restricted to earlier positions of the same segment."""
 
-    segment_ids: torch.Tensor  # [b, s]
+    segment_ids: torch.Tensor  # [b, s]: the whole rows
     block_mask: Optional[BlockMask] = None  # FlexAttention's (sdpa on CUDA)
     thd: Optional[PackedSeqParams] = None  # the b rows as one stream of samples (te)
+    # Under context parallelism: the row positions of this rank's queries, and of the keys once
+    # gathered from every rank of the group (`context_mask`); None: every position, in order.
+    query_positions: Optional[torch.Tensor] = None
+    key_positions: Optional[torch.Tensor] = None
 
     def dense(self) -> torch.Tensor:
-        """[b, 1, s, s] bool, True = may attend (SDPA's convention)."""
-        seg = self.segment_ids
-        same = seg.unsqueeze(-1) == seg.unsqueeze(-2)
-        causal = torch.ones(seg.shape[-1], seg.shape[-1], dtype=torch.bool, device=seg.device).tril()
-        return (same & causal).unsqueeze(1)
+        """[b, 1, queries, keys] bool, True = may attend (SDPA's convention)."""
+        seg, s = self.segment_ids, self.segment_ids.shape[-1]
+        every = torch.arange(s, device=seg.device)
+        q = every if self.query_positions is None else self.query_positions
+        k = every if self.key_positions is None else self.key_positions
+        same = seg[:, q].unsqueeze(-1) == seg[:, k].unsqueeze(-2)
+        return (same & (q.unsqueeze(-1) >= k.unsqueeze(-2))).unsqueeze(1)
 
 
 def document_mask(segment_ids: torch.Tensor) -> DocumentMask:
@@ -73,6 +85,63 @@ def document_mask(segment_ids: torch.Tensor) -> DocumentMask:
     # booleans for every micro-batch.
     return DocumentMask(segment_ids, create_block_mask(same_segment_causal, b, None, s, s, device=segment_ids.device,
                                                        _compile=True))
+
+
+def context_chunks(cp_rank: int, cp_size: int) -> tuple[int, int]:
+    """The two of a row's 2·cp equal chunks a context-parallel rank holds: one early, one late, so
+    every rank has the same share of causal attention's work (megatron-core's split, which its
+    rotary embedding follows)."""
+    return cp_rank, 2 * cp_size - 1 - cp_rank
+
+
+def context_positions(s: int, cp_rank: int, cp_size: int, device=None) -> torch.Tensor:
+    """The row positions (of rows of `s` tokens) a context-parallel rank holds, in its order."""
+    chunk = s // (2 * cp_size)
+    return torch.cat([torch.arange(c * chunk, (c + 1) * chunk, device=device)
+                      for c in context_chunks(cp_rank, cp_size)])
+
+
+def context_mask(segment_ids: torch.Tensor, cp_rank: int, cp_size: int) -> DocumentMask:
+    """Causal same-segment attention of this context-parallel rank's queries over the keys of
+    every rank, gathered in rank order (`SDPACoreAttention`): from the whole rows' [b, s] segment
+    ids (a row of one segment: causal attention)."""
+    b, s = segment_ids.shape
+    device = segment_ids.device
+    queries = context_positions(s, cp_rank, cp_size, device)
+    keys = torch.cat([context_positions(s, r, cp_size, device) for r in range(cp_size)])
+    if device.type != "cuda":
+        return DocumentMask(segment_ids, query_positions=queries, key_positions=keys)
+
+    def same_segment_causal(batch, head, q_idx, kv_idx):
+        q, k = queries[q_idx], keys[kv_idx]
+        return (segment_ids[batch, q] == segment_ids[batch, k]) & (q >= k)
+
+    block_mask = create_block_mask(same_segment_causal, b, None, len(queries), s, device=device, _compile=True)
+    return DocumentMask(segment_ids, block_mask, query_positions=queries, key_positions=keys)
+
+
+class _GatherContext(torch.autograd.Function):
+    """[s, ...] parts of every rank of a group, joined along s in rank order; backward: the sum of
+    every rank's gradient for this rank's part (each rank's queries attend to every part)."""
+
+    @staticmethod
+    def forward(ctx, part: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        parts = [torch.empty_like(part) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, part.contiguous(), group=group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad.chunk(dist.get_world_size(ctx.group))[dist.get_rank(ctx.group)], None
+
+
+@torch.compiler.disable
+def gather_context(part: torch.Tensor) -> torch.Tensor:
+    """This rank's [s_local, ...] keys or values joined with those of its context-parallel group."""
+    return _GatherContext.apply(part, parallel_state.get_context_parallel_group())
 
 
 def thd_mask(batch: dict, device: torch.device) -> DocumentMask:
@@ -112,8 +181,6 @@ class SDPACoreAttention(MegatronModule):
                  attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
                  cp_comm_type: Optional[str] = None, pg_collection=None, **unused) -> None:
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError("SDPACoreAttention does not do context parallelism (use Transformer Engine)")
         if config.apply_query_key_layer_scaling:
             raise ValueError("SDPACoreAttention does not do query-key layer scaling")
         self.softmax_scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
@@ -125,6 +192,10 @@ class SDPACoreAttention(MegatronModule):
             raise ValueError("packed (THD) sequences need Transformer Engine; pass a DocumentMask instead")
         if attention_bias is not None:
             raise ValueError("SDPACoreAttention takes no attention bias")
+        if self.config.context_parallel_size > 1:
+            if not (isinstance(attention_mask, DocumentMask) and attention_mask.key_positions is not None):
+                raise ValueError("under context parallelism the attention mask comes from context_mask")
+            key, value = gather_context(key.to(value.dtype)), gather_context(value)
         # RoPE may have promoted query/key to float32 under autocast; value is the linear layer's dtype.
         dtype = value.dtype
         q, k, v = (t.to(dtype).permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]

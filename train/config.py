@@ -141,7 +141,8 @@ class ModelConfig(Section):
 class ParallelConfig(Section):
     GROUP = "parallelism"
 
-    tp: int = option("--tp", type=int, default=1, help="tensor-parallel size (data parallel = world / (tp × pp))")
+    tp: int = option("--tp", type=int, default=1,
+                     help="tensor-parallel size (data parallel = world / (tp × pp × cp))")
     pp: int = option("--pp", type=int, default=1,
                      help="pipeline-parallel size: the layers split evenly over pp stages, 1F1B schedule")
     sequence_parallel: bool = option(
@@ -150,6 +151,10 @@ class ParallelConfig(Section):
     ep: int = option("--ep", type=int, default=1,
                      help="expert-parallel size (mixture-of-experts models): each layer's experts split over ep "
                           "data-parallel ranks, tokens sent to them and back; divides the data-parallel size")
+    cp: int = option("--cp", type=int, default=1,
+                     help="context-parallel size: each row's tokens split over cp ranks (each takes 2 of its "
+                          "2·cp equal chunks, one early, one late), keys and values gathered for attention; "
+                          "--seq-length a multiple of 2·cp")
     # Off by default, as measured (bench/results/gpu/scale.json, Qwen2.5-0.5B on 2 × H200, DP=2, layers
     # compiled): the distributed optimizer took 0.99× plain DP's tokens/s (its gain is memory: 1.84
     # against 3.68 GiB of AdamW state a GPU); overlapping the gradient reduce-scatter 0.90×, and the

@@ -27,9 +27,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(tp: int, pp: int = 1, ep: int = 1) -> torch.device:
+def init_distributed(tp: int, pp: int = 1, ep: int = 1, cp: int = 1) -> torch.device:
     """Join torchrun's process group (or make one of a lone process), set up megatron-core's
-    groups (`ep`: expert parallelism within each data-parallel group); → this rank's device."""
+    groups (`ep`: expert parallelism within each data-parallel group; `cp`: context parallelism,
+    ranks that share their micro-batches' rows); → this rank's device."""
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -42,20 +43,20 @@ def init_distributed(tp: int, pp: int = 1, ep: int = 1) -> torch.device:
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
                                     rank=0, world_size=1)
     world = dist.get_world_size()
-    if world % (tp * pp):
-        raise ValueError(f"world size {world} is not a multiple of --tp {tp} × --pp {pp}")
-    if (world // (tp * pp)) % ep:
-        raise ValueError(f"--ep {ep} does not divide the data-parallel size {world // (tp * pp)}")
+    if world % (tp * pp * cp):
+        raise ValueError(f"world size {world} is not a multiple of --tp {tp} × --pp {pp} × --cp {cp}")
+    if (world // (tp * pp * cp)) % ep:
+        raise ValueError(f"--ep {ep} does not divide the data-parallel size {world // (tp * pp * cp)}")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             expert_model_parallel_size=ep)
+                                             context_parallel_size=cp, expert_model_parallel_size=ep)
     return device
 
 
 @contextlib.contextmanager
-def distributed(tp: int, pp: int = 1, ep: int = 1) -> Iterator[torch.device]:
+def distributed(tp: int, pp: int = 1, ep: int = 1, cp: int = 1) -> Iterator[torch.device]:
     """`init_distributed` for the block; the groups are torn down after it, also on error."""
     try:
-        yield init_distributed(tp, pp, ep)
+        yield init_distributed(tp, pp, ep, cp)
     finally:
         if dist.is_initialized():
             parallel_state.destroy_model_parallel()
@@ -73,8 +74,8 @@ def log0(*args) -> None:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """The parallel layout of a step: TP × PP × DP ranks; each pipeline runs `accumulation`
-    micro-batches."""
+    """The parallel layout of a step: TP × PP × CP × DP ranks; each pipeline runs `accumulation`
+    micro-batches (the CP ranks of a pipeline, the same ones)."""
 
     tp: int
     pp: int
@@ -82,6 +83,7 @@ class ParallelLayout:
     world: int
     micro_batch: int
     global_batch: int
+    cp: int = 1
 
     @property
     def accumulation(self) -> int:
@@ -97,7 +99,18 @@ class ParallelLayout:
                              f"({micro_batch} × {dp})")
         return cls(parallel_state.get_tensor_model_parallel_world_size(),
                    parallel_state.get_pipeline_model_parallel_world_size(), dp, dist.get_world_size(),
-                   micro_batch, global_batch)
+                   micro_batch, global_batch, parallel_state.get_context_parallel_world_size())
+
+    @property
+    def gradient_ranks(self) -> int:
+        """The ranks over which a gradient is averaged (`gradient_group`)."""
+        return self.dp * self.cp
+
+
+def gradient_group():
+    """Data-parallel ranks and, with them, context-parallel ones: each holds part of the step's
+    loss, and a parameter's gradient is averaged over all of them."""
+    return parallel_state.get_data_parallel_group(with_context_parallel=True)
 
 
 def data_parallel(core: torch.nn.Module, layout: ParallelLayout, device: torch.device, parallel) -> torch.nn.Module:
@@ -118,13 +131,13 @@ def data_parallel(core: torch.nn.Module, layout: ParallelLayout, device: torch.d
         core.config.no_sync_func = model.no_sync  # the schedule: reduce only after the last micro-batch
         core.config.finalize_model_grads_func = finalize_model_grads
         return model
-    if layout.dp == 1 or layout.pp > 1:
+    if layout.gradient_ranks == 1 or layout.pp > 1:
         return core
     # An expert-parallel rank's experts are its own: `reduce_grads` reduces them over their own group.
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         core, [name for name, p in core.named_parameters() if is_expert_parallel(p)])
     model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None,
-                                    process_group=parallel_state.get_data_parallel_group())
+                                    process_group=gradient_group())
     core.config.no_sync_func = model.no_sync  # megatron-core's schedules hold gradient sync with it
     return model
 
@@ -174,14 +187,14 @@ def all_reduce_grads(grads: list[torch.Tensor], group, divide_by: int = 1) -> No
 
 
 def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
-    """Gradients averaged over the data-parallel group: what torch DDP does during backward, done
+    """Gradients averaged over `gradient_group`: what torch DDP does during backward, done
     after a pipeline schedule instead. (DDP prepares its reduction in forward, and 1F1B runs the
     last micro-batches' forwards before it lets gradients sync, so under DDP those would never be
     reduced.)"""
-    size = parallel_state.get_data_parallel_world_size()
+    size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
     if size > 1:
         all_reduce_grads([p.grad for p in params if p.grad is not None and not is_expert_parallel(p)],
-                         parallel_state.get_data_parallel_group(), divide_by=size)
+                         gradient_group(), divide_by=size)
 
 
 def average_expert_grads(params: list[torch.nn.Parameter]) -> None:

@@ -66,6 +66,8 @@ class Trainer:
         if self.shape.moe and config.parallel.tp > 1 and not config.parallel.sequence_parallel:
             raise ValueError("a mixture-of-experts model under --tp trains with --sequence-parallel (megatron-core "
                              "refuses it without): add --sequence-parallel")
+        if config.parallel.cp > 1:
+            check_context_parallel(config, attention)
         self.compile = resolve_compile(config.model.compile, device, config.parallel.sequence_parallel,
                                        self.shape.moe)
         log0(f"attention {attention} ({why}), compile {self.compile}"
@@ -134,7 +136,8 @@ class Trainer:
             return forward_backward(self.model, micro, masks, torch.ones((), device=self.device), self.spec)
         trained = torch.stack([m.sum() for m in masks]).sum()
         dist.all_reduce(trained, group=parallel_state.get_data_parallel_group())
-        scale = self.layout.dp / trained.clamp(min=1)  # DDP averages over DP: undo that, divide by the global count
+        # DDP averages over DP × CP: undo that, divide by the global count
+        scale = self.layout.gradient_ranks / trained.clamp(min=1)
         # Gradients are all-reduced over DP once per step, with the last micro-batch's backward
         # (the schedule holds DDP's no_sync until then: `distributed.data_parallel`).
         total = forward_backward(self.model, micro, masks, scale, self.spec)
@@ -177,7 +180,8 @@ class Trainer:
         c, lay, spec, cuda = self.config, self.layout, self.spec, self.device.type == "cuda"
         log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, "
              f"cross-entropy {c.model.cross_entropy}, "
-             f"TP {lay.tp}{' (sequence parallel)' if c.parallel.sequence_parallel else ''} × PP {lay.pp} × DP {lay.dp}"
+             f"TP {lay.tp}{' (sequence parallel)' if c.parallel.sequence_parallel else ''} × PP {lay.pp}"
+             f"{f' × CP {lay.cp}' if lay.cp > 1 else ''} × DP {lay.dp}"
              f"{f' (experts over EP {c.parallel.ep})' if c.parallel.ep > 1 else ''}, "
              f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
@@ -188,6 +192,21 @@ class Trainer:
              + (f", recompute {c.model.recompute}" + (f" ({c.model.recompute_modules})"
                                                       if c.model.recompute == "selective" else "")
                 if c.model.recompute else ""))
+
+
+def check_context_parallel(config: TrainConfig, attention: str) -> None:
+    """--cp as built: PyTorch's attention with keys and values gathered over the group, beside data
+    parallelism; a ValueError names what it does not run with."""
+    cp, parallel = config.parallel.cp, config.parallel
+    if config.seq_length % (2 * cp):
+        raise ValueError(f"--cp {cp} cuts each row into {2 * cp} equal chunks: --seq-length {config.seq_length} "
+                         f"is not a multiple of {2 * cp}")
+    if attention != "sdpa":
+        raise ValueError(f"--cp runs PyTorch's attention: use --attention sdpa (or auto), not {attention}")
+    for flag, used in (("--tp", parallel.tp > 1), ("--pp", parallel.pp > 1), ("--ep", parallel.ep > 1),
+                       ("--distributed-optimizer", parallel.distributed_optimizer)):
+        if used:
+            raise ValueError(f"--cp with {flag} is not built yet: --cp runs beside data parallelism only")
 
 
 def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, moe: bool = False) -> str:
@@ -228,7 +247,8 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 
 def train(config: TrainConfig) -> int:
     with (megatron_on_cpu(), recompute_as_forward_ran(), moe_router_without_transformer_engine(),
-          moe_router_outside_autocast(), distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep) as device):
+          moe_router_outside_autocast(),
+          distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep, config.parallel.cp) as device):
         Trainer(config, device).run()
     return 0
 

@@ -19,10 +19,9 @@ from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
 
 from .config import LogConfig
-from .distributed import ParallelLayout, is_rank0, log0
+from .distributed import ParallelLayout, gradient_group, is_rank0, log0
 
 # Dense bf16 peak of the chips we run on (datasheet), for MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -232,7 +231,7 @@ class Metrics:
         """Close the interval (a collective: every rank calls it), print and keep its record."""
         w = self.window
         loss = w.loss.clone()
-        dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+        dist.all_reduce(loss, group=gradient_group())  # [Σ loss × mask, Σ mask] of every part of the batch
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - w.started

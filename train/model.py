@@ -143,7 +143,7 @@ def experts(preset: ModelShape) -> dict:
 
 
 def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                       expert_parallel: int = 1,
+                       expert_parallel: int = 1, context_parallel: int = 1,
                        sequence_parallel: bool = False, recompute: str | None = None,
                        recompute_modules: tuple[str, ...] = ("mlp",), initialize: bool = True,
                        fuse_swiglu: bool = False,
@@ -187,6 +187,7 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
         expert_model_parallel_size=expert_parallel,
+        context_parallel_size=context_parallel,
         pipeline_dtype=torch.float32,
         calculate_per_token_loss=True,
         sequence_parallel=sequence_parallel,
@@ -363,6 +364,7 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
                                 pipeline_parallel=parallel_state.get_pipeline_model_parallel_world_size(),
                                 expert_parallel=parallel_state.get_expert_model_parallel_world_size(),
+                                context_parallel=parallel_state.get_context_parallel_world_size(),
                                 sequence_parallel=sequence_parallel, recompute=recompute,
                                 recompute_modules=tuple(recompute_modules), initialize=initialize,
                                 fuse_swiglu=compile != "none", fp8=fp8)

@@ -57,9 +57,13 @@ def megatron_on_cpu() -> Iterator[None]:
         yield
         return
     from megatron.core import tensor_parallel
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
     from megatron.core.pipeline_parallel import schedules
 
     with contextlib.ExitStack() as stack:
+        # Under context parallelism RoPE keeps this rank's positions, picked by an index tensor
+        # made in pinned memory, which needs CUDA.
+        stack.enter_context(_replaced(rotary_pos_embedding, "get_pos_emb_on_this_cp_rank", _pos_emb_on_this_cp_rank))
         stack.enter_context(_replaced(torch.cuda, "current_device", lambda: "cpu"))
         stack.enter_context(_replaced(torch.cuda, "synchronize", lambda device=None: None))
         # Tied embeddings over pipeline stages: the stages agree on the weight with `.cuda()` then
@@ -72,6 +76,12 @@ def megatron_on_cpu() -> Iterator[None]:
         stack.enter_context(_replaced(tensor_parallel.random, "_get_cuda_rng_state", lambda *args, **kwargs: None))
         stack.enter_context(_replaced(tensor_parallel.random, "_set_cuda_rng_state", lambda *args, **kwargs: None))
         yield
+
+
+def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group) -> torch.Tensor:
+    from .attention import context_positions
+
+    return pos_emb.index_select(seq_dim, context_positions(pos_emb.shape[seq_dim], cp_group.rank(), cp_group.size()))
 
 
 @contextlib.contextmanager

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from .attention import document_mask, thd_mask
-from .distributed import unwrapped
+from .attention import context_mask, context_positions, document_mask, thd_mask
+from .distributed import gradient_group, unwrapped
 from .loss import linear_cross_entropy
 
 
@@ -38,7 +38,10 @@ def _inputs(batch: dict, spec: ForwardSpec) -> tuple:
     attention, device = spec.attention, spec.device
     packed = bool(batch["segment_ids"].amax() > 0)
     mask = None
-    if packed and attention == "te":
+    cp = parallel_state.get_context_parallel_world_size()
+    if cp > 1:
+        mask = context_mask(batch["segment_ids"].to(device), parallel_state.get_context_parallel_rank(), cp)
+    elif packed and attention == "te":
         mask = thd_mask(batch, device)
     elif packed and attention == "sdpa":
         mask = document_mask(batch["segment_ids"].to(device))
@@ -89,13 +92,27 @@ def stage_output(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) -
     return decoder_output(model, batch, spec)
 
 
+def context_part(batch: dict, weights: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """This context-parallel rank's part of a micro-batch and of its loss weights: its positions of
+    each row (`attention.context_positions`). The segment ids stay whole: the keys the attention
+    gathers from the other ranks are masked by them too."""
+    s = batch["tokens"].shape[1]
+    where = context_positions(s, parallel_state.get_context_parallel_rank(),
+                              parallel_state.get_context_parallel_world_size())
+    part = {**batch, **{k: batch[k][:, where] for k in ("tokens", "labels", "loss_mask", "position_ids")}}
+    return part, weights[:, where.to(weights.device)]
+
+
 def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale: torch.Tensor, spec: ForwardSpec,
                      forward_only: bool = False) -> torch.Tensor:
     """One step's micro-batches through megatron-core's schedule for this layout (1F1B across
     pipeline stages; one after another without pipelining): forward, and unless `forward_only`
     backward of each micro-batch's Σ loss × mask × `scale`. → [Σ loss × mask, Σ mask] on every
-    rank of the pipeline."""
+    rank of the pipeline (of this rank's part of the rows, under context parallelism)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if parallel_state.get_context_parallel_world_size() > 1:
+        micro, masks = map(list, zip(*(context_part(batch, mask) for batch, mask in zip(micro, masks))))
 
     def forward_step(data_iterator, stage):
         batch, mask = next(data_iterator)
@@ -146,5 +163,5 @@ def evaluate(model, batches: Iterator[dict], iters: int, spec: ForwardSpec) -> O
             break
         total += forward_backward(model, [batch], [batch["loss_mask"].to(spec.device)], one, spec, forward_only=True)
     model.train()
-    dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    dist.all_reduce(total, group=gradient_group())
     return (total[0] / total[1]).item() if total[1] > 0 else None
