@@ -6,7 +6,8 @@
 #
 # Data (`data`): ~19 MB of the multilingual prose and ~5.5 MB of the code of bench/corpora.py's
 # text corpus as two pretrain prefixes blended 0.75/0.25 with a 98/2/0 split; the first 6.5 MB of
-# its ShareGPT chats as qwen2p5 SFT prefixes at seq 4096, packed and unpacked (same samples).
+# its ShareGPT chats as qwen2p5 SFT prefixes at seq 4096, packed and unpacked (same samples); 48 long
+# conversations (consecutive chats joined) packed into rows of 32768 tokens (chat_long).
 #
 # pretrain  (a) qwen2.5-0.5b, 220 steps of 8 × 4096 tokens on the pretrain blend, validation at
 #           110 and 220; (c) its tokens/s and MFU against the 37.1k tokens/s SDPA figure;
@@ -94,11 +95,24 @@ with open(f"{tmp}/chats.jsonl", "w") as out:
             break
         out.write(line)
         size += len(line.encode())
+# Long chats for context parallelism: consecutive chats joined into one conversation of ~90k characters
+# (~20-30k tokens), 48 of them.
+with open(f"{tmp}/long_chats.jsonl", "w") as out:
+    messages, size, made = [], 0, 0
+    for line in open(f"{src}/chats.jsonl"):
+        turns = [m for m in json.loads(line)["messages"] if m["role"] != "system"]
+        messages, size = messages + turns, size + sum(len(m["content"]) for m in turns)
+        if size > 90_000:
+            out.write(json.dumps({"messages": messages}) + "\n")
+            messages, size, made = [], 0, made + 1
+            if made == 48:
+                break
 EOF
   qwen-data pretrain "$tmp/web.jsonl" -o .gpu/web --quiet
   qwen-data pretrain "$tmp/code.jsonl" -o .gpu/code --quiet
   qwen-data sft "$tmp/chats.jsonl" --template qwen2p5 -o .gpu/chat_packed --seq-length 4096 --pack --quiet
   qwen-data sft "$tmp/chats.jsonl" --template qwen2p5 -o .gpu/chat_unpacked --seq-length 4096 --quiet
+  qwen-data sft "$tmp/long_chats.jsonl" --template qwen2p5 -o .gpu/chat_long --seq-length 32768 --pack --quiet
   rm -rf "$tmp" .gpu/*.rejects.jsonl
   qwen-data blend .gpu/web=0.75 .gpu/code=0.25 --split 98,2,0 -o .gpu/pretrain_blend
   qwen-data blend .gpu/chat_packed -o .gpu/sft_packed.json
@@ -209,7 +223,9 @@ scale)
   # without compiled layers (same losses); dp2-*: plain DP (torch DDP) against the distributed optimizer, with
   # and without overlap; ckpt-*: a distributed-optimizer run saved at DP=2, resumed at DP=1 and again at DP=2,
   # against ckpt-ref uninterrupted; recompute-*: none, selective, full at Qwen2.5-1.5B on one GPU; 7b-*: the
-  # Qwen2.5-7B shape at TP=2 with sequence parallelism (random init), seq 4096; 3b-one: Qwen2.5-3B on one GPU.
+  # Qwen2.5-7B shape at TP=2 with sequence parallelism (random init), seq 4096; 3b-one: Qwen2.5-3B on one GPU;
+  # cp1/cp2: the same rows of 16384 tokens on one GPU and split over two (--cp 2); cp-long: packed SFT rows of
+  # 32768 tokens (the long chats) over two.
   D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
   M="--model qwen2.5-0.5b --micro-batch-size 4"
   C="--model qwen2.5-0.5b --micro-batch-size 1 --compile swiglu --log-interval 1 --train-iters 8 --distributed-optimizer --lr 1e-4"
@@ -226,7 +242,11 @@ recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
 7b-none:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel;\
 7b-selective:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute selective;\
 7b-full:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute full;\
-3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1"
+3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1;\
+cp1:1:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384;\
+cp2:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384 --cp 2;\
+cp-long:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 32768 --cp 2 --data .gpu/chat_long \
+--global-batch-size 2 --eval-interval 0"
   if [ -z "${SCALE_ONLY:-}" ] || [[ " $SCALE_ONLY " == *" ckpt-a "* ]]; then rm -rf "$K" /tmp/scale-hf; fi  # ckpt-a's
   torchruns scale "${SCALE_ONLY:-}" "$SCALE"
   if [ -d /tmp/scale-hf ]; then  # --save-hf at DP=2 against the checkpoint saved with it, converted

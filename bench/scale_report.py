@@ -8,7 +8,8 @@ Each run is a scale-NAME.jsonl (the trainer's --log-json) and scale-NAME.log (th
 Rates are steady state (intervals after iteration 10, as bench/gpu_table.py; a run of fewer steps: after
 iteration 1) per GPU; memory the peak of the run on rank 0. distributed_optimizer: dp2-distopt's losses
 against dp2-plain's, step by step; checkpoint: ckpt-a/b/c (saved at DP=2, resumed at DP=1, then at DP=2)
-against ckpt-ref uninterrupted; sequence_parallel_compiled: sp-layers against sp-swiglu.
+against ckpt-ref uninterrupted; sequence_parallel_compiled: sp-layers against sp-swiglu; context_parallel:
+cp2 against cp1, and cp-long.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ def run(folder: str, name: str, stage: str = "scale") -> dict:
     argv = shlex.split(text.splitlines()[0].lstrip("$ "))
     rows = records(folder, name, stage)
     nproc = int(option(argv, "--nproc-per-node", 1))
-    tp, pp = int(option(argv, "--tp", 1)), int(option(argv, "--pp", 1))
+    tp, pp, cp = int(option(argv, "--tp", 1)), int(option(argv, "--pp", 1)), int(option(argv, "--cp", 1))
     warm = WARM if rows and rows[-1]["iteration"] > WARM else 1
     rate, mfu = steady_rate(rows, warm)
     state = re.search(r"([\d.]+) GiB of state a GPU", text)
     return {
         "name": name, "model": option(argv, "--model", "tiny"), "num_layers": option(argv, "--num-layers"),
-        "tp": tp, "pp": pp, "dp": nproc // (tp * pp), "cp": 1, "ep": int(option(argv, "--ep", 1)),
+        "tp": tp, "pp": pp, "dp": nproc // (tp * pp * cp), "cp": cp, "ep": int(option(argv, "--ep", 1)),
         "distributed_optimizer": "--distributed-optimizer" in argv,
         "recompute": option(argv, "--recompute"),
         "sequence_parallel": "--sequence-parallel" in argv,
@@ -91,8 +92,19 @@ def report(folder: str) -> dict:
                                    "save_hf_exact": ("same weights" in open(exact).read()) if os.path.exists(exact)
                                    else None},
         "sequence_parallel_compiled": {"max_rel_loss_diff": sp_diff, "steps": sp_steps},
-        "context_parallel": None,
+        "context_parallel": context_parallel(folder, runs),
     }
+
+
+def context_parallel(folder: str, runs: list[dict]) -> dict | None:
+    """cp2's losses against cp1's (the same rows on one GPU), and the long packed SFT run (cp-long)."""
+    diff, steps = max_rel_diff(records(folder, "cp2"), records(folder, "cp1"))
+    long = next((r for r in runs if r["name"] == "cp-long"), None)
+    if steps == 0 and long is None:
+        return None
+    return {"max_rel_loss_diff": diff, "steps": steps, "long_seq_length": long and long["seq_length"],
+            "long_tokens_per_s_per_gpu": long and long["tokens_per_s_per_gpu"],
+            "long_max_memory_gib": long and long["max_memory_gib"]}
 
 
 def markdown(rows: list[dict], head: list[str]) -> list[str]:
