@@ -225,16 +225,18 @@ def test_qwen3_norms_stay_whole_under_tensor_parallelism(qwen3_run, tmp_path, la
         assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=5e-5)
 
 
-@pytest.mark.parametrize("kind", ["pretrain", "packed-sft"])
-def test_context_parallel_matches_one_process(prefixes, qwen3_run, tmp_path, kind):
+@pytest.mark.parametrize("kind,layout,nproc", [("pretrain", [], 2), ("packed-sft", [], 2),
+                                               ("packed-sft", ["--tp", "2", "--sequence-parallel"], 4)])
+def test_context_parallel_matches_one_process(prefixes, qwen3_run, tmp_path, kind, layout, nproc):
     """Each row split over two context-parallel ranks (chunks 0 and 3 of four on one, 1 and 2 on
     the other), keys and values gathered: the losses and gradient norms of one process, for
-    causal rows and for packed SFT rows, whose samples must not see each other across the cut."""
+    causal rows and for packed SFT rows, whose samples must not see each other across the cut;
+    and with tensor and sequence parallelism besides."""
     data, one = qwen3_run
     if kind == "packed-sft":
         data = data + ["--data", str(prefixes / "sft_blend.json"), "--seq-length", "256", "--eval-interval", "0"]
         one, _ = _train(data, tmp_path / "one.jsonl")
-    two, stdout = _train(data + ["--cp", "2"], tmp_path / "cp2.jsonl", nproc=2)
+    two, stdout = _train(data + ["--cp", "2", *layout], tmp_path / "cp2.jsonl", nproc=nproc)
     assert "CP 2 × DP 1" in stdout
     for mine, reference in zip(two, one, strict=True):
         assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
@@ -252,7 +254,9 @@ def test_context_parallel_says_what_it_runs_with():
 
     assert "not a multiple of 4" in refusal(["--seq-length", "130"])
     assert "--attention sdpa" in refusal([], attention="te")
-    assert "--cp with --tp is not built yet" in refusal(["--tp", "2"])
+    assert "--cp with --pp is not built yet" in refusal(["--pp", "2"])
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        check_context_parallel(TrainConfig.parse(["--data", "x", "--cp", "2", "--seq-length", "128"]), "sdpa", moe=True)
     check_context_parallel(TrainConfig.parse(["--data", "x", "--cp", "2", "--seq-length", "128"]), "sdpa")
 
 

@@ -67,7 +67,7 @@ class Trainer:
             raise ValueError("a mixture-of-experts model under --tp trains with --sequence-parallel (megatron-core "
                              "refuses it without): add --sequence-parallel")
         if config.parallel.cp > 1:
-            check_context_parallel(config, attention)
+            check_context_parallel(config, attention, self.shape.moe)
         self.compile = resolve_compile(config.model.compile, device, config.parallel.sequence_parallel,
                                        self.shape.moe)
         log0(f"attention {attention} ({why}), compile {self.compile}"
@@ -194,19 +194,20 @@ class Trainer:
                 if c.model.recompute else ""))
 
 
-def check_context_parallel(config: TrainConfig, attention: str) -> None:
+def check_context_parallel(config: TrainConfig, attention: str, moe: bool = False) -> None:
     """--cp as built: PyTorch's attention with keys and values gathered over the group, beside data
-    parallelism; a ValueError names what it does not run with."""
+    and tensor parallelism (with or without sequence parallelism), for dense models; a ValueError
+    names what it does not run with."""
     cp, parallel = config.parallel.cp, config.parallel
     if config.seq_length % (2 * cp):
         raise ValueError(f"--cp {cp} cuts each row into {2 * cp} equal chunks: --seq-length {config.seq_length} "
                          f"is not a multiple of {2 * cp}")
     if attention != "sdpa":
         raise ValueError(f"--cp runs PyTorch's attention: use --attention sdpa (or auto), not {attention}")
-    for flag, used in (("--tp", parallel.tp > 1), ("--pp", parallel.pp > 1), ("--ep", parallel.ep > 1),
-                       ("--distributed-optimizer", parallel.distributed_optimizer)):
+    for what, used in (("--pp", parallel.pp > 1), ("--distributed-optimizer", parallel.distributed_optimizer),
+                       ("a mixture-of-experts model", moe)):
         if used:
-            raise ValueError(f"--cp with {flag} is not built yet: --cp runs beside data parallelism only")
+            raise ValueError(f"--cp with {what} is not built yet: --cp runs beside --tp and data parallelism")
 
 
 def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, moe: bool = False) -> str:
