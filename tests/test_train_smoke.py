@@ -226,12 +226,13 @@ def test_qwen3_norms_stay_whole_under_tensor_parallelism(qwen3_run, tmp_path, la
 
 
 @pytest.mark.parametrize("kind,layout,nproc", [("pretrain", [], 2), ("packed-sft", [], 2),
-                                               ("packed-sft", ["--tp", "2", "--sequence-parallel"], 4)])
+                                               ("packed-sft", ["--tp", "2", "--sequence-parallel"], 4),
+                                               ("pretrain", ["--pp", "2"], 4)])
 def test_context_parallel_matches_one_process(prefixes, qwen3_run, tmp_path, kind, layout, nproc):
     """Each row split over two context-parallel ranks (chunks 0 and 3 of four on one, 1 and 2 on
     the other), keys and values gathered: the losses and gradient norms of one process, for
     causal rows and for packed SFT rows, whose samples must not see each other across the cut;
-    and with tensor and sequence parallelism besides."""
+    and with tensor and sequence parallelism, or pipeline stages, besides."""
     data, one = qwen3_run
     if kind == "packed-sft":
         data = data + ["--data", str(prefixes / "sft_blend.json"), "--seq-length", "256", "--eval-interval", "0"]
@@ -254,7 +255,7 @@ def test_context_parallel_says_what_it_runs_with():
 
     assert "not a multiple of 4" in refusal(["--seq-length", "130"])
     assert "--attention sdpa" in refusal([], attention="te")
-    assert "--cp with --pp is not built yet" in refusal(["--pp", "2"])
+    assert "--cp with --distributed-optimizer is not built yet" in refusal(["--distributed-optimizer"])
     with pytest.raises(ValueError, match="mixture-of-experts"):
         check_context_parallel(TrainConfig.parse(["--data", "x", "--cp", "2", "--seq-length", "128"]), "sdpa", moe=True)
     check_context_parallel(TrainConfig.parse(["--data", "x", "--cp", "2", "--seq-length", "128"]), "sdpa")

@@ -195,19 +195,19 @@ class Trainer:
 
 
 def check_context_parallel(config: TrainConfig, attention: str, moe: bool = False) -> None:
-    """--cp as built: PyTorch's attention with keys and values gathered over the group, beside data
-    and tensor parallelism (with or without sequence parallelism), for dense models; a ValueError
-    names what it does not run with."""
+    """--cp as built: PyTorch's attention with keys and values gathered over the group, beside data,
+    tensor (with or without sequence parallelism) and pipeline parallelism, for dense models; a
+    ValueError names what it does not run with."""
     cp, parallel = config.parallel.cp, config.parallel
     if config.seq_length % (2 * cp):
         raise ValueError(f"--cp {cp} cuts each row into {2 * cp} equal chunks: --seq-length {config.seq_length} "
                          f"is not a multiple of {2 * cp}")
     if attention != "sdpa":
         raise ValueError(f"--cp runs PyTorch's attention: use --attention sdpa (or auto), not {attention}")
-    for what, used in (("--pp", parallel.pp > 1), ("--distributed-optimizer", parallel.distributed_optimizer),
+    for what, used in (("--distributed-optimizer", parallel.distributed_optimizer),
                        ("a mixture-of-experts model", moe)):
         if used:
-            raise ValueError(f"--cp with {what} is not built yet: --cp runs beside --tp and data parallelism")
+            raise ValueError(f"--cp with {what} is not built yet: --cp runs beside --tp, --pp and data parallelism")
 
 
 def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, moe: bool = False) -> str:
