@@ -191,10 +191,11 @@ def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
     after a pipeline schedule instead. (DDP prepares its reduction in forward, and 1F1B runs the
     last micro-batches' forwards before it lets gradients sync, so under DDP those would never be
     reduced.)"""
-    size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    group = gradient_group()
+    size = dist.get_world_size(group)
     if size > 1:
         all_reduce_grads([p.grad for p in params if p.grad is not None and not is_expert_parallel(p)],
-                         gradient_group(), divide_by=size)
+                         group, divide_by=size)
 
 
 def average_expert_grads(params: list[torch.nn.Parameter]) -> None:

@@ -138,7 +138,7 @@ class Trainer:
         dist.all_reduce(trained, group=parallel_state.get_data_parallel_group())
         # DDP averages over DP × CP: undo that, divide by the global count
         scale = self.layout.gradient_ranks / trained.clamp(min=1)
-        # Gradients are all-reduced over DP once per step, with the last micro-batch's backward
+        # Gradients are all-reduced over DP × CP once per step, with the last micro-batch's backward
         # (the schedule holds DDP's no_sync until then: `distributed.data_parallel`).
         total = forward_backward(self.model, micro, masks, scale, self.spec)
         reduce_grads(self.core, self.optimizer.params, under_ddp=self.model is not self.core)

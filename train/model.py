@@ -245,8 +245,9 @@ class SeededTransformerLayer(TransformerLayer):
     def _draw_each_expert(self, seed: int) -> None:
         """Each expert's weights drawn again from `seed` and its global number: a rank builds only
         its expert-parallel share of the experts, whose draws would otherwise start where expert 0's
-        do, and leave torch's generator elsewhere for the next module. megatron-core's own initialization (the init method of each linear, the whole matrix
-        drawn and this tensor-parallel rank's part kept, as the linear was built)."""
+        do, and leave torch's generator elsewhere for the next module. By megatron-core's own
+        initialization (the init method of each linear, the whole matrix drawn and this
+        tensor-parallel rank's part kept, as the linear was built)."""
         local = self.mlp.experts.local_experts
         first = parallel_state.get_expert_model_parallel_rank() * len(local)
         for number, expert in enumerate(local, start=first):
