@@ -180,6 +180,42 @@ def test_moe_router_trains_under_bf16_autocast(megatron_cpu):
             assert router_grad() == (torch.float32, torch.float32)
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autocast):
+    """The experts as two grouped products give the loss and gradients of megatron-core's
+    sequential experts, from the same parameters (float32; bf16 autocast within its rounding)."""
+    from qwen_data_train.model import build_model
+    from qwen_data_train.patches import moe_router_outside_autocast, moe_router_without_transformer_engine
+    from qwen_data_train.shapes import PRESETS
+    from qwen_data_train.step import ForwardSpec, masked_loss
+
+    if (megatron_cpu.type == "cuda") != autocast:
+        pytest.skip("CUDA's grouped GEMM takes bf16 (float32 runs the sequential experts); the CPU runs float32 "
+                    "(megatron-core's linears have no CPU autocast)")
+    b, s = 2, 64
+    torch.manual_seed(0)
+    batch = {k: v.to(megatron_cpu) for k, v in dict(
+        tokens=torch.randint(0, 1000, (b, s)), labels=torch.randint(0, 1000, (b, s)),
+        position_ids=torch.arange(s).repeat(b, 1), segment_ids=torch.zeros(b, s, dtype=torch.long)).items()}
+    spec = ForwardSpec("sdpa", megatron_cpu, autocast=autocast, cross_entropy="fused", seq_length=s)
+
+    def run(grouped):
+        torch.manual_seed(3)
+        model = build_model(PRESETS["tiny-qwen3-moe"], attention="sdpa", max_sequence_length=128,
+                            grouped_experts=grouped).to(megatron_cpu)
+        with moe_router_without_transformer_engine(), moe_router_outside_autocast():
+            loss = masked_loss(model, batch, torch.ones(b, s, device=megatron_cpu), spec)
+            loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        return type(model.decoder.layers[0].mlp.experts).__name__, loss.item(), grads
+
+    (grouped, loss, grads), (sequential, reference, reference_grads) = run(True), run(False)
+    assert (grouped, sequential) == ("GroupedExperts", "SequentialMLP")
+    tolerance = 1e-2 if autocast else 1e-6
+    assert loss == pytest.approx(reference, rel=tolerance / 10)
+    assert ((grads - reference_grads).norm() / reference_grads.norm()).item() < tolerance
+
+
 def test_distributed_optimizer_is_refused_on_the_cpu(megatron_cpu):
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.distributed import ParallelLayout, data_parallel
@@ -236,6 +272,9 @@ def test_context_parallel_matches_one_process(prefixes, qwen3_run, tmp_path, kin
     data, one = qwen3_run
     if kind == "packed-sft":
         data = data + ["--data", str(prefixes / "sft_blend.json"), "--seq-length", "256", "--eval-interval", "0"]
+    if torch.cuda.is_available():  # float32 there too (flex attention's block masks): bf16 would round apart
+        data = data + ["--fp32"]
+    if kind == "packed-sft" or torch.cuda.is_available():
         one, _ = _train(data, tmp_path / "one.jsonl")
     two, stdout = _train(data + ["--cp", "2", *layout], tmp_path / "cp2.jsonl", nproc=nproc)
     assert "CP 2 × DP 1" in stdout

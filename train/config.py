@@ -120,6 +120,10 @@ class ModelConfig(Section):
         help=f"FP8 matrix products through Transformer Engine's linear layers, by this scaling recipe "
              f"({', '.join(FP8_RECIPES)}: tensorwise = current per-tensor scaling, delayed = amax history, "
              f"blockwise = 128-wide blocks, Hopper); none: bf16")
+    grouped_experts: bool = option(
+        "--moe-grouped-gemm", action=argparse.BooleanOptionalAction, default=True,
+        help="a mixture of experts' local experts computed by two grouped matrix products (torch's grouped GEMM); "
+             "--no-moe-grouped-gemm: one expert after another (megatron-core's SequentialMLP)")
     num_layers: Optional[int] = option("--num-layers", type=int, metavar="N",
                                        help="the --model preset with only its first N layers (speed probes of "
                                             "shapes that do not fit; none: all of them)")

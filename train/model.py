@@ -16,6 +16,7 @@ Attention, the core of megatron-core's local layer spec (whose other modules tor
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -32,6 +33,7 @@ from megatron.core.utils import get_pg_rank, get_pg_size
 
 from .attention import SDPACoreAttention, TECoreAttention, have_transformer_engine
 from .config import ATTENTION_CHOICES, COMPILE_CHOICES, FP8_RECIPES
+from .experts import GroupedExperts
 from .shapes import ModelShape
 
 # What `auto` runs where Transformer Engine is installed, and why: on an H100 (bench/gpu.sh te,
@@ -299,16 +301,26 @@ def _submodules(spec):
     return spec.keywords["submodules"] if isinstance(spec, functools.partial) else spec.submodules
 
 
+def _with_module(spec, module: type):
+    """`spec` building `module` instead (megatron-core 0.19 gives some specs as functools.partial)."""
+    if isinstance(spec, functools.partial):
+        return functools.partial(module, *spec.args, **spec.keywords)
+    return dataclasses.replace(spec, module=module)
+
+
 def layer_spec(preset: ModelShape, attention: str, seed: int = 0, sequence_parallel: bool = False,
-               fp8: bool = False):
+               fp8: bool = False, grouped_experts: bool = True):
     """megatron-core's local layer: our core attention; under `fp8` Transformer Engine's linear
-    layers (the same parameter names, so checkpoints and Hugging Face exports are unchanged)."""
+    layers (the same parameter names, so checkpoints and Hugging Face exports are unchanged); a
+    mixture of experts' experts computed by grouped GEMM (experts.py), or one after another."""
     spec = get_gpt_layer_local_spec(num_experts=preset.num_experts or None, moe_grouped_gemm=False,
                                     qk_layernorm=preset.qk_norm, normalization="RMSNorm")
     spec.module, spec.params = SeededTransformerLayer, {**spec.params, "init_seed": seed}
     attention_parts = spec.submodules.self_attention.submodules
     mlp = _submodules(spec.submodules.mlp)
     mlp_parts = _submodules(mlp.experts) if preset.moe else mlp  # of a MoE layer: each expert's
+    if preset.moe and grouped_experts:
+        mlp.experts = _with_module(mlp.experts, GroupedExperts)
     attention_parts.linear_proj = mlp_parts.linear_fc2 = GroupedRowParallelLinear
     if attention in CORE_ATTENTION:
         attention_parts.core_attention = CORE_ATTENTION[attention]
@@ -335,10 +347,11 @@ def fp8_linear(name: str) -> type:
     return type(name, (linear,), {"forward": torch.compiler.disable(linear.forward), "__module__": __name__})
 
 
-def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel: bool, fp8: bool = False):
+def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel: bool, fp8: bool = False,
+               grouped_experts: bool = True):
     """The decoder's spec: this stage's layers, and under sequence parallelism our RMSNorm as the
     final norm too (megatron-core would pick its torch wrapper)."""
-    spec = layer_spec(preset, attention, seed, sequence_parallel, fp8)
+    spec = layer_spec(preset, attention, seed, sequence_parallel, fp8, grouped_experts)
     if not sequence_parallel:
         return spec
     layers = preset.num_layers // parallel_state.get_pipeline_model_parallel_world_size()
@@ -349,7 +362,7 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
                 sequence_parallel: bool = False, recompute: str | None = None,
                 recompute_modules: tuple[str, ...] = ("mlp",), max_sequence_length: int | None = None,
                 initialize: bool = True, compile: str = "none",
-                seed: int = 0, fp8: str | None = None) -> GPTModel:
+                seed: int = 0, fp8: str | None = None, grouped_experts: bool = True) -> GPTModel:
     """This rank's GPTModel (its pipeline stage's layers), on the CPU, float32 (move it with `.to(device)`).
 
     Needs `parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)` first.
@@ -371,7 +384,7 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
                                 fuse_swiglu=compile != "none", fp8=fp8)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(preset, attention, seed, sequence_parallel, bool(fp8)),
+        transformer_layer_spec=block_spec(preset, attention, seed, sequence_parallel, bool(fp8), grouped_experts),
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         vocab_size=preset.vocab_size,
