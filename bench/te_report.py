@@ -80,10 +80,11 @@ def main() -> None:
     p.add_argument("--out", help="te.json here (default: in the first folder)")
     args = p.parse_args()
     report = {"device": None, "software": None, "auto_picks": None, "runs": [], "packed_parity": None}
-    devices, software = [], []
+    devices, software, folder_of = [], [], {}  # a run's baseline is of its own folder (machine and day)
     for out in args.folders:
         runs, device, soft, picks, parity = folder(out)
         report["runs"] += runs
+        folder_of.update({id(r): out for r in runs})
         devices += [device] if device and device not in devices else []
         software += [soft] if soft and soft not in software else []
         report["auto_picks"] = report["auto_picks"] or picks
@@ -98,9 +99,10 @@ def main() -> None:
             "first_step_s", "loss_at_end", "recompiles"]
     print("| " + " | ".join(head) + " | vs sdpa / bf16 |")
     print("|" + "---|" * (len(head) + 1))
-    by_name = {r["name"]: r for r in runs}
+    by_name = {(folder_of[id(r)], r["name"]): r for r in runs}
     for r in runs:
-        base = by_name.get(re.sub(r"-te$", "-sdpa", re.sub(r"-(tensorwise|delayed|blockwise)$", "-bf16", r["name"])))
+        base = by_name.get((folder_of[id(r)], re.sub(r"-te$", "-sdpa",
+                                                     re.sub(r"-(tensorwise|delayed|blockwise)$", "-bf16", r["name"]))))
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}x" if base and base is not r and r["tokens_per_s"] \
             and base["tokens_per_s"] else "-"
         cells = [str(r[k]).split(",")[0] for k in head]  # the device's name, not its memory and driver
