@@ -145,6 +145,46 @@ def test_fp8_layers_compile_around_transformer_engines_linears(megatron_cpu):
     assert compiled_grads == pytest.approx(eager_grads, rel=5e-2)
 
 
+def test_fp8_weights_are_cast_again_each_step_under_torch_ddp(megatron_cpu):
+    """Transformer Engine casts an FP8 linear's weights on a step's first micro-batch and reuses
+    the casts after; through torch's DDP wrapper (data parallelism) a step after a weight update
+    computes with the new weights, as the model run alone does."""
+    from qwen_data_train.attention import have_transformer_engine
+    from qwen_data_train.model import build_model
+    from qwen_data_train.shapes import PRESETS
+    from qwen_data_train.step import ForwardSpec, forward_backward, masked_loss
+    from torch.nn.parallel import DistributedDataParallel
+
+    if megatron_cpu.type != "cuda" or not have_transformer_engine() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a GPU with FP8 and Transformer Engine")
+    s = 64
+    batch = dict(tokens=torch.randint(0, 1000, (2, s)), labels=torch.randint(0, 1000, (2, s)),
+                 position_ids=torch.arange(s).repeat(2, 1), segment_ids=torch.zeros(2, s, dtype=torch.long))
+    mask, one = torch.ones(2, s, device=megatron_cpu), torch.ones((), device=megatron_cpu)
+    spec = ForwardSpec("sdpa", megatron_cpu, autocast=True, cross_entropy="fused", seq_length=s)
+    torch.manual_seed(3)
+    model = build_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise").to(megatron_cpu)
+    ddp = DistributedDataParallel(model, device_ids=[megatron_cpu.index])
+
+    def loss_of(sums):
+        return (sums[0] / sums[1]).item()
+
+    forward_backward(ddp, [batch], [mask], one, spec)  # a step: TE casts the weights
+    with torch.no_grad():  # an update that changes the loss: every weight well beyond its initial size
+        for p in model.parameters():
+            p.mul_(4)
+    model.set_is_first_microbatch = lambda: None  # the control: a step that does not cast them again
+    try:
+        stale = loss_of(forward_backward(ddp, [batch], [mask], one, spec, forward_only=True))
+    finally:
+        del model.set_is_first_microbatch
+    after = loss_of(forward_backward(ddp, [batch], [mask], one, spec, forward_only=True))
+    model.set_is_first_microbatch()
+    alone = masked_loss(model, batch, mask, spec).item() / mask.sum().item()
+    assert after == pytest.approx(alone, rel=1e-3)
+    assert stale != pytest.approx(alone, rel=1e-2)
+
+
 def test_thd_rows_are_one_stream_cut_at_every_sample():
     from qwen_data_train.attention import thd_mask
     s = 16

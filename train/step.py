@@ -122,7 +122,13 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
 
     # `scale` goes through megatron-core's own hook: the schedule multiplies each micro-batch's loss
     # by it before backward, and MoE layers scale their load-balancing loss by it too.
-    config = unwrapped(model).config
+    core = unwrapped(model)
+    # Transformer Engine's FP8 linears cast their weights once a step and reuse the casts for the
+    # step's other micro-batches; the schedule starts a step's casting only on a model that has
+    # set_is_first_microbatch, which torch's DDP wrapper hides: without this, data-parallel FP8
+    # runs would compute with the first step's weights ever after.
+    core.set_is_first_microbatch()
+    config = core.config
     config.grad_scale_func = lambda loss: loss * scale
     try:
         results = get_forward_backward_func()(
