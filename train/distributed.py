@@ -200,12 +200,12 @@ def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
 
 def average_expert_grads(params: list[torch.nn.Parameter]) -> None:
     """Gradients of expert-parallel parameters (whose tokens came from every rank of their expert-
-    parallel group) summed over the ranks holding the same experts, then divided by the whole
-    data-parallel size, as the other gradients are averaged."""
+    parallel group) summed over the ranks holding the same experts, then divided by the ranks the
+    other gradients are averaged over (data × context parallel)."""
     experts = [p.grad for p in params if p.grad is not None and is_expert_parallel(p)]
     if experts:
         all_reduce_grads(experts, parallel_state.get_expert_data_parallel_group(),
-                         divide_by=parallel_state.get_data_parallel_world_size())
+                         divide_by=dist.get_world_size(gradient_group()))
 
 
 def sum_partial_grads(core) -> None:

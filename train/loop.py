@@ -40,8 +40,8 @@ from .loader import build_splits, make_loader
 from .metrics import ExpertLoad, Metrics, StepStats, Summary
 from .model import build_model, resolve_attention, resolve_fp8
 from .optimizer import AdamW, DistributedAdamW, Schedule
-from .patches import (megatron_on_cpu, moe_router_outside_autocast, moe_router_without_transformer_engine,
-                      recompute_as_forward_ran)
+from .patches import (megatron_on_cpu, moe_balance_loss_over_tp_cp, moe_router_outside_autocast,
+                      moe_router_without_transformer_engine, recompute_as_forward_ran)
 from .shapes import PRESETS, ModelShape
 from .step import ForwardSpec, evaluate, forward_backward
 
@@ -67,7 +67,7 @@ class Trainer:
             raise ValueError("a mixture-of-experts model under --tp trains with --sequence-parallel (megatron-core "
                              "refuses it without): add --sequence-parallel")
         if config.parallel.cp > 1:
-            check_context_parallel(config, attention, self.shape.moe)
+            check_context_parallel(config, attention)
         self.compile = resolve_compile(config.model.compile, device, config.parallel.sequence_parallel,
                                        self.shape.moe)
         log0(f"attention {attention} ({why}), compile {self.compile}"
@@ -195,20 +195,19 @@ class Trainer:
                 if c.model.recompute else ""))
 
 
-def check_context_parallel(config: TrainConfig, attention: str, moe: bool = False) -> None:
+def check_context_parallel(config: TrainConfig, attention: str) -> None:
     """--cp as built: PyTorch's attention with keys and values gathered over the group, beside data,
-    tensor (with or without sequence parallelism) and pipeline parallelism, for dense models; a
-    ValueError names what it does not run with."""
+    tensor (with or without sequence parallelism), pipeline and expert parallelism; a ValueError
+    names what it does not run with."""
     cp, parallel = config.parallel.cp, config.parallel
     if config.seq_length % (2 * cp):
         raise ValueError(f"--cp {cp} cuts each row into {2 * cp} equal chunks: --seq-length {config.seq_length} "
                          f"is not a multiple of {2 * cp}")
     if attention != "sdpa":
         raise ValueError(f"--cp runs PyTorch's attention: use --attention sdpa (or auto), not {attention}")
-    for what, used in (("--distributed-optimizer", parallel.distributed_optimizer),
-                       ("a mixture-of-experts model", moe)):
-        if used:
-            raise ValueError(f"--cp with {what} is not built yet: --cp runs beside --tp, --pp and data parallelism")
+    if parallel.distributed_optimizer:
+        raise ValueError("--cp with --distributed-optimizer is not built yet: --cp runs beside --tp, --pp, --ep and "
+                         "data parallelism")
 
 
 def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, moe: bool = False) -> str:
@@ -249,7 +248,7 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 
 def train(config: TrainConfig) -> int:
     with (megatron_on_cpu(), recompute_as_forward_ran(), moe_router_without_transformer_engine(),
-          moe_router_outside_autocast(),
+          moe_router_outside_autocast(), moe_balance_loss_over_tp_cp(),
           distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep, config.parallel.cp) as device):
         Trainer(config, device).run()
     return 0

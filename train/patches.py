@@ -165,3 +165,33 @@ def moe_router_outside_autocast() -> Iterator[None]:
 
     with _replaced(router, "router_gating_linear", gating):
         yield
+
+
+@contextlib.contextmanager
+def moe_balance_loss_over_tp_cp() -> Iterator[None]:
+    """With a per-token loss, megatron-core attaches a layer's load-balancing loss times the tokens
+    the rank holds. Under sequence or context parallelism a rank holds 1/(TP × CP) of them, and
+    before 0.19 nothing made up for it: the loss's gradient was that much smaller than in one
+    process (tiny-qwen3-moe under TP 2 or CP 2: gradient norm 7e-4 apart at step 2, tokens routed
+    apart from step 2 on). 0.19 multiplies by the group's size; inside the block earlier versions
+    attach the rest of that multiple too (what they log is unchanged)."""
+    import megatron.core
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    if tuple(int(part) for part in megatron.core.__version__.split(".")[:2]) >= (0, 19):
+        yield
+        return
+    original = TopKRouter.attach_and_log_load_balancing_loss
+
+    def attach(self, activation, aux_loss_coeff, aux_loss, *args, valid_token_count=None, **kwargs):
+        activation = original(self, activation, aux_loss_coeff, aux_loss, *args,
+                              valid_token_count=valid_token_count, **kwargs)
+        rest = self.tp_cp_group.size() - 1
+        if self.calculate_per_token_loss and rest:
+            tokens = valid_token_count if valid_token_count is not None else activation.shape[0]
+            activation = MoEAuxLossAutoScaler.apply(activation, aux_loss * tokens * rest)
+        return activation
+
+    with _replaced(TopKRouter, "attach_and_log_load_balancing_loss", attach):
+        yield
