@@ -191,8 +191,9 @@ md.version('transformer_engine') if __import__('importlib.util').util.find_spec(
   SFT="--data .gpu/sft_packed.json $FAST"
   # FP8 against bf16 (each the default path otherwise), 20 steps; Qwen2.5-7B with 8 of its 28 layers (all of
   # them do not fit one 80 GB GPU with float32 master weights and AdamW); 3B at micro batch 2 (FP8 81 GiB: an
-  # H200's) and with selective recompute besides (68 GiB); the loss after 200 steps at 1.5B, and of FP8 at 0.5B
-  # with its layers compiled against only the SwiGLU.
+  # H200's) and with selective recompute besides (68 GiB); the loss after 200 steps at 1.5B (seeds 2 and 3 besides
+  # the default: the spread of bf16 runs that the FP8 one is judged in), and of FP8 at 0.5B with its layers compiled
+  # against only the SwiGLU.
   B="--data .gpu/pretrain_blend.txt --global-batch-size 8"
   FP8="fp8-0.5b-bf16:20:$B --micro-batch-size 4;fp8-0.5b-tensorwise:20:$B --micro-batch-size 4 --fp8 tensorwise;\
 fp8-1.5b-bf16:20:$B --model qwen2.5-1.5b --micro-batch-size 4;\
@@ -209,6 +210,9 @@ fp8-7b8l-bf16:20:$B --model qwen2.5-7b --num-layers 8 --micro-batch-size 1;\
 fp8-7b8l-tensorwise:20:$B --model qwen2.5-7b --num-layers 8 --micro-batch-size 1 --fp8 tensorwise;\
 loss-1.5b-bf16:200:$B --model qwen2.5-1.5b --micro-batch-size 4;\
 loss-1.5b-tensorwise:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --fp8 tensorwise;\
+loss-1.5b-s2-bf16:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --seed 2;\
+loss-1.5b-s2-tensorwise:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --fp8 tensorwise --seed 2;\
+loss-1.5b-s3-bf16:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --seed 3;\
 fp8-0.5b-200-layers:200:$B --micro-batch-size 4 --fp8 tensorwise --compile layers;\
 fp8-0.5b-200-swiglu:200:$B --micro-batch-size 4 --fp8 tensorwise --compile swiglu"
   TE_RUNS="pretrain-sdpa:40:$PT --attention sdpa;pretrain-te:40:$PT --attention te;\

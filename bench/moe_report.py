@@ -1,13 +1,14 @@
-"""moe.json and its table from what `bench/gpu.sh moe` leaves in a folder.
+"""moe.json and its table from what `bench/gpu.sh moe` leaves in one folder or several (one a machine).
 
     python3 bench/moe_report.py bench/results/gpu                  # → bench/results/gpu/moe.json, a table on stdout
-    python3 bench/moe_report.py --out bench/results/gpu/moe.json bench/results/gpu/moe-h100x2
+    python3 bench/moe_report.py --out bench/results/gpu/moe.json bench/results/gpu/moe-h200x2 bench/results/gpu/moe-h100
 
 Each run is a moe-NAME.jsonl (the trainer's --log-json) and moe-NAME.log (the command line first), read as
 scale_report reads its runs (steady-state rates per GPU; MFU counts the active parameters, as the trainer
 does), plus the most loaded expert against the mean (expert_load_max, the run's largest). expert_parallel:
 ep2's losses against ep1's step by step (same seed, data and global batch; experts split over the two GPUs
-against replicated on both).
+against replicated on both), from the first folder that holds both. Each run names its folder's machine
+(the first line of moe_device.txt); `device` lists them all.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from scale_report import markdown, max_rel_diff, records, run
 
 
 def report(folder: str) -> dict:
+    device = os.path.join(folder, "moe_device.txt")
+    device = open(device).read().strip() if os.path.exists(device) else None
     names = sorted(os.path.basename(p).removeprefix("moe-").removesuffix(".log")
                    for p in glob.glob(os.path.join(folder, "moe-*.log")))
     runs = []
@@ -30,27 +33,35 @@ def report(folder: str) -> dict:
         if rows:
             loads = [r["expert_load_max"] for r in rows if r.get("expert_load_max") is not None]
             runs.append({**run(folder, name, "moe"), "gpus": None,
-                         "expert_load_max": round(max(loads), 3) if loads else None})
+                         "expert_load_max": round(max(loads), 3) if loads else None,
+                         "device": device.splitlines()[0].split(",")[0] if device else None})
             runs[-1]["gpus"] = runs[-1]["dp"] * runs[-1]["tp"] * runs[-1]["pp"]
-    device = os.path.join(folder, "moe_device.txt")
     diff, steps = max_rel_diff(records(folder, "ep2", "moe"), records(folder, "ep1", "moe"))
-    return {"device": open(device).read().strip() if os.path.exists(device) else None, "runs": runs,
-            "expert_parallel": {"max_rel_loss_diff": diff, "steps": steps}}
+    return {"device": device, "runs": runs, "expert_parallel": {"max_rel_loss_diff": diff, "steps": steps}}
+
+
+def reports(folders: list[str]) -> dict:
+    """One report of several folders: every run, every machine, the first expert-parallel comparison made."""
+    parts = [report(folder) for folder in folders]
+    measured = [part["expert_parallel"] for part in parts if part["expert_parallel"]["steps"]]
+    return {"device": "\n".join(part["device"] for part in parts if part["device"]) or None,
+            "runs": [r for part in parts for r in part["runs"]],
+            "expert_parallel": measured[0] if measured else parts[0]["expert_parallel"]}
 
 
 def table(result: dict) -> str:
-    head = ["name", "model", "num_layers", "gpus", "ep", "tokens_per_s_per_gpu", "mfu", "max_memory_gib",
+    head = ["name", "device", "model", "num_layers", "gpus", "ep", "tokens_per_s_per_gpu", "mfu", "max_memory_gib",
             "expert_load_max", "loss_at_end", "error"]
     return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(result["expert_parallel"])])
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("folder")
+    p.add_argument("folders", nargs="+")
     p.add_argument("--out", help="where moe.json goes (default: in the folder)")
     args = p.parse_args()
-    result = report(args.folder)
-    with open(args.out or os.path.join(args.folder, "moe.json"), "w") as f:
+    result = reports(args.folders)
+    with open(args.out or os.path.join(args.folders[0], "moe.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(table(result))
     return 0
