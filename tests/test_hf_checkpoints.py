@@ -239,3 +239,56 @@ def test_unsupported_checkpoints_are_refused_naming_the_field(hf, field, value, 
     shape_from_config(config)  # as saved: supported
     with pytest.raises(UnsupportedCheckpoint, match=named):
         shape_from_config(dict(config, **{field: value}))
+
+
+@pytest.mark.parametrize("form", ["transformers", "per-layer"])
+def test_moe_balance_loss_takes_transformers_gradients(hf, form):
+    """transformers trains Qwen3-MoE on mean cross-entropy + router_aux_loss_coef × one load-balancing
+    loss over all layers' routing (coefficient 1 here, so that it weighs). A step of one micro-batch
+    gives every router and the embedding transformers' gradients under the default form; megatron-core's
+    per-layer loss, the control, gives the routers others (the two layers route differently)."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from qwen_data_train.distributed import distributed
+    from qwen_data_train.hf.checkpoint import load_hf_weights
+    from qwen_data_train.hf.config import read_config, shape_from_config
+    from qwen_data_train.model import build_model
+    from qwen_data_train.patches import (megatron_on_cpu, moe_router_outside_autocast,
+                                         moe_router_without_transformer_engine)
+    from qwen_data_train.step import ForwardSpec, forward_backward
+
+    folder = hf["qwen3_moe"]
+    generator = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 151_643, (2, 48), generator=generator)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, router_aux_loss_coef=1.0,
+                                                  output_router_logits=True).train()
+    out = theirs(input_ids=tokens, labels=tokens)
+    assert out.aux_loss > 0
+    out.loss.backward()
+
+    shape = dataclasses.replace(shape_from_config(read_config(folder), folder), router_aux_loss_coef=1.0)
+    mask = torch.ones(tokens.shape)
+    mask[:, -1] = 0  # transformers' shift leaves the last position no label
+    batch = dict(tokens=tokens, labels=torch.cat([tokens[:, 1:], tokens[:, :1]], 1), loss_mask=mask,
+                 position_ids=torch.arange(48).expand_as(tokens),
+                 segment_ids=torch.zeros_like(tokens, dtype=torch.int32))
+    with megatron_on_cpu(), moe_router_without_transformer_engine(), moe_router_outside_autocast(), distributed(1):
+        mine = build_model(shape, attention="sdpa", initialize=False, balance=form)
+        load_hf_weights(mine, folder, shape)
+        mine.train()
+        spec = ForwardSpec("sdpa", torch.device("cpu"), autocast=False, cross_entropy="megatron", seq_length=48)
+        total = forward_backward(mine, [batch], [mask], 1 / mask.sum(), spec)
+    assert total[0] / total[1] == pytest.approx(out.loss.item() - out.aux_loss.item(), rel=1e-5)  # the cross-entropy
+
+    def rel(a, b):
+        return ((a - b).abs().max() / b.abs().max()).item()
+
+    routers = [rel(mine.decoder.layers[i].mlp.router.weight.grad, theirs.model.layers[i].mlp.gate.weight.grad)
+               for i in range(2)]
+    embedding = rel(mine.embedding.word_embeddings.weight.grad, theirs.model.embed_tokens.weight.grad)
+    if form == "transformers":
+        assert max(routers) < 1e-5 and embedding < 1e-5, (routers, embedding)
+    else:
+        assert min(routers) > 1e-2, routers

@@ -284,22 +284,38 @@ def test_context_parallel_matches_one_process(prefixes, qwen3_run, tmp_path, kin
 
 
 @pytest.fixture(scope="module")
-def moe_run(prefixes, tmp_path_factory):
+def moe_runs(prefixes, tmp_path_factory):
+    """One process's run of tiny-qwen3-moe under each load-balancing loss, made when first asked for."""
     data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "4", *TRAIN, "--model", "tiny-qwen3-moe"]
-    return data, _train(data, tmp_path_factory.mktemp("moe") / "one.jsonl")[0]
+    runs = {}
+
+    def one(form):
+        args = data + ["--moe-balance-loss", form]
+        if form not in runs:
+            runs[form] = _train(args, tmp_path_factory.mktemp("moe") / "one.jsonl")[0]
+        return args, runs[form]
+    return one
 
 
-@pytest.mark.parametrize("layout,nproc", [(["--tp", "2", "--sequence-parallel"], 2), (["--cp", "2"], 2),
-                                          (["--cp", "2", "--ep", "2"], 4)])
-def test_moe_trains_split_as_in_one_process(moe_run, tmp_path, layout, nproc):
+@pytest.mark.parametrize("form,layout,nproc", [("transformers", ["--tp", "2", "--sequence-parallel"], 2),
+                                               ("transformers", ["--cp", "2"], 2),
+                                               ("transformers", ["--cp", "2", "--ep", "2"], 4),
+                                               ("per-layer", ["--tp", "2", "--sequence-parallel"], 2),
+                                               ("per-layer", ["--pp", "2"], 2)])
+def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, layout, nproc):
     """Qwen3-MoE with its tokens split over ranks (sequence parallelism, context parallelism, and
-    that beside experts split over data-parallel ranks) takes one process's steps: losses,
-    gradient norms and the tokens each expert gets. Two things kept them apart: megatron-core
-    before 0.19 weighed the load-balancing loss by the tokens a rank holds (patches.
+    that beside experts split over data-parallel ranks) or its layers over pipeline stages takes one
+    process's steps: losses, gradient norms and the tokens each expert gets, under transformers'
+    load-balancing loss (its counts summed over the ranks that split a micro-batch) and megatron-
+    core's per-layer one (what pipeline stages take). Two things kept them apart: megatron-core
+    before 0.19 weighed its per-layer loss by the tokens a rank holds (patches.
     moe_balance_loss_over_tp_cp), and expert gradients were averaged over data-parallel ranks
     only, not over the context-parallel ones too (a 3e-3 gradient-norm difference at step 1)."""
-    data, one = moe_run
-    split, _ = _train(data + layout, tmp_path / "split.jsonl", nproc=nproc)
+    data, one = moe_runs(form)
+    if "--pp" in layout:  # a pipeline takes the per-layer loss by itself
+        data = [a for a in data if a not in ("--moe-balance-loss", form)]
+    split, stdout = _train(data + layout, tmp_path / "split.jsonl", nproc=nproc)
+    assert f"balance loss {form}" in stdout
     for mine, reference in zip(split, one, strict=True):
         assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
         assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)

@@ -27,6 +27,7 @@ COMPILE_CHOICES = ("none", "swiglu", "layers")
 CROSS_ENTROPY_CHOICES = ("fused", "megatron")  # --cross-entropy: loss.py's, or megatron-core's
 # --fp8: megatron-core's names of Transformer Engine's FP8 recipes (model.resolve_fp8: where each runs).
 FP8_RECIPES = ("tensorwise", "delayed", "blockwise")
+BALANCE_LOSSES = ("transformers", "per-layer")  # a mixture of experts' load-balancing loss (balance.py)
 RECOMPUTE_CHOICES = ("selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "mlp")  # megatron-core's recompute_modules that run under autocast here
 
@@ -124,6 +125,11 @@ class ModelConfig(Section):
         "--moe-grouped-gemm", action=argparse.BooleanOptionalAction, default=True,
         help="a mixture of experts' local experts computed by two grouped matrix products (torch's grouped GEMM); "
              "--no-moe-grouped-gemm: one expert after another (megatron-core's SequentialMLP)")
+    balance_loss: Optional[str] = option(
+        "--moe-balance-loss", choices=BALANCE_LOSSES,
+        help="a mixture of experts' load-balancing loss: transformers = router_aux_loss_coef x transformers' loss "
+             "over all layers' routing together, added once; per-layer = megatron-core's, one a layer (the two "
+             "agree where layers route alike); none: transformers, per-layer under --pp")
     num_layers: Optional[int] = option("--num-layers", type=int, metavar="N",
                                        help="the --model preset with only its first N layers (speed probes of "
                                             "shapes that do not fit; none: all of them)")

@@ -68,6 +68,8 @@ class Trainer:
                              "refuses it without): add --sequence-parallel")
         if config.parallel.cp > 1:
             check_context_parallel(config, attention)
+        # transformers' load-balancing loss needs every layer's routing before the first backward
+        self.balance = config.model.balance_loss or ("per-layer" if self.layout.pp > 1 else "transformers")
         self.compile = resolve_compile(config.model.compile, device, config.parallel.sequence_parallel,
                                        self.shape.moe)
         log0(f"attention {attention} ({why}), compile {self.compile}"
@@ -168,7 +170,8 @@ class Trainer:
                            sequence_parallel=parallel.sequence_parallel,
                            recompute=model.recompute, recompute_modules=model.recompute_modules.split(","),
                            max_sequence_length=self.config.seq_length, initialize=model.hf_model is None,
-                           compile=self.compile, seed=seed, fp8=self.fp8, grouped_experts=model.grouped_experts)
+                           compile=self.compile, seed=seed, fp8=self.fp8, grouped_experts=model.grouped_experts,
+                           balance=self.balance)
         if model.hf_model:
             load_hf_weights(core, model.hf_model, self.shape)
         return core.to(self.device)
@@ -183,7 +186,8 @@ class Trainer:
              f"TP {lay.tp}{' (sequence parallel)' if c.parallel.sequence_parallel else ''} × PP {lay.pp}"
              f"{f' × CP {lay.cp}' if lay.cp > 1 else ''} × DP {lay.dp}"
              f"{f' (experts over EP {c.parallel.ep})' if c.parallel.ep > 1 else ''}, "
-             + (f"experts {'grouped' if c.model.grouped_experts else 'sequential'}, " if self.shape.moe else "")
+             + (f"experts {'grouped' if c.model.grouped_experts else 'sequential'}, balance loss {self.balance}, "
+                if self.shape.moe else "")
              + f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "

@@ -32,6 +32,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import get_pg_rank, get_pg_size
 
 from .attention import SDPACoreAttention, TECoreAttention, have_transformer_engine
+from .balance import install as install_balance
 from .config import ATTENTION_CHOICES, COMPILE_CHOICES, FP8_RECIPES
 from .experts import GroupedExperts
 from .shapes import ModelShape
@@ -113,21 +114,21 @@ def architecture(preset: ModelShape) -> dict:
         add_bias_linear=False,
         add_qkv_bias=preset.qkv_bias,
         qk_layernorm=preset.qk_norm,
-        **(experts(preset) if preset.moe else {}),
     )
 
 
-def experts(preset: ModelShape) -> dict:
+def experts(preset: ModelShape, balance: str = "transformers") -> dict:
     """The mixture of experts of `preset` in TransformerConfig's fields, computing what
     transformers' Qwen3MoeSparseMoeBlock does: a softmax router over all experts, the top k, their
     weights renormalised to sum to 1 (megatron-core: top k of the logits, then softmax over them,
     the same numbers) or, without norm_topk_prob, taken from the softmax over all (pre-softmax);
     no shared expert, no token dropped.
 
-    The load-balancing loss: transformers adds router_aux_loss_coef × E × Σ_e f_e P_e once, over
-    all layers' routing together (f_e: the share of routed tokens expert e gets, P_e: its mean
-    router probability); megatron-core adds one per layer, divided by the top k. The coefficient
-    below makes the two the same size where layers route alike (they differ in how layers mix).
+    The load-balancing loss (`balance`, config.BALANCE_LOSSES): "transformers", router_aux_loss_coef × E ×
+    Σ_e f_e P_e once, over all layers' routing together (f_e: the share of routed tokens expert e
+    gets, P_e: its mean router probability), is balance.py's, megatron-core's own switched off;
+    "per-layer", megatron-core's, one per layer divided by the top k, with a coefficient that makes
+    the two the same size where layers route alike.
 
     Tokens reach the experts by all-to-all on GPUs (megatron-core's choice for expert
     parallelism) and by all-gather on the CPU (its all-to-all needs a CUDA stream)."""
@@ -137,8 +138,9 @@ def experts(preset: ModelShape) -> dict:
         moe_ffn_hidden_size=preset.moe_ffn_hidden_size,
         moe_router_score_function="softmax",
         moe_router_pre_softmax=not preset.norm_topk_prob,
-        moe_router_load_balancing_type="aux_loss",
-        moe_aux_loss_coeff=preset.router_aux_loss_coef * preset.moe_topk / preset.num_layers,
+        moe_router_load_balancing_type="aux_loss" if balance == "per-layer" else "none",
+        moe_aux_loss_coeff=preset.router_aux_loss_coef * preset.moe_topk / preset.num_layers
+        if balance == "per-layer" else 0.0,
         moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather",
         moe_grouped_gemm=False,
     )
@@ -149,7 +151,7 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
                        sequence_parallel: bool = False, recompute: str | None = None,
                        recompute_modules: tuple[str, ...] = ("mlp",), initialize: bool = True,
                        fuse_swiglu: bool = False,
-                       fp8: str | None = None) -> TransformerConfig:
+                       fp8: str | None = None, balance: str = "transformers") -> TransformerConfig:
     """megatron-core's TransformerConfig for `preset` (attention already resolved).
 
     Parameters stay float32 (the optimizer's master weights); the loop runs the model under bf16
@@ -176,6 +178,7 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         raise ValueError(f"{preset.name}: {preset.num_layers} layers do not split evenly over --pp {pipeline_parallel}")
     return TransformerConfig(
         **architecture(preset),
+        **(experts(preset, balance) if preset.moe else {}),
         hidden_dropout=0.0,
         attention_dropout=0.0,
         # megatron-core's SwiGLU kernel is torch.compile'd (keeps only its input for backward).
@@ -362,15 +365,21 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
                 sequence_parallel: bool = False, recompute: str | None = None,
                 recompute_modules: tuple[str, ...] = ("mlp",), max_sequence_length: int | None = None,
                 initialize: bool = True, compile: str = "none",
-                seed: int = 0, fp8: str | None = None, grouped_experts: bool = True) -> GPTModel:
+                seed: int = 0, fp8: str | None = None, grouped_experts: bool = True,
+                balance: str = "transformers") -> GPTModel:
     """This rank's GPTModel (its pipeline stage's layers), on the CPU, float32 (move it with `.to(device)`).
 
     Needs `parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)` first.
     `compile`: one of COMPILE_CHOICES (torch.compile needs a compiler toolchain; the trainer uses
     it on CUDA only). Weights come from `seed` (the embedding and output layer from torch's
     generator as it stands, each layer from `seed` and its number), the same under every layout.
+    `balance`: a mixture of experts' load-balancing loss (config.BALANCE_LOSSES; "transformers" needs all
+    layers in one stage).
     """
     attention, _ = resolve_attention(attention)
+    if preset.moe and balance == "transformers" and parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        raise ValueError("the transformers load-balancing loss needs every layer's routing in one stage: "
+                         "under --pp take --moe-balance-loss per-layer")
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {compile!r}")
     if sequence_parallel and tensor_parallel == 1:
@@ -381,7 +390,7 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
                                 context_parallel=parallel_state.get_context_parallel_world_size(),
                                 sequence_parallel=sequence_parallel, recompute=recompute,
                                 recompute_modules=tuple(recompute_modules), initialize=initialize,
-                                fuse_swiglu=compile != "none", fp8=fp8)
+                                fuse_swiglu=compile != "none", fp8=fp8, balance=balance)
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec(preset, attention, seed, sequence_parallel, bool(fp8), grouped_experts),
@@ -394,6 +403,8 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
         rotary_base=preset.rotary_base,
         share_embeddings_and_output_weights=preset.tied_embeddings,
     )
+    if preset.moe and balance == "transformers":
+        install_balance(model, preset.router_aux_loss_coef)
     if compile == "layers":
         for layer in model.decoder.layers:
             layer.compile()

@@ -111,18 +111,22 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
     rank of the pipeline (of this rank's part of the rows, under context parallelism)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    core = unwrapped(model)
+    balance = getattr(core, "balance_loss", None)  # balance.py's, weighed by the whole micro-batch's trained tokens
+    trained = [mask.sum() for mask in masks]
     if parallel_state.get_context_parallel_world_size() > 1:
         micro, masks = map(list, zip(*(context_part(batch, mask) for batch, mask in zip(micro, masks))))
 
     def forward_step(data_iterator, stage):
-        batch, mask = next(data_iterator)
+        batch, mask, whole = next(data_iterator)
+        if balance is not None:
+            balance.begin(whole)
         output = stage_output(stage, batch, mask, spec)
         count = mask.sum()
         return output, lambda loss_sum: (loss_sum, count.int(), {"sum": loss_sum.detach(), "count": count})
 
     # `scale` goes through megatron-core's own hook: the schedule multiplies each micro-batch's loss
     # by it before backward, and MoE layers scale their load-balancing loss by it too.
-    core = unwrapped(model)
     # Transformer Engine's FP8 linears cast their weights once a step and reuse the casts for the
     # step's other micro-batches; the schedule starts a step's casting only on a model that has
     # set_is_first_microbatch, which torch's DDP wrapper hides: without this, data-parallel FP8
@@ -132,7 +136,7 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
     config.grad_scale_func = lambda loss: loss * scale
     try:
         results = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=zip(micro, masks), model=[model],
+            forward_step_func=forward_step, data_iterator=zip(micro, masks, trained), model=[model],
             num_microbatches=len(micro), seq_length=spec.seq_length, micro_batch_size=micro[0]["tokens"].shape[0],
             forward_only=forward_only)
     finally:

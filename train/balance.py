@@ -1,0 +1,105 @@
+"""The load-balancing loss of a mixture of experts as transformers adds it in training.
+
+Qwen3MoeForCausalLM (with router logits on) adds coef × E × Σ_e f_e P_e to a batch's mean
+cross-entropy, once for the whole model: f_e = C_e / (L T) is the share of all layers' routed slots
+that went to expert e and P_e = S_e / (L T) its mean router probability, C_e and S_e summed over
+the L layers and the T positions of the batch (S: the softmax over all experts). Each position's
+probabilities in layer l thus get the gradient coef × E × C_e / (L T)², which needs the counts of
+every layer, the later ones included. So each layer records its counts in the forward, and its
+router's output carries a function that hands the probabilities that gradient in the backward,
+which runs once the forward has passed the last layer.
+
+megatron-core's own form (moe_router_load_balancing_type "aux_loss") adds one loss a layer from
+that layer's counts alone; the two agree where the layers route alike. Pipeline stages train with
+megatron-core's: an earlier stage's backward cannot wait for a later stage's counts.
+
+A micro-batch's loss is the sum of its trained tokens' losses (model.transformer_config), so the
+balance loss joins it times the micro-batch's trained tokens: a step of one micro-batch then takes
+transformers' gradient of mean cross-entropy + coef × balance loss, and a step of several weighs
+each micro-batch by its trained tokens, as it weighs their cross-entropy.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+from megatron.core.transformer.moe.router import TopKRouter
+
+
+class BalanceLoss:
+    """One micro-batch's routing, layer by layer, and the gradient it gives every router's
+    probabilities. Counts are those of the whole micro-batch: ranks that hold parts of its
+    sequence (sequence or context parallelism) add theirs up."""
+
+    def __init__(self, coeff: float, num_experts: int, num_layers: int) -> None:
+        self.coeff, self.num_experts, self.num_layers = coeff, num_experts, num_layers
+        self.counts: dict[int, torch.Tensor] = {}  # layer number → [tokens routed to each expert..., positions]
+        self.trained: Optional[torch.Tensor] = None
+
+    def begin(self, trained: torch.Tensor) -> None:
+        """A micro-batch starts; `trained`: its trained tokens (all its ranks' parts)."""
+        self.counts, self.trained = {}, trained
+
+    def record(self, router: TopKRouter, routing_map: torch.Tensor) -> None:
+        """Layer `router.layer_number`'s counts (again, the same ones, where a recompute runs it twice)."""
+        counts = torch.cat([routing_map.sum(0, dtype=torch.float32),
+                            routing_map.new_full((1,), routing_map.shape[0], dtype=torch.float32)])
+        if router.tp_cp_group.size() > 1:
+            dist.all_reduce(counts, group=router.tp_cp_group)
+        self.counts[router.layer_number] = counts
+
+    def gradient(self) -> torch.Tensor:
+        """[E]: d(loss)/d(a position's probability of expert e), the same for every position of every
+        layer, times the micro-batch's trained tokens and the schedule's loss scale (a model run
+        outside step.forward_backward, with no `begin`: times its positions, as megatron-core weighs
+        its own balance loss)."""
+        counts = torch.stack(list(self.counts.values())).sum(0)
+        routed, positions = counts[:-1], counts[-1] / len(self.counts)  # T: each layer routes every position
+        if len(self.counts) != self.num_layers:
+            raise RuntimeError(f"balance loss: {len(self.counts)} of {self.num_layers} layers routed this micro-batch")
+        scale = MoEAuxLossAutoScaler.main_loss_backward_scale
+        weight = (self.trained if self.trained is not None else positions) * (scale if scale is not None else 1.0)
+        return self.coeff * self.num_experts * routed / (self.num_layers * positions) ** 2 * weight
+
+
+class _ProbabilityGradient(torch.autograd.Function):
+    """Passes the routed probabilities on unchanged; in backward, gives the softmax over all experts
+    the balance loss's gradient (computed then: every layer's counts are known)."""
+
+    @staticmethod
+    def forward(ctx, probs: torch.Tensor, scores: torch.Tensor, balance: BalanceLoss) -> torch.Tensor:
+        ctx.balance, ctx.shape = balance, scores.shape
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, ctx.balance.gradient().to(grad.device).expand(ctx.shape), None
+
+
+class BalancedRouter(TopKRouter):
+    """megatron-core's top-k router (its own balance loss off) recording its counts for `balance`."""
+
+    balance: BalanceLoss
+
+    def routing(self, logits: torch.Tensor, *args, **kwargs):
+        probs, routing_map = super().routing(logits, *args, **kwargs)
+        if self.training:
+            self.balance.record(self, routing_map)
+            if torch.is_grad_enabled():
+                scores = torch.softmax(logits.reshape(-1, self.config.num_moe_experts).float(), dim=-1)
+                probs = _ProbabilityGradient.apply(probs, scores, self.balance)
+        return probs, routing_map
+
+
+def install(model: torch.nn.Module, coeff: float) -> BalanceLoss:
+    """Routes `model`'s mixture-of-experts layers through BalancedRouter (parameters unchanged) and
+    returns the BalanceLoss they share, also as `model.balance_loss`."""
+    routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+    balance = BalanceLoss(coeff, model.config.num_moe_experts, len(routers))
+    for router in routers:
+        router.__class__, router.balance = BalancedRouter, balance
+    model.balance_loss = balance
+    return balance
