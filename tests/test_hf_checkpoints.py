@@ -241,12 +241,14 @@ def test_unsupported_checkpoints_are_refused_naming_the_field(hf, field, value, 
         shape_from_config(dict(config, **{field: value}))
 
 
-@pytest.mark.parametrize("form", ["transformers", "per-layer"])
-def test_moe_balance_loss_takes_transformers_gradients(hf, form):
+@pytest.mark.parametrize("form,padded", [("transformers", False), ("transformers", True), ("per-layer", False)])
+def test_moe_balance_loss_takes_transformers_gradients(hf, form, padded):
     """transformers trains Qwen3-MoE on mean cross-entropy + router_aux_loss_coef × one load-balancing
     loss over all layers' routing (coefficient 1 here, so that it weighs). A step of one micro-batch
-    gives every router and the embedding transformers' gradients under the default form; megatron-core's
-    per-layer loss, the control, gives the routers others (the two layers route differently)."""
+    gives every router and the embedding transformers' gradients under the default form, also where a
+    row ends in pads (transformers' attention mask leaves them out of the loss; ours, the pad id);
+    megatron-core's per-layer loss, the control, gives the routers others (the two layers route
+    differently)."""
     import dataclasses
 
     from transformers import AutoModelForCausalLM
@@ -262,15 +264,17 @@ def test_moe_balance_loss_takes_transformers_gradients(hf, form):
     folder = hf["qwen3_moe"]
     generator = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, 151_643, (2, 48), generator=generator)
+    pad, real = 151_654, torch.ones(tokens.shape, dtype=torch.long)
+    if padded:
+        tokens[1, 30:], real[1, 30:] = pad, 0
     theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, router_aux_loss_coef=1.0,
                                                   output_router_logits=True).train()
-    out = theirs(input_ids=tokens, labels=tokens)
+    out = theirs(input_ids=tokens, attention_mask=real, labels=torch.where(real > 0, tokens, -100))
     assert out.aux_loss > 0
     out.loss.backward()
 
     shape = dataclasses.replace(shape_from_config(read_config(folder), folder), router_aux_loss_coef=1.0)
-    mask = torch.ones(tokens.shape)
-    mask[:, -1] = 0  # transformers' shift leaves the last position no label
+    mask = torch.cat([real[:, 1:], torch.zeros(2, 1)], 1).float()  # transformers' shift: the last position has no label
     batch = dict(tokens=tokens, labels=torch.cat([tokens[:, 1:], tokens[:, :1]], 1), loss_mask=mask,
                  position_ids=torch.arange(48).expand_as(tokens),
                  segment_ids=torch.zeros_like(tokens, dtype=torch.int32))
@@ -278,7 +282,8 @@ def test_moe_balance_loss_takes_transformers_gradients(hf, form):
         mine = build_model(shape, attention="sdpa", initialize=False, balance=form)
         load_hf_weights(mine, folder, shape)
         mine.train()
-        spec = ForwardSpec("sdpa", torch.device("cpu"), autocast=False, cross_entropy="megatron", seq_length=48)
+        spec = ForwardSpec("sdpa", torch.device("cpu"), autocast=False, cross_entropy="megatron", seq_length=48,
+                           pad=pad)
         total = forward_backward(mine, [batch], [mask], 1 / mask.sum(), spec)
     assert total[0] / total[1] == pytest.approx(out.loss.item() - out.aux_loss.item(), rel=1e-5)  # the cross-entropy
 

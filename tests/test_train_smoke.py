@@ -285,24 +285,26 @@ def test_context_parallel_matches_one_process(prefixes, qwen3_run, tmp_path, kin
 
 @pytest.fixture(scope="module")
 def moe_runs(prefixes, tmp_path_factory):
-    """One process's run of tiny-qwen3-moe under each load-balancing loss, made when first asked for."""
-    data = ["--data", str(prefixes / "pretrain_blend.json"), "--train-iters", "4", *TRAIN, "--model", "tiny-qwen3-moe"]
+    """One process's run of tiny-qwen3-moe under a load-balancing loss, on pretraining rows or packed SFT
+    rows (whose pads transformers' balance loss leaves out), made when first asked for."""
     runs = {}
 
-    def one(form):
-        args = data + ["--moe-balance-loss", form]
-        if form not in runs:
-            runs[form] = _train(args, tmp_path_factory.mktemp("moe") / "one.jsonl")[0]
-        return args, runs[form]
+    def one(form, data):
+        args = ["--train-iters", "4", *TRAIN, "--model", "tiny-qwen3-moe", "--moe-balance-loss", form, "--data",
+                *([str(prefixes / "sft_blend.json"), "--seq-length", "256", "--eval-interval", "0"]
+                  if data == "packed-sft" else [str(prefixes / "pretrain_blend.json")])]
+        if (form, data) not in runs:
+            runs[form, data] = _train(args, tmp_path_factory.mktemp("moe") / "one.jsonl")[0]
+        return args, runs[form, data]
     return one
 
 
-@pytest.mark.parametrize("form,layout,nproc", [("transformers", ["--tp", "2", "--sequence-parallel"], 2),
-                                               ("transformers", ["--cp", "2"], 2),
-                                               ("transformers", ["--cp", "2", "--ep", "2"], 4),
-                                               ("per-layer", ["--tp", "2", "--sequence-parallel"], 2),
-                                               ("per-layer", ["--pp", "2"], 2)])
-def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, layout, nproc):
+@pytest.mark.parametrize("form,data,layout,nproc", [
+    ("transformers", "packed-sft", ["--tp", "2", "--sequence-parallel"], 2),
+    ("transformers", "packed-sft", ["--cp", "2"], 2),
+    ("transformers", "packed-sft", ["--cp", "2", "--ep", "2"], 4),
+    ("per-layer", "pretrain", ["--pp", "2", "--tp", "2", "--sequence-parallel"], 4)])
+def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, data, layout, nproc):
     """Qwen3-MoE with its tokens split over ranks (sequence parallelism, context parallelism, and
     that beside experts split over data-parallel ranks) or its layers over pipeline stages takes one
     process's steps: losses, gradient norms and the tokens each expert gets, under transformers'
@@ -311,10 +313,10 @@ def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, layout, np
     before 0.19 weighed its per-layer loss by the tokens a rank holds (patches.
     moe_balance_loss_over_tp_cp), and expert gradients were averaged over data-parallel ranks
     only, not over the context-parallel ones too (a 3e-3 gradient-norm difference at step 1)."""
-    data, one = moe_runs(form)
+    args, one = moe_runs(form, data)
     if "--pp" in layout:  # a pipeline takes the per-layer loss by itself
-        data = [a for a in data if a not in ("--moe-balance-loss", form)]
-    split, stdout = _train(data + layout, tmp_path / "split.jsonl", nproc=nproc)
+        args = [a for a in args if a not in ("--moe-balance-loss", form)]
+    split, stdout = _train(args + layout, tmp_path / "split.jsonl", nproc=nproc)
     assert f"balance loss {form}" in stdout
     for mine, reference in zip(split, one, strict=True):
         assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)

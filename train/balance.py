@@ -3,7 +3,8 @@
 Qwen3MoeForCausalLM (with router logits on) adds coef × E × Σ_e f_e P_e to a batch's mean
 cross-entropy, once for the whole model: f_e = C_e / (L T) is the share of all layers' routed slots
 that went to expert e and P_e = S_e / (L T) its mean router probability, C_e and S_e summed over
-the L layers and the T positions of the batch (S: the softmax over all experts). Each position's
+the L layers and the T positions of the batch that hold tokens (its attention mask's; pads left out:
+S is the softmax over all experts). Each position's
 probabilities in layer l thus get the gradient coef × E × C_e / (L T)², which needs the counts of
 every layer, the later ones included. So each layer records its counts in the forward, and its
 router's output carries a function that hands the probabilities that gradient in the backward,
@@ -25,6 +26,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from megatron.core.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 from megatron.core.transformer.moe.router import TopKRouter
 
@@ -34,22 +36,42 @@ class BalanceLoss:
     probabilities. Counts are those of the whole micro-batch: ranks that hold parts of its
     sequence (sequence or context parallelism) add theirs up."""
 
-    def __init__(self, coeff: float, num_experts: int, num_layers: int) -> None:
+    def __init__(self, coeff: float, num_experts: int, num_layers: int, sequence_parallel: bool) -> None:
         self.coeff, self.num_experts, self.num_layers = coeff, num_experts, num_layers
+        self.sequence_parallel = sequence_parallel
         self.counts: dict[int, torch.Tensor] = {}  # layer number → [tokens routed to each expert..., positions]
         self.trained: Optional[torch.Tensor] = None
+        self.real: Optional[torch.Tensor] = None  # [positions the routers see]: not a pad
 
-    def begin(self, trained: torch.Tensor) -> None:
-        """A micro-batch starts; `trained`: its trained tokens (all its ranks' parts)."""
-        self.counts, self.trained = {}, trained
+    def begin(self, trained: torch.Tensor, tokens: Optional[torch.Tensor] = None, pad: Optional[int] = None) -> None:
+        """A micro-batch starts; `trained`: its trained tokens (all its ranks' parts); `tokens`: this
+        rank's part of its rows [b, s], where positions holding `pad` are left out."""
+        self.counts, self.trained, self.real = {}, trained, None
+        if tokens is not None and pad is not None:
+            real = (tokens != pad).t()  # the routers see positions [s, b] flattened
+            if self.sequence_parallel:  # this tensor-parallel rank's chunk of s
+                size, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+                real = real.chunk(size)[rank]
+            self.real = real.reshape(-1)
 
     def record(self, router: TopKRouter, routing_map: torch.Tensor) -> None:
         """Layer `router.layer_number`'s counts (again, the same ones, where a recompute runs it twice)."""
-        counts = torch.cat([routing_map.sum(0, dtype=torch.float32),
-                            routing_map.new_full((1,), routing_map.shape[0], dtype=torch.float32)])
+        real = self.real_positions(routing_map)
+        if real is None:
+            real = torch.ones(routing_map.shape[0], dtype=torch.bool, device=routing_map.device)
+        counts = torch.cat([(routing_map & real[:, None]).sum(0, dtype=torch.float32),
+                            real.sum(dtype=torch.float32).reshape(1)])
         if router.tp_cp_group.size() > 1:
             dist.all_reduce(counts, group=router.tp_cp_group)
         self.counts[router.layer_number] = counts
+
+    def real_positions(self, routing_map: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.real is None:
+            return None
+        if self.real.numel() != routing_map.shape[0]:
+            raise RuntimeError(f"balance loss: the routers see {routing_map.shape[0]} positions, the micro-batch "
+                               f"marks {self.real.numel()}")
+        return self.real.to(routing_map.device)
 
     def gradient(self) -> torch.Tensor:
         """[E]: d(loss)/d(a position's probability of expert e), the same for every position of every
@@ -70,13 +92,17 @@ class _ProbabilityGradient(torch.autograd.Function):
     the balance loss's gradient (computed then: every layer's counts are known)."""
 
     @staticmethod
-    def forward(ctx, probs: torch.Tensor, scores: torch.Tensor, balance: BalanceLoss) -> torch.Tensor:
-        ctx.balance, ctx.shape = balance, scores.shape
+    def forward(ctx, probs: torch.Tensor, scores: torch.Tensor, balance: BalanceLoss,
+                real: Optional[torch.Tensor]) -> torch.Tensor:
+        ctx.balance, ctx.shape, ctx.real = balance, scores.shape, real
         return probs
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return grad, ctx.balance.gradient().to(grad.device).expand(ctx.shape), None
+        scores = ctx.balance.gradient().to(grad.device).expand(ctx.shape)
+        if ctx.real is not None:
+            scores = scores * ctx.real[:, None]
+        return grad, scores, None, None
 
 
 class BalancedRouter(TopKRouter):
@@ -90,7 +116,8 @@ class BalancedRouter(TopKRouter):
             self.balance.record(self, routing_map)
             if torch.is_grad_enabled():
                 scores = torch.softmax(logits.reshape(-1, self.config.num_moe_experts).float(), dim=-1)
-                probs = _ProbabilityGradient.apply(probs, scores, self.balance)
+                real = self.balance.real_positions(routing_map)
+                probs = _ProbabilityGradient.apply(probs, scores, self.balance, real)
         return probs, routing_map
 
 
@@ -98,7 +125,7 @@ def install(model: torch.nn.Module, coeff: float) -> BalanceLoss:
     """Routes `model`'s mixture-of-experts layers through BalancedRouter (parameters unchanged) and
     returns the BalanceLoss they share, also as `model.balance_loss`."""
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
-    balance = BalanceLoss(coeff, model.config.num_moe_experts, len(routers))
+    balance = BalanceLoss(coeff, model.config.num_moe_experts, len(routers), model.config.sequence_parallel)
     for router in routers:
         router.__class__, router.balance = BalancedRouter, balance
     model.balance_loss = balance

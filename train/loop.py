@@ -55,8 +55,6 @@ class Trainer:
         self.layout = ParallelLayout.current(config.micro_batch_size, config.global_batch_size)
         cuda = device.type == "cuda"
         attention, why = resolve_attention(config.model.attention, cuda=cuda, fp32=config.fp32)
-        self.spec = ForwardSpec(attention, device, autocast=cuda and not config.fp32,
-                                cross_entropy=config.model.cross_entropy, seq_length=config.seq_length)
         self.shape, hf_config, generation = model_of(config)
         self.fp8 = resolve_fp8(config.model.fp8, cuda=cuda, fp32=config.fp32)
         if self.fp8 and self.shape.moe:
@@ -78,6 +76,8 @@ class Trainer:
         tokenizer = self.train_ds.config.tokenizer
         tokenizer.check_embedding(self.shape.vocab_size, config.model.hf_model or self.shape.name)
         self.pad = tokenizer.pad
+        self.spec = ForwardSpec(attention, device, autocast=cuda and not config.fp32,
+                                cross_entropy=config.model.cross_entropy, seq_length=config.seq_length, pad=self.pad)
         self.core = self._build_model()
         self.model = data_parallel(self.core, self.layout, device, config.parallel)
         self.optimizer = (DistributedAdamW(self.model, config.optim) if config.parallel.distributed_optimizer

@@ -30,6 +30,7 @@ class ForwardSpec:
     autocast: bool  # bf16 autocast
     cross_entropy: str  # config.CROSS_ENTROPY_CHOICES
     seq_length: int  # the samples' length, for the pipeline schedule's activation shapes
+    pad: Optional[int] = None  # the data's pad id: positions holding it are no tokens (balance.py leaves them out)
 
 
 def _inputs(batch: dict, spec: ForwardSpec) -> tuple:
@@ -120,7 +121,7 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
     def forward_step(data_iterator, stage):
         batch, mask, whole = next(data_iterator)
         if balance is not None:
-            balance.begin(whole)
+            balance.begin(whole, batch["tokens"].to(spec.device, non_blocking=True), spec.pad)
         output = stage_output(stage, batch, mask, spec)
         count = mask.sum()
         return output, lambda loss_sum: (loss_sum, count.int(), {"sum": loss_sum.detach(), "count": count})
