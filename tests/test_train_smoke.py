@@ -301,12 +301,11 @@ def moe_runs(prefixes, tmp_path_factory):
 
 @pytest.mark.parametrize("form,data,layout,nproc", [
     ("transformers", "packed-sft", ["--tp", "2", "--sequence-parallel"], 2),
-    ("transformers", "packed-sft", ["--cp", "2"], 2),
     ("transformers", "packed-sft", ["--cp", "2", "--ep", "2"], 4),
     ("per-layer", "pretrain", ["--pp", "2", "--tp", "2", "--sequence-parallel"], 4)])
 def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, data, layout, nproc):
-    """Qwen3-MoE with its tokens split over ranks (sequence parallelism, context parallelism, and
-    that beside experts split over data-parallel ranks) or its layers over pipeline stages takes one
+    """Qwen3-MoE with its tokens split over ranks (sequence parallelism; context parallelism beside
+    experts split over data-parallel ranks) or its layers over pipeline stages takes one
     process's steps: losses, gradient norms and the tokens each expert gets, under transformers'
     load-balancing loss (its counts summed over the ranks that split a micro-batch) and megatron-
     core's per-layer one (what pipeline stages take). Two things kept them apart: megatron-core

@@ -2,11 +2,10 @@
 
 Qwen3MoeForCausalLM (with router logits on) adds coef × E × Σ_e f_e P_e to a batch's mean
 cross-entropy, once for the whole model: f_e = C_e / (L T) is the share of all layers' routed slots
-that went to expert e and P_e = S_e / (L T) its mean router probability, C_e and S_e summed over
-the L layers and the T positions of the batch that hold tokens (its attention mask's; pads left out:
-S is the softmax over all experts). Each position's
-probabilities in layer l thus get the gradient coef × E × C_e / (L T)², which needs the counts of
-every layer, the later ones included. So each layer records its counts in the forward, and its
+that went to expert e and P_e = S_e / (L T) its mean router probability (S: the softmax over all
+experts), C_e and S_e summed over the L layers and the T positions of the batch that hold tokens
+(its attention mask's; pads are left out). Each position's probabilities in layer l thus get the
+gradient coef × E × C_e / (L T)², which needs the counts of every layer, the later ones included. So each layer records its counts in the forward, and its
 router's output carries a function that hands the probabilities that gradient in the backward,
 which runs once the forward has passed the last layer.
 
@@ -66,6 +65,7 @@ class BalanceLoss:
         self.counts[router.layer_number] = counts
 
     def real_positions(self, routing_map: torch.Tensor) -> Optional[torch.Tensor]:
+        """Which of the positions a router routed (routing_map's rows) hold tokens; None: all."""
         if self.real is None:
             return None
         if self.real.numel() != routing_map.shape[0]:
@@ -78,10 +78,11 @@ class BalanceLoss:
         layer, times the micro-batch's trained tokens and the schedule's loss scale (a model run
         outside step.forward_backward, with no `begin`: times its positions, as megatron-core weighs
         its own balance loss)."""
-        counts = torch.stack(list(self.counts.values())).sum(0)
-        routed, positions = counts[:-1], counts[-1] / len(self.counts)  # T: each layer routes every position
         if len(self.counts) != self.num_layers:
             raise RuntimeError(f"balance loss: {len(self.counts)} of {self.num_layers} layers routed this micro-batch")
+        counts = torch.stack(list(self.counts.values())).sum(0)
+        # T: each layer routes every position (a micro-batch of pads alone has none and no gradient)
+        routed, positions = counts[:-1], (counts[-1] / self.num_layers).clamp(min=1)
         scale = MoEAuxLossAutoScaler.main_loss_backward_scale
         weight = (self.trained if self.trained is not None else positions) * (scale if scale is not None else 1.0)
         return self.coeff * self.num_experts * routed / (self.num_layers * positions) ** 2 * weight
