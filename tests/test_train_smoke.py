@@ -301,20 +301,18 @@ def moe_runs(prefixes, tmp_path_factory):
 
 @pytest.mark.parametrize("form,data,layout,nproc", [
     ("transformers", "packed-sft", ["--tp", "2", "--sequence-parallel"], 2),
-    ("transformers", "packed-sft", ["--cp", "2", "--ep", "2"], 4),
-    ("per-layer", "pretrain", ["--pp", "2", "--tp", "2", "--sequence-parallel"], 4)])
+    ("transformers", "pretrain", ["--cp", "2", "--ep", "2"], 4),
+    ("per-layer", "pretrain", ["--tp", "2", "--sequence-parallel"], 2)])
 def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, data, layout, nproc):
     """Qwen3-MoE with its tokens split over ranks (sequence parallelism; context parallelism beside
-    experts split over data-parallel ranks) or its layers over pipeline stages takes one
+    experts split over data-parallel ranks) takes one
     process's steps: losses, gradient norms and the tokens each expert gets, under transformers'
-    load-balancing loss (its counts summed over the ranks that split a micro-batch) and megatron-
-    core's per-layer one (what pipeline stages take). Two things kept them apart: megatron-core
+    load-balancing loss (its counts summed over the ranks that split a micro-batch, pads left out)
+    and megatron-core's per-layer one (what pipeline stages take). Two things kept them apart: megatron-core
     before 0.19 weighed its per-layer loss by the tokens a rank holds (patches.
     moe_balance_loss_over_tp_cp), and expert gradients were averaged over data-parallel ranks
     only, not over the context-parallel ones too (a 3e-3 gradient-norm difference at step 1)."""
     args, one = moe_runs(form, data)
-    if "--pp" in layout:  # a pipeline takes the per-layer loss by itself
-        args = [a for a in args if a not in ("--moe-balance-loss", form)]
     split, stdout = _train(args + layout, tmp_path / "split.jsonl", nproc=nproc)
     assert f"balance loss {form}" in stdout
     for mine, reference in zip(split, one, strict=True):
