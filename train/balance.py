@@ -53,16 +53,18 @@ class BalanceLoss:
                 real = real.chunk(size)[rank]
             self.real = real.reshape(-1)
 
-    def record(self, router: TopKRouter, routing_map: torch.Tensor) -> None:
-        """Layer `router.layer_number`'s counts (again, the same ones, where a recompute runs it twice)."""
+    def record(self, router: TopKRouter, routing_map: torch.Tensor) -> Optional[torch.Tensor]:
+        """Layer `router.layer_number`'s counts (again, the same ones, where a recompute runs it twice);
+        → which of the routed positions hold tokens (None: all)."""
         real = self.real_positions(routing_map)
-        if real is None:
-            real = torch.ones(routing_map.shape[0], dtype=torch.bool, device=routing_map.device)
-        counts = torch.cat([(routing_map & real[:, None]).sum(0, dtype=torch.float32),
-                            real.sum(dtype=torch.float32).reshape(1)])
+        held = real if real is not None else torch.ones(routing_map.shape[0], dtype=torch.bool,
+                                                        device=routing_map.device)
+        counts = torch.cat([(routing_map & held[:, None]).sum(0, dtype=torch.float32),
+                            held.sum(dtype=torch.float32).reshape(1)])
         if router.tp_cp_group.size() > 1:
             dist.all_reduce(counts, group=router.tp_cp_group)
         self.counts[router.layer_number] = counts
+        return real
 
     def real_positions(self, routing_map: torch.Tensor) -> Optional[torch.Tensor]:
         """Which of the positions a router routed (routing_map's rows) hold tokens; None: all."""
@@ -114,10 +116,9 @@ class BalancedRouter(TopKRouter):
     def routing(self, logits: torch.Tensor, *args, **kwargs):
         probs, routing_map = super().routing(logits, *args, **kwargs)
         if self.training:
-            self.balance.record(self, routing_map)
+            real = self.balance.record(self, routing_map)
             if torch.is_grad_enabled():
                 scores = torch.softmax(logits.reshape(-1, self.config.num_moe_experts).float(), dim=-1)
-                real = self.balance.real_positions(routing_map)
                 probs = _ProbabilityGradient.apply(probs, scores, self.balance, real)
         return probs, routing_map
 
