@@ -235,7 +235,9 @@ scale)
   # without compiled layers (same losses); dp2-*: plain DP (torch DDP) against the distributed optimizer, with
   # and without overlap; ckpt-*: a distributed-optimizer run saved at DP=2, resumed at DP=1 and again at DP=2,
   # against ckpt-ref uninterrupted; recompute-*: none, selective, full at Qwen2.5-1.5B on one GPU; 7b-*: the
-  # Qwen2.5-7B shape at TP=2 with sequence parallelism (random init), seq 4096; 3b-one: Qwen2.5-3B on one GPU;
+  # Qwen2.5-7B shape (random init), seq 4096, at TP=2 with sequence parallelism; 7b-pp2/7b-dp2: over two pipeline
+  # stages (layers compiled; global batch 32, so 32 micro-batches fill the pipeline), and data-parallel with the
+  # distributed optimizer (107 GiB a GPU: H200 only); 3b-one: Qwen2.5-3B on one GPU;
   # cp1/cp2: the same rows of 16384 tokens on one GPU and split over two (--cp 2); cp-long: packed SFT rows of
   # 32768 tokens (the long chats) over two.
   D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
@@ -254,6 +256,8 @@ recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
 7b-none:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel;\
 7b-selective:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute selective;\
 7b-full:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute full;\
+7b-pp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 32 --log-interval 1;\
+7b-dp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --distributed-optimizer --global-batch-size 32 --log-interval 1;\
 3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1;\
 cp1:1:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384;\
 cp2:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384 --cp 2;\

@@ -55,6 +55,7 @@ def run(folder: str, name: str, stage: str = "scale") -> dict:
         "sequence_parallel": "--sequence-parallel" in argv,
         "compile": option(argv, "--compile", "auto"),
         "seq_length": int(option(argv, "--seq-length", 4096)),
+        "global_batch": int(option(argv, "--global-batch-size", 8)),
         "steps": rows[-1]["iteration"] if rows else 0,
         "tokens_per_s_per_gpu": round(rate / nproc, 1) if rate else None,
         "mfu": round(mfu, 4) if mfu else None,
@@ -114,7 +115,7 @@ def markdown(rows: list[dict], head: list[str]) -> list[str]:
 
 
 def table(result: dict) -> str:
-    head = ["name", "model", "tp", "dp", "distributed_optimizer", "recompute", "compile",
+    head = ["name", "model", "tp", "pp", "dp", "global_batch", "distributed_optimizer", "recompute", "compile",
             "tokens_per_s_per_gpu", "mfu", "max_memory_gib", "optimizer_state_gib", "loss_at_end"]
     rest = {k: v for k, v in result.items() if k not in ("runs", "device")}
     return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(rest, indent=1)])
