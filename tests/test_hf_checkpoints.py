@@ -142,36 +142,18 @@ def test_moe_under_ep2_round_trips_bit_identical(hf, tmp_path):
     assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
 
 
-def test_moe_trains_under_ep2_as_in_one_process(hf, tmp_path):
-    """Three steps of the Qwen3-MoE folder at DP=2 with the experts over EP=2 (each expert's gradient
-    reduced over its own ranks, the gradient norm over both ranks' experts) against one process: the
-    same losses and gradient norms. (The tiny preset drawn at random, each expert alike whichever rank
-    holds it, is test_train_smoke's CP2 × EP2 case.)"""
-    steps = ["--data", hf["blend"], "--hf-model", hf["qwen3_moe"], "--lr", "1e-3", *SEQ, "--train-iters", "3"]
-    one, _ = run_train(steps, tmp_path / "one.jsonl")
-    two, _ = run_train(steps + ["--ep", "2"], tmp_path / "ep2.jsonl", nproc=2)
-    for mine, reference in zip(two, one, strict=True):
-        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
-        assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
-        assert mine["expert_tokens"] == reference["expert_tokens"]
-
-
-def test_tp2_training_saves_the_same_tensors(hf, tmp_path):
-    run_train(["--data", hf["blend"], "--hf-model", hf["qwen2"], "--lr", "0", "--save-hf", str(tmp_path / "out"),
-               "--tp", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)
-    assert_same_tensors(tmp_path / "out", hf["qwen2"])
-
-
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_pipeline_stages_load_and_save_the_same_tensors(hf, kind, tmp_path):
     """Two pipeline stages (one layer each; with tied embeddings, the last stage's output layer read
-    from embed_tokens and never written) load the folder, train at lr 0 to the one-process first
+    from embed_tokens and never written) load the folder, train at lr 0 from transformers' first
     loss, and write it back bit for bit."""
-    single, _ = run_train(["--data", hf["blend"], "--hf-model", hf[kind], "--lr", "0", *SEQ], tmp_path / "one.jsonl")
     records, stdout = run_train(["--data", hf["blend"], "--hf-model", hf[kind], "--lr", "0", "--save-hf",
                                  str(tmp_path / "out"), "--pp", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)
-    assert "PP 2" in stdout and records[0]["loss"] == pytest.approx(single[0]["loss"], rel=1e-6)
+    assert "PP 2" in stdout
     assert_same_tensors(tmp_path / "out", hf[kind])
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(hf[kind], dtype=torch.float32).eval()
+    assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +165,10 @@ def converted(hf, tmp_path_factory):
 
 
 def test_conversion_both_ways_under_any_tp(hf, converted, tmp_path):
-    """HF → checkpoint under TP=2 → HF under TP=1, and TP=1 → TP=2, PP=1 → PP=2, PP=2 → PP=1
-    (the Qwen2 folder: tied embeddings over two stages); a converted checkpoint starts a run with
-    --load alone (its model comes with it)."""
+    """HF → checkpoint under TP=2 → HF under TP=1, and TP=1 → TP=2, PP=1 → PP=2 (the Qwen2 folder:
+    tied embeddings over two stages); a converted checkpoint starts a run with --load alone (its
+    model comes with it). (A checkpoint of two stages read by one: test_train_smoke's
+    test_checkpoint_from_two_stages_resumes_on_one.)"""
     run_convert(["mcore-to-hf", str(converted), str(tmp_path / "back1")])
     assert_same_tensors(tmp_path / "back1", hf["qwen3"])
     run_convert(["hf-to-mcore", hf["qwen2"], str(tmp_path / "ck1")])
@@ -193,9 +176,6 @@ def test_conversion_both_ways_under_any_tp(hf, converted, tmp_path):
     assert_same_tensors(tmp_path / "back2", hf["qwen2"])
     run_convert(["mcore-to-hf", str(tmp_path / "ck1"), str(tmp_path / "back3"), "--pp", "2"], nproc=2)
     assert_same_tensors(tmp_path / "back3", hf["qwen2"])
-    run_convert(["hf-to-mcore", hf["qwen2"], str(tmp_path / "ck2"), "--pp", "2"], nproc=2)
-    run_convert(["mcore-to-hf", str(tmp_path / "ck2"), str(tmp_path / "back4")])
-    assert_same_tensors(tmp_path / "back4", hf["qwen2"])
     records, stdout = run_train(["--data", hf["blend"], "--load", str(converted), "--lr", "0",
                                  "--save-hf", str(tmp_path / "trained"), *SEQ], tmp_path / "log.jsonl")
     assert "loaded the weights of" in stdout
