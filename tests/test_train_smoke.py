@@ -52,6 +52,16 @@ def full_run(prefixes, tmp_path_factory):
     return records, stdout, out
 
 
+def assert_same_steps(records, reference, stdout, says):
+    """A run took the reference's steps (losses and gradient norms, step by step), and its output
+    `says` how it ran."""
+    assert says in stdout
+    assert [r["iteration"] for r in records] == [r["iteration"] for r in reference]
+    for mine, theirs in zip(records, reference):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+
+
 def test_pretrain_blend_trains(full_run):
     records, stdout, _ = full_run
     assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]
@@ -92,11 +102,7 @@ def test_checkpoint_resume_continues_exactly(prefixes, full_run, tmp_path):
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "3"
     assert (tmp_path / "ckpt" / "iter_0000003" / "metadata.json").is_file()  # a dist_checkpointing directory
     second, stdout = _train(data + ["--load", str(tmp_path / "ckpt")], tmp_path / "b.jsonl")
-    assert "resumed from" in stdout
-    assert [r["iteration"] for r in first + second] == [1, 2, 3, 4, 5, 6]
-    for mine, reference in zip(first + second, full_run[0]):
-        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
-        assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+    assert_same_steps(first + second, full_run[0], stdout, "resumed from")
 
 
 def test_tensor_and_data_parallel_match_one_process(prefixes, full_run, tmp_path):
@@ -276,10 +282,7 @@ def test_context_parallel_matches_one_process(prefixes, qwen3_run, tmp_path, kin
     if kind == "packed-sft" or torch.cuda.is_available():
         one, _ = _train(data, tmp_path / "one.jsonl")
     two, stdout = _train(data + ["--cp", "2", *layout], tmp_path / "cp2.jsonl", nproc=nproc)
-    assert "CP 2 × DP 1" in stdout
-    for mine, reference in zip(two, one, strict=True):
-        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
-        assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+    assert_same_steps(two, one, stdout, "CP 2 × DP 1")
 
 
 @pytest.fixture(scope="module")
@@ -313,11 +316,8 @@ def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, data, layo
     only, not over the context-parallel ones too (a 3e-3 gradient-norm difference at step 1)."""
     args, one = moe_runs(form, data)
     split, stdout = _train(args + layout, tmp_path / "split.jsonl", nproc=nproc)
-    assert f"balance loss {form}" in stdout
-    for mine, reference in zip(split, one, strict=True):
-        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
-        assert mine["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
-        assert mine["expert_tokens"] == reference["expert_tokens"]
+    assert_same_steps(split, one, stdout, f"balance loss {form}")
+    assert [r["expert_tokens"] for r in split] == [r["expert_tokens"] for r in one]
 
 
 def test_context_parallel_says_what_it_runs_with():
@@ -333,14 +333,6 @@ def test_context_parallel_says_what_it_runs_with():
     assert "--attention sdpa" in refusal([], attention="te")
     assert "--cp with --distributed-optimizer is not built yet" in refusal(["--distributed-optimizer"])
     check_context_parallel(TrainConfig.parse(["--data", "x", "--cp", "2", "--seq-length", "128"]), "sdpa")
-
-
-def assert_same_steps(records, reference, stdout, layout):
-    assert layout in stdout
-    assert [r["iteration"] for r in records] == [r["iteration"] for r in reference]
-    for mine, theirs in zip(records, reference):
-        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
-        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
 
 
 def test_pipeline_parallel_matches_one_process(prefixes, full_run, tmp_path):
