@@ -91,9 +91,15 @@ def test_lr_0_round_trip_is_bit_identical_and_first_loss_is_transformers(hf, kin
     records, stdout = run_train(["--data", hf["blend"], "--hf-model", hf[kind], "--lr", "0", "--save-hf", str(out),
                                  *SEQ], tmp_path / "log.jsonl")
     assert_same_tensors(out, hf[kind])
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     assert AutoTokenizer.from_pretrained(out).chat_template  # the data's tokenizer, with its template
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert_first_loss_is_transformers(records, out, hf)
+
+
+def assert_first_loss_is_transformers(records, folder, hf):
+    """The run's first logged loss is transformers' for the model in `folder` on the same batch."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
 
 
@@ -123,9 +129,7 @@ def test_moe_under_tp2_round_trips_bit_identical_from_transformers_first_loss(hf
                                  str(out), "--tp", "2", "--sequence-parallel", *SEQ], tmp_path / "log.jsonl", nproc=2)
     assert "TP 2 (sequence parallel)" in stdout
     assert_same_tensors(out, hf["qwen3_moe"])
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
+    assert_first_loss_is_transformers(records, out, hf)
 
 
 def test_moe_under_ep2_round_trips_bit_identical(hf, tmp_path):
@@ -137,9 +141,7 @@ def test_moe_under_ep2_round_trips_bit_identical(hf, tmp_path):
                                  str(out), "--ep", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)
     assert "DP 2 (experts over EP 2)" in stdout
     assert_same_tensors(out, hf["qwen3_moe"])
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
+    assert_first_loss_is_transformers(records, out, hf)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
@@ -151,9 +153,7 @@ def test_pipeline_stages_load_and_save_the_same_tensors(hf, kind, tmp_path):
                                  str(tmp_path / "out"), "--pp", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)
     assert "PP 2" in stdout
     assert_same_tensors(tmp_path / "out", hf[kind])
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(hf[kind], dtype=torch.float32).eval()
-    assert records[0]["loss"] == pytest.approx(_transformers_loss(model, hf), rel=1e-5)
+    assert_first_loss_is_transformers(records, hf[kind], hf)
 
 
 @pytest.fixture(scope="module")
