@@ -5,9 +5,10 @@ cross-entropy, once for the whole model: f_e = C_e / (L T) is the share of all l
 that went to expert e and P_e = S_e / (L T) its mean router probability (S: the softmax over all
 experts), C_e and S_e summed over the L layers and the T positions of the batch that hold tokens
 (its attention mask's; pads are left out). Each position's probabilities in layer l thus get the
-gradient coef × E × C_e / (L T)², which needs the counts of every layer, the later ones included. So each layer records its counts in the forward, and its
-router's output carries a function that hands the probabilities that gradient in the backward,
-which runs once the forward has passed the last layer.
+gradient coef × E × C_e / (L T)², which needs the counts of every layer, the later ones included.
+So each layer records its counts in the forward, and its router's output carries a function that
+hands the probabilities that gradient in the backward, which runs once the forward has passed the
+last layer.
 
 megatron-core's own form (moe_router_load_balancing_type "aux_loss") adds one loss a layer from
 that layer's counts alone; the two agree where the layers route alike. Pipeline stages train with
