@@ -19,12 +19,11 @@ import json
 import os
 import sys
 
-from scale_report import markdown, max_rel_diff, records, run
+from scale_report import card, device_of, markdown, max_rel_diff, records, run
 
 
 def report(folder: str) -> dict:
-    device = os.path.join(folder, "moe_device.txt")
-    device = open(device).read().strip() if os.path.exists(device) else None
+    device = device_of(folder, "moe")
     names = sorted(os.path.basename(p).removeprefix("moe-").removesuffix(".log")
                    for p in glob.glob(os.path.join(folder, "moe-*.log")))
     runs = []
@@ -34,7 +33,7 @@ def report(folder: str) -> dict:
             loads = [r["expert_load_max"] for r in rows if r.get("expert_load_max") is not None]
             runs.append({**run(folder, name, "moe"), "gpus": None,
                          "expert_load_max": round(max(loads), 3) if loads else None,
-                         "device": device.splitlines()[0].split(",")[0] if device else None})
+                         "device": card(device)})
             runs[-1]["gpus"] = runs[-1]["dp"] * runs[-1]["tp"] * runs[-1]["pp"]
     diff, steps = max_rel_diff(records(folder, "ep2", "moe"), records(folder, "ep1", "moe"))
     return {"device": device, "runs": runs, "expert_parallel": {"max_rel_loss_diff": diff, "steps": steps}}

@@ -1,15 +1,17 @@
-"""scale.json and its table from what `bench/gpu.sh scale` leaves in a folder.
+"""scale.json and its table from what `bench/gpu.sh scale` leaves in one folder or several (one a machine).
 
     python3 bench/scale_report.py bench/results/gpu                 # → bench/results/gpu/scale.json, a table on stdout
-    python3 bench/scale_report.py --out bench/results/gpu/scale.json bench/results/gpu/scale-h200x2
+    python3 bench/scale_report.py --out bench/results/gpu/scale.json bench/results/gpu/scale-h200x2 \
+        bench/results/gpu/scale-h100x2
     python3 bench/scale_report.py --same-weights HF_A HF_B          # exit 1 unless two HF folders hold equal tensors
 
 Each run is a scale-NAME.jsonl (the trainer's --log-json) and scale-NAME.log (the command line first).
 Rates are steady state (intervals after iteration 10, as bench/gpu_table.py; a run of fewer steps: after
-iteration 1) per GPU; memory the peak of the run on rank 0. distributed_optimizer: dp2-distopt's losses
+iteration 1) per GPU; memory the run's peak (the trainer logs the most of any GPU; before 2026-11-26, rank 0's).
+Each run names its folder's machine (the first line of scale_device.txt). distributed_optimizer: dp2-distopt's losses
 against dp2-plain's, step by step; checkpoint: ckpt-a/b/c (saved at DP=2, resumed at DP=1, then at DP=2)
 against ckpt-ref uninterrupted; sequence_parallel_compiled: sp-layers against sp-swiglu; context_parallel:
-cp2 against cp1, and cp-long.
+cp2 against cp1, and cp-long; each from the first folder that holds its runs.
 """
 
 from __future__ import annotations
@@ -73,12 +75,23 @@ def max_rel_diff(mine: list[dict], reference: list[dict]) -> tuple[float | None,
     return (round(max(diffs), 6) if diffs else None), len(diffs)
 
 
+def device_of(folder: str, stage: str) -> str | None:
+    """What `bench/gpu.sh` wrote of the folder's machine (STAGE_device.txt), if anything."""
+    path = os.path.join(folder, f"{stage}_device.txt")
+    return open(path).read().strip() if os.path.exists(path) else None
+
+
+def card(device: str | None) -> str | None:
+    """The GPU's name, from the first line of a device description."""
+    return device.splitlines()[0].split(",")[0] if device else None
+
+
 def report(folder: str) -> dict:
     names = sorted(os.path.basename(p).removeprefix("scale-").removesuffix(".log")
                    for p in glob.glob(os.path.join(folder, "scale-*.log")))
-    runs = [run(folder, n) for n in names if os.path.exists(os.path.join(folder, f"scale-{n}.jsonl"))]
-    device = open(os.path.join(folder, "scale_device.txt")).read().strip() \
-        if os.path.exists(os.path.join(folder, "scale_device.txt")) else None
+    device = device_of(folder, "scale")
+    runs = [{**run(folder, n), "device": card(device)}
+            for n in names if os.path.exists(os.path.join(folder, f"scale-{n}.jsonl"))]
     diff, steps = max_rel_diff(records(folder, "dp2-distopt"), records(folder, "dp2-plain"))
     resumed = records(folder, "ckpt-b") + records(folder, "ckpt-c")
     ck_diff, ck_steps = max_rel_diff(resumed, records(folder, "ckpt-ref"))
@@ -95,6 +108,19 @@ def report(folder: str) -> dict:
         "sequence_parallel_compiled": {"max_rel_loss_diff": sp_diff, "steps": sp_steps},
         "context_parallel": context_parallel(folder, runs),
     }
+
+
+def reports(folders: list[str]) -> dict:
+    """One report of several folders: every run, every machine, each comparison from the first folder
+    that made it."""
+    parts = [report(folder) for folder in folders]
+
+    def first(key: str):
+        made = [part[key] for part in parts if part[key] and part[key].get("steps")]
+        return made[0] if made else parts[0][key]
+    return {"device": "\n".join(part["device"] for part in parts if part["device"]) or None,
+            "runs": [r for part in parts for r in part["runs"]],
+            **{key: first(key) for key in parts[0] if key not in ("device", "runs")}}
 
 
 def context_parallel(folder: str, runs: list[dict]) -> dict | None:
@@ -115,7 +141,7 @@ def markdown(rows: list[dict], head: list[str]) -> list[str]:
 
 
 def table(result: dict) -> str:
-    head = ["name", "model", "tp", "pp", "dp", "global_batch", "distributed_optimizer", "recompute", "compile",
+    head = ["name", "device", "model", "tp", "pp", "dp", "global_batch", "distributed_optimizer", "recompute", "compile",
             "tokens_per_s_per_gpu", "mfu", "max_memory_gib", "optimizer_state_gib", "loss_at_end"]
     rest = {k: v for k, v in result.items() if k not in ("runs", "device")}
     return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(rest, indent=1)])
@@ -138,14 +164,16 @@ def same_weights(a: str, b: str) -> bool:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("folder", nargs="?")
-    p.add_argument("--out", help="where scale.json goes (default: in the folder)")
+    p.add_argument("folders", nargs="*")
+    p.add_argument("--out", help="where scale.json goes (default: in the first folder)")
     p.add_argument("--same-weights", nargs=2, metavar=("HF_A", "HF_B"))
     args = p.parse_args()
     if args.same_weights:
         return 0 if same_weights(*args.same_weights) else 1
-    result = report(args.folder)
-    with open(args.out or os.path.join(args.folder, "scale.json"), "w") as f:
+    if not args.folders:
+        p.error("name a folder of runs, or --same-weights")
+    result = reports(args.folders)
+    with open(args.out or os.path.join(args.folders[0], "scale.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(table(result))
     return 0

@@ -11,11 +11,13 @@ dataset builder.
 """
 
 import random
+import subprocess
 
 import pytest
 import torch
 from _helpers import write_jsonl
 from _train import run_train as _train
+from _train import torchrun
 
 from qwen_data.cli import main as qwen_data
 
@@ -333,6 +335,31 @@ def test_context_parallel_says_what_it_runs_with():
     assert "--attention sdpa" in refusal([], attention="te")
     assert "--cp with --distributed-optimizer is not built yet" in refusal(["--distributed-optimizer"])
     check_context_parallel(TrainConfig.parse(["--data", "x", "--cp", "2", "--seq-length", "128"]), "sdpa")
+
+
+FAILING_RANK = """
+import torch, torch.distributed as dist
+from qwen_data_train.distributed import distributed
+with distributed(1) as device:
+    waiting = torch.zeros(4, device=device)
+    if dist.get_rank() == 0:
+        dist.recv(waiting, src=1)  # a transfer rank 1 never sends
+    else:
+        dist.irecv(waiting, src=0)  # pending on rank 1's GPU when it fails
+        raise RuntimeError("rank 1 runs out of memory")
+"""
+
+
+def test_a_failing_rank_ends_the_job(tmp_path):
+    """NCCL only: gloo ends its peers itself. Tearing the groups down on rank 1 waited for its GPU,
+    where a transfer waited for rank 0, which waited for rank 1: the job hung."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (NCCL)")
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_RANK)
+    done = subprocess.run(torchrun(2) + [str(script)], capture_output=True, text=True, timeout=180)
+    assert done.returncode != 0
+    assert "rank 1 failed" in done.stderr and "RuntimeError: rank 1 runs out of memory" in done.stderr
 
 
 def test_pipeline_parallel_matches_one_process(prefixes, full_run, tmp_path):

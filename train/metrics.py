@@ -269,10 +269,17 @@ class Metrics:
             tokens_per_s=w.tokens * dp / elapsed, real_tokens_per_s=w.real_tokens * dp / elapsed,
             data_share=w.data_seconds / elapsed, consumed_samples=consumed_samples,
             mfu=self._mfu(w.tokens * dp, elapsed),
-            max_memory_gib=torch.cuda.max_memory_allocated(self.device) / 2**30 if cuda else None,
+            max_memory_gib=self._peak_memory_gib() if cuda else None,
             expert_load_max=max(experts) * len(experts) / max(1, sum(experts)) if experts else None,
             expert_tokens=experts,
         )
+
+    def _peak_memory_gib(self) -> float:
+        """The most memory any GPU of the job has held (a collective): pipeline stages hold different
+        parts, and the one with the output layer's logits is not rank 0."""
+        peak = torch.tensor(float(torch.cuda.max_memory_allocated(self.device)), device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return peak.item() / 2**30
 
     def _mfu(self, tokens: int, seconds: float) -> Optional[float]:
         if not self.peak:
@@ -290,6 +297,6 @@ class Metrics:
                 rates["mfu"] = self._mfu(t.tokens, t.seconds)
             log0("steady state (after iteration 1): " + ", ".join(f"{k} {v:.4g}" for k, v in rates.items()))
         if self.device.type == "cuda":
-            log0(f"peak memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.1f} GiB")
+            log0(f"peak memory {self._peak_memory_gib():.1f} GiB (the most of any GPU)")
         self.sinks.close()
         return Summary(iterations, self.history, **rates)
