@@ -10,6 +10,7 @@ dataset builder.
     SDPA core attention equals megatron-core's own local attention.
 """
 
+import os
 import random
 import subprocess
 
@@ -345,9 +346,17 @@ with distributed(1) as device:
     if dist.get_rank() == 0:
         dist.recv(waiting, src=1)  # a transfer rank 1 never sends
     else:
-        dist.irecv(waiting, src=0)  # pending on rank 1's GPU when it fails
-        raise RuntimeError("rank 1 runs out of memory")
+        dist.irecv(waiting, src=0)  # pending on rank 1's device when it fails
+        raise {error}
 """
+
+
+def fail_rank_1(tmp_path, error: str, env: dict) -> subprocess.CompletedProcess:
+    """Two processes in the train stage's process groups; rank 1 raises `error` mid-transfer."""
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_RANK.format(error=error))
+    return subprocess.run(torchrun(2) + [str(script)], capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, **env))
 
 
 def test_a_failing_rank_ends_the_job(tmp_path):
@@ -355,11 +364,15 @@ def test_a_failing_rank_ends_the_job(tmp_path):
     where a transfer waited for rank 0, which waited for rank 1: the job hung."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs (NCCL)")
-    script = tmp_path / "fail.py"
-    script.write_text(FAILING_RANK)
-    done = subprocess.run(torchrun(2) + [str(script)], capture_output=True, text=True, timeout=180)
+    done = fail_rank_1(tmp_path, 'RuntimeError("rank 1 runs out of memory")', {})
     assert done.returncode != 0
     assert "rank 1 failed" in done.stderr and "RuntimeError: rank 1 runs out of memory" in done.stderr
+
+
+def test_a_rank_that_refuses_says_so_in_one_line(tmp_path):
+    done = fail_rank_1(tmp_path, 'ValueError("--pp 3 does not divide 28 layers")', {"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode != 0
+    assert "rank 1: error: --pp 3 does not divide 28 layers\n" in done.stderr, done.stderr[-3000:]
 
 
 def test_pipeline_parallel_matches_one_process(prefixes, full_run, tmp_path):

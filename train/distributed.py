@@ -67,18 +67,30 @@ def distributed(tp: int, pp: int = 1, ep: int = 1, cp: int = 1) -> Iterator[torc
     will never send (a pipeline stage out of memory hung the job). torchrun then ends the others."""
     try:
         yield init_distributed(tp, pp, ep, cp)
-    except BaseException:
+    except (Exception, KeyboardInterrupt) as exc:
         if dist.is_initialized() and dist.get_world_size() > 1:
-            print(f"rank {dist.get_rank()} failed:", file=sys.stderr)
-            traceback.print_exc()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+            _end_now(exc)
         raise
     finally:
         if dist.is_initialized():
             parallel_state.destroy_model_parallel()
             dist.destroy_process_group()
+
+
+def _end_now(exc: BaseException) -> None:
+    """End this rank of a job of several processes at once, saying why: a refusal (ValueError) in
+    one line, as `qwen-data` says it, anything else with its traceback."""
+    rank = dist.get_rank()
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"rank {rank}: interrupted", file=sys.stderr)
+    elif isinstance(exc, ValueError):
+        print(f"rank {rank}: error: {exc}", file=sys.stderr)
+    else:
+        print(f"rank {rank} failed:", file=sys.stderr)
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
 
 
 def is_rank0() -> bool:
