@@ -239,7 +239,8 @@ scale)
   # and without overlap; ckpt-*: a distributed-optimizer run saved at DP=2, resumed at DP=1 and again at DP=2,
   # against ckpt-ref uninterrupted; recompute-*: none, selective, full at Qwen2.5-1.5B on one GPU; 7b-*: the
   # Qwen2.5-7B shape (random init), seq 4096, at TP=2 with sequence parallelism; 7b-pp2/7b-dp2: over two pipeline
-  # stages (layers compiled; global batch 32, so 32 micro-batches fill the pipeline), and data-parallel with the
+  # stages (layers compiled; global batch 32, so 32 micro-batches fill the pipeline; 7b-pp2-15-13: the last stage,
+  # which runs the output layer too, with 13 layers), and data-parallel with the
   # distributed optimizer (107 GiB a GPU: H200 only); 3b-one: Qwen2.5-3B on one GPU;
   # cp1/cp2: the same rows of 16384 tokens on one GPU and split over two (--cp 2); cp-long: packed SFT rows of
   # 32768 tokens (the long chats) over two.
@@ -260,6 +261,8 @@ recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
 7b-selective:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute selective;\
 7b-full:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute full;\
 7b-pp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 32 --log-interval 1;\
+7b-pp2-15-13:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
+--global-batch-size 32 --log-interval 1;\
 7b-dp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --distributed-optimizer --global-batch-size 32 --log-interval 1;\
 3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1;\
 cp1:1:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384;\

@@ -25,8 +25,9 @@ SEQ = ["--seq-length", "256", "--micro-batch-size", "2", "--global-batch-size", 
 
 def _hf_model(kind, directory):
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config, Qwen3MoeConfig
-    common = dict(vocab_size=151_936, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    common = dict(vocab_size=151_936, hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=3 if kind == "qwen3" else 2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=4096)
     if kind == "qwen2":
         config = Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6)
     elif kind == "qwen3":
@@ -144,14 +145,14 @@ def test_moe_under_ep2_round_trips_bit_identical(hf, tmp_path):
     assert_first_loss_is_transformers(records, out, hf)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
-def test_pipeline_stages_load_and_save_the_same_tensors(hf, kind, tmp_path):
-    """Two pipeline stages (one layer each; with tied embeddings, the last stage's output layer read
-    from embed_tokens and never written) load the folder, train at lr 0 from transformers' first
-    loss, and write it back bit for bit."""
+@pytest.mark.parametrize("kind, split", [("qwen2", []), ("qwen3", ["--decoder-last-pipeline-num-layers", "1"])])
+def test_pipeline_stages_load_and_save_the_same_tensors(hf, kind, split, tmp_path):
+    """Two pipeline stages (Qwen2's two layers one each, with tied embeddings: the last stage's output
+    layer read from embed_tokens and never written; Qwen3's three split 2 + 1) load the folder, train
+    at lr 0 from transformers' first loss, and write it back bit for bit."""
     records, stdout = run_train(["--data", hf["blend"], "--hf-model", hf[kind], "--lr", "0", "--save-hf",
-                                 str(tmp_path / "out"), "--pp", "2", *SEQ], tmp_path / "log.jsonl", nproc=2)
-    assert "PP 2" in stdout
+                                 str(tmp_path / "out"), "--pp", "2", *split, *SEQ], tmp_path / "log.jsonl", nproc=2)
+    assert f"stages of {'1 + 1' if kind == 'qwen2' else '2 + 1'} layers" in stdout
     assert_same_tensors(tmp_path / "out", hf[kind])
     assert_first_loss_is_transformers(records, hf[kind], hf)
 

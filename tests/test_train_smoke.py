@@ -491,6 +491,18 @@ def test_presets_match_the_real_models():
         assert round((shape.parameters() - embeddings) / body, 2) == 1.0, name
 
 
+def test_pipeline_stages_split_as_asked():
+    from qwen_data_train.model import pipeline_split
+    assert pipeline_split(28, 2) == [14, 14]
+    assert pipeline_split(28, 2, last=13) == [15, 13]  # the last stage also runs the output layer
+    assert pipeline_split(28, 4, last=4) == [8, 8, 8, 4]
+    assert pipeline_split(28, 4, first=6, last=6) == [6, 8, 8, 6]
+    for stages, first, last, says in ((3, None, None, "evenly"), (2, 28, None, "every stage needs a layer"),
+                                      (4, 7, 6, "an equal share"), (1, None, 27, "need --pp 2")):
+        with pytest.raises(ValueError, match=says):
+            pipeline_split(28, stages, first, last)
+
+
 def test_config_is_built_once_from_the_command_line():
     import dataclasses
 

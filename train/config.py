@@ -154,7 +154,16 @@ class ParallelConfig(Section):
     tp: int = option("--tp", type=int, default=1,
                      help="tensor-parallel size (data parallel = world / (tp × pp × cp))")
     pp: int = option("--pp", type=int, default=1,
-                     help="pipeline-parallel size: the layers split evenly over pp stages, 1F1B schedule")
+                     help="pipeline-parallel size: the layers split over pp stages (evenly, unless the two "
+                          "options below say otherwise), 1F1B schedule")
+    first_stage_layers: Optional[int] = option(
+        "--decoder-first-pipeline-num-layers", type=int, default=None,
+        help="with --pp: the first stage's layers (default: an even share); the stages not named split the rest "
+             "evenly")
+    last_stage_layers: Optional[int] = option(
+        "--decoder-last-pipeline-num-layers", type=int, default=None,
+        help="with --pp: the last stage's layers (default: an even share). That stage also runs the output layer, "
+             "about two layers' work at Qwen's vocabulary: one or two layers fewer there even out the stages")
     sequence_parallel: bool = option(
         "--sequence-parallel", action="store_true",
         help="with --tp: activations outside attention and MLP split over the TP ranks along the sequence")

@@ -38,7 +38,7 @@ from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, make_loader
 from .metrics import ExpertLoad, Metrics, StepStats, Summary
-from .model import build_model, resolve_attention, resolve_fp8
+from .model import build_model, pipeline_split, resolve_attention, resolve_fp8
 from .optimizer import AdamW, DistributedAdamW, Schedule
 from .patches import (megatron_on_cpu, moe_balance_loss_over_tp_cp, moe_router_outside_autocast,
                       moe_router_without_transformer_engine, recompute_as_forward_ran)
@@ -171,7 +171,8 @@ class Trainer:
                            recompute=model.recompute, recompute_modules=model.recompute_modules.split(","),
                            max_sequence_length=self.config.seq_length, initialize=model.hf_model is None,
                            compile=self.compile, seed=seed, fp8=self.fp8, grouped_experts=model.grouped_experts,
-                           balance=self.balance)
+                           balance=self.balance, first_stage_layers=parallel.first_stage_layers,
+                           last_stage_layers=parallel.last_stage_layers)
         if model.hf_model:
             load_hf_weights(core, model.hf_model, self.shape)
         return core.to(self.device)
@@ -181,11 +182,14 @@ class Trainer:
 
     def _announce(self) -> None:
         c, lay, spec, cuda = self.config, self.layout, self.spec, self.device.type == "cuda"
+        stages = " + ".join(map(str, pipeline_split(self.shape.num_layers, lay.pp, c.parallel.first_stage_layers,
+                                                    c.parallel.last_stage_layers)))
         log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, "
              f"cross-entropy {c.model.cross_entropy}, "
              f"TP {lay.tp}{' (sequence parallel)' if c.parallel.sequence_parallel else ''} × PP {lay.pp}"
              f"{f' × CP {lay.cp}' if lay.cp > 1 else ''} × DP {lay.dp}"
              f"{f' (experts over EP {c.parallel.ep})' if c.parallel.ep > 1 else ''}, "
+             f"{f'stages of {stages} layers, ' if lay.pp > 1 else ''}"
              + (f"experts {'grouped' if c.model.grouped_experts else 'sequential'}, balance loss {self.balance}, "
                 if self.shape.moe else "")
              + f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "

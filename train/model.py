@@ -151,7 +151,9 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
                        sequence_parallel: bool = False, recompute: str | None = None,
                        recompute_modules: tuple[str, ...] = ("mlp",), initialize: bool = True,
                        fuse_swiglu: bool = False,
-                       fp8: str | None = None, balance: str = "transformers") -> TransformerConfig:
+                       fp8: str | None = None, balance: str = "transformers",
+                       first_stage_layers: int | None = None, last_stage_layers: int | None = None
+                       ) -> TransformerConfig:
     """megatron-core's TransformerConfig for `preset` (attention already resolved).
 
     Parameters stay float32 (the optimizer's master weights); the loop runs the model under bf16
@@ -174,8 +176,7 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         fp8_fields = dict(fp8="hybrid", fp8_recipe=fp8)
         if fp8 == "delayed":
             fp8_fields.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
-    if preset.num_layers % pipeline_parallel:
-        raise ValueError(f"{preset.name}: {preset.num_layers} layers do not split evenly over --pp {pipeline_parallel}")
+    pipeline_split(preset.num_layers, pipeline_parallel, first_stage_layers, last_stage_layers, preset.name)
     return TransformerConfig(
         **architecture(preset),
         **(experts(preset, balance) if preset.moe else {}),
@@ -191,6 +192,8 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
+        num_layers_in_first_pipeline_stage=first_stage_layers,
+        num_layers_in_last_pipeline_stage=last_stage_layers,
         expert_model_parallel_size=expert_parallel,
         context_parallel_size=context_parallel,
         pipeline_dtype=torch.float32,
@@ -228,10 +231,28 @@ def is_expert_parallel(param: torch.nn.Parameter) -> bool:
     return not getattr(param, "allreduce", True)
 
 
-def layer_offset(num_layers: int) -> int:
-    """How many layers the pipeline stages before this rank's hold (layers split evenly)."""
-    stages = parallel_state.get_pipeline_model_parallel_world_size()
-    return parallel_state.get_pipeline_model_parallel_rank() * (num_layers // stages)
+def pipeline_split(num_layers: int, stages: int, first: int | None = None, last: int | None = None,
+                   name: str = "the model") -> list[int]:
+    """The layers of each pipeline stage: `first` and `last` where given, the rest evenly over the
+    other stages (megatron-core's num_layers_in_first/last_pipeline_stage); a ValueError says why not."""
+    if stages == 1 and (first, last) != (None, None):
+        raise ValueError("--decoder-first/last-pipeline-num-layers size pipeline stages: they need --pp 2 or more")
+    given = {stage: n for stage, n in ((0, first), (stages - 1, last)) if n is not None}
+    rest, others = num_layers - sum(given.values()), stages - len(given)
+    if any(n < 1 for n in given.values()) or rest < others or (rest % others if others else rest):
+        asked = " and ".join(f"--decoder-{'first' if stage == 0 else 'last'}-pipeline-num-layers {n}"
+                             for stage, n in given.items())
+        raise ValueError(f"{name}: {num_layers} layers do not split over --pp {stages} "
+                         + (f"with {asked}: every stage needs a layer, and the others an equal share of the rest"
+                            if given else "evenly: set --decoder-first/last-pipeline-num-layers"))
+    return [given.get(stage, rest // others if others else 0) for stage in range(stages)]
+
+
+def layer_offset(config: TransformerConfig) -> int:
+    """How many layers the pipeline stages before this rank's hold."""
+    split = pipeline_split(config.num_layers, config.pipeline_model_parallel_size,
+                           config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
+    return sum(split[:parallel_state.get_pipeline_model_parallel_rank()])
 
 
 class SeededTransformerLayer(TransformerLayer):
@@ -240,7 +261,7 @@ class SeededTransformerLayer(TransformerLayer):
     would depend on how many were built before it on the same rank."""
 
     def __init__(self, config, submodules, layer_number: int = 1, *args, init_seed: int = 0, **kwargs):
-        number = layer_number + layer_offset(config.num_layers)
+        number = layer_number + layer_offset(config)
         torch.manual_seed(init_seed * 1_000_003 + number)
         super().__init__(config, submodules, layer_number, *args, **kwargs)
         assert self.layer_number == number, "megatron-core numbers this layer otherwise"
@@ -351,13 +372,12 @@ def fp8_linear(name: str) -> type:
 
 
 def block_spec(preset: ModelShape, attention: str, seed: int, sequence_parallel: bool, fp8: bool = False,
-               grouped_experts: bool = True):
-    """The decoder's spec: this stage's layers, and under sequence parallelism our RMSNorm as the
+               grouped_experts: bool = True, layers: int = 1):
+    """The decoder's spec: this stage's `layers`, and under sequence parallelism our RMSNorm as the
     final norm too (megatron-core would pick its torch wrapper)."""
     spec = layer_spec(preset, attention, seed, sequence_parallel, fp8, grouped_experts)
     if not sequence_parallel:
         return spec
-    layers = preset.num_layers // parallel_state.get_pipeline_model_parallel_world_size()
     return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=RMSNorm)
 
 
@@ -366,7 +386,8 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
                 recompute_modules: tuple[str, ...] = ("mlp",), max_sequence_length: int | None = None,
                 initialize: bool = True, compile: str = "none",
                 seed: int = 0, fp8: str | None = None, grouped_experts: bool = True,
-                balance: str = "transformers") -> GPTModel:
+                balance: str = "transformers", first_stage_layers: int | None = None,
+                last_stage_layers: int | None = None) -> GPTModel:
     """This rank's GPTModel (its pipeline stage's layers), on the CPU, float32 (move it with `.to(device)`).
 
     Needs `parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)` first.
@@ -374,7 +395,7 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
     it on CUDA only). Weights come from `seed` (the embedding and output layer from torch's
     generator as it stands, each layer from `seed` and its number), the same under every layout.
     `balance`: a mixture of experts' load-balancing loss (config.BALANCE_LOSSES; "transformers" needs all
-    layers in one stage).
+    layers in one stage). `first_stage_layers`, `last_stage_layers`: see `pipeline_split`.
     """
     attention, _ = resolve_attention(attention)
     if preset.moe and balance == "transformers" and parallel_state.get_pipeline_model_parallel_world_size() > 1:
@@ -384,16 +405,21 @@ def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {compile!r}")
     if sequence_parallel and tensor_parallel == 1:
         raise ValueError("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more")
+    stage_layers = pipeline_split(preset.num_layers, parallel_state.get_pipeline_model_parallel_world_size(),
+                                  first_stage_layers, last_stage_layers, preset.name
+                                  )[parallel_state.get_pipeline_model_parallel_rank()]
     config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
                                 pipeline_parallel=parallel_state.get_pipeline_model_parallel_world_size(),
                                 expert_parallel=parallel_state.get_expert_model_parallel_world_size(),
                                 context_parallel=parallel_state.get_context_parallel_world_size(),
                                 sequence_parallel=sequence_parallel, recompute=recompute,
                                 recompute_modules=tuple(recompute_modules), initialize=initialize,
-                                fuse_swiglu=compile != "none", fp8=fp8, balance=balance)
+                                fuse_swiglu=compile != "none", fp8=fp8, balance=balance,
+                                first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(preset, attention, seed, sequence_parallel, bool(fp8), grouped_experts),
+        transformer_layer_spec=block_spec(preset, attention, seed, sequence_parallel, bool(fp8), grouped_experts,
+                                          layers=stage_layers),
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         vocab_size=preset.vocab_size,
