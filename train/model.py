@@ -165,7 +165,8 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
 
     Pipeline stages pass float32 activations (the residual stream stays float32 under autocast),
     and a micro-batch's loss comes back as a sum over its trained tokens, scaled by the step
-    (`calculate_per_token_loss`: megatron-core's schedules then divide by nothing).
+    (`calculate_per_token_loss`: megatron-core's schedules then divide by nothing). The stages hold
+    `first_stage_layers` and `last_stage_layers` as `pipeline_split` reads them (build_model checks them).
 
     `fp8` (a resolved recipe): megatron-core's transformer block runs each layer under Transformer
     Engine's FP8 autocast, E4M3 forward and E5M2 gradients ("hybrid"); the delayed recipe keeps the
@@ -176,7 +177,6 @@ def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: i
         fp8_fields = dict(fp8="hybrid", fp8_recipe=fp8)
         if fp8 == "delayed":
             fp8_fields.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
-    pipeline_split(preset.num_layers, pipeline_parallel, first_stage_layers, last_stage_layers, preset.name)
     return TransformerConfig(
         **architecture(preset),
         **(experts(preset, balance) if preset.moe else {}),
