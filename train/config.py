@@ -157,11 +157,11 @@ class ParallelConfig(Section):
                      help="pipeline-parallel size: the layers split over pp stages (evenly, unless the two "
                           "options below say otherwise), 1F1B schedule")
     first_stage_layers: Optional[int] = option(
-        "--decoder-first-pipeline-num-layers", type=int, default=None,
+        "--decoder-first-pipeline-num-layers", type=int, default=None, metavar="N",
         help="with --pp: the first stage's layers (default: an even share); the stages not named split the rest "
              "evenly")
     last_stage_layers: Optional[int] = option(
-        "--decoder-last-pipeline-num-layers", type=int, default=None,
+        "--decoder-last-pipeline-num-layers", type=int, default=None, metavar="N",
         help="with --pp: the last stage's layers (default: an even share). That stage also runs the output layer, "
              "about two layers' work at Qwen's vocabulary: one or two layers fewer there even out the stages")
     sequence_parallel: bool = option(
