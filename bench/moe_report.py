@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from scale_report import card, device_of, markdown, max_rel_diff, records, run
+from scale_report import card, device_of, markdown, max_rel_diff, records, reports, run
 
 
 def report(folder: str) -> dict:
@@ -39,15 +39,6 @@ def report(folder: str) -> dict:
     return {"device": device, "runs": runs, "expert_parallel": {"max_rel_loss_diff": diff, "steps": steps}}
 
 
-def reports(folders: list[str]) -> dict:
-    """One report of several folders: every run, every machine, the first expert-parallel comparison made."""
-    parts = [report(folder) for folder in folders]
-    measured = [part["expert_parallel"] for part in parts if part["expert_parallel"]["steps"]]
-    return {"device": "\n".join(part["device"] for part in parts if part["device"]) or None,
-            "runs": [r for part in parts for r in part["runs"]],
-            "expert_parallel": measured[0] if measured else parts[0]["expert_parallel"]}
-
-
 def table(result: dict) -> str:
     head = ["name", "device", "model", "num_layers", "gpus", "ep", "tokens_per_s_per_gpu", "mfu", "max_memory_gib",
             "expert_load_max", "loss_at_end", "error"]
@@ -59,7 +50,7 @@ def main() -> int:
     p.add_argument("folders", nargs="+")
     p.add_argument("--out", help="where moe.json goes (default: in the folder)")
     args = p.parse_args()
-    result = reports(args.folders)
+    result = reports(args.folders, report)
     with open(args.out or os.path.join(args.folders[0], "moe.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(table(result))

@@ -110,10 +110,10 @@ def report(folder: str) -> dict:
     }
 
 
-def reports(folders: list[str]) -> dict:
-    """One report of several folders: every run, every machine, each comparison from the first folder
-    that made it."""
-    parts = [report(folder) for folder in folders]
+def reports(folders: list[str], one=None) -> dict:
+    """One report of several folders (`one`: the report of a folder, this module's `report` unless
+    given): every run, every machine, each comparison from the first folder that made it."""
+    parts = [(one or report)(folder) for folder in folders]
 
     def first(key: str):
         made = [part[key] for part in parts if part[key] and part[key].get("steps")]
