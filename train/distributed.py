@@ -39,7 +39,7 @@ def init_distributed(tp: int, pp: int = 1, ep: int = 1, cp: int = 1) -> torch.de
     if cuda:
         # Segments that grow in place instead of blocks of fixed sizes: a 7B pipeline stage peaks at
         # 74 of an H100's 79 GiB, where fixed blocks fragmented until a step ran out of memory.
-        # Read when this process first touches the GPU, the next line; a user's own setting stands.
+        # torch reads it once, when the caching allocator first starts (after this); a user's own setting stands.
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         torch.cuda.set_device(device)
     if not dist.is_initialized():
