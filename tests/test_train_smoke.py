@@ -392,9 +392,8 @@ def test_checkpoint_from_two_stages_resumes_on_one(prefixes, full_run, tmp_path)
                            tmp_path / "a.jsonl", nproc=2)
     assert_same_steps(first, full_run[0][:3], stdout, "TP 1 × PP 2 × DP 1")
     second, stdout = _train(data + ["--load", str(tmp_path / "ckpt")], tmp_path / "b.jsonl")
-    assert "resumed from" in stdout and [r["iteration"] for r in second] == [4, 5, 6]
-    for mine, reference in zip(second, full_run[0][3:]):
-        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+    assert [r["iteration"] for r in second] == [4, 5, 6]
+    assert_same_steps(second, full_run[0][3:], stdout, "resumed from")
 
 
 # ---------------------------------------------------------------------------------------------
