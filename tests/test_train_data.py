@@ -175,6 +175,21 @@ def test_sft_epochs_splits_and_loader(prefixes, tmp_path):
     assert padding["loss_mask"].sum() == 0
 
 
+@pytest.mark.parametrize("mbs,accumulation,dp", [(1, 4, 1), (2, 3, 2), (1, 2, 4)])
+def test_each_rank_reads_megatrons_sample_order_a_step_at_a_time(mbs, accumulation, dp):
+    from qwen_data_train.loader import StepBatches
+
+    global_batch, steps, consumed = mbs * accumulation * dp, 3, 2 * mbs * accumulation * dp
+    total = consumed + steps * global_batch + mbs  # a partial step at the end is not read
+    for rank in range(dp):
+        # Megatron-LM's pretraining sampler: runs of mbs × dp samples, rank r takes [r·mbs, (r+1)·mbs)
+        runs = range(consumed, consumed + steps * global_batch, mbs * dp)
+        micro = [list(range(run + rank * mbs, run + (rank + 1) * mbs)) for run in runs]
+        sampler = StepBatches(total, consumed, mbs, accumulation, rank, dp)
+        assert len(sampler) == steps
+        assert list(sampler) == [sum(micro[s * accumulation:(s + 1) * accumulation], []) for s in range(steps)]
+
+
 def test_sft_weighted_blend(prefixes, tmp_path):
     out = tmp_path / "sft_blend.json"
     assert main(["blend", f"{prefixes['packed']}=0.5", f"{prefixes['unpacked']}=0.5", "--split", "90,10,0",

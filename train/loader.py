@@ -12,32 +12,41 @@ from .config import TrainConfig
 from .data import build_datasets
 
 
-class MicroBatches(torch.utils.data.Sampler):
+class StepBatches(torch.utils.data.Sampler):
     """Megatron's sample order: global batch after global batch from `consumed` on; each
-    data-parallel rank takes its `micro_batch_size` slice of every run of mbs × dp samples."""
+    data-parallel rank takes its `micro_batch_size` slice of every run of mbs × dp samples. A step's
+    slices come as one list, so the loader's workers hand over a step in one piece."""
 
-    def __init__(self, total: int, consumed: int, micro_batch_size: int, dp_rank: int, dp_size: int) -> None:
+    def __init__(self, total: int, consumed: int, micro_batch_size: int, accumulation: int, dp_rank: int,
+                 dp_size: int) -> None:
         self.total, self.consumed = total, consumed
-        self.mbs, self.dp_rank, self.dp_size = micro_batch_size, dp_rank, dp_size
+        self.mbs, self.accumulation, self.dp_rank, self.dp_size = micro_batch_size, accumulation, dp_rank, dp_size
 
     def __iter__(self) -> Iterator[list[int]]:
         stride = self.mbs * self.dp_size
-        for start in range(self.consumed, self.total - stride + 1, stride):
-            first = start + self.dp_rank * self.mbs
-            yield list(range(first, first + self.mbs))
+        step = stride * self.accumulation
+        for start in range(self.consumed, self.total - step + 1, step):
+            firsts = range(start + self.dp_rank * self.mbs, start + step, stride)
+            yield [i for first in firsts for i in range(first, first + self.mbs)]
 
     def __len__(self) -> int:
-        return max(0, (self.total - self.consumed) // (self.mbs * self.dp_size))
+        return max(0, (self.total - self.consumed) // (self.mbs * self.dp_size * self.accumulation))
 
 
-def make_loader(dataset, consumed: int, micro_batch_size: int, num_workers: int,
+def make_loader(dataset, consumed: int, micro_batch_size: int, accumulation: int, num_workers: int,
                 device: torch.device) -> Iterator[dict]:
-    """This rank's micro-batches from sample `consumed` on (CPU tensors, pinned for a GPU)."""
-    sampler = MicroBatches(len(dataset), consumed, micro_batch_size,
-                           parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
-    return iter(DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                           pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
-                           prefetch_factor=4 if num_workers else None))
+    """This rank's micro-batches from sample `consumed` on (CPU tensors, pinned for a GPU).
+
+    Workers collate a whole step at a time: handing over each micro-batch on its own took ~3 ms of
+    the training process's time a micro-batch (~1% of a 7B step of 32 micro-batches over two
+    pipeline stages, whose GPUs wait for it)."""
+    sampler = StepBatches(len(dataset), consumed, micro_batch_size, accumulation,
+                          parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
+    steps = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=device.type == "cuda",
+                       persistent_workers=num_workers > 0, prefetch_factor=2 if num_workers else None)
+    for step in steps:
+        for first in range(0, accumulation * micro_batch_size, micro_batch_size):
+            yield {k: v[first:first + micro_batch_size] for k, v in step.items()}
 
 
 def build_splits(config: TrainConfig, global_batch: int):

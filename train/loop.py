@@ -178,7 +178,8 @@ class Trainer:
         return core.to(self.device)
 
     def _loader(self, dataset, consumed: int):
-        return make_loader(dataset, consumed, self.config.micro_batch_size, self.config.data.num_workers, self.device)
+        return make_loader(dataset, consumed, self.config.micro_batch_size, self.layout.accumulation,
+                           self.config.data.num_workers, self.device)
 
     def _announce(self) -> None:
         c, lay, spec, cuda = self.config, self.layout, self.spec, self.device.type == "cuda"
