@@ -191,10 +191,10 @@ md.version('transformer_engine') if __import__('importlib.util').util.find_spec(
   SFT="--data .gpu/sft_packed.json $FAST"
   # FP8 against bf16 (each the default path otherwise), 20 steps; Qwen2.5-7B with 8 of its 28 layers (all of
   # them do not fit one 80 GB GPU with float32 master weights and AdamW); 3B at micro batch 2 (FP8 81 GiB: an
-  # H200's) and with selective recompute besides (68 GiB), and with 18 of its 36 layers at micro batch 4 (what a
-  # GPU holds at 3B once data parallelism shares the optimizer's state); the loss after 200 steps at 1.5B (seeds 2
-  # and 3 besides the default: the spread of bf16 runs that the FP8 one is judged in), and of FP8 at 0.5B with its
-  # layers compiled against only the SwiGLU.
+  # H200's) and with selective recompute besides (68 GiB; tensorwise and delayed), and with 18 of its 36 layers
+  # at micro batch 4 (what a GPU holds at 3B once data parallelism shares the optimizer's state); the loss after
+  # 200 steps at 1.5B (seeds 2 and 3 besides the default: the spread of bf16 runs that the FP8 one is judged in),
+  # and of FP8 at 0.5B with its layers compiled against only the SwiGLU.
   B="--data .gpu/pretrain_blend.txt --global-batch-size 8"
   FP8="fp8-0.5b-bf16:20:$B --micro-batch-size 4;fp8-0.5b-tensorwise:20:$B --micro-batch-size 4 --fp8 tensorwise;\
 fp8-1.5b-bf16:20:$B --model qwen2.5-1.5b --micro-batch-size 4;\
@@ -207,6 +207,7 @@ fp8-3b-mb2-bf16:20:$B --model qwen2.5-3b --micro-batch-size 2;\
 fp8-3b-mb2-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 2 --fp8 tensorwise;\
 fp8-3b-mb2sel-bf16:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective;\
 fp8-3b-mb2sel-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective --fp8 tensorwise;\
+fp8-3b-mb2sel-delayed:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective --fp8 delayed;\
 fp8-3b18l-mb4-bf16:20:$B --model qwen2.5-3b --num-layers 18 --micro-batch-size 4 --global-batch-size 16;\
 fp8-3b18l-mb4-tensorwise:20:$B --model qwen2.5-3b --num-layers 18 --micro-batch-size 4 --global-batch-size 16 --fp8 tensorwise;\
 fp8-7b8l-bf16:20:$B --model qwen2.5-7b --num-layers 8 --micro-batch-size 1;\
