@@ -75,3 +75,25 @@ def test_labels_at_the_vocabulary_edges(megatron_cpu):
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
     torch.testing.assert_close(grads[0], hidden.grad)
     torch.testing.assert_close(grads[1], weight.grad)
+
+
+def test_a_split_weight_takes_its_float32_gradient_unrounded(megatron_cpu, monkeypatch):
+    """A bf16 output weight split from its float32 master (--bf16-weights) gets, in its
+    float32_grad, the gradient a float32 weight gets: summed over chunks in float32, not rounded."""
+    from qwen_data_train import loss as loss_module
+    from qwen_data_train.loss import linear_cross_entropy
+    from qwen_data_train.optimizer import split_float32
+
+    monkeypatch.setattr(loss_module, "CHUNK_TOKENS", 96)  # 400 positions: several chunks to sum
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 200, 64, generator=g)
+    labels = torch.randint(0, 512, (2, 200), generator=g)
+    weights = torch.ones(2, 200)
+    master = torch.nn.Parameter(torch.randn(512, 64, generator=g) * 0.02)
+    linear_cross_entropy(hidden, master, labels, weights, torch.bfloat16).backward()
+    split = torch.nn.Parameter(split_float32(master.detach())[0])
+    split.float32_grad = torch.zeros_like(master)
+    linear_cross_entropy(hidden, split, labels, weights, torch.bfloat16).backward()
+    assert split.grad is None
+    assert torch.equal(split.float32_grad, master.grad)
+    assert not torch.equal(master.grad.to(torch.bfloat16).float(), master.grad)  # what rounding would lose

@@ -237,6 +237,103 @@ def test_distributed_optimizer_is_refused_on_the_cpu(megatron_cpu):
                       parallel)
 
 
+def test_split_float32_is_exact_and_rounds_as_autocast():
+    from qwen_data_train.optimizer import join_float32, split_float32
+
+    x = torch.cat([torch.randn(100_000) * 10.0 ** torch.randint(-30, 30, (100_000,)),
+                   torch.tensor([0.0, -0.0, 1.0, -1.0, 1e-40, -1e-40, 3.4e38, -3.4e38, float("inf"), float("-inf"),
+                                 1.0 + 2 ** -8, -(1.0 + 2 ** -8), 1.0 + 3 * 2 ** -8])])  # the last three: ties
+    high, low = split_float32(x)
+    assert high.dtype == torch.bfloat16 and low.dtype == torch.int16
+    assert torch.equal(high, x.to(torch.bfloat16))  # what autocast computes with
+    bits, back = x.view(torch.int32), join_float32(high, low).view(torch.int32)
+    # a tie rounded down to an even bf16 comes back one unit of the last place lower; all else exactly
+    down = ((bits & 0xFFFF) == 0x8000) & (((bits >> 16) & 1) == 0)
+    assert down[-3:].tolist() == [True, True, False]
+    assert torch.equal(back[~down], bits[~down]) and torch.equal(back[down], bits[down] - 1)
+    assert torch.equal(split_float32(join_float32(high, low))[0], high)
+
+
+def test_bf16_weights_train_as_float32_weights_under_autocast(megatron_cpu, monkeypatch):
+    """AdamW over split matrices (bf16 weight + the rest) steps the same float32 masters as over
+    float32 parameters cast by autocast at every use: the same losses, gradient norms, moments and
+    updates, even updates too small for bf16 to see; checkpoints see the float32 masters."""
+    import dataclasses
+
+    from megatron.core.tensor_parallel.layers import LinearWithGradAccumulationAndAsyncCommunication as Linear
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.model import build_model
+    from qwen_data_train.optimizer import AdamW
+    from qwen_data_train.shapes import PRESETS
+
+    backward = Linear.backward
+
+    def backward_under_autocast(ctx, *grads):  # as torch.amp.custom_bwd does for megatron-core on CUDA only
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return backward(ctx, *grads)
+
+    monkeypatch.setattr(Linear, "backward", staticmethod(backward_under_autocast))
+    shape = dataclasses.replace(PRESETS["tiny"], vocab_size=1024, tied_embeddings=False)
+    lr = 1e-6  # an update far below a bf16 step of these weights: lost with the master's low bits
+    optim = TrainConfig.parse(["--data", "x", "--lr", str(lr), "--clip-grad", "0.5"]).optim
+    batches = [torch.randint(0, 1024, (2, 64), generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    positions = torch.arange(64).expand(2, -1)
+
+    def train(bf16_weights):
+        torch.manual_seed(0)
+        model = build_model(shape, attention="sdpa").train()
+        first = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer = AdamW(model, optim, bf16_weights=bf16_weights)
+        losses, norms = [], []
+        for step in range(3):
+            total = 0.0
+            for tokens in batches[2 * step:2 * step + 2]:  # two micro-batches a step
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(tokens, positions, None, labels=tokens.roll(-1, 1)).float().mean()
+                loss.backward()
+                total += loss.item()
+            losses.append(total)
+            norms.append(optimizer.step(lr).item())
+        return model, optimizer, first, losses, norms
+
+    model, optimizer, first, losses, norms = train(False)
+    split_model, split_optimizer, _, split_losses, split_norms = train(True)
+    names = {p: n for n, p in split_model.named_parameters()}
+    split = {names[p] for p in split_optimizer.split}
+    assert "output_layer.weight" in split and "embedding.word_embeddings.weight" not in split
+    assert split == {n for n, p in model.named_parameters() if p.ndim == 2} - {"embedding.word_embeddings.weight"}
+    assert all(p.dtype == torch.bfloat16 and p.low.dtype == torch.int16 for p in split_optimizer.split)
+    assert split_losses == pytest.approx(losses, rel=1e-6) and split_norms == pytest.approx(norms, rel=1e-6)
+    assert split_optimizer.state_bytes() == optimizer.state_bytes()
+    for mine, theirs in zip(split_optimizer.moments(), optimizer.moments()):
+        for k in mine:
+            torch.testing.assert_close(mine[k], theirs[k], rtol=1e-5, atol=1e-12)
+    before = {n: p.detach().clone() for n, p in split_model.named_parameters()}
+    reference = dict(model.named_parameters())
+    with split_optimizer.float32_weights():  # what a checkpoint saves and an export writes
+        for name, p in split_model.named_parameters():
+            assert p.dtype == torch.float32, name
+            assert (reference[name] - first[name]).abs().max() > lr, name  # three steps of up to ~lr each
+            # the same masters, but for a tie rounded down (split_float32) now and then: 1 unit apart
+            torch.testing.assert_close(p, reference[name], rtol=2 ** -23, atol=0, msg=lambda m: f"{name}: {m}")
+    for name, p in split_model.named_parameters():  # split again, bit for bit
+        assert torch.equal(p, before[name]), name
+
+
+def test_bf16_weights_are_refused_where_not_built():
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.distributed import ParallelLayout
+    from qwen_data_train.loop import check_bf16_weights
+
+    config = TrainConfig.parse(["--data", "x", "--bf16-weights"])
+    one, two = ParallelLayout(1, 1, 1, 1, 2, 4), ParallelLayout(1, 1, 2, 2, 2, 4)
+    check_bf16_weights(config, one, autocast=True, fp8=None)
+    for layout, autocast, fp8, why in ((one, False, None, "bf16 autocast"), (one, True, "delayed", "--fp8"),
+                                       (two, True, None, "data parallel × context parallel is 2")):
+        with pytest.raises(ValueError, match=why):
+            check_bf16_weights(config, layout, autocast=autocast, fp8=fp8)
+
+
 def test_moe_trains_packed_sft_and_logs_the_tokens_of_each_expert(prefixes, tmp_path):
     """Qwen3-MoE (8 experts, 2 per token, 2 layers) on packed SFT rows: each log line counts every
     token of the global batch twice in each layer."""

@@ -12,6 +12,7 @@ by `python -m qwen_data_train.convert hf-to-mcore`) starts a run: its weights, f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -67,12 +68,17 @@ class Checkpointer:
         return wanted and (last or (every > 0 and iteration % every == 0))
 
     def save(self, iteration: int, consumed_samples: int, last: bool = False) -> None:
-        if self.config.save:
-            self.save_megatron(self.config.save, iteration, consumed_samples)
-        if self.config.save_hf:
-            out = self.config.save_hf if last else os.path.join(self.config.save_hf, f"iter_{iteration:07d}")
-            save_hf(self.core, self.export, out)
-            log0(f"saved Hugging Face model {out}")
+        with self._float32_weights():
+            if self.config.save:
+                self.save_megatron(self.config.save, iteration, consumed_samples)
+            if self.config.save_hf:
+                out = self.config.save_hf if last else os.path.join(self.config.save_hf, f"iter_{iteration:07d}")
+                save_hf(self.core, self.export, out)
+                log0(f"saved Hugging Face model {out}")
+
+    def _float32_weights(self) -> contextlib.AbstractContextManager:
+        """The model's weights as float32 (the optimizer's masters) while saved or loaded."""
+        return self.optimizer.float32_weights() if self.optimizer is not None else contextlib.nullcontext()
 
     def save_megatron(self, root: str, iteration: int, consumed_samples: int) -> None:
         if importlib.util.find_spec("psutil") is None:
@@ -108,13 +114,15 @@ class Checkpointer:
         common = stored(path)
         self._check_model(path, common)
         if not common.get("has_optimizer", True) or self.optimizer is None:
-            state = dist_checkpointing.load({"model": self.core.sharded_state_dict()}, path)
-            self.core.load_state_dict(state["model"])
+            with self._float32_weights():
+                state = dist_checkpointing.load({"model": self.core.sharded_state_dict()}, path)
+                self.core.load_state_dict(state["model"])
             log0(f"loaded the weights of {path} (iteration {common['iteration']})")
             return common["iteration"], common["consumed_samples"]
         template = [{k: torch.zeros(p.shape) for k in MOMENTS} for p in self.optimizer.params]
-        state = dist_checkpointing.load(self._sharded(template), path)
-        self.core.load_state_dict(state["model"])
+        with self._float32_weights():
+            state = dist_checkpointing.load(self._sharded(template), path)
+            self.core.load_state_dict(state["model"])
         moments = state["optimizer"]["state"]
         # Every parameter is stepped every iteration.
         self.optimizer.load_moments([moments[i] for i in range(len(template))], steps=state["iteration"])

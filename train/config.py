@@ -210,6 +210,11 @@ class OptimConfig(Section):
     adam_beta2: float = option("--adam-beta2", type=float, default=0.95, help="AdamW's beta2")
     adam_eps: float = option("--adam-eps", type=float, default=1e-8, help="AdamW's epsilon")
     clip_grad: float = option("--clip-grad", type=float, default=1.0, help="0 = no clipping")
+    bf16_weights: bool = option(
+        "--bf16-weights", action=argparse.BooleanOptionalAction, default=False,
+        help="keep each dense matrix as the bf16 weight autocast computes with plus the 16 bits that make it the "
+             "float32 master again: the same memory and AdamW, no cast of every weight at every use (bf16 on "
+             "CUDA, one data-parallel rank, no --fp8)")
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> OptimConfig:

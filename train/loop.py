@@ -80,8 +80,10 @@ class Trainer:
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length, pad=self.pad)
         self.core = self._build_model()
         self.model = data_parallel(self.core, self.layout, device, config.parallel)
+        if config.optim.bf16_weights:
+            check_bf16_weights(config, self.layout, self.spec.autocast, self.fp8)
         self.optimizer = (DistributedAdamW(self.model, config.optim) if config.parallel.distributed_optimizer
-                          else AdamW(self.core, config.optim))
+                          else AdamW(self.core, config.optim, bf16_weights=config.optim.bf16_weights))
         self.schedule = Schedule.of(config.optim, config.train_iters)
         export = HFExport(self.shape, hf_config, config_dtype(hf_config),
                           directory_of(tokenizer.identity) if config.checkpoint.save_hf else None, generation)
@@ -202,6 +204,18 @@ class Trainer:
              + (f", recompute {c.model.recompute}" + (f" ({c.model.recompute_modules})"
                                                       if c.model.recompute == "selective" else "")
                 if c.model.recompute else ""))
+
+
+def check_bf16_weights(config: TrainConfig, layout: ParallelLayout, autocast: bool, fp8: str | None) -> None:
+    """--bf16-weights where it is built: its gradients are added up beside the weights, outside
+    torch's DDP and megatron-core's optimizer, so on one data-parallel rank."""
+    why = ("it computes under bf16 autocast: on CUDA, without --fp32" if not autocast
+           else "it is not built with --fp8" if fp8
+           else "megatron-core's distributed optimizer keeps its own masters" if config.parallel.distributed_optimizer
+           else f"its gradients stay on their rank: data parallel × context parallel is {layout.gradient_ranks} here, "
+                "not 1" if layout.gradient_ranks > 1 else None)
+    if why:
+        raise ValueError(f"--bf16-weights: {why}")
 
 
 def check_context_parallel(config: TrainConfig, attention: str) -> None:

@@ -94,13 +94,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if need_grads:
             ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.hidden_dtype = hidden.dtype
+        # A bf16 weight split from its float32 master (optimizer.AdamW) takes its float32 gradient
+        # here, unrounded, as a float32 weight would.
+        ctx.float32_grad = getattr(weight, "float32_grad", None)
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return ((grad_hidden * grad_total).to(ctx.hidden_dtype), grad_weight * grad_total,
-                None, None, None, None, None)
+        grad_weight = grad_weight * grad_total
+        if ctx.float32_grad is not None:
+            ctx.float32_grad.add_(grad_weight)
+            grad_weight = None
+        return (grad_hidden * grad_total).to(ctx.hidden_dtype), grad_weight, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
