@@ -268,6 +268,8 @@ recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
 7b-pp2-bf16w:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 32 --log-interval 1 --bf16-weights;\
 7b-pp2-15-13-gb128-bf16w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
 --global-batch-size 128 --log-interval 1 --bf16-weights;\
+7b-pp2-gb128-bf16w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
+--bf16-weights;\
 7b-pp2-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1;\
 7b-pp2-15-13-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
 --global-batch-size 128 --log-interval 1;\

@@ -53,6 +53,7 @@ def run(folder: str, name: str, stage: str = "scale") -> dict:
         "name": name, "model": option(argv, "--model", "tiny"), "num_layers": option(argv, "--num-layers"),
         "tp": tp, "pp": pp, "dp": nproc // (tp * pp * cp), "cp": cp, "ep": int(option(argv, "--ep", 1)),
         "distributed_optimizer": "--distributed-optimizer" in argv,
+        "bf16_weights": "--bf16-weights" in argv,
         "recompute": option(argv, "--recompute"),
         "sequence_parallel": "--sequence-parallel" in argv,
         "compile": option(argv, "--compile", "auto"),
@@ -64,8 +65,14 @@ def run(folder: str, name: str, stage: str = "scale") -> dict:
         "max_memory_gib": round(max(r.get("max_memory_gib", 0) for r in rows), 2) if rows else None,
         "optimizer_state_gib": float(state.group(1)) if state else None,
         "loss_at_end": round(rows[-1]["loss"], 4) if rows else None,
-        "error": None if rows and "exit status 0" in text else text.strip().splitlines()[-1][-300:],
+        "error": None if rows and "exit status 0" in text else failure(text),
     }
+
+
+def failure(log: str) -> str:
+    """What ended a failed run: its first Python error line (a rank's), else the log's last line."""
+    lines = log.strip().splitlines()
+    return next((line for line in lines if re.match(r"[\w.]*(Error|Exception): ", line)), lines[-1])[:300]
 
 
 def max_rel_diff(mine: list[dict], reference: list[dict]) -> tuple[float | None, int]:
@@ -141,8 +148,8 @@ def markdown(rows: list[dict], head: list[str]) -> list[str]:
 
 
 def table(result: dict) -> str:
-    head = ["name", "device", "model", "tp", "pp", "dp", "global_batch", "distributed_optimizer", "recompute", "compile",
-            "tokens_per_s_per_gpu", "mfu", "max_memory_gib", "optimizer_state_gib", "loss_at_end"]
+    head = ["name", "device", "model", "tp", "pp", "dp", "global_batch", "distributed_optimizer", "bf16_weights",
+            "recompute", "compile", "tokens_per_s_per_gpu", "mfu", "max_memory_gib", "optimizer_state_gib", "loss_at_end"]
     rest = {k: v for k, v in result.items() if k not in ("runs", "device")}
     return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(rest, indent=1)])
 

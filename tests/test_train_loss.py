@@ -82,7 +82,7 @@ def test_a_split_weight_takes_its_float32_gradient_unrounded(megatron_cpu, monke
     float32_grad, the gradient a float32 weight gets: summed over chunks in float32, not rounded."""
     from qwen_data_train import loss as loss_module
     from qwen_data_train.loss import linear_cross_entropy
-    from qwen_data_train.optimizer import split_float32
+    from qwen_data_train.optimizer import _add_to_float32_grad, split_float32
 
     monkeypatch.setattr(loss_module, "CHUNK_TOKENS", 96)  # 400 positions: several chunks to sum
     g = torch.Generator().manual_seed(3)
@@ -93,6 +93,7 @@ def test_a_split_weight_takes_its_float32_gradient_unrounded(megatron_cpu, monke
     linear_cross_entropy(hidden, master, labels, weights, torch.bfloat16).backward()
     split = torch.nn.Parameter(split_float32(master.detach())[0])
     split.float32_grad = torch.zeros_like(master)
+    split.register_post_accumulate_grad_hook(_add_to_float32_grad)  # as AdamW does: called with no .grad here
     linear_cross_entropy(hidden, split, labels, weights, torch.bfloat16).backward()
     assert split.grad is None
     assert torch.equal(split.float32_grad, master.grad)

@@ -152,8 +152,9 @@ _EMPTY_BF16 = torch.empty(0, dtype=torch.bfloat16)
 
 
 def _add_to_float32_grad(p: torch.nn.Parameter) -> None:
-    p.float32_grad.add_(p.grad)
-    p.grad = None
+    if p.grad is not None:  # (None where the fused cross-entropy added the output weight's already)
+        p.float32_grad.add_(p.grad)
+        p.grad = None
 
 
 class DistributedAdamW:
