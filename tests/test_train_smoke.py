@@ -328,10 +328,12 @@ def test_bf16_weights_are_refused_where_not_built():
     config = TrainConfig.parse(["--data", "x", "--bf16-weights"])
     one, two = ParallelLayout(1, 1, 1, 1, 2, 4), ParallelLayout(1, 1, 2, 2, 2, 4)
     check_bf16_weights(config, one, autocast=True, fp8=None)
-    for layout, autocast, fp8, why in ((one, False, None, "bf16 autocast"), (one, True, "delayed", "--fp8"),
-                                       (two, True, None, "data parallel × context parallel is 2")):
+    for layout, autocast, fp8, moe, why in ((one, False, None, False, "bf16 autocast"),
+                                            (one, True, "delayed", False, "--fp8"),
+                                            (one, True, None, True, "mixture-of-experts"),
+                                            (two, True, None, False, "data parallel × context parallel is 2")):
         with pytest.raises(ValueError, match=why):
-            check_bf16_weights(config, layout, autocast=autocast, fp8=fp8)
+            check_bf16_weights(config, layout, autocast=autocast, fp8=fp8, moe=moe)
 
 
 def test_moe_trains_packed_sft_and_logs_the_tokens_of_each_expert(prefixes, tmp_path):

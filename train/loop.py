@@ -81,7 +81,7 @@ class Trainer:
         self.core = self._build_model()
         self.model = data_parallel(self.core, self.layout, device, config.parallel)
         if config.optim.bf16_weights:
-            check_bf16_weights(config, self.layout, self.spec.autocast, self.fp8)
+            check_bf16_weights(config, self.layout, self.spec.autocast, self.fp8, self.shape.moe)
         self.optimizer = (DistributedAdamW(self.model, config.optim) if config.parallel.distributed_optimizer
                           else AdamW(self.core, config.optim, bf16_weights=config.optim.bf16_weights))
         self.schedule = Schedule.of(config.optim, config.train_iters)
@@ -206,11 +206,14 @@ class Trainer:
                 if c.model.recompute else ""))
 
 
-def check_bf16_weights(config: TrainConfig, layout: ParallelLayout, autocast: bool, fp8: str | None) -> None:
+def check_bf16_weights(config: TrainConfig, layout: ParallelLayout, autocast: bool, fp8: str | None,
+                       moe: bool = False) -> None:
     """--bf16-weights where it is built: its gradients are added up beside the weights, outside
-    torch's DDP and megatron-core's optimizer, so on one data-parallel rank."""
+    torch's DDP and megatron-core's optimizer, so on one data-parallel rank; not for a mixture of
+    experts, whose router multiplies outside autocast."""
     why = ("it computes under bf16 autocast: on CUDA, without --fp32" if not autocast
            else "it is not built with --fp8" if fp8
+           else "it is not built for a mixture-of-experts model" if moe
            else "megatron-core's distributed optimizer keeps its own masters" if config.parallel.distributed_optimizer
            else f"its gradients stay on their rank: data parallel × context parallel is {layout.gradient_ranks} here, "
                 "not 1" if layout.gradient_ranks > 1 else None)
