@@ -71,7 +71,7 @@ class AdamW:
         """Clip the gradients (`clip_grad_norm`), step at `lr`, clear them; → the norm before clipping."""
         for group in self.torch.param_groups:
             group["lr"] = lr
-        grad_norm = clip_grad_norm(self.params, self.clip_grad, self.grads())
+        grad_norm = clip_grad_norm(self.params, self.grads(), self.clip_grad)
         with self._masters():
             self.torch.step()
         self.torch.zero_grad(set_to_none=True)
@@ -254,13 +254,12 @@ class Schedule:
         return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float,
-                   grads: list[torch.Tensor | None] | None = None) -> torch.Tensor:
-    """Global L2 norm of the gradients (`grads`, each of `params`; default: their .grad) over the
-    model-parallel group (TP × PP; a TP-replicated parameter, and the last stage's copy of tied
-    embeddings, counted once; expert-parallel ranks' experts, each its own, summed over their group
-    too), scaled down to `max_norm` if above (0 = measure only)."""
-    grads = [p.grad for p in params] if grads is None else grads
+def clip_grad_norm(params: list[torch.nn.Parameter], grads: list[torch.Tensor | None],
+                   max_norm: float) -> torch.Tensor:
+    """Global L2 norm of the gradients (`grads`, each of `params`') over the model-parallel group
+    (TP × PP; a TP-replicated parameter, and the last stage's copy of tied embeddings, counted once;
+    expert-parallel ranks' experts, each its own, summed over their group too), scaled down to
+    `max_norm` if above (0 = measure only)."""
     norm_sq = torch.zeros((), device=params[0].device)
     for experts, group in ((False, parallel_state.get_model_parallel_group()),
                            (True, parallel_state.get_expert_tensor_model_pipeline_parallel_group())):
@@ -273,7 +272,6 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float,
             dist.all_reduce(part, group=group)
         norm_sq += part
     norm = norm_sq.sqrt()
-    present = [g for g in grads if g is not None]
-    if max_norm > 0 and present:
-        torch._foreach_mul_(present, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+    if max_norm > 0:
+        torch._foreach_mul_([g for g in grads if g is not None], (max_norm / (norm + 1e-6)).clamp(max=1.0))
     return norm
