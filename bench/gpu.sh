@@ -243,7 +243,7 @@ scale)
   # stages (layers compiled; global batch 32, so 32 micro-batches fill the pipeline; 7b-pp2-15-13: the last stage,
   # which runs the output layer too, with 13 layers; -gb128: 128 micro-batches a step, a pipeline bubble of
   # 1/129 instead of 1/33; -bf16w: --bf16-weights), and data-parallel with the
-  # distributed optimizer (107 GiB a GPU: H200 only); 3b-one: Qwen2.5-3B on one GPU;
+  # distributed optimizer (107 GiB a GPU: H200 only); 3b-one: Qwen2.5-3B on one GPU (-bf16w: --bf16-weights);
   # cp1/cp2: the same rows of 16384 tokens on one GPU and split over two (--cp 2); cp-long: packed SFT rows of
   # 32768 tokens (the long chats) over two.
   D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
@@ -275,6 +275,7 @@ recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
 --global-batch-size 128 --log-interval 1;\
 7b-dp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --distributed-optimizer --global-batch-size 32 --log-interval 1;\
 3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1;\
+3b-one-bf16w:1:20:--model qwen2.5-3b --micro-batch-size 1 --bf16-weights;\
 cp1:1:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384;\
 cp2:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384 --cp 2;\
 cp-long:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 32768 --cp 2 --data .gpu/chat_long \
