@@ -42,62 +42,43 @@ class AdamW:
 
     With `bf16_weights` the dense matrices (`splittable`) are split: the model holds their bf16
     part, `low` the rest, `float32_grad` their float32 gradient (their bf16 one is added to it as soon
-    as backward makes it). torch's AdamW steps float32 masters that exist only during the step."""
+    as backward makes it). torch's AdamW steps them joined again, float32 during the step only."""
 
     def __init__(self, model: torch.nn.Module, config: OptimConfig, bf16_weights: bool = False) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim > 1]
         no_decay = [p for p in params if p.ndim <= 1]
         self.params = decay + no_decay  # in the order of torch's state_dict
+        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.clip_grad = config.clip_grad
+        self.torch = torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+                                       eps=config.adam_eps, fused=self.params[0].is_cuda)
         names = {p: name for name, p in model.named_parameters()}
-        self.split = {p: torch.empty(0, device=p.device) for p in decay if bf16_weights and splittable(names[p], p)}
+        self.split = [p for p in decay if bf16_weights and splittable(names[p], p)]
         for p in self.split:
             p.data, p.low = split_float32(p.data)
             p.float32_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             p.register_post_accumulate_grad_hook(_add_to_float32_grad)
-        stepped = [self.split.get(p, p) for p in self.params]  # a split matrix's master in its place
-        groups = [{"params": stepped[:len(decay)], "weight_decay": config.weight_decay},
-                  {"params": stepped[len(decay):], "weight_decay": 0.0}]
-        self.clip_grad = config.clip_grad
-        self.torch = torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                                       eps=config.adam_eps, fused=self.params[0].is_cuda)
-
-    def grads(self) -> list[torch.Tensor | None]:
-        """Each of `params`' float32 gradient."""
-        return [p.float32_grad if p in self.split else p.grad for p in self.params]
 
     def step(self, lr: float) -> torch.Tensor:
         """Clip the gradients (`clip_grad_norm`), step at `lr`, clear them; → the norm before clipping."""
         for group in self.torch.param_groups:
             group["lr"] = lr
-        grad_norm = clip_grad_norm(self.params, self.grads(), self.clip_grad)
-        with self._masters():
+        grads = [p.float32_grad if hasattr(p, "float32_grad") else p.grad for p in self.params]
+        grad_norm = clip_grad_norm(self.params, grads, self.clip_grad)
+        with self.float32_weights():
+            for p in self.split:
+                p.grad = p.float32_grad
             self.torch.step()
-        self.torch.zero_grad(set_to_none=True)
+            self.torch.zero_grad(set_to_none=True)
         if self.split:
             torch._foreach_zero_([p.float32_grad for p in self.split])
         return grad_norm
 
     @contextlib.contextmanager
-    def _masters(self) -> Iterator[None]:
-        """The split matrices' float32 masters (with their gradients) in the torch optimizer's
-        hands, each in the memory its two parts free."""
-        for p, master in self.split.items():
-            master.set_(join_float32(p.data, p.low))
-            master.grad = p.float32_grad
-            p.data, p.low = _EMPTY_BF16.to(p.device), None  # the two parts freed
-        try:
-            yield
-        finally:
-            for p, master in self.split.items():
-                p.data, p.low = split_float32(master)
-                master.grad = None
-                master.set_(torch.empty(0, device=p.device))
-
-    @contextlib.contextmanager
     def float32_weights(self) -> Iterator[None]:
-        """The model's split matrices float32 inside the block (checkpoints and exports read them,
-        loading writes them); split again after."""
+        """The split matrices float32 inside the block (AdamW steps them, checkpoints and exports
+        read them, loading writes them), each in the memory its two parts free; split again after."""
         for p in self.split:
             p.data, p.low = join_float32(p.data, p.low), None
         try:
@@ -111,14 +92,14 @@ class AdamW:
         return len(MOMENTS) * sum(p.numel() * 4 for p in self.params)
 
     def moments(self) -> list[dict[str, torch.Tensor]]:
-        """Each of `params`' moments, shaped like it (zeros before the first step)."""
+        """Each of `params`' moments, shaped like it (float32 zeros before the first step)."""
         state = self.torch.state
-        return [{k: state.get(self.split.get(p, p), {}).get(k, torch.zeros(p.shape, device=p.device))
-                 for k in MOMENTS} for p in self.params]
+        return [{k: state.get(p, {}).get(k, torch.zeros(p.shape, device=p.device)) for k in MOMENTS}
+                for p in self.params]
 
     def load_moments(self, moments: list[dict[str, torch.Tensor]], steps: int) -> None:
         state = {i: {**m, "step": torch.tensor(float(steps))} for i, m in enumerate(moments)}
-        with self._masters():  # torch's load_state_dict casts the moments to each master's device and dtype
+        with self.float32_weights():  # torch's load_state_dict casts the moments to each parameter's dtype
             self.torch.load_state_dict({"state": state, "param_groups": self.torch.state_dict()["param_groups"]})
 
 
@@ -145,9 +126,6 @@ def split_float32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def join_float32(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     return ((high.view(torch.int16).to(torch.int32) << 16) + low.to(torch.int32)).view(torch.float32)
-
-
-_EMPTY_BF16 = torch.empty(0, dtype=torch.bfloat16)
 
 
 def _add_to_float32_grad(p: torch.nn.Parameter) -> None:
