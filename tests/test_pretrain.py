@@ -105,6 +105,38 @@ def test_every_bad_input_kind_is_rejected_with_its_line(tmp_path, megatron_index
     assert len(documents(megatron_indexed, tmp_path / "out")) == 2
 
 
+def test_every_spelling_of_a_lone_surrogate_is_rejected_and_pairs_are_kept(tmp_path, megatron_indexed):
+    """Only a line the standard parser reads can hold a lone surrogate (orjson refuses them), so only those
+    lines' texts are checked (`Record.from_line`): 300 random spellings, each lone one rejected by line, the
+    rest written as HF encodes them."""
+    import random
+
+    import orjson
+
+    rng = random.Random(5)
+    units = ["\\ud800", "\\udbff", "\\udc00", "\\uDFFF", "\\uD83D", "\\ude00", "\\ud83d\\ude00", "\\\\ud800",
+             "\\u0041", "a", " ", "\\n", "\u00e9", "\\u00e9"]
+    lines = [b'{"text": "%s", "n": %d}' % ("".join(rng.choices(units, k=rng.randint(1, 5))).encode(), n)
+             for n in range(300)]
+    texts = [json.loads(line)["text"] for line in lines]
+    lone = [not text.isascii() and text.encode("utf-8", "surrogatepass").decode("utf-8", "replace") != text
+            for text in texts]
+    assert 50 < sum(lone) < 250
+    for line, bad in zip(lines, lone):
+        if bad:
+            with pytest.raises(orjson.JSONDecodeError):
+                orjson.loads(line)
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert run_cli(path, "-o", tmp_path / "out", "--chunk-mb", 0.001) == 0
+    blank = [text.isspace() for text in texts]
+    rejects = [json.loads(line) for line in open(tmp_path / "out.rejects.jsonl")]
+    assert [(r["record"], r["reason"]) for r in rejects] == [
+        (n + 1, "invalid-unicode" if bad else "empty-text") for n, (bad, empty) in enumerate(zip(lone, blank)) if bad or empty]
+    kept = [text for text, bad, empty in zip(texts, lone, blank) if not (bad or empty)]
+    assert documents(megatron_indexed, tmp_path / "out") == [hf_plain_text(HF, text) + [EOD] for text in kept]
+
+
 def test_max_rejects_fails_fast_and_leaves_nothing(tmp_path):
     src = write_jsonl(tmp_path / "c.jsonl", ['{"text": "ok"}', "bad", "bad", '{"text": "ok"}'])
     assert run_cli(src, "-o", tmp_path / "out", "--max-rejects", 1) == 2

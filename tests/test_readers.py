@@ -105,7 +105,8 @@ def test_every_reader_gives_the_jsonl_bytes_sft(tmp_path):
 
 
 def test_every_spelling_of_a_readable_name_is_read_and_the_rest_named(tmp_path, capsys):
-    """Directories and globs read names in any case, .ndjson, every compression; what they skip is said."""
+    """Directories and globs read names in any case, .ndjson, every compression; what they skip (hidden files
+    and folders too) is said."""
     import bz2
 
     source = corpus(tmp_path / "c.jsonl", seed=12, documents=70, longest=20)
@@ -122,13 +123,15 @@ def test_every_spelling_of_a_readable_name_is_read_and_the_rest_named(tmp_path, 
     write_parquet(folder / "h.Parquet", records[60:70])
     for name in ("README.md", ".part.jsonl", "i.parquet.gz"):
         (folder / name).write_text("not read")
+    (folder / ".cache").mkdir()
+    write_jsonl(folder / ".cache" / "j.jsonl", records[:5])  # a tool's own copy
     reference = pretrain([source], tmp_path / "ref")
     capsys.readouterr()
     for n, inputs in enumerate(([folder], [f"{folder}/*"])):
         same_data(reference, pretrain(inputs, tmp_path / f"out{n}"))
         err = capsys.readouterr().err
         assert "README.md" in err and "i.parquet.gz" in err and "skipped" in err, err
-        assert (".part.jsonl" in err) == (inputs == [folder])  # a glob's * matches no hidden name
+        assert (".part.jsonl" in err) == (".cache/" in err) == (inputs == [folder])  # a glob's * matches no hidden name
 
 
 def test_json_array_elements_are_what_json_loads_reads(tmp_path):
@@ -295,7 +298,10 @@ def test_every_record_read_is_written_or_rejected_pretrain(tmp_path):
         for path in inputs:
             expected = 23 if "lacking" in path else 25 - sum("text" in r for r in mixed)
             assert sum(n for f, n in by_file.items() if f == path or f.startswith(path + "/")) == expected, (out, path)
-        assert {e["reason"] for e in read_jsonl(f"{out}.rejects.jsonl")} == {"missing-key"}
+        for entry in read_jsonl(f"{out}.rejects.jsonl"):
+            row = not entry["file"].endswith((".jsonl", ".json"))  # parquet, Arrow: say column
+            assert (entry["reason"], entry["message"]) == ("missing-key", "no 'text' column, or null in it" if row
+                                                           else "no 'text' key"), entry
 
 
 def test_every_record_read_is_written_or_rejected_sft(tmp_path):

@@ -6,7 +6,7 @@ What an input may be (`expand` turns the command line into `InputFile`s, in this
   streams); names in any case (`.JSONL.GZ`);
 - `-`: jsonl on standard input;
 - a directory: every such file under it, in sorted order of their paths (the others, and hidden
-  files, are named on stderr as skipped); a Hugging Face `datasets`
+  files and folders, are named on stderr as skipped); a Hugging Face `datasets`
   folder written by `save_to_disk` (`state.json`, or `dataset_dict.json` and a folder per split,
   chosen with `--hf-split`) is read as that dataset;
 - a glob (`data/*.parquet`), expanded in sorted order (what it matches that is not read, named);
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import InputFileError, RecordError
-from .records import Record, escapes_surrogate, parse_line
+from .records import Record
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -164,8 +164,10 @@ def _directory_files(folder: str, hf_split: str | None) -> list[str]:
         return saved
     files, skipped = [], []
     for root, dirs, names in os.walk(folder):
+        # hidden files and folders are editors' and tools' own (.DS_Store, .git, a download in progress)
+        skipped += [os.path.join(root, name) + os.sep for name in dirs if name.startswith(".")]
+        dirs[:] = [name for name in dirs if not name.startswith(".")]
         for name in names:
-            # hidden files are editors' and tools' own (.DS_Store, a download in progress)
             (files if kind_of(name) and not name.startswith(".") else skipped).append(os.path.join(root, name))
     _tell_skipped(folder, skipped)
     if not files:
@@ -173,12 +175,13 @@ def _directory_files(folder: str, hf_split: str | None) -> list[str]:
     return sorted(files)
 
 
-def _tell_skipped(where: str, skipped: list[str], shown: int = 3) -> None:
-    """A directory's or glob's files that are not read, named on stderr (never skipped silently)."""
+def _tell_skipped(where: str, skipped: list[str], shown: int = 5) -> None:
+    """A directory's or glob's files (and a directory's hidden folders, ending in /) that are not
+    read, named on stderr (never skipped silently)."""
     if skipped:
         skipped = sorted(skipped)
         names = ", ".join(skipped[:shown]) + (f" and {len(skipped) - shown} more" if len(skipped) > shown else "")
-        print(f"{where}: skipped {len(skipped)} file{'s' * (len(skipped) > 1)}, hidden or of no kind qwen-data reads "
+        print(f"{where}: skipped {len(skipped)} name{'s' * (len(skipped) > 1)}, hidden or of no kind qwen-data reads "
               f"({READABLE}): {names}", file=sys.stderr)
 
 
@@ -259,17 +262,10 @@ class Chunk:
         lines = self.data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
-        # Checked once a chunk: most chunks hold neither, and this loop is hot.
-        crlf, escapes = b"\r" in self.data, escapes_surrogate(self.data)
+        if b"\r" in self.data:  # checked once a chunk: most chunks hold none, and this loop is hot
+            lines = [line.rstrip(b"\r") for line in lines]
         for number, line in enumerate(lines, start=self.first):
-            if crlf:
-                line = line.rstrip(b"\r")
-            surrogate = escapes and escapes_surrogate(line)
-            try:
-                record = Record(number, line, parse_line(line), len(line), may_hold_surrogate=surrogate)
-            except RecordError as error:
-                record = Record(number, line, None, len(line), error)
-            yield record
+            yield Record.from_line(number, line)
 
     def _rows(self) -> Iterator[Record]:
         table = self.table

@@ -16,19 +16,6 @@ import orjson
 from ..errors import RecordError
 
 
-def parse_line(line: bytes) -> dict:
-    """One jsonl line to a record, or RecordError naming what is wrong with it."""
-    try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        # orjson is the fast path; the standard parser decides what exactly is wrong (and accepts
-        # what orjson refuses but JSON allows, e.g. an escaped lone surrogate, rejected later).
-        record = _parse_line_slowly(line)
-    if not isinstance(record, dict):
-        raise RecordError("not-an-object", f"a JSON {type(record).__name__}, expected an object")
-    return record
-
-
 def _parse_line_slowly(line: bytes):
     if not line.strip():
         raise RecordError("blank-line", "blank line")
@@ -55,17 +42,34 @@ class Record:
         self.value = value
         self.size = size
         self.error = error
-        # Whether a string of the record can be a lone surrogate (`escapes_surrogate`): steps run
-        # `check_unicode` only then, as checking every string costs more than the scan.
+        # Whether a string of the record can be a lone surrogate: steps run `check_unicode` only
+        # then, as checking every string of every record would cost more than the rest of sifting.
         self.may_hold_surrogate = may_hold_surrogate
+
+    @classmethod
+    def from_line(cls, number: int, line: bytes) -> "Record":
+        """A jsonl line as a record; one that is not a JSON object carries its error."""
+        try:
+            value, lenient = orjson.loads(line), False
+        except orjson.JSONDecodeError:
+            # orjson is the fast path, and it refuses lone surrogates, which JSON allows: only a line
+            # the standard parser reads can hold one. That parser also says what is wrong with a line.
+            try:
+                value, lenient = _parse_line_slowly(line), True
+            except RecordError as error:
+                return cls(number, line, None, len(line), error)
+        if not isinstance(value, dict):
+            error = RecordError("not-an-object", f"a JSON {type(value).__name__}, expected an object")
+            return cls(number, line, None, len(line), error)
+        return cls(number, line, value, len(line), may_hold_surrogate=lenient)
 
     def rejected(self, chunk, error: RecordError) -> dict:
         return reject_entry(chunk, self.number, self.raw, error)
 
 def escapes_surrogate(data: bytes) -> bool:
-    """Whether JSON text may spell a lone surrogate: only a \\ud800-\\udfff escape makes one (UTF-8
-    cannot encode one, and Arrow strings are UTF-8); its text may also be JSON read again (tool
-    arguments), so any such escape counts."""
+    """Whether JSON text may spell a lone surrogate, itself or in a string of it read again as JSON
+    (tool arguments): only a \\ud800-\\udfff escape makes one (UTF-8 cannot encode one, and Arrow
+    strings are UTF-8), so any such escape counts."""
     return b"\\ud" in data or b"\\uD" in data
 
 

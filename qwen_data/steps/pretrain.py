@@ -138,8 +138,8 @@ class _Texts:
 
     def add(self, record: Record) -> None:
         """Raises RecordError for a record without a usable text under every key."""
-        policy, maybe_surrogate = self.policy, record.may_hold_surrogate
-        values = [_text_field(record.value, key, maybe_surrogate) for key in self.keys]
+        policy = self.policy
+        values = [_text_field(record, key) for key in self.keys]
         for value in values:
             if special := self.find_special(value, policy):
                 self.special_records += 1
@@ -151,15 +151,17 @@ class _Texts:
             bucket.append(value)
 
 
-def _text_field(record: dict, key: str, maybe_surrogate: bool = True) -> str:
-    if key not in record:
-        raise RecordError("missing-key", f"no {key!r} key")
-    value = record[key]
+def _text_field(record: Record, key: str) -> str:
+    if key not in record.value:
+        # a row (parquet, Arrow) lacks the column, or holds null in it
+        where = f"no {key!r} key" if isinstance(record.raw, bytes) else f"no {key!r} column, or null in it"
+        raise RecordError("missing-key", where)
+    value = record.value[key]
     if not isinstance(value, str):
         raise RecordError("not-a-string", f"{key!r} is a {type(value).__name__}, expected a string")
     if not value or value.isspace():
         raise RecordError("empty-text", f"{key!r} is empty" if not value else f"{key!r} holds only whitespace")
-    if maybe_surrogate:
+    if record.may_hold_surrogate:
         check_unicode(value, repr(key))
     return value
 

@@ -29,7 +29,7 @@ from ..formats.outputs import AtomicOutputs
 from ..formats.packing import PACKINGS
 from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
-from ..inputs.records import Record, Rejects, check_unicode, reject_entry
+from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
 from ..qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN
 from ..qwen import EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS
 from ..qwen import FIRST_ADDED_ID, TEMPLATE_FLAVOURS, TEMPLATE_TOKENS
@@ -214,9 +214,9 @@ class _Batching:
             value = columns.apply(value)
         conversation = to_conversation(value, self.format, parse_tool_arguments=config.parse_tool_arguments,
                                        input_separator=config.input_separator)
-        # A row's strings are UTF-8, but a JSON string in one (tools, tool arguments) is read again
-        # here and may spell a lone surrogate: rows are checked whole.
-        if record.may_hold_surrogate or not isinstance(record.raw, bytes):
+        # A JSON string in a record (tools, tool arguments) is read again here and may spell a lone
+        # surrogate, whatever read the record: rows are checked whole, lines that escape one too.
+        if not isinstance(record.raw, bytes) or escapes_surrogate(record.raw):
             for where, text in conversation.strings():
                 check_unicode(text, where)
         special = literals.find(conversation, self.step.acted_on)
