@@ -6,9 +6,9 @@ using numpy can go under), this checkout with its tokenizer cache warm and with 
 (the first run on a machine), and optionally another checkout (`--against DIR`, e.g. an older
 commit unpacked with `git archive`) on the same warm cache. Two more commands bound what start-up
 can reach: the floor plus building the Qwen BPE alone, with the backend pretrain uses (gigatoken
-from the cached rank file) and with HF `tokenizers` from tokenizer.json; no input, no output. Bytecode is written and read as an
-installed package has it (PYTHONDONTWRITEBYTECODE is dropped: compiling the modules at every start
-would add ~0.1 s).
+from the cached rank file) and with HF `tokenizers` from tokenizer.json; no input, no output.
+Bytecode is written and read as an installed package has it (PYTHONDONTWRITEBYTECODE is dropped:
+compiling the modules at every start would add ~0.1 s).
 
     python3 bench/startup.py                      # median of 5
     python3 bench/startup.py --against /tmp/base  # and an older checkout, for before/after
