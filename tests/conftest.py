@@ -9,11 +9,23 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 CORRUPTS = "corrupts_outputs"
+SLOW = "slow"
+# The modules whose tests start torch, megatron-core, torchrun or Ray: the slow tier. The rest is the
+# fast tier (`-m "not slow"`), the one to run while changing the data side.
+SLOW_MODULES = ("test_train_", "test_hf_checkpoints", "test_ray")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{CORRUPTS}: the test damages qwen-data outputs, or writes ones "
                                        "qwen-data never would, on purpose: they are not verified after it")
+    config.addinivalue_line("markers", f"{SLOW}: torchrun, training, megatron-core models or Ray; "
+                                       "the fast tier is -m 'not slow'")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if os.path.basename(str(item.fspath)).startswith(SLOW_MODULES):
+            item.add_marker(SLOW)
 
 
 def written_prefixes(directory):
