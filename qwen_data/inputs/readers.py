@@ -2,13 +2,16 @@
 
 What an input may be (`expand` turns the command line into `InputFile`s, in this order):
 - a file: `.jsonl` or `.ndjson`, `.json` (one array of records), either also compressed (`.gz`,
-  `.zst`, `.xz`, `.bz2`); `.parquet`; `.arrow` (Hugging Face `datasets` cache files: Arrow IPC
-  streams); names in any case (`.JSONL.GZ`);
+  `.zst`, `.xz`, `.bz2`); `.parquet`; `.arrow` or `.feather` (Arrow IPC, stream or file format:
+  Hugging Face `datasets` cache files are streams, Feather v2 is the file format); names in any
+  case (`.JSONL.GZ`); a FIFO, socket or device is refused (standard input reads a stream);
 - `-`: jsonl on standard input;
-- a directory: every such file under it, in sorted order of their paths (the others, and hidden
-  files and folders, are named on stderr as skipped); a Hugging Face `datasets`
-  folder written by `save_to_disk` (`state.json`, or `dataset_dict.json` and a folder per split,
-  chosen with `--hf-split`) is read as that dataset;
+- a directory: every such file under it, in sorted order of their paths, links to files and
+  folders followed (each folder once: a link loop ends there); what is not read is named on stderr
+  as skipped: hidden files and folders, files of other kinds, FIFOs, sockets and devices (never
+  opened: that could wait forever). A Hugging Face `datasets` folder written by `save_to_disk`
+  (`state.json`, or `dataset_dict.json` and a folder per split, chosen with `--hf-split`), given
+  or found inside a directory, is read as that dataset;
 - a glob (`data/*.parquet`), expanded in sorted order (what it matches that is not read, named);
 - `hf:NAME` (`hf:NAME:CONFIG`): a dataset downloaded into the local Hugging Face Hub cache
   (`huggingface-cli download --repo-type dataset NAME`), never fetched: its data files for
@@ -20,7 +23,12 @@ columns asked for), Arrow one record batch at a time; memory does not grow with 
 record keeps its number in its file counting from 1 (the line of a jsonl file, the position in a
 .json array, the row of a parquet or Arrow file), and a parquet row also its row group and its
 row in that group. Arrow rows become the dicts a jsonl line of the same record parses to: a null
-column is taken as absent, since Arrow cannot tell an absent key from a null one.
+column, or a null field of a struct at any depth, is taken as absent, since Arrow gives every row
+each key that any row has (null where it lacks one) and cannot tell an absent key from a null one;
+a struct's keys come in the schema's order.
+
+Inputs are pinned: a file whose size is not the size `expand` listed, before or after it is read,
+or that ends before that size is read, stops the run with an error naming it.
 
 Chunk boundaries depend only on the input and `chunk_bytes`, never on the worker count. With a
 `Shard` a run reads a contiguous 1/N of the records of all inputs: the inputs, in order, are laid
@@ -38,6 +46,7 @@ import json
 import lzma
 import os
 import re
+import stat
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -50,9 +59,10 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 
 # Names are matched in any case (.JSONL, .Parquet): the kind by the name's ending before any compression.
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bzip2"}
-KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
+KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".arrow": "arrow",
+         ".feather": "arrow"}
 COMPRESSIBLE = ("jsonl", "json")  # parquet and Arrow compress inside the file
-READABLE = ".jsonl/.ndjson, .json (an array), either compressed (.gz, .zst, .xz, .bz2); .parquet, .arrow"
+READABLE = ".jsonl/.ndjson, .json (an array), either compressed (.gz, .zst, .xz, .bz2); .parquet, .arrow/.feather"
 STDIN = "-"
 
 
@@ -116,79 +126,122 @@ def expand(inputs: list[str], hf_split: str | None = None) -> list[InputFile]:
     """The files behind the inputs, in reading order; a clear error for anything unreadable."""
     if inputs.count(STDIN) > 1:
         raise InputFileError("standard input (-) is named more than once: it can be read once; give - once")
-    if hf_split is not None and not any(map(_has_splits, inputs)):
+    paths: list[str] = []
+    split_by: list[str] = []  # the inputs --hf-split chose a split of
+    for text in inputs:
+        paths += _expand_one(text, hf_split, split_by)
+    if hf_split is not None and not split_by:
         raise InputFileError(f"--hf-split {hf_split}: none of the inputs has splits (it chooses the split of an "
                              "hf:NAME dataset or of a datasets DatasetDict folder): leave it out")
-    paths: list[str] = []
-    for text in inputs:
-        paths += _expand_one(text, hf_split)
     if not paths:
         raise InputFileError("no input files")
     return [InputFile(p, 0 if p == STDIN else os.path.getsize(p)) for p in paths]
 
 
-def _expand_one(text: str, hf_split: str | None) -> list[str]:
+def _expand_one(text: str, hf_split: str | None, split_by: list[str]) -> list[str]:
     if text == STDIN:
         return [STDIN]
     if text.startswith("hf:"):
+        split_by.append(text)
         return hub_dataset_files(text[3:], hf_split or "train")
     if os.path.isdir(text):
-        return _directory_files(text, hf_split)
+        return _directory_files(text, hf_split, split_by)
     if os.path.isfile(text):
         if kind_of(text) is None:
             raise InputFileError(f"{text}: not a kind of input qwen-data reads ({READABLE})")
         return [text]
+    if os.path.exists(text):
+        raise InputFileError(f"{text}: not a regular file (a FIFO, socket or device): to read a stream, "
+                             f"pipe it to standard input (- < {text})")
     if glob.has_magic(text):
-        files, skipped = [], []
+        files, skipped = [], _Skipped()
         for match in sorted(glob.glob(text, recursive=True)):
             if os.path.isdir(match):
-                files += _directory_files(match, hf_split)
+                files += _directory_files(match, hf_split, split_by)
+            elif not os.path.isfile(match):
+                skipped.special.append(match)
             else:
-                (files if kind_of(match) else skipped).append(match)
-        _tell_skipped(text, skipped)
+                (files if kind_of(match) else skipped.other).append(match)
+        skipped.tell(text)
         if not files:
             raise InputFileError(f"{text}: matches no readable input file ({READABLE})")
         return files
     raise FileNotFoundError(f"{text}: no such input file or directory")
 
 
-def _has_splits(text: str) -> bool:
-    """Whether an input is one --hf-split applies to: hf:NAME, or a DatasetDict folder (or a glob of some)."""
-    folders = glob.glob(text) if glob.has_magic(text) else [text]
-    return text.startswith("hf:") or any(os.path.isfile(os.path.join(f, "dataset_dict.json")) for f in folders)
-
-
-def _directory_files(folder: str, hf_split: str | None) -> list[str]:
-    saved = saved_dataset_files(folder, hf_split)
+def _directory_files(folder: str, hf_split: str | None, split_by: list[str]) -> list[str]:
+    """The readable files under `folder`, in sorted order of their paths. Links to folders are
+    followed, each folder read once (by device and inode: a link back up would loop); a `datasets`
+    folder met on the way is read as that dataset, as when given alone; what is not read is named."""
+    saved = saved_dataset_files(folder, hf_split, split_by)
     if saved is not None:
         return saved
-    files, skipped = [], []
-    for root, dirs, names in os.walk(folder):
-        # hidden files and folders are editors' and tools' own (.DS_Store, .git, a download in progress)
-        skipped += [os.path.join(root, name) + os.sep for name in dirs if name.startswith(".")]
-        dirs[:] = [name for name in dirs if not name.startswith(".")]
-        for name in names:
-            (files if kind_of(name) and not name.startswith(".") else skipped).append(os.path.join(root, name))
-    _tell_skipped(folder, skipped)
-    if not files:
+    found: list[tuple[str, list[str]]] = []  # (where in the sorted order, its files in reading order)
+    skipped, seen, folders = _Skipped(), set(), [folder]
+    while folders:
+        root = folders.pop()
+        st = os.stat(root)
+        if (st.st_dev, st.st_ino) in seen:
+            skipped.again.append(root + os.sep)
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        for entry in os.scandir(root):
+            path = entry.path
+            try:
+                st = os.stat(path)  # through a link
+            except OSError:  # a broken link, or a name gone since it was listed
+                skipped.special.append(path)
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if entry.name.startswith("."):
+                # hidden files and folders are editors' and tools' own (.DS_Store, .git, a download in progress)
+                skipped.other.append(path + os.sep * is_dir)
+            elif is_dir:
+                saved = saved_dataset_files(path, hf_split, split_by)
+                if saved is None:
+                    folders.append(path)
+                else:
+                    found.append((path + os.sep, saved))
+            elif not stat.S_ISREG(st.st_mode):  # opening a FIFO would wait for a writer forever
+                skipped.special.append(path)
+            elif kind_of(entry.name):
+                found.append((path, [path]))
+            else:
+                skipped.other.append(path)
+    skipped.tell(folder)
+    if not found:
         raise InputFileError(f"{folder}: a directory holding no readable input file ({READABLE})")
-    return sorted(files)
+    return [path for _, files in sorted(found) for path in files]
 
 
-def _tell_skipped(where: str, skipped: list[str], shown: int = 5) -> None:
-    """A directory's or glob's files (and a directory's hidden folders, ending in /) that are not
-    read, named on stderr (never skipped silently)."""
-    if skipped:
-        skipped = sorted(skipped)
-        names = ", ".join(skipped[:shown]) + (f" and {len(skipped) - shown} more" if len(skipped) > shown else "")
-        print(f"{where}: skipped {len(skipped)} name{'s' * (len(skipped) > 1)}, hidden or of no kind qwen-data reads "
-              f"({READABLE}): {names}", file=sys.stderr)
+class _Skipped:
+    """What a directory or glob holds that is not read, by why, named on stderr (never skipped silently)."""
+
+    def __init__(self) -> None:
+        self.other: list[str] = []  # hidden (folders end in /), or of no kind qwen-data reads
+        self.special: list[str] = []  # FIFOs, sockets, devices, broken links
+        self.again: list[str] = []  # folders reached a second time through a link
+
+    def tell(self, where: str) -> None:
+        for names, why in ((self.other, f"hidden or of no kind qwen-data reads ({READABLE})"),
+                           (self.special, "not regular files (FIFOs, sockets, devices) or broken links"),
+                           (self.again, "folders read already, reached again through a link")):
+            if names:
+                _tell_skipped(where, names, why)
 
 
-def saved_dataset_files(folder: str, hf_split: str | None) -> list[str] | None:
-    """The Arrow files of a `datasets` `save_to_disk` folder, or None when `folder` is not one."""
+def _tell_skipped(where: str, skipped: list[str], why: str, shown: int = 5) -> None:
+    skipped = sorted(skipped)
+    names = ", ".join(skipped[:shown]) + (f" and {len(skipped) - shown} more" if len(skipped) > shown else "")
+    print(f"{where}: skipped {len(skipped)} name{'s' * (len(skipped) > 1)}, {why}: {names}", file=sys.stderr)
+
+
+def saved_dataset_files(folder: str, hf_split: str | None, split_by: list[str]) -> list[str] | None:
+    """The Arrow files of a `datasets` `save_to_disk` folder, or None when `folder` is not one; a
+    DatasetDict's is added to `split_by`."""
     splits_file = os.path.join(folder, "dataset_dict.json")
     if os.path.isfile(splits_file):  # a DatasetDict: one saved Dataset per split
+        split_by.append(folder)
         with open(splits_file, encoding="utf-8") as f:
             splits = json.load(f).get("splits", [])
         split = hf_split or (splits[0] if len(splits) == 1 else None)
@@ -274,11 +327,12 @@ class Chunk:
             rows = table.to_pylist() if table.num_columns else [{}] * self.rows
         except UnicodeDecodeError:  # written by a tool that did not check: find the rows one by one
             rows = [_row(table, i) for i in range(self.rows)]
+        nested = _holds_struct(table.schema)
         for number, row in enumerate(rows, start=self.first):
             if isinstance(row, RecordError):
                 yield Record(number, {}, None, size, row)
             else:
-                record = {k: v for k, v in row.items() if v is not None}
+                record = {k: _without_nulls(v) if nested else v for k, v in row.items() if v is not None}
                 yield Record(number, record, record, size)
 
     def location(self, number: int) -> dict:
@@ -286,6 +340,30 @@ class Chunk:
         if self.row_group is None:
             return {}
         return {"row_group": self.row_group, "row_in_group": number - self.group_first}
+
+
+def _holds_struct(schema) -> bool:
+    """Whether a column's type is or holds a struct (a list of structs, a struct in a struct ...)."""
+    from pyarrow.types import is_struct  # loaded already: the schema is pyarrow's
+
+    types = [f.type for f in schema]
+    while types:
+        t = types.pop()
+        if is_struct(t):
+            return True
+        types += [t.field(i).type for i in range(t.num_fields)]
+    return False
+
+
+def _without_nulls(value):
+    """A value read from Arrow without the null fields of its structs (dicts). Arrow gives a struct
+    column every key any row has, null in the rows that lack it; a null the record wrote itself
+    cannot be told apart, so both go, as a null column does. A null in a list is the record's own."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def _row(table, i: int):
@@ -299,8 +377,14 @@ def read_chunks(sources: list[InputFile], chunk_bytes: int = DEFAULT_CHUNK_BYTES
                 columns: list[str] | None = None) -> Iterator[Chunk]:
     """`columns`: the keys the step uses (None: all); parquet and Arrow files read only those."""
     for source, part in plan(sources, shard):
+        _check_size(source)
         try:
-            yield from _READERS[source.kind](source, part, chunk_bytes, columns)
+            try:
+                yield from _READERS[source.kind](source, part, chunk_bytes, columns)
+            except Exception:
+                _check_size(source)  # a file that changed while read is why a reader broke: that is said
+                raise
+            _check_size(source)
         except gzip.BadGzipFile:
             raise InputFileError(f"{source.path}: not a gzip file, though its name ends in .gz") from None
         except EOFError:
@@ -318,6 +402,28 @@ def read_chunks(sources: list[InputFile], chunk_bytes: int = DEFAULT_CHUNK_BYTES
                 raise InputFileError(f"{source.path}: not readable as {source.compression or source.kind} "
                                      f"({exc})") from None
             raise
+
+
+def _check_size(source: InputFile) -> None:
+    """InputFileError unless the file is still the size it had when the inputs were listed: a file
+    rewritten, cut or grown while a run reads it would give records of no one version of it."""
+    if source.path == STDIN:
+        return
+    try:
+        size = os.stat(source.path).st_size
+    except FileNotFoundError:
+        raise InputFileError(f"{source.path}: removed while it was read") from None
+    if size != source.size:
+        raise InputFileError(f"{source.path}: changed while it was read ({source.size:,} bytes when the inputs "
+                             f"were listed, {size:,} now); run again once it is complete")
+
+
+def _check_read_whole(source: InputFile, read: int) -> None:
+    """After reading a whole file to its end: InputFileError unless `read`, the bytes read from disk
+    (compressed ones for a compressed file), is its size when the inputs were listed."""
+    if source.path != STDIN and read != source.size:
+        raise InputFileError(f"{source.path}: {read:,} bytes read to its end, but it had {source.size:,} when the "
+                             "inputs were listed: it changed while it was read; run again once it is complete")
 
 
 # -- shards ---------------------------------------------------------------------------------------
@@ -398,7 +504,11 @@ def _open_stream(source: InputFile):
 def _jsonl_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> Iterator[Chunk]:
     stream, counter = _open_stream(source)
     with stream:
-        line, stop, rest = 1, None, b""
+        line, stop = 1, None
+        # The start of a line not yet ended, in the blocks read so far: only each new block is
+        # searched for a line end and the pieces are joined once, so a line of any length costs
+        # time linear in it, whatever the chunk size.
+        pending: list[bytes] = []
         if part is not None:
             line, stop = _seek_line(stream, part[0]), part[1]
             counter.count = stream.tell()
@@ -407,21 +517,23 @@ def _jsonl_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> It
             budget = chunk_bytes if stop is None else min(chunk_bytes, stop - stream.tell())
             block = stream.read(budget) if budget > 0 else b""
             if not block:
-                if rest and stop is not None:
-                    rest += stream.readline()  # the last line starts inside the part
+                if pending and stop is not None:
+                    pending.append(stream.readline())  # the last line starts inside the part
                     counter.count = stream.tell()
                 break
-            data = rest + block
-            cut = data.rfind(b"\n") + 1
+            cut = block.rfind(b"\n") + 1
             if cut == 0:  # one line longer than a chunk: keep reading
-                rest = data
+                pending.append(block)
                 continue
-            rest = data[cut:]
-            yield Chunk(source.path, line, data[:cut], input_bytes=counter.count - consumed)
+            data = b"".join(pending) + block[:cut] if pending else block[:cut]
+            pending = [block[cut:]] if cut < len(block) else []
+            yield Chunk(source.path, line, data, input_bytes=counter.count - consumed)
             consumed = counter.count
-            line += data.count(b"\n", 0, cut)
-    if rest:
-        yield Chunk(source.path, line, rest, input_bytes=counter.count - consumed)
+            line += data.count(b"\n")
+        if part is None:
+            _check_read_whole(source, counter.count)
+    if pending:
+        yield Chunk(source.path, line, b"".join(pending), input_bytes=counter.count - consumed)
 
 
 class _ZstdReader:
@@ -489,6 +601,7 @@ def _json_array_chunks(source: InputFile, part, chunk_bytes: int, columns=None) 
                     first, lines, size, consumed = index + 1, [], 0, counter.count
         except NotAnArray as exc:
             raise InputFileError(f"{source.path}: not a JSON array of records ({exc})") from None
+        _check_read_whole(source, counter.count)
     if lines:
         yield Chunk(source.path, first, b"\n".join(lines) + b"\n", input_bytes=counter.count - consumed)
 
@@ -597,22 +710,41 @@ def _parquet_chunks(source: InputFile, groups, chunk_bytes: int, columns: list[s
 def _arrow_chunks(source: InputFile, part, chunk_bytes: int, columns: list[str] | None) -> Iterator[Chunk]:
     import pyarrow as pa
 
-    with pa.memory_map(source.path) as f:
-        reader = pa.ipc.open_stream(f)
-        names = reader.schema.names
+    # Read, not memory-mapped: a mapped file cut short while read would end the process (SIGBUS)
+    # where a read gives an error naming the file.
+    with pa.OSFile(source.path) as f:
+        batches = _arrow_batches(pa, f, source.size)
+        names = next(batches).names
         keep = None if columns is None else [c for c in columns if c in names]
-        first, batches, size, done = 1, [], 0, 0
-        for batch in reader:
+        first, pieces, size, done = 1, [], 0, 0
+        for batch, position in batches:
             batch = batch if keep is None else batch.select(keep)
-            batches.append(batch)
+            pieces.append(batch)
             size += batch.nbytes
             if size >= chunk_bytes:
-                table = pa.Table.from_batches(batches)
-                position = f.tell()
+                table = pa.Table.from_batches(pieces)
                 yield Chunk(source.path, first, table=table, input_bytes=position - done)
-                first, batches, size, done = first + table.num_rows, [], 0, position
-        if batches:
-            yield Chunk(source.path, first, table=pa.Table.from_batches(batches), input_bytes=source.size - done)
+                first, pieces, size, done = first + table.num_rows, [], 0, position
+        if pieces:
+            yield Chunk(source.path, first, table=pa.Table.from_batches(pieces), input_bytes=source.size - done)
+
+
+def _arrow_batches(pa, f, size: int):
+    """The schema of an Arrow IPC file or stream, then each record batch with how far into the file
+    it ends. Both formats: the file format (Feather v2, `pyarrow.ipc.new_file`) begins with its magic
+    and is read batch by batch from its footer; the stream format (`datasets` caches) in order."""
+    if f.read(6) == b"ARROW1":
+        reader = pa.ipc.open_file(f)
+        yield reader.schema
+        count = reader.num_record_batches
+        for i in range(count):  # where a batch lies is in the footer: progress counts batches
+            yield reader.get_batch(i), size * (i + 1) // count
+        return
+    f.seek(0)
+    reader = pa.ipc.open_stream(f)
+    yield reader.schema
+    for batch in reader:
+        yield batch, f.tell()
 
 
 def _slices(table, chunk_bytes: int):

@@ -25,6 +25,14 @@ def _parse_line_slowly(line: bytes):
         raise RecordError("invalid-utf8", f"invalid UTF-8 ({exc.reason} at byte {exc.start})") from None
     except ValueError as exc:
         raise RecordError("invalid-json", f"not JSON ({exc})") from None
+    except RecursionError:
+        raise too_deep() from None
+
+
+def too_deep() -> RecordError:
+    """A record nested more deeply than Python's recursion limit lets its parser or a step's code
+    walk: one bad record, not the end of the run."""
+    return RecordError("too-deep", f"nested too deeply (beyond about {sys.getrecursionlimit()} levels) to be read")
 
 
 class Record:
@@ -103,6 +111,8 @@ class Rejects:
                 take(item)
             except RecordError as error:
                 entries.append(item.rejected(chunk, error))
+            except RecursionError:  # a step's code walking (or parsing a JSON string of) a deep record
+                entries.append(item.rejected(chunk, too_deep()))
 
 
 def reject_entry(chunk, number: int, raw: bytes | dict, error: RecordError) -> dict:
@@ -119,7 +129,13 @@ def _raw_text(raw: bytes | dict) -> str:
     """The line itself, or a row as JSON."""
     if isinstance(raw, bytes):
         return raw.decode("utf-8", "backslashreplace")
-    return orjson.dumps(raw, default=str).decode()
+    try:
+        return orjson.dumps(raw, default=str).decode()
+    except orjson.JSONEncodeError:  # orjson writes at most 254 levels
+        try:
+            return json.dumps(raw, default=str, ensure_ascii=False)
+        except RecursionError:
+            return "(a row nested too deeply to be written here)"
 
 
 class TooManyRejects(RuntimeError):
