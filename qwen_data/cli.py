@@ -14,7 +14,7 @@ import sys
 from . import __version__
 from .errors import describe
 from .inputs.readers import DEFAULT_CHUNK_BYTES, Shard
-from .options import DefaultsHelpFormatter
+from .options import INT32_MAX, DefaultsHelpFormatter, bounded, split_option, temperature_option
 from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END
 from .text.tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
 
@@ -26,26 +26,11 @@ SPECIAL_HELP = ("literal special-token strings in the text: text = all as plain 
                 "holding a <|...|> literal")
 
 
-# -- argument types: nonsense is refused while parsing --------------------------------------------
-def _at_least(minimum, kind=int):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value >= minimum:
-            raise argparse.ArgumentTypeError(f"{text} is below the minimum {minimum}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    value = _at_least(0.0, float)(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be above 0")
-    return value
+# -- argument types: nonsense is refused while parsing (numbers: `bounded`, a range each) ---------
+MAX_WORKERS = 1024  # processes on one machine
+MAX_CHUNK_MB = 1024  # a piece of input is held whole by the reader and by a worker
+MAX_SHARDS = 1_000_000
+COUNT = bounded(int, 1)  # a budget's count: samples, tokens, iterations
 
 
 def _shard(text: str):
@@ -94,11 +79,12 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
                         "(-o must be on a file system every node sees)")
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster to join (e.g. auto, or ray://head:10001); none: a local Ray starts")
-    p.add_argument("--ray-shards", type=_at_least(1), default=None,
+    p.add_argument("--ray-shards", type=bounded(int, 1, MAX_SHARDS), default=None,
                    help="shards (Ray tasks) to cut the inputs into (none: from the input size and the cluster's CPUs)")
     p.add_argument("-o", "--output-prefix", type=_prefix, default=default_output,
                    help="output prefix: writes PREFIX.bin/.idx/.json (out/web.bin or .idx or .json means out/web)")
-    p.add_argument("--workers", type=_at_least(1), default=min(8, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--workers", type=bounded(int, 1, MAX_WORKERS), default=min(8, os.cpu_count() or 1),
+                   help="worker processes")
     p.add_argument("--tokenizer", default=None,
                    help="local tokenizer directory or a Hub name already in the local HF cache "
                         "(none: the bundled Qwen tokenizer; nothing is ever downloaded)")
@@ -106,9 +92,10 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
                    help="which Qwen added-token set is special (none: as the tokenizer files say)")
     p.add_argument("--backend", choices=BACKENDS, default="gigatoken",
                    help="gigatoken (fast, id-identical to HF) or hf (HF tokenizers itself)")
-    p.add_argument("--max-rejects", type=_at_least(0), default=None,
+    p.add_argument("--max-rejects", type=bounded(int, 0), default=None,
                    help="fail once more than this many records were rejected (none: never)")
-    p.add_argument("--chunk-mb", type=_positive_float, default=DEFAULT_CHUNK_BYTES / (1 << 20),
+    p.add_argument("--chunk-mb", type=bounded(float, above=0, maximum=MAX_CHUNK_MB),
+                   default=DEFAULT_CHUNK_BYTES / (1 << 20),
                    help="input is handed to workers in pieces of about this size")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -151,8 +138,9 @@ def _sft_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template", default="qwen2p5", choices=TEMPLATE_NAMES + ("auto",),
                    help="chat template: qwen2, qwen2p5, qwen3, or auto (the --tokenizer directory's chat_template)")
     p.add_argument("--format", default="auto", choices=FORMATS, help="record format (auto: detected per record)")
-    p.add_argument("--seq-length", type=_at_least(2), default=None,
-                   help="longest sample / packed row length in tokens (none: no limit)")
+    p.add_argument("--seq-length", type=bounded(int, 2, INT32_MAX), default=None,
+                   help="longest sample / packed row length in tokens, at most an .idx length's int32 (with --layout "
+                        "pai half that: a row holds 2 x --seq-length values) (none: no limit)")
     p.add_argument("--pack", action="store_true", help="pack samples into rows of exactly --seq-length tokens")
     p.add_argument("--packing", default="best-fit", choices=sorted(PACKINGS),
                    help="how --pack fills rows: best-fit (fewest rows) or next-fit (input order, as Pai-Megatron-Patch)")
@@ -180,7 +168,8 @@ def _sft_options(p: argparse.ArgumentParser) -> None:
                    help="render with enable_thinking=False (Qwen3)")
     p.add_argument("--parse-tool-arguments", action="store_true",
                    help="tool-call arguments given as JSON strings are parsed to objects before rendering")
-    p.add_argument("--pad-id", type=int, default=None, help=f"pad id (none: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN}; with --layout pai, "
+    p.add_argument("--pad-id", type=bounded(int, 0, INT32_MAX), default=None,
+                   help=f"pad id (none: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN}; with --layout pai, "
                         "the tokenizer's first free id, where Pai-Megatron-Patch adds <|extra_0|>)")
     p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>' (none: as --pad-id)")
     p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
@@ -235,7 +224,7 @@ def _blend_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--by", choices=["ratio", "tokens"], default=None,
                    help="weights from the PREFIX=W ratios (default when given) or from the "
                         "manifests' token counts (default otherwise)")
-    p.add_argument("--temperature", type=float, default=None,
+    p.add_argument("--temperature", type=temperature_option, default=None,
                    help="weigh by tokens**(1/T): 1 = by tokens, larger flattens towards uniform (none: as --by says)")
     p.add_argument("--ratio-unit", choices=["tokens", "samples"], default="tokens",
                    help="what ratios are shares of: training tokens (default; converted to "
@@ -244,7 +233,7 @@ def _blend_options(p: argparse.ArgumentParser) -> None:
                    help="separate validation prefixes (per-split blend; none: no validation data)")
     p.add_argument("--test", nargs="+", default=[], metavar="PREFIX[=W]",
                    help="separate test prefixes (per-split blend; none: no test data)")
-    p.add_argument("--split", default=None,
+    p.add_argument("--split", type=split_option, default=None,
                    help="cut every prefix like Megatron's --split (e.g. 98,2,0); writes no per-split JSON (none: "
                         "no cut, all for training)")
     p.add_argument("--absolute", action="store_true", help="write absolute prefix paths")
@@ -254,14 +243,14 @@ def _blend_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_budget(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--train-tokens", type=int, default=None,
+    p.add_argument("--train-tokens", type=COUNT, default=None,
                    help="budget: data tokens the run trains on (none: no budget)")
-    p.add_argument("--train-samples", type=int, default=None, help="budget: samples (none: no budget)")
-    p.add_argument("--train-iters", type=int, default=None,
+    p.add_argument("--train-samples", type=COUNT, default=None, help="budget: samples (none: no budget)")
+    p.add_argument("--train-iters", type=COUNT, default=None,
                    help="budget: iterations (with --global-batch-size; none: no budget)")
-    p.add_argument("--global-batch-size", type=int, default=None,
+    p.add_argument("--global-batch-size", type=COUNT, default=None,
                    help="samples per iteration (with --train-iters; none: no budget)")
-    p.add_argument("--seq-length", type=int, default=None,
+    p.add_argument("--seq-length", type=bounded(int, 1, INT32_MAX), default=None,
                    help="the run's tokens per sample, which pretraining prefixes' budgets need (none: SFT "
                         "prefixes only)")
 
@@ -269,13 +258,15 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
 def _inspect_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prefix", metavar="PREFIX", help="an output prefix (PREFIX.bin/.idx/.json)")
     rows = p.add_mutually_exclusive_group()
-    rows.add_argument("--index", type=_at_least(0), nargs="+", default=None, metavar="N",
+    rows.add_argument("--index", type=bounded(int, 0), nargs="+", default=None, metavar="N",
                       help="rows to show, numbered from 0 (default: 0)")
-    rows.add_argument("--random", type=_at_least(1), default=None, metavar="K",
+    rows.add_argument("--random", type=bounded(int, 1), default=None, metavar="K",
                       help="K rows drawn at random (none: --index)")
-    p.add_argument("--seed", type=int, default=0, help="for --random")
+    p.add_argument("--seed", type=bounded(int, 0), default=0, help="for --random")
     p.add_argument("--plain", action="store_true",
-                   help="no colour: trained tokens inside [[...]] (the default when not printing to a terminal)")
+                   help="no colour: trained tokens inside [[...]], each control id (added token, end of document, "
+                        "pad) inside ⟨...⟩, so that ⟨<|endoftext|>⟩ is the id and <|endoftext|> the same characters "
+                        "in the text (the default when not printing to a terminal)")
     p.add_argument("--ids", action="store_true", help="each token's id after it, as {id}")
     p.add_argument("--html", default=None, metavar="FILE",
                    help="also write the report (stats, histogram, manifest) with these rows as one HTML file "
@@ -404,6 +395,9 @@ def _run_sft(args) -> int:
     from .formats.indexed import MASK_SUFFIX
     from .steps.sft import ChatSamples, SFTConfig
 
+    if args.layout == "pai" and args.seq_length is not None and 2 * args.seq_length > INT32_MAX:
+        raise ValueError(f"--seq-length {args.seq_length:,}: --layout pai rows hold 2 x --seq-length values, an .idx "
+                         f"length is int32: at most {INT32_MAX // 2:,}")
     columns, named = _column_map(args)
     if named and not args.inputs:
         args.inputs = named
@@ -506,10 +500,10 @@ def _format_budget(rows, approximate: bool) -> list[str]:
 
 
 def _run_inspect(args) -> int:
-    from .formats.manifest import strip_suffix
     from .tools.inspect import Inspector, choose_rows, terminal
+    from .tools.stats import prefix_of
 
-    prefix = strip_suffix(args.prefix)
+    prefix = prefix_of(args.prefix)
     inspector = Inspector(prefix)
     rows = choose_rows(len(inspector), args.index, args.random, args.seed)
     colour = not args.plain and sys.stdout.isatty() and "NO_COLOR" not in os.environ
@@ -523,22 +517,23 @@ def _run_inspect(args) -> int:
 
 
 def _run_stats(args) -> int:
-    from .formats.manifest import strip_suffix
-    from .tools.stats import blend_lines, blend_stats, histogram_png, is_blend, prefix_lines, prefix_stats
+    from .blend.files import resolve
+    from .tools.stats import blend_lines, blend_stats, histogram_png, prefix_lines, prefix_stats
 
     if args.html and len(args.targets) > 1:
         raise ValueError("--html writes the report of one prefix or blend: give one")
     budget = _blend_budget(args)
     lines, plotted = [], []
-    for target in args.targets:
-        if is_blend(target):
+    targets = [resolve(target) for target in args.targets]
+    for kind, target in targets:
+        if kind == "blend":
             b = blend_stats(target, budget)
             lines += ([""] if lines else []) + blend_lines(b)
             plotted += [s for _, _, s in b.sources]
         else:
             if budget is not None:
                 raise ValueError(f"{target}: a budget (--train-tokens ...) is for blend files")
-            s = prefix_stats(strip_suffix(target))
+            s = prefix_stats(target)
             lines += ([""] if lines else []) + prefix_lines(s)
             plotted.append(s)
     # Files first: `qwen-data stats … | head` still writes them.
@@ -548,8 +543,7 @@ def _run_stats(args) -> int:
     if args.html:
         from .tools.report import write_report
 
-        target = args.targets[0]
-        write_report(target if is_blend(target) else strip_suffix(target), args.html, budget=budget)
+        write_report(targets[0][1], args.html, budget=budget)
         lines.append(f"wrote {args.html}")
     print("\n".join(lines))
     return 0
@@ -603,9 +597,12 @@ def _main(argv: list[str] | None) -> int:
     # The first word is the command: the options before it (--version, --help) take no value.
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
-    args, rest = parser.parse_known_args(argv)
-    if rest and args.command not in ("train", "convert"):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:  # a refused option (argparse's usage and one line on stderr) is exit status 2, returned like the others
+        args, rest = parser.parse_known_args(argv)
+        if rest and args.command not in ("train", "convert"):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    except SystemExit as exc:
+        return exc.code
     args.train_args = rest
     try:
         return args.func(args)

@@ -20,13 +20,13 @@ from qwen_data.tools.samples import Samples
 
 WORKED = {"instruction": "Translate the sentence into French.", "input": "The library opens at nine.",
           "output": "La bibliothèque ouvre à neuf heures."}
-WORKED_PLAIN = """<|im_start|>system
-You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>
-<|im_start|>user
+WORKED_PLAIN = """⟨<|im_start|>⟩system
+You are Qwen, created by Alibaba Cloud. You are a helpful assistant.⟨<|im_end|>⟩
+⟨<|im_start|>⟩user
 Translate the sentence into French.
-The library opens at nine.<|im_end|>
-<|im_start|>assistant
-[[La bibliothèque ouvre à neuf heures.<|im_end|>
+The library opens at nine.⟨<|im_end|>⟩
+⟨<|im_start|>⟩assistant
+[[La bibliothèque ouvre à neuf heures.⟨<|im_end|>⟩
 ]]
 """
 TRAINED_TEXT = "La bibliothèque ouvre à neuf heures."
@@ -107,12 +107,13 @@ def test_worked_example(data, capsys):
     assert WORKED_PLAIN in out
     # The same record trained on everything (the mask over the prompt): seen at once.
     everything = run(capsys, "inspect", data["worked_all"], "--plain")
-    assert "[[<|im_start|>system\nYou are Qwen" in everything and "The library opens at nine." in everything
+    assert "[[⟨<|im_start|>⟩system\nYou are Qwen" in everything and "The library opens at nine." in everything
     assert WORKED_PLAIN not in everything
 
 
 def test_text_is_hfs_decoding(data, capsys):
-    """Marks taken away, inspect prints exactly what HF decodes the row's ids to."""
+    """Marks taken away ([[…]] and ⟨…⟩ around control ids), inspect prints exactly what HF decodes the row's
+    ids to."""
     from tokenizers import Tokenizer
 
     from qwen_data.formats.manifest import Manifest
@@ -124,8 +125,8 @@ def test_text_is_hfs_decoding(data, capsys):
         out = run(capsys, "inspect", data["web"], "--index", i, "--plain")
         body = out.split("═\n", 1)[1].rstrip("\n")
         want = hf.decode(samples.row(i).tokens.tolist(), skip_special_tokens=False)
-        assert body == f"[[{want}]]", i
-        assert want.endswith("<|endoftext|>")
+        assert body.replace("⟨", "").replace("⟩", "") == f"[[{want}]]", i
+        assert want.endswith("<|endoftext|>") and body.endswith("⟨<|endoftext|>⟩]]")
 
 
 def test_packed_rows_show_samples_and_padding(data, capsys):
@@ -136,19 +137,20 @@ def test_packed_rows_show_samples_and_padding(data, capsys):
     for n in range(1, len(row.samples) + 1):
         assert f"── sample {n} of {len(row.samples)}: {row.samples[n - 1]:,} tokens" in out
     assert f"── padding: {row.padding:,} tokens" in out
-    assert f"<|vision_pad|>×{row.padding}" in out
+    assert f"⟨<|vision_pad|>⟩×{row.padding}" in out
     assert out.count("[[") == out.count("]]") >= len(row.samples)
 
 
 def test_colour_marks_the_same_tokens(data):
     """In a terminal the trained tokens are bold green; colour taken away, the text is --plain's
-    without its brackets."""
+    without its brackets and the ⟨…⟩ around control ids (colour tells those apart)."""
     from qwen_data.tools.inspect import Inspector, terminal
 
     inspector = Inspector(data["packed"])
     coloured, plain = terminal(inspector, [0], colour=True, ids=False), terminal(inspector, [0], colour=False, ids=False)
     ansi = re.compile(r"\x1b\[[0-9;]*m")
     green = "".join(re.findall(r"\x1b\[1;32m(.*?)\x1b\[0m", coloured, re.S))
+    plain = plain.replace("⟨", "").replace("⟩", "")
     bracketed = re.findall(r"\[\[(.*?)\]\]", plain, re.S)
     assert bracketed and ansi.sub("", green) == "".join(bracketed)
     assert ansi.sub("", coloured) == plain.replace("[[", "").replace("]]", "")

@@ -31,12 +31,14 @@ Modules, in the order a run uses them:
   convert         `qwen-data convert`: HF folder ↔ checkpoint on its own (no trainer)
   __main__        `python -m qwen_data_train`
 
-The notices of megatron-core (and of the torch API it calls) that are no news to a user of this stage are
-silenced here, before any of its modules is imported: `QWEN_DATA_VERBOSE=1` shows them, and its INFO log.
+The notices of megatron-core (and of the torch API it calls) that are no news to a user of this stage, and its
+dataset warnings of the same kind, are silenced here, before any of its modules is imported:
+`QWEN_DATA_VERBOSE=1` shows them, and its INFO log.
 """
 
 import logging
 import os
+import re
 import warnings
 
 VERBOSE = "QWEN_DATA_VERBOSE"
@@ -55,6 +57,26 @@ DEPENDENCY_NOTICES = (
      "torch.distributed"),
 )
 
+# (logger, message) of megatron-core's dataset warnings that are no news here: a blend of one source (each
+# split of a per-split blend, a .txt blend's lone prefix) is built as a BlendedDataset all the same, and no
+# index cache is saved where none was asked for (--data-cache: none).
+DATASET_NOTICES = (
+    ("megatron.core.datasets.blended_dataset", r"Building a BlendedDataset for a single MegatronDataset"),
+    ("megatron.core.datasets.blended_dataset", r"Cannot save the \w+ indexes because path_to_cache is None"),
+    ("megatron.core.datasets.gpt_dataset", r"Unable to save \w+ indexes because path_to_cache is None"),
+)
+
+
+class _Notice(logging.Filter):
+    """Drops a logger's records whose message matches `pattern`."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.match(record.getMessage())
+
 
 def _quiet_dependencies() -> None:
     if os.environ.get(VERBOSE, "0") not in ("", "0"):
@@ -63,6 +85,8 @@ def _quiet_dependencies() -> None:
         return
     for category, message, module in DEPENDENCY_NOTICES:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for name, message in DATASET_NOTICES:  # a logger's filters see only its own records: each is named
+        logging.getLogger(name).addFilter(_Notice(message))
 
 
 _quiet_dependencies()

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Optional, get_type_hints
 
-from qwen_data.options import DefaultsHelpFormatter
+from qwen_data.options import INT32_MAX, DefaultsHelpFormatter, bounded, split_option
 
 from .shapes import PRESETS
 
@@ -30,6 +30,19 @@ FP8_RECIPES = ("tensorwise", "delayed", "blockwise")
 BALANCE_LOSSES = ("transformers", "per-layer")  # a mixture of experts' load-balancing loss (balance.py)
 RECOMPUTE_CHOICES = ("selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "mlp")  # megatron-core's recompute_modules that run under autocast here
+
+
+COUNT = bounded(int, 1)
+# Tokens per sample: a row's lengths and cu_seqlens are int32, and a sample reads seq length + 1 tokens
+# (the model's own limit is checked once its shape is known: `check_seq_length`).
+SEQ_LENGTH = bounded(int, 1, INT32_MAX - 1)
+
+
+def check_seq_length(seq_length: int, max_positions: int, model: str) -> None:
+    """ValueError when a sample is longer than the positions the model was made for."""
+    if seq_length > max_positions:
+        raise ValueError(f"--seq-length {seq_length:,} is beyond the {max_positions:,} positions of {model} "
+                         f"(its max_position_embeddings): train at most {max_positions:,} tokens a sample")
 
 
 def option(flag: str, group: Optional[str] = None, **argparse_keywords) -> Any:
@@ -64,11 +77,13 @@ class DataConfig(Section):
 
     path: str = option("--data", required=True, metavar="DATA",
                        help="a `qwen-data blend` JSON, a Megatron blend, or one prefix")
-    split: Optional[str] = option("--split", help="Megatron split (e.g. 98,2,0) for blends without their own "
-                                                      "(none: the blend's, else 969,30,1)")
+    split: Optional[str] = option("--split", type=split_option,
+                                  help="Megatron split (e.g. 98,2,0) for blends without their own (none: the blend's, "
+                                       "else 969,30,1)")
     data_cache: Optional[str] = option("--data-cache", help="where megatron-core caches sample indices (none: built "
                                                              "in memory each run)")
-    num_workers: int = option("--num-workers", type=int, default=2, help="DataLoader workers per rank")
+    num_workers: int = option("--num-workers", type=bounded(int, 0, 1024), default=2,
+                              help="DataLoader workers per rank")
     reset_position_ids: bool = option("--reset-position-ids", action="store_true",
                                       help="pretraining: positions restart after EOD")
     reset_attention_mask: bool = option(
@@ -130,7 +145,7 @@ class ModelConfig(Section):
         help="a mixture of experts' load-balancing loss: transformers = router_aux_loss_coef x transformers' loss "
              "over all layers' routing together, added once; per-layer = megatron-core's, one a layer (the two "
              "agree where layers route alike); none: transformers, per-layer under --pp")
-    num_layers: Optional[int] = option("--num-layers", type=int, metavar="N",
+    num_layers: Optional[int] = option("--num-layers", type=bounded(int, 1), metavar="N",
                                        help="the --model preset with only its first N layers (speed probes of "
                                             "shapes that do not fit; none: all of them)")
 
@@ -151,26 +166,26 @@ class ModelConfig(Section):
 class ParallelConfig(Section):
     GROUP = "parallelism"
 
-    tp: int = option("--tp", type=int, default=1,
+    tp: int = option("--tp", type=COUNT, default=1,
                      help="tensor-parallel size (data parallel = world / (tp × pp × cp))")
-    pp: int = option("--pp", type=int, default=1,
+    pp: int = option("--pp", type=COUNT, default=1,
                      help="pipeline-parallel size: the layers split over pp stages (evenly, unless the two "
                           "options below say otherwise), 1F1B schedule")
     first_stage_layers: Optional[int] = option(
-        "--decoder-first-pipeline-num-layers", type=int, default=None, metavar="N",
+        "--decoder-first-pipeline-num-layers", type=bounded(int, 0), default=None, metavar="N",
         help="with --pp: the first stage's layers (default: an even share); the stages not named split the rest "
              "evenly")
     last_stage_layers: Optional[int] = option(
-        "--decoder-last-pipeline-num-layers", type=int, default=None, metavar="N",
+        "--decoder-last-pipeline-num-layers", type=bounded(int, 0), default=None, metavar="N",
         help="with --pp: the last stage's layers (default: an even share). That stage also runs the output layer, "
              "about two layers' work at Qwen's vocabulary: one or two layers fewer there even out the stages")
     sequence_parallel: bool = option(
         "--sequence-parallel", action="store_true",
         help="with --tp: activations outside attention and MLP split over the TP ranks along the sequence")
-    ep: int = option("--ep", type=int, default=1,
+    ep: int = option("--ep", type=COUNT, default=1,
                      help="expert-parallel size (mixture-of-experts models): each layer's experts split over ep "
                           "data-parallel ranks, tokens sent to them and back; divides the data-parallel size")
-    cp: int = option("--cp", type=int, default=1,
+    cp: int = option("--cp", type=COUNT, default=1,
                      help="context-parallel size: each row's tokens split over cp ranks (each takes 2 of its "
                           "2·cp equal chunks, one early, one late), keys and values gathered for attention; "
                           "--seq-length a multiple of 2·cp")
@@ -201,15 +216,15 @@ class ParallelConfig(Section):
 class OptimConfig(Section):
     GROUP = "optimisation"
 
-    lr: float = option("--lr", type=float, default=3e-4, help="peak learning rate")
-    min_lr: float = option("--min-lr", type=float, help="default: lr / 10")
-    warmup_iters: int = option("--warmup-iters", type=int, help="default: 1%% of train iters, at least 1")
-    weight_decay: float = option("--weight-decay", type=float, default=0.1,
+    lr: float = option("--lr", type=bounded(float, 0), default=3e-4, help="peak learning rate")
+    min_lr: float = option("--min-lr", type=bounded(float, 0), help="default: lr / 10")
+    warmup_iters: int = option("--warmup-iters", type=bounded(int, 0), help="default: 1%% of train iters, at least 1")
+    weight_decay: float = option("--weight-decay", type=bounded(float, 0), default=0.1,
                                  help="AdamW's, on all but biases and norm weights")
-    adam_beta1: float = option("--adam-beta1", type=float, default=0.9, help="AdamW's beta1")
-    adam_beta2: float = option("--adam-beta2", type=float, default=0.95, help="AdamW's beta2")
-    adam_eps: float = option("--adam-eps", type=float, default=1e-8, help="AdamW's epsilon")
-    clip_grad: float = option("--clip-grad", type=float, default=1.0, help="0 = no clipping")
+    adam_beta1: float = option("--adam-beta1", type=bounded(float, 0, 1), default=0.9, help="AdamW's beta1")
+    adam_beta2: float = option("--adam-beta2", type=bounded(float, 0, 1), default=0.95, help="AdamW's beta2")
+    adam_eps: float = option("--adam-eps", type=bounded(float, above=0), default=1e-8, help="AdamW's epsilon")
+    clip_grad: float = option("--clip-grad", type=bounded(float, 0), default=1.0, help="0 = no clipping")
     bf16_weights: bool = option(
         "--bf16-weights", action=argparse.BooleanOptionalAction, default=False,
         help="keep each dense matrix as the bf16 weight autocast computes with plus the 16 bits that make it the "
@@ -230,7 +245,7 @@ class CheckpointConfig(Section):
     GROUP = "checkpoints and logs"
 
     save: Optional[str] = option("--save", help="checkpoint directory (none: no checkpoints)")
-    save_interval: int = option("--save-interval", type=int, default=0,  # and at --exit-after
+    save_interval: int = option("--save-interval", type=bounded(int, 0), default=0,  # and at --exit-after
                                 help="0 = only at the end")
     load: Optional[str] = option("--load", help="resume from this checkpoint directory (its latest iteration; "
                                                   "none: start afresh)")
@@ -244,18 +259,18 @@ class CheckpointConfig(Section):
 class EvalConfig(Section):
     GROUP = "checkpoints and logs"
 
-    eval_interval: int = option("--eval-interval", type=int, default=0, help="0 = no evaluation")
-    eval_iters: int = option("--eval-iters", type=int, default=10, help="global batches per evaluation")
+    eval_interval: int = option("--eval-interval", type=bounded(int, 0), default=0, help="0 = no evaluation")
+    eval_iters: int = option("--eval-iters", type=COUNT, default=10, help="global batches per evaluation")
 
 
 @dataclass(frozen=True)
 class LogConfig(Section):
     GROUP = "checkpoints and logs"
 
-    log_interval: int = option("--log-interval", type=int, default=10, help="iterations per log line")
+    log_interval: int = option("--log-interval", type=COUNT, default=10, help="iterations per log line")
     log_json: Optional[str] = option("--log-json", help="append one JSON line per log interval here (rank 0; "
                                                            "none: no JSON)")
-    peak_tflops: Optional[float] = option("--peak-tflops", type=float,
+    peak_tflops: Optional[float] = option("--peak-tflops", type=bounded(float, above=0),
                                           help="bf16 peak per GPU for MFU (default: by name)")
     tensorboard_dir: Optional[str] = option(
         "--tensorboard-dir", metavar="DIR",
@@ -275,20 +290,23 @@ class TrainConfig:
     data: DataConfig
     model: ModelConfig
     parallel: ParallelConfig
-    seq_length: int = option("--seq-length", "model", type=int, default=4096, help="tokens per sample")
-    micro_batch_size: int = option("--micro-batch-size", "optimisation", type=int, default=1,
-                                   help="samples per micro-batch and rank")
+    seq_length: int = option("--seq-length", "model", type=SEQ_LENGTH, default=4096, help="tokens per sample")
+    micro_batch_size: int = option("--micro-batch-size", "optimisation", type=bounded(int, 1, INT32_MAX),
+                                   default=1, help="samples per micro-batch and rank")
     global_batch_size: Optional[int] = option(  # None: one micro-batch per data-parallel rank
-        "--global-batch-size", "optimisation", type=int, help="default: micro batch × data parallel")
-    train_iters: int = option("--train-iters", "optimisation", type=int, default=100, help="optimizer steps")
+        "--global-batch-size", "optimisation", type=bounded(int, 1, INT32_MAX),
+        help="default: micro batch × data parallel")
+    train_iters: int = option("--train-iters", "optimisation", type=bounded(int, 1, INT32_MAX), default=100,
+                              help="optimizer steps")
     optim: OptimConfig
-    seed: int = option("--seed", "optimisation", type=int, default=1234, help="weights and data order")
+    seed: int = option("--seed", "optimisation", type=bounded(int, 0, 2**32 - 1), default=1234,
+                       help="weights and data order")
     fp32: bool = option("--fp32", "optimisation", action="store_true",
                         help="no bf16 autocast (the CPU always runs float32)")
     checkpoint: CheckpointConfig
     eval: EvalConfig
     log: LogConfig
-    exit_after: Optional[int] = option("--exit-after", "checkpoints and logs", type=int,
+    exit_after: Optional[int] = option("--exit-after", "checkpoints and logs", type=COUNT,
                                        help="stop (and save) after this iteration (none: at --train-iters)")
 
     @classmethod
@@ -342,6 +360,6 @@ def convert_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="tokenizer files to put in OUT (default: the tokenizer the checkpoint names)")
     for s in (a, b):
-        s.add_argument("--tp", type=int, default=1, help="tensor-parallel size of this conversion")
-        s.add_argument("--pp", type=int, default=1, help="pipeline stages of this conversion (world size tp × pp)")
+        s.add_argument("--tp", type=COUNT, default=1, help="tensor-parallel size of this conversion")
+        s.add_argument("--pp", type=COUNT, default=1, help="pipeline stages of this conversion (world size tp × pp)")
     return p

@@ -28,13 +28,15 @@ SFT loss: loss_mask[i] = mask[i+1], and 0 where token i+1 starts another sequenc
 Pretraining: segments split after each end-of-document token only with `reset_attention_mask`
 (Megatron's meaning of that flag); otherwise the whole sample is one segment.
 
-Index caches (`cache_dir`, Megatron's `path_to_cache`) are keyed by Megatron on a description that
-includes the tokenizer's `unique_identifiers`; ours carries every manifest's fingerprint, so a
-prefix rewritten by qwen-data never reuses an index built for its old contents.
+Index caches (`cache_dir`, Megatron's `path_to_cache`; none: built in memory, never beside the data)
+are keyed by Megatron on a description that includes the tokenizer's `unique_identifiers`; ours
+carries every manifest's fingerprint, so a prefix rewritten by qwen-data never reuses an index built
+for its old contents.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import warnings
@@ -152,6 +154,17 @@ class PretrainDataset(GPTDataset):
     Position ids, loss mask and padding are GPTDataset's own (reset_position_ids, eod_mask_loss);
     segments follow reset_attention_mask.
     """
+
+    def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
+        """megatron-core's count of epochs for the samples asked (the fewest, at least 1, that hold them),
+        computed: its own adds an epoch at a time, and with no tokens in an epoch it never ends."""
+        if self.num_samples is None:
+            return 1
+        requested = self.num_samples * self.config.sequence_length + self.config.add_extra_token_to_sequence
+        if num_tokens_per_epoch <= 0:
+            raise ValueError(f"{self.dataset_path} ({self.index_split.name}): its {self.index_split.name} part holds "
+                             f"{num_tokens_per_epoch} tokens, but {self.num_samples:,} samples are asked of it")
+        return max(1, -(-requested // num_tokens_per_epoch))
 
     def __getitem__(self, idx: Optional[int]) -> dict[str, torch.Tensor]:
         sample = super().__getitem__(idx)
@@ -365,7 +378,7 @@ def build_datasets(
     sources = named.sources
     sizes = _sizes([train_samples, valid_samples, test_samples], named)
     common = dict(random_seed=seed, sequence_length=seq_length, blend=named.blend, blend_per_split=named.per_split,
-                  split=named.split, path_to_cache=cache_dir,
+                  split=named.split, path_to_cache=cache_path(cache_dir, blend, sources),
                   tokenizer=ManifestTokenizer(sources), mid_level_dataset_surplus=mid_level_dataset_surplus)
     if sources[0].kind == "pretrain":
         cls, config = PretrainDataset, GPTDatasetConfig(
@@ -378,6 +391,30 @@ def build_datasets(
     with single_process_rank():
         datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
     return tuple(datasets)
+
+
+def cache_path(cache_dir: Optional[str], blend, sources: list[Source]) -> str:
+    """megatron-core's `path_to_cache`, for every dataset class: `cache_dir`, made here and checked to be
+    none of the run's inputs; or "" for none. Not None: GPTDataset turns None into a folder named after
+    the prefix, beside the data (`<prefix>/cache/`), which may be read-only and shadows the prefix's
+    name; an empty path is "no cache" to every test megatron-core makes of it (`if path_to_cache:`), so
+    the indices are built in memory."""
+    if cache_dir is None:
+        return ""
+    inputs = [os.fspath(blend)] if isinstance(blend, (str, os.PathLike)) else []
+    for s in sources:
+        inputs += [s.prefix + ".json"] + [channel + suffix for channel, _ in layout_of(s.manifest).channels(
+            s.prefix, s.manifest.dtype) for suffix in (".bin", ".idx")]
+    for path in inputs:
+        if os.path.exists(path) and os.path.exists(cache_dir) and os.path.samefile(path, cache_dir):
+            raise ValueError(f"--data-cache {cache_dir} is {path}, an input of this run: give the cache a directory "
+                             "of its own")
+    if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise ValueError(f"--data-cache {cache_dir}: a file, not a directory")
+    os.makedirs(cache_dir, exist_ok=True)  # here, where an OSError is told in one line
+    if not os.access(cache_dir, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "permission denied", cache_dir)
+    return cache_dir
 
 
 def _sizes(sizes: list, named: TrainBlend) -> list:

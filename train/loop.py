@@ -32,7 +32,7 @@ from megatron.core import parallel_state, tensor_parallel
 from qwen_data.text.tokenizer import directory_of
 
 from .checkpoint import Checkpointer, latest, stored
-from .config import TrainConfig
+from .config import TrainConfig, check_seq_length
 from .distributed import MegatronDDP, ParallelLayout, data_parallel, distributed, log0, reduce_grads, whole_parameters
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
@@ -56,6 +56,8 @@ class Trainer:
         cuda = device.type == "cuda"
         attention, why = resolve_attention(config.model.attention, cuda=cuda, fp32=config.fp32)
         self.shape, hf_config, generation = model_of(config)
+        check_seq_length(config.seq_length, self.shape.max_position_embeddings,
+                         config.model.hf_model or self.shape.name)
         self.fp8 = resolve_fp8(config.model.fp8, cuda=cuda, fp32=config.fp32)
         if self.fp8 and self.shape.moe:
             raise ValueError("--fp8 with a mixture-of-experts model is not built: train it in bf16 (no --fp8)")

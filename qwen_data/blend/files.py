@@ -32,15 +32,16 @@ the disagreeing prefixes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 
 from .. import __version__
-from ..formats.indexed import IndexFormatError, read_index
+from ..formats.indexed import IndexFormatError, check
 from ..formats.layouts import layout_of
-from ..formats.manifest import Manifest, train_problems
+from ..formats.manifest import Manifest, strip_suffix, train_problems
 from ..formats.outputs import atomic_file
 
 BLEND_FORMAT = "qwen-data/blend/1"
@@ -108,7 +109,8 @@ def load_source(prefix: str, ratio: float | None = None) -> Source:
 
 
 def _check_channel(prefix: str, channel: str, itemsize: int, manifest: Manifest) -> None:
-    """The files exist and their sizes/counts are the manifest's (cheap: headers and sizes only)."""
+    """The files exist, their sizes/counts are the manifest's, and the index is whole (`indexed.check`:
+    one pass over the .idx, not the .bin)."""
     for suffix in (".bin", ".idx"):
         if not os.path.isfile(channel + suffix):
             raise BlendError(f"{prefix}: missing {channel + suffix}")
@@ -119,7 +121,7 @@ def _check_channel(prefix: str, channel: str, itemsize: int, manifest: Manifest)
             f"tokens of {itemsize} bytes: the data was changed after {prefix}.json was written"
         )
     try:
-        index = read_index(channel + ".idx")
+        index = check(channel + ".idx", channel + ".bin")
     except IndexFormatError as exc:
         raise BlendError(f"{prefix}: {exc}") from None
     sequences, documents = index.sequences, index.documents
@@ -128,6 +130,31 @@ def _check_channel(prefix: str, channel: str, itemsize: int, manifest: Manifest)
             f"{prefix}: {channel}.idx counts {sequences} sequences / {documents} documents, the "
             f"manifest {manifest.sequences} / {manifest.documents}: data and manifest disagree"
         )
+
+
+def resolve(name: str) -> tuple[str, str]:
+    """What a PREFIX|BLEND argument names, the same for every command: ("prefix", PREFIX) when the
+    prefix's files are there (a data file's or manifest's name stands for its prefix: out/web.json,
+    out/web.bin), whatever a same-named directory beside them holds (megatron-core once kept its index
+    cache in out/web/); else ("blend", name) for a blend file: NAME.json, NAME.txt or
+    NAME.qwen-data.json, NAME.json also when only its sidecar is there (`--split` blends write none).
+    ValueError for a directory or another file; a name that is nothing yet is a prefix, for the
+    reader to say what is missing."""
+    prefix = strip_suffix(name)
+    if any(os.path.isfile(prefix + suffix) for suffix in (".idx", ".bin")):
+        return "prefix", prefix
+    if name.endswith((".json", ".txt")):
+        if os.path.isfile(name) or os.path.isfile(output_paths(name).sidecar):
+            return "blend", name
+        if not os.path.exists(name):
+            raise BlendError(f"{name}: no such blend file, nor a prefix {prefix} (its .bin/.idx)")
+    if os.path.isdir(name):
+        raise ValueError(f"{name}: a directory, not a prefix (PREFIX.bin/.idx/.json) nor a blend file: name one of "
+                         "the outputs in it, DIR/NAME for DIR/NAME.bin")
+    if os.path.exists(name):
+        raise ValueError(f"{name}: neither a prefix (PREFIX.bin/.idx/.json) nor a blend file (NAME.json, NAME.txt): "
+                         "give the -o of a pretrain, sft or merge run, or a blend `qwen-data blend` wrote")
+    return "prefix", prefix
 
 
 # What every source of a blend must share, as (label, getter).
@@ -312,7 +339,7 @@ def read_blend(path: str) -> BlendRecord:
     paths = output_paths(path)
     record = _read_sidecar(paths.sidecar)
     if record is not None and (path.endswith(SIDECAR_SUFFIX) or not os.path.isfile(path)):
-        return _from_sidecar(record)
+        return _from_sidecar(record, paths.sidecar)
     if not os.path.isfile(path):
         raise BlendError(f"{path}: no such blend file (nor {paths.sidecar})")
     fingerprints = _fingerprints(record) if record is not None else {}
@@ -325,7 +352,7 @@ def read_blend(path: str) -> BlendRecord:
             raise BlendError(f"{path}: not a per-split blend (JSON): {exc}") from None
         return BlendRecord(_per_split_lists(path, data), True, None, fingerprints)
     # Megatron takes the split of a NAME.txt blend from the command line; ours recorded it.
-    splits = {"train": blend_from_list(text.split()), "valid": None, "test": None}
+    splits = {"train": blend_from_list(text.split(), path), "valid": None, "test": None}
     return BlendRecord(splits, False, record.get("split") if record else None, fingerprints)
 
 
@@ -343,12 +370,14 @@ def _fingerprints(record: dict) -> dict[str, str]:
     return {e["prefix"]: e["fingerprint"] for entries in record["splits"].values() for e in entries or ()}
 
 
-def _from_sidecar(record: dict) -> BlendRecord:
+def _from_sidecar(record: dict, path: str) -> BlendRecord:
     splits = {}
     for name in SPLITS:
         entries = record["splits"].get(name)
         splits[name] = None if not entries else (
             [e["prefix"] for e in entries], [e["weight"] for e in entries] if len(entries) > 1 else None)
+        if splits[name] and splits[name][1]:
+            _check_weights(splits[name][0], splits[name][1], path)
     return BlendRecord(splits, record.get("split") is None, record.get("split"), _fingerprints(record))
 
 
@@ -356,19 +385,32 @@ def _per_split_lists(path: str, data: dict) -> dict[str, MegatronBlend | None]:
     missing = [name for name in SPLITS if name not in data]
     if missing:
         raise BlendError(f"{path}: a per-split blend needs keys train, valid, test (missing {missing})")
-    return {name: blend_from_list(data[name].split() if isinstance(data[name], str) else data[name])
+    return {name: blend_from_list(data[name].split() if isinstance(data[name], str) else data[name],
+                                  f"{path} ({name})")
             for name in SPLITS}
 
 
-def blend_from_list(items) -> MegatronBlend | None:
-    """Megatron's reading of `[w1, p1, ...]` or `[p1, p2, ...]`."""
+def blend_from_list(items, origin: str = "the blend") -> MegatronBlend | None:
+    """Megatron's reading of `[w1, p1, ...]` or `[p1, p2, ...]`; weights checked (`origin`: where the
+    list comes from, for the refusal)."""
     if not items:
         return None
     items = [str(i) for i in items]
     if len(items) % 2 == 0:
         try:
             weights = [float(w) for w in items[0::2]]
-            return [p.strip() for p in items[1::2]], weights
         except ValueError:
             pass
+        else:
+            prefixes = [p.strip() for p in items[1::2]]
+            _check_weights(prefixes, weights, origin)
+            return prefixes, weights
     return [p.strip() for p in items], None
+
+
+def _check_weights(prefixes: list[str], weights: list, origin: str) -> None:
+    """Megatron draws from each prefix in proportion to its weight (and asserts weights > 0): a weight
+    that is not a finite number above 0 is refused, naming the prefix."""
+    for prefix, weight in zip(prefixes, weights):
+        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+            raise BlendError(f"{origin}: weight {weight!r} of {prefix}: a blend weight must be a finite number above 0")

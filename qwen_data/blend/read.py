@@ -11,7 +11,8 @@ import os
 import warnings
 from dataclasses import dataclass
 
-from .files import SPLITS, BlendError, MegatronBlend, Source, blend_from_list, check_agreement, load_source, read_blend
+from .files import (SPLITS, BlendError, MegatronBlend, Source, blend_from_list, check_agreement, load_source,
+                    read_blend, resolve)
 
 # Megatron-LM's --split default when a blend comes without one.
 DEFAULT_SPLIT = "969,30,1"
@@ -41,11 +42,11 @@ def _megatron_arguments(blend, split: str | None):
     if isinstance(blend, dict):
         if split is not None:
             raise BlendError("a per-split blend cannot also be cut by split")
-        return None, [blend_from_list(_as_list(blend.get(n))) for n in SPLITS], None, {}
+        return None, [blend_from_list(_as_list(blend.get(n)), f"the {n} blend") for n in SPLITS], None, {}
     if not isinstance(blend, (str, os.PathLike)):
         return blend_from_list([os.fspath(b) for b in blend]), None, split or DEFAULT_SPLIT, {}
-    path = os.fspath(blend)
-    if os.path.isfile(path + ".bin"):  # a single prefix
+    kind, path = resolve(os.fspath(blend))
+    if kind == "prefix":
         return ([path], None), None, split or DEFAULT_SPLIT, {}
     record = read_blend(path)
     splits = record.splits

@@ -142,11 +142,17 @@ def _weighting_asked(train, valid, test, by: str | None, temperature: float | No
         parse_split(split)
     if temperature is None:
         return by
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise BlendError(f"--temperature {temperature}: must be a positive number below {sys.float_info.max:.3g}")
+    check_temperature(temperature)
     if by == "ratio":
         raise BlendError("--temperature weighs by token counts; it cannot be used with --by ratio")
     return "tokens"
+
+
+def check_temperature(temperature: float) -> float:
+    """A weighing temperature: a finite number above 0 (BlendError otherwise)."""
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise BlendError(f"--temperature {temperature}: must be a positive number below {sys.float_info.max:.3g}")
+    return temperature
 
 
 def _split_weighting(name: str, items: list, by: str | None) -> tuple[str, list]:

@@ -4,7 +4,7 @@ A row is cut into pieces of the same look: runs of tokens that are alike in bein
 being ordinary text, a marker (pad, end of document) or another added token. The pieces are the
 decoded bytes of their ids, so the text is the template's exactly, newlines included; a piece of
 pad ids is shown once with its count. The same pieces make the terminal's text (colour, or
-`[[…]]` around trained tokens with `--plain`) and the report's HTML.
+`[[…]]` around trained tokens and `⟨…⟩` around each control id with `--plain`) and the report's HTML.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from .samples import Row, Samples
 
 TEXT, ADDED, PAD, EOD = "text", "added", "pad", "eod"  # what a piece is
 OPEN, CLOSE = "[[", "]]"  # --plain: around trained tokens
+# --plain: around each control id (added token, end of document, pad), so that the same characters
+# written in the text (a literal "<|endoftext|>", tokenized as text) look different.
+CONTROL = "⟨{}⟩"
 _ANSI = {"trained": "\x1b[1;32m", PAD: "\x1b[2;35m", EOD: "\x1b[1;35m", ADDED: "\x1b[36m", "rule": "\x1b[2m",
          "id": "\x1b[2;33m", "reset": "\x1b[0m"}
 
@@ -174,18 +177,19 @@ def terminal(inspector: Inspector, rows: list[int], colour: bool, ids: bool) -> 
         for title, parts in inspector.parts(row):
             if len(row.samples) > 1 or row.padding:
                 out.append(style("rule", f"── {title} " + "─" * 20))
-            out.append(_terminal_text(parts, style, colour, inspector.decode if ids else None))
+            out.append(_terminal_text(parts, style, colour, inspector.decode, ids))
         out.append("")
     return "\n".join(out)
 
 
-def _terminal_text(parts: list[Piece], style, colour: bool, ids: TokenText | None) -> str:
+def _terminal_text(parts: list[Piece], style, colour: bool, decode: TokenText, ids: bool) -> str:
     text, trained = [], False
+    control = (lambda t: t) if colour else CONTROL.format  # colour tells control ids apart by itself
     for p in parts:
         if not colour and p.trained != trained:
             text.append(OPEN if p.trained else CLOSE)
             trained = p.trained
-        shown = _shown(p, ids, lambda mark: style("id", mark))
+        shown = _shown(p, decode, ids, lambda mark: style("id", mark), control)
         if colour:
             if p.kind != TEXT:
                 shown = style(p.kind, shown)
@@ -197,15 +201,18 @@ def _terminal_text(parts: list[Piece], style, colour: bool, ids: TokenText | Non
     return "".join(text)
 
 
-def _shown(p: Piece, ids: TokenText | None, mark) -> str:
-    """A piece's text as printed: pad runs as one pad and a count; with `ids` (the decoder), each
-    token's text then `mark("{id}")`, a newline written as \\n before the line break."""
+def _shown(p: Piece, decode: TokenText, ids: bool, mark, control) -> str:
+    """A piece's text as printed: pad runs as one pad and a count; each control id's text through
+    `control`; with `ids`, each token's text then `mark("{id}")`, a newline written as \\n before the
+    line break."""
     if p.kind == PAD:
-        return f"{p.text}×{p.count}" + (mark(f"{{{int(p.tokens[0])}}}") if ids else "")
-    if ids is None:
-        return p.text
+        return f"{control(p.text)}×{p.count}" + (mark(f"{{{int(p.tokens[0])}}}") if ids else "")
+    if not ids:
+        return p.text if p.kind == TEXT else "".join(control(decode.text([t])) for t in p.tokens)
     # A token's own bytes may end inside a character: those bytes are shown as escapes.
-    texts = [(ids.bytes(int(t)).decode("utf-8", "backslashreplace"), int(t)) for t in p.tokens]
+    texts = [(decode.bytes(int(t)).decode("utf-8", "backslashreplace"), int(t)) for t in p.tokens]
+    if p.kind != TEXT:
+        texts = [(control(text), t) for text, t in texts]
     return "".join(text.replace("\n", "\\n") + mark(f"{{{t}}}") + "\n" * text.endswith("\n") for text, t in texts)
 
 

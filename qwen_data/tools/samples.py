@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.indexed import bin_tokens, read_index
+from ..formats.indexed import bin_tokens, check
 from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest
 
@@ -39,12 +39,13 @@ class Samples:
         self.prefix = prefix
         self.manifest = Manifest.read(prefix)
         self.layout = layout_of(self.manifest)
-        self.index = read_index(prefix + ".idx")
+        # Checked whole first (`indexed.check`): a corrupt entry is one clear error, not a failed slice.
+        self.index = check(prefix + ".idx", prefix + ".bin")
         (ids, dtype), *mask = self.layout.channels(prefix, self.index.dtype)
         self._data = bin_tokens(ids + ".bin", dtype)
         self._mask = None
         for name, mask_dtype in mask:
-            mask_index = read_index(name + ".idx")
+            mask_index = check(name + ".idx", name + ".bin")
             if mask_index.sequences != self.index.sequences or not all(
                     np.array_equal(a, b) for a, b in zip(mask_index.length_chunks(), self.index.length_chunks())):
                 raise ValueError(f"{prefix}: the ids and the loss mask have different indices "

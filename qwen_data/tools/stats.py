@@ -12,14 +12,12 @@ it consumes.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..blend.files import BlendError, Source, read_blend
+from ..blend.files import BlendError, Source, read_blend, resolve
 from ..blend.weights import Budget, BudgetRow, blend_of_record, budget_rows
-from ..formats.manifest import strip_suffix
 from .samples import Samples
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
@@ -53,7 +51,7 @@ class PrefixStats:
 
 
 def prefix_stats(path: str) -> PrefixStats:
-    samples = Samples(_prefix(path))
+    samples = Samples(prefix_of(path))
     m = samples.manifest
     s = m.sft  # None for pretraining
     tokens = Source(samples.prefix, m).real_tokens
@@ -71,15 +69,11 @@ def prefix_stats(path: str) -> PrefixStats:
         histogram=lengths.histogram(top), rejects=m.rejects)
 
 
-def _prefix(path: str) -> str:
-    """The prefix `path` names; a ValueError saying what to give when it names none."""
-    prefix = strip_suffix(path)
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: a directory, not a prefix (PREFIX.bin/.idx/.json): name one of the outputs in it, "
-                         "DIR/NAME for DIR/NAME.bin")
-    if os.path.exists(path) and not os.path.isfile(prefix + ".json"):
-        raise ValueError(f"{path}: neither a prefix (PREFIX.bin/.idx/.json) nor a blend file (NAME.json, NAME.txt): "
-                         "give the -o of a pretrain, sft or merge run, or a blend `qwen-data blend` wrote")
+def prefix_of(path: str) -> str:
+    """The prefix `path` names (`blend.files.resolve`); a ValueError saying what to give when it names none."""
+    kind, prefix = resolve(path)
+    if kind != "prefix":
+        raise ValueError(f"{path}: a blend file, not a prefix: name one of its prefixes")
     return prefix
 
 
@@ -148,10 +142,9 @@ def blend_stats(path: str, budget: Budget | None = None) -> BlendStats:
 
 
 def is_blend(path: str) -> bool:
-    """A blend file (NAME.json of `qwen-data blend`, NAME.txt, NAME.qwen-data.json), not a prefix."""
-    prefix = strip_suffix(path)
-    return (not (os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".json")) and os.path.isfile(path)
-            and path.endswith((".json", ".txt")))
+    """A blend file (NAME.json of `qwen-data blend`, NAME.txt, NAME.qwen-data.json), not a prefix; a
+    ValueError for what is neither (`blend.files.resolve`)."""
+    return resolve(path)[0] == "blend"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,199 @@
+"""Numbers bounded while parsing, and what the train stage and the tools read: hand-written blends' weights,
+whole indices (`indexed.check`), the names every command accepts, control ids told apart from text.
+No torch, no megatron-core: the train stage's own reading of its data is `qwen_data.blend.read`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+from _helpers import copy_prefix, pretrain, sft, write_jsonl
+
+from qwen_data.blend.files import BlendError, load_source
+from qwen_data.blend.read import read_train_blend
+from qwen_data.cli import COMMANDS, build_parser, main
+from qwen_data.formats.indexed import IndexFormatError, check
+from qwen_data.options import INT32_MAX
+from qwen_data_train.config import TrainConfig, build_parser as train_parser, check_seq_length, convert_parser
+
+HEADER = struct.calcsize("<9sQBQQ")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inputs")
+    corpus = write_jsonl(d / "corpus.jsonl", [{"text": f"document {i} " * (i + 1)} for i in range(12)]
+                         + [{"text": "a literal <|endoftext|> in the text"}])
+    chats = write_jsonl(d / "chats.jsonl", [{"instruction": f"say {i}", "output": f"{i} " * (i + 2)} for i in range(8)])
+    web = pretrain([corpus], d / "web")
+    code = pretrain([corpus], d / "code")
+    chat = sft([chats], d / "chat", "--seq-length", 64, "--pack")
+    return {"dir": d, "web": web, "code": code, "chat": chat}
+
+
+def error_of(capsys, argv) -> str:
+    """The one error line of a refused command line (argparse's exit, or main's 2)."""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    return [line for line in err.splitlines() if "error:" in line][-1]
+
+
+# -- every number bounded while parsing ------------------------------------------------------------
+def _actions():
+    """(parser name, option, type) of every option of every command line, the train stage's included."""
+    parsers = {name: build_parser(name)._subparsers._group_actions[0].choices[name] for name in COMMANDS}
+    parsers["train"] = train_parser()
+    convert = convert_parser()
+    parsers.update(convert._subparsers._group_actions[0].choices)
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            if action.option_strings and action.type is not None:
+                yield name, action.option_strings[-1], action.type
+
+
+def test_no_option_takes_an_unbounded_number():
+    """A bare int/float type lets 0, negatives, NaN, inf and sizes no machine holds through to a traceback."""
+    loose = [f"{name} {option}" for name, option, kind in _actions() if kind in (int, float)]
+    assert not loose, loose
+
+
+@pytest.mark.parametrize("argv, option, says", [
+    (["sft", "--pack", "--seq-length", 3_000_000_000], "--seq-length", f"at most {INT32_MAX:,}"),
+    (["sft", "--seq-length", 1], "--seq-length", "at least 2"),
+    (["pretrain", "--chunk-mb", 100_000], "--chunk-mb", "at most 1,024"),
+    (["pretrain", "--chunk-mb", "nan"], "--chunk-mb", "not a finite number"),
+    (["pretrain", "--chunk-mb", 0], "--chunk-mb", "above 0"),
+    (["pretrain", "--workers", 0], "--workers", "at least 1"),
+    (["sft", "--workers", 100_000], "--workers", "at most 1,024"),
+    (["sft", "--pad-id", -1], "--pad-id", "at least 0"),
+    (["blend", "x", "--split", "0,0,0"], "--split", "train part must be positive"),
+    (["blend", "x", "--temperature", "inf"], "--temperature", "must be a positive number"),
+    (["stats", "x", "--train-iters", 0], "--train-iters", "at least 1"),
+    (["train", "--data", "x", "--micro-batch-size", 0], "--micro-batch-size", "at least 1"),
+    (["train", "--data", "x", "--seq-length", 99_999_999_999], "--seq-length", f"at most {INT32_MAX - 1:,}"),
+    (["train", "--data", "x", "--split", "0,0,0"], "--split", "train part must be positive"),
+    (["train", "--data", "x", "--split", "nan,1"], "--split", "non-negative numbers"),
+    (["train", "--data", "x", "--lr", "nan"], "--lr", "not a finite number"),
+    (["train", "--data", "x", "--num-workers", -1], "--num-workers", "at least 0"),
+    (["train", "--data", "x", "--train-iters", 0], "--train-iters", "at least 1"),
+])
+def test_numbers_out_of_range_are_one_line_naming_the_option(capsys, argv, option, says):
+    line = error_of(capsys, argv)
+    assert f"argument {option}:" in line and says in line, line
+
+
+def test_a_pai_row_must_fit_an_idx_length(capsys):
+    line = error_of(capsys, ["sft", "--layout", "pai", "--seq-length", INT32_MAX // 2 + 1, "-o", "nowhere"])
+    assert f"at most {INT32_MAX // 2:,}" in line
+
+
+def test_train_seq_length_within_the_models_positions():
+    assert TrainConfig.parse(["--data", "x", "--seq-length", "512"]).seq_length == 512
+    check_seq_length(4096, 4096, "tiny")
+    with pytest.raises(ValueError, match="beyond the 4,096 positions of tiny"):
+        check_seq_length(4097, 4096, "tiny")
+
+
+# -- hand-written Megatron blends: weights finite and above 0 --------------------------------------
+@pytest.mark.parametrize("weight", ["nan", "-1", "0", "inf", "-0.5"])
+def test_hand_written_blend_weights_are_refused_naming_the_file(data, tmp_path, capsys, weight):
+    txt = tmp_path / "hand.txt"
+    txt.write_text(f"{weight} {data['web']} 1 {data['code']}\n")
+    per_split = tmp_path / "hand.json"
+    per_split.write_text(json.dumps({"train": [weight, data["web"], "1", data["code"]], "valid": None,
+                                     "test": None}))
+    for path in (txt, per_split):
+        with pytest.raises(BlendError, match=f"{path}.*weight .*{data['web']}.*finite number above 0"):
+            read_train_blend(str(path))
+    assert f"{txt}" in error_of(capsys, ["stats", txt])
+    with pytest.raises(BlendError, match="finite number above 0"):
+        read_train_blend([weight, data["web"], "1", data["code"]])
+
+
+# -- an index checked whole before anything relies on it -------------------------------------------
+def _corrupt(prefix, kind):
+    """Damage PREFIX.idx (or .bin) one way; the header stays valid."""
+    with open(prefix + ".idx", "rb") as f:
+        raw = bytearray(f.read())
+    n = struct.unpack_from("<Q", raw, 9 + 8 + 1)[0]
+    if kind == "negative length":  # the sum still fills the .bin: only the sign is wrong
+        first, second = struct.unpack_from("<ii", raw, HEADER)
+        struct.pack_into("<ii", raw, HEADER, -first, second + 2 * first)
+    elif kind == "pointer":
+        struct.pack_into("<q", raw, HEADER + 4 * n + 8, 2)
+    elif kind == "document order":
+        struct.pack_into("<q", raw, HEADER + 12 * n + 8 * 2, 0)
+    elif kind == "short bin":
+        with open(prefix + ".bin", "r+b") as f:
+            f.truncate(os.path.getsize(prefix + ".bin") - 4)
+    with open(prefix + ".idx", "wb") as f:
+        f.write(raw)
+
+
+@pytest.mark.corrupts_outputs
+@pytest.mark.parametrize("kind, says", [("negative length", "sequence 0 has length -"),
+                                        ("pointer", "sequence 1 starts at byte 2"),
+                                        ("document order", "document index 2 .* is below"),
+                                        ("short bin", "the lengths in .* add up to")])
+def test_a_corrupt_index_is_one_clear_error_everywhere(data, tmp_path, capsys, kind, says):
+    assert check(data["web"] + ".idx", data["web"] + ".bin").sequences > 2
+    prefix = copy_prefix(data["web"], str(tmp_path / "bad"))
+    _corrupt(prefix, kind)
+    with pytest.raises(IndexFormatError, match=says):
+        check(prefix + ".idx", prefix + ".bin")
+    for argv in (["inspect", prefix], ["stats", prefix], ["inspect", prefix, "--html", tmp_path / "r.html"]):
+        assert "bad" in error_of(capsys, argv)
+    # The train stage reads its sources through load_source, before megatron-core sees them (a short .bin
+    # is found there first by its manifest's count).
+    says = "bad.bin holds" if kind == "short bin" else says
+    with pytest.raises(BlendError, match=says):
+        load_source(prefix)
+    with pytest.raises(BlendError, match=says):
+        read_train_blend(prefix)
+
+
+# -- one spelling of a name for every command -------------------------------------------------------
+def test_every_command_takes_the_same_names(data, tmp_path, capsys):
+    web = copy_prefix(data["web"], str(tmp_path / "web"))
+    code = copy_prefix(data["code"], str(tmp_path / "code"))
+    os.makedirs(web + "/cache/GPTDataset_indices")  # what megatron-core's default cache left beside a prefix
+    assert main(["blend", web, code, "-o", str(tmp_path / "per.json")]) == 0
+    assert main(["blend", web + ".json", code + ".bin", "--split", "90,10,0", "-o", str(tmp_path / "cut.json")]) == 0
+    assert not os.path.exists(tmp_path / "cut.json")  # a --split blend: only cut.txt and its sidecar
+    capsys.readouterr()
+    for name in (web, web + ".json", web + ".bin", web + ".idx"):
+        assert main(["stats", name]) == 0 and f"{web}: pretrain" in capsys.readouterr().out
+        assert main(["inspect", name, "--plain"]) == 0 and f"{web}: pretraining" in capsys.readouterr().out
+        assert read_train_blend(name).sources[0].prefix == web
+    for blend in ("per.json", "per.txt", "per.qwen-data.json", "cut.json", "cut.txt", "cut.qwen-data.json"):
+        path = str(tmp_path / blend)
+        assert main(["stats", path]) == 0, capsys.readouterr().err
+        assert "blend of 2 train source(s)" in capsys.readouterr().out
+        assert [s.prefix for s in read_train_blend(path).sources] == [web, code]
+    assert main(["stats", str(tmp_path / "per.json"), "--html", str(tmp_path / "report.html")]) == 0
+    assert main(["inspect", web, "--html", str(tmp_path / "web.html")]) == 0
+    capsys.readouterr()
+    assert "a directory, not a prefix" in error_of(capsys, ["stats", tmp_path])
+    assert "no such blend file" in error_of(capsys, ["stats", tmp_path / "nothing.txt"])
+
+
+# -- control ids shown apart from the same characters in text ---------------------------------------
+def test_plain_inspect_marks_control_ids(data, capsys):
+    assert main(["inspect", data["web"], "--plain", "--index", "12"]) == 0
+    out = capsys.readouterr().out
+    row = out.split("══\n", 1)[1]
+    assert "a literal <|endoftext|> in the text⟨<|endoftext|>⟩" in row, row
+    assert main(["inspect", data["chat"], "--plain", "--ids"]) == 0
+    out = capsys.readouterr().out
+    assert "⟨<|im_start|>⟩{151644}" in out and "⟨<|vision_pad|>⟩×" in out
+    parser = build_parser("inspect")._subparsers._group_actions[0].choices["inspect"]
+    assert "⟨<|endoftext|>⟩ is the id" in " ".join(parser.format_help().split())  # said in --help
