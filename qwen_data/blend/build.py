@@ -4,7 +4,8 @@
     qwen-data blend out/chat out/tools --by tokens --valid out/chat_val -o out/sft_blend.json
     qwen-data blend out/web out/code --temperature 2 --split 98,2,0 -o out/blend.json
 
-`files` says what the files hold and what is checked before anything is written,
+`files` says what the files hold and what is checked before anything is written (and
+`formats.claims` which files a blend may write: never a source's, nor a file not its own),
 `weights` how the weights are computed and what a budget consumes; the command line and its
 summary are `cli`'s.
 """
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .files import Blend, BlendError, BlendPaths, megatron_flags, write_blend
+from ..formats.claims import blend_owner
+from ..formats.claims import check as check_outputs
+from ..formats.layouts import layout_of
+from .files import BLEND_FORMAT, Blend, BlendError, BlendPaths, megatron_flags, output_paths, write_blend
 from .weights import Budget, BudgetRow, budget_rows, plan_blend
 
 
@@ -57,5 +61,17 @@ def make_blend(config: BlendConfig) -> BlendResult:
     budget = config.budget
     if budget is not None and budget.samples is not None and blend.kind == "pretrain" and not budget.seq_length:
         raise BlendError("a budget in samples or iterations needs --seq-length for pretraining data")
-    paths = write_blend(blend, config.output)
+    paths = output_paths(config.output)
+    check_outputs([paths.per_split, paths.data_args, paths.sidecar], _source_files(blend),
+                  blend_owner(paths.sidecar, BLEND_FORMAT), remedy="give the blend another name (-o)")
+    write_blend(blend, config.output)
     return BlendResult(blend, paths, budget_rows(blend, budget) if budget is not None else None)
+
+
+def _source_files(blend: Blend) -> list[str]:
+    """Every file of every source the blend reads: none may be one the blend writes."""
+    files = []
+    for source in blend.sources:
+        channels = layout_of(source.manifest).channels(source.prefix, source.manifest.dtype)
+        files += [name + ext for name, _ in channels for ext in (".bin", ".idx")] + [source.prefix + ".json"]
+    return files

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ class Manifest:
     fingerprint: str  # see `fingerprint`
     sft: SFTSection | None = None  # SFT: template, mask policy, packing and sample counts
     shard: dict | None = None  # {"index", "count"}: one part of a sharded run, to be joined by `merge`
-    inputs: list[dict] = field(default_factory=list)
+    inputs: list[dict] = field(default_factory=list)  # `input_entry` of each input read, in order
     rejects: dict = field(default_factory=dict)
     wall_seconds: float = 0.0
     format: str = FORMAT
@@ -242,3 +243,49 @@ def fingerprint(channels: list[tuple[str, str]]) -> str:
     for idx_digest, bin_digest in channels:
         digest.update(f"{idx_digest} {bin_digest}\n".encode())
     return digest.hexdigest()
+
+
+# Inputs are pinned: the manifest records what each input file was when the run began to read it, so
+# that shards read from another version of a file are refused by `merge` (and shown by `verify`).
+# The content pin hashes the size and the first and last PIN_BYTES: cheap for any size, it sees
+# a file rewritten at the same size and mtime only where its ends changed. Manifests written before
+# pins record "path" and "bytes" only; comparisons use the fields both entries have.
+PIN_BYTES = 1 << 20
+PINS = ("bytes", "mtime_ns", "ends_sha256")
+
+
+def input_entry(path: str) -> dict:
+    """A regular file's manifest record: absolute path, size, mtime and content pin. Anything else
+    (a pipe, a device) is recorded by path and size alone: reading it to pin it would consume or block it."""
+    entry: dict = {"path": os.path.abspath(path)}
+    status = os.stat(path)
+    if not stat.S_ISREG(status.st_mode):
+        return entry | {"bytes": status.st_size}
+    with open(path, "rb") as f:
+        # size and mtime of the file opened, before its ends are read: a write in between shows
+        # as a later mtime when it is pinned again
+        status = os.fstat(f.fileno())
+        digest = hashlib.sha256(f"{status.st_size}\n".encode())
+        digest.update(f.read(PIN_BYTES))
+        if status.st_size > PIN_BYTES:
+            f.seek(max(status.st_size - PIN_BYTES, PIN_BYTES))
+            digest.update(f.read(PIN_BYTES))
+    return entry | {"bytes": status.st_size, "mtime_ns": status.st_mtime_ns, "ends_sha256": digest.hexdigest()}
+
+
+def pins_differ(a: dict, b: dict) -> list[str]:
+    """The pins recorded in both input entries that differ (none: the same file, as far as they tell)."""
+    return [name for name in PINS if name in a and name in b and a[name] != b[name]]
+
+
+def describe_input(entry: dict) -> str:
+    """An input entry's pins, for a person: `1,234 bytes, modified 2025-01-02 03:04:05.678901234, ends 3fa9c2…`."""
+    parts = []
+    if "bytes" in entry:
+        parts.append(f"{entry['bytes']:,} bytes")
+    if "mtime_ns" in entry:
+        seconds, nanoseconds = divmod(entry["mtime_ns"], 10**9)
+        parts.append(f"modified {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(seconds))}.{nanoseconds:09d}")
+    if "ends_sha256" in entry:
+        parts.append(f"ends {entry['ends_sha256'][:12]}…")
+    return ", ".join(parts) or "not pinned"

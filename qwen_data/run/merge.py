@@ -9,7 +9,10 @@ order given.
 
 Refused, naming the prefix and the field: prefixes of another kind, tokenizer (its files' content
 and flavour: not where they lay, nor the backend), eod/pad id, dtype or SFT settings; an incomplete
-or repeated set of shards, or shards of other inputs; already packed data and data in the pai layout.
+or repeated set of shards, shards of other inputs or of an input that changed between them (the pins
+their manifests record differ: `manifest.input_entry`); already packed data and data in the pai layout.
+Refused before anything is written (`formats.claims`): an output that is a file of a part, or an
+existing file that is not an earlier merge's or run's output of this kind at this prefix.
 Refused, naming the file: a part whose index is malformed or disagrees with its manifest, whose
 .bin is not the size its manifest says, or whose files no longer hash to its manifest's fingerprint
 (each part is hashed as it is copied; the merged output is then left unwritten). The counts of the
@@ -27,7 +30,9 @@ import numpy as np
 from ..formats.indexed import (IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, file_digest, new_hash,
                                read_index)
 from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
-from ..formats.manifest import Manifest, SFTSection, fingerprint, merge_fields
+from ..formats.claims import check as check_outputs
+from ..formats.claims import dataset_owner
+from ..formats.manifest import Manifest, SFTSection, describe_input, fingerprint, merge_fields, pins_differ
 from ..formats.outputs import AtomicOutputs
 from ..text.tokenizer import IDS_IDENTITY
 from .progress import Progress
@@ -53,7 +58,10 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
     files = (MaskedWriter.files(output) + (MaskedWriter.files(output + UNPACKED) if finishes else [])
              if sft else [output + ".bin", output + ".idx"])
     rejects_path = output + ".rejects.jsonl"
-    with AtomicOutputs(files + [output + ".json", rejects_path]) as outputs:
+    files += [output + ".json", rejects_path]
+    check_outputs(files, [path for prefix, m in parts for path in _files(prefix, m)],
+                  dataset_owner([output], first.kind), remedy="merge into another prefix")
+    with AtomicOutputs(files) as outputs:
         progress = Progress(sum(m.tokens for _, m in parts), enabled=not quiet, label="merge ")
         dtype = np.dtype(first.dtype)
         if sft:
@@ -98,10 +106,22 @@ def _ordered(parts: list[tuple[str, Manifest]]) -> list[tuple[str, Manifest]]:
         raise MergeError(f"the shards given are {given}: "
                          f"a merge needs each of 0/{count} .. {count - 1}/{count} exactly once")
     parts = sorted(parts, key=lambda part: part[1].shard["index"])
+    base_prefix, base = parts[0]
     for prefix, m in parts[1:]:
-        if m.inputs != parts[0][1].inputs:
-            raise MergeError(f"{prefix} is a shard of other inputs than {parts[0][0]}")
+        if [i["path"] for i in m.inputs] != [i["path"] for i in base.inputs]:
+            raise MergeError(f"{prefix} is a shard of other inputs than {base_prefix}")
+        for theirs, mine in zip(base.inputs, m.inputs):
+            if pins_differ(theirs, mine):
+                raise MergeError(f"{mine['path']} changed between the shards: {base_prefix} read it at "
+                                 f"{describe_input(theirs)}, {prefix} at {describe_input(mine)}; joined, records "
+                                 "would be repeated or lost: make every shard again from the file as it is now")
     return parts
+
+
+def _files(prefix: str, m: Manifest) -> list[str]:
+    """The files of a part that the merge reads."""
+    return [name + ext for name, _ in layout_of(m).channels(prefix, m.dtype) for ext in (".bin", ".idx")] + [
+        prefix + ".json", prefix + ".rejects.jsonl"]
 
 
 def _check_alike(parts: list[tuple[str, Manifest]]) -> None:

@@ -18,7 +18,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
-from ..formats.manifest import Manifest
+from ..errors import InputFileError
+from ..formats.claims import check as check_outputs
+from ..formats.claims import dataset_owner
+from ..formats.manifest import Manifest, input_entry
 from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard, expand, read_chunks
 from ..inputs.records import RejectLog, empty_output
@@ -112,6 +115,10 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     start, config = time.monotonic(), step.config
     step.prepare()
     sources = expand(config.inputs, config.hf_split)
+    inputs = input_list(sources)
+    # (a step may name the kind of dataset it writes; a kind other than an existing prefix's is refused)
+    check_outputs(step.files() + [config.rejects_path], [s.path for s in sources if s.path != STDIN],
+                  dataset_owner(step.prefixes(), getattr(step, "kind", None)))
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         writer = step.open(outputs)
         rejects = RejectLog(outputs.tmp(config.rejects_path), config.max_rejects)
@@ -124,7 +131,7 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
             raise empty_output(config.output_prefix, rejects)
         manifests = writer.close()
         for prefix, manifest in manifests.items():
-            manifest.inputs, manifest.rejects = input_list(sources), rejects.summary()
+            manifest.inputs, manifest.rejects = inputs, rejects.summary()
             manifest.shard = None if config.shard is None else {"index": config.shard.index,
                                                                 "count": config.shard.count}
             manifest.wall_seconds = round(time.monotonic() - start, 3)
@@ -136,8 +143,15 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
 
 
 def input_list(sources: list[InputFile]) -> list[dict]:
-    """The manifest's `inputs`: every file read, in order, with its size."""
-    return [{"path": s.path if s.path == STDIN else os.path.abspath(s.path), "bytes": s.size} for s in sources]
+    """The manifest's `inputs`: every file read, in order, pinned before it is read (`input_entry`)."""
+    entries = []
+    for source in sources:
+        entry = {"path": STDIN, "bytes": 0} if source.path == STDIN else input_entry(source.path)
+        if entry["bytes"] != source.size:  # what the run reads (its shards' bounds) is the size found first
+            raise InputFileError(f"{source.path}: changed as the run began ({source.size:,} bytes, then "
+                                 f"{entry['bytes']:,}): run again once it is written")
+        entries.append(entry)
+    return entries
 
 
 def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,

@@ -17,7 +17,10 @@ Checked, for `PREFIX.bin/.idx` (and SFT's `PREFIX.lossmask.bin/.idx`):
     then only pad ids; at least one sample per row (exactly one unpacked); every label is -100 or the
     next id of the same sample, -100 at a sample's last position and on padding; every sample trains
     at least one label;
-  - the fingerprint recomputed from the files is the manifest's, and so are the SFT statistics.
+  - the fingerprint recomputed from the files is the manifest's, and so are the SFT statistics;
+  - a shard (`--shard K/N`, waiting for `merge`): every input it read that is still there is the file
+    its manifest pinned (size, mtime, content of its ends): shards made from another version would
+    repeat or lose records, and `merge` refuses them.
 
 What each layout promises is checked by its type (`formats.layouts`); this module reads the files,
 streams them and reports. The .bin files are streamed in blocks and the index arrays read in chunks from memmaps, so memory
@@ -36,7 +39,7 @@ from ..formats.layouts import Block, check_offsets
 from ..formats.layouts import chunks as _chunks
 from ..formats.layouts import index_tokens as _tokens
 from ..formats.layouts import layout_of
-from ..formats.manifest import Manifest, fingerprint, load
+from ..formats.manifest import Manifest, describe_input, fingerprint, input_entry, load, pins_differ
 from ..formats.manifest import problems as manifest_problems
 from ..formats.manifest import train_problems
 from ..formats.pai import IGNORE
@@ -77,6 +80,8 @@ def verify(prefix: str) -> list[str]:
     _check_fingerprint(prefix, indexes, stats, manifest, problems)
     if sound:
         _check_sft_stats(prefix, layout.expected(indexes[0], stats), manifest, problems)
+    if manifest.shard:
+        _check_inputs(prefix, manifest, problems)
     return problems
 
 
@@ -267,3 +272,17 @@ def _check_sft_stats(prefix: str, expected: dict, manifest: Manifest, problems: 
         recorded = getattr(manifest.sft, key)
         if recorded is not None and recorded != value:
             problems.append(f"{prefix}.json: sft.{key} is {recorded!r}, the data holds {value}")
+
+
+def _check_inputs(prefix: str, manifest: Manifest, problems: list[str]) -> None:
+    """A shard's inputs are still the files it read. One no longer here (or never here: another node
+    of a cluster) is not compared."""
+    for recorded in manifest.inputs:
+        path = recorded.get("path")
+        if not isinstance(path, str) or not os.path.isfile(path):
+            continue
+        now = input_entry(path)
+        if pins_differ(recorded, now):
+            problems.append(f"{prefix}.json: input {path} changed since this shard read it (then "
+                            f"{describe_input(recorded)}, now {describe_input(now)}): merged with shards made "
+                            "from it now, records would be repeated or lost; make the shard again")
