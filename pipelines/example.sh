@@ -17,6 +17,7 @@ qwen-data sft --template qwen2p5 -o "$out/chat" --seq-length 512 --pack --quiet
 qwen-data blend "$out/web" -o "$out/pretrain_blend.json"
 qwen-data blend "$out/chat" -o "$out/sft_blend.json"
 
-# 3. Train through megatron-core's BlendedMegatronDatasetBuilder.
+# 3. Train through megatron-core's BlendedMegatronDatasetBuilder (from scratch: an earlier run's checkpoint goes).
+rm -rf "$out/ckpt"
 "${train[@]}" --data "$out/pretrain_blend.json" --save "$out/ckpt"
 "${train[@]}" --data "$out/sft_blend.json"

@@ -456,3 +456,27 @@ def test_pai_layout_trains_on_the_samples_of_the_mask_layout(tmp_path, packed):
         assert a.keys() == b.keys()
         for key in a:
             assert torch.equal(a[key], b[key]), (i, key)
+
+
+def test_the_train_stage_never_writes_beside_its_data(prefixes, tmp_path, caplog):
+    """Without --data-cache, every dataset kind (GPTDataset, SFTDataset, blended or not, .txt blends) builds
+    its indices in memory: nothing is written beside the data (which may be read-only, and whose prefix a
+    folder of the same name shadows); megatron-core's notices of that, and of one-source blends, are not
+    shown. A --data-cache that is one of the run's inputs is refused."""
+    import logging
+
+    d = tmp_path / "data"
+    d.mkdir()
+    web, code, chat = (copy_prefix(prefixes[name], str(d / name)) for name in ("web", "code", "packed"))
+    assert main(["blend", web, code, "-o", str(d / "pre.json")]) == 0
+    assert main(["blend", chat, "-o", str(d / "chat.json")]) == 0
+    before = sorted(os.listdir(d))
+    with caplog.at_level(logging.WARNING):
+        for blend, seq, split in ((web, 32, "90,10,0"), ([web, code], 32, "90,10,0"), (str(d / "pre.txt"), 32, "90,10,0"),
+                                  (str(d / "pre.json"), 32, None), (str(d / "chat.json"), 128, None)):
+            data.build_datasets(blend, seq, 8, 4 if split else None, 0 if split else None, split=split)
+    assert sorted(os.listdir(d)) == before
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("megatron")]
+    for cache in (web + ".bin", str(d / "pre.json")):
+        with pytest.raises(ValueError, match="an input of this run"):
+            data.build_datasets(str(d / "pre.json"), 32, 8, cache_dir=cache)
