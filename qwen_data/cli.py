@@ -14,7 +14,7 @@ import sys
 from . import __version__
 from .errors import describe
 from .inputs.readers import DEFAULT_CHUNK_BYTES, Shard
-from .options import INT32_MAX, DefaultsHelpFormatter, bounded, split_option, temperature_option
+from .options import INT32_MAX, DefaultsHelpFormatter, bounded
 from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END
 from .text.tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
 
@@ -32,6 +32,18 @@ MAX_CHUNK_MB = 1024  # a piece of input is held whole by the reader and by a wor
 MAX_SHARDS = 1_000_000
 COUNT = bounded(int, 1)  # a budget's count: samples, tokens, iterations
 
+
+
+def _split(text: str) -> str:
+    from .blend.weights import split_argument  # imported when a split is given: start-up
+
+    return split_argument(text)
+
+
+def _temperature(text: str) -> float:
+    from .blend.weights import temperature_argument
+
+    return temperature_argument(text)
 
 def _shard(text: str):
     try:
@@ -224,7 +236,7 @@ def _blend_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--by", choices=["ratio", "tokens"], default=None,
                    help="weights from the PREFIX=W ratios (default when given) or from the "
                         "manifests' token counts (default otherwise)")
-    p.add_argument("--temperature", type=temperature_option, default=None,
+    p.add_argument("--temperature", type=_temperature, default=None,
                    help="weigh by tokens**(1/T): 1 = by tokens, larger flattens towards uniform (none: as --by says)")
     p.add_argument("--ratio-unit", choices=["tokens", "samples"], default="tokens",
                    help="what ratios are shares of: training tokens (default; converted to "
@@ -233,7 +245,7 @@ def _blend_options(p: argparse.ArgumentParser) -> None:
                    help="separate validation prefixes (per-split blend; none: no validation data)")
     p.add_argument("--test", nargs="+", default=[], metavar="PREFIX[=W]",
                    help="separate test prefixes (per-split blend; none: no test data)")
-    p.add_argument("--split", type=split_option, default=None,
+    p.add_argument("--split", type=_split, default=None,
                    help="cut every prefix like Megatron's --split (e.g. 98,2,0); writes no per-split JSON (none: "
                         "no cut, all for training)")
     p.add_argument("--absolute", action="store_true", help="write absolute prefix paths")

@@ -59,31 +59,3 @@ def bounded(kind=int, minimum=None, maximum=None, above=None):
 
     parse.__name__ = kind.__name__  # what argparse calls the type in "invalid int value"
     return parse
-
-
-def split_option(text: str) -> str:
-    """An argparse type: Megatron's --split, by the rules of `blend.weights.parse_split` (imported only
-    when a split is given: start-up)."""
-    from .blend.weights import parse_split
-
-    try:
-        parse_split(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-split_option.__name__ = "split"
-
-
-def temperature_option(text: str) -> float:
-    """An argparse type: a blend's --temperature (`blend.weights.check_temperature`: the rule)."""
-    from .blend.weights import check_temperature
-
-    try:
-        return check_temperature(float(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc) if "temperature" in str(exc) else f"{text!r} is not a number") from None
-
-
-temperature_option.__name__ = "temperature"

@@ -87,7 +87,7 @@ def test_sft_weights_are_per_sample(prefixes):
 
 def test_split_mode(prefixes, tmp_path):
     out = tmp_path / "b.json"
-    out.write_text("stale")
+    assert blend(prefixes["web"], prefixes["code"], "-o", out) == 0  # an earlier blend's per-split file
     assert blend(prefixes["web"], prefixes["code"], "--split", "98,2,0", "-o", out) == 0
     assert not out.exists()  # a per-split file cannot carry a split: a stale one would drop it
     record = read_blend(str(out))
@@ -172,7 +172,7 @@ def test_refuses_bad_arguments(prefixes, tmp_path, capsys):
     # A blend named like a source would replace (or, cut by a split, remove) its manifest.
     for args in ([], ["--split", "98,2,0"]):
         err = refusal(capsys, prefixes["web"], *args, "-o", prefixes["web"] + ".json")
-        assert "manifest of a source" in err and os.path.isfile(prefixes["web"] + ".json")
+        assert f"over the input {prefixes['web']}.json" in err and os.path.isfile(prefixes["web"] + ".json")
     with pytest.raises(BlendError, match="whitespace"):
         plan_blend(["a b"])
 

@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Optional, get_type_hints
 
-from qwen_data.options import INT32_MAX, DefaultsHelpFormatter, bounded, split_option
+from qwen_data.blend.weights import split_argument
+from qwen_data.options import INT32_MAX, DefaultsHelpFormatter, bounded
 
 from .shapes import PRESETS
 
@@ -77,7 +78,7 @@ class DataConfig(Section):
 
     path: str = option("--data", required=True, metavar="DATA",
                        help="a `qwen-data blend` JSON, a Megatron blend, or one prefix")
-    split: Optional[str] = option("--split", type=split_option,
+    split: Optional[str] = option("--split", type=split_argument,
                                   help="Megatron split (e.g. 98,2,0) for blends without their own (none: the blend's, "
                                        "else 969,30,1)")
     data_cache: Optional[str] = option("--data-cache", help="where megatron-core caches sample indices (none: built "

@@ -245,3 +245,25 @@ def budget_rows(blend: Blend, budget: Budget) -> list[BudgetRow]:
         epochs = samples / available_samples if s.kind == "sft" else tokens / available_tokens
         rows.append(BudgetRow(s.prefix, e.weight, e.share, available_tokens, samples, tokens, epochs))
     return rows
+
+
+# -- argparse types (the CLI and the train stage import them where a split or temperature is given) --
+def split_argument(text: str) -> str:
+    """Megatron's --split, checked by `parse_split`'s rules while the command line is read."""
+    import argparse
+
+    try:
+        parse_split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def temperature_argument(text: str) -> float:
+    """A blend's --temperature, checked by `check_temperature` while the command line is read."""
+    import argparse
+
+    try:
+        return check_temperature(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc) if "temperature" in str(exc) else f"{text!r} is not a number") from None
