@@ -495,6 +495,44 @@ def scaled_text_corpus(target_bytes: int) -> str:
     return path
 
 
+def scaled_sft_corpus(kind: str, target_bytes: int) -> str:
+    """The chat corpus repeated to `target_bytes`: as chats (`kind` "chat"), or as alpaca records
+    (`kind` "alpaca": each conversation's first user turn is the instruction, the assistant's answer
+    to it the output). Repeats of a record are the same sample: packing and tokenizing see real text."""
+    if kind not in ("chat", "alpaca"):
+        raise ValueError(f"kind must be chat or alpaca, not {kind!r}")
+    source = chat_corpus()
+    path = os.path.join(CACHE_DIR, "scaled", f"{kind}-{target_bytes // 1_000_000}MB.jsonl")
+    if _cached(path, False, target_bytes):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(source, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    if kind == "alpaca":
+        records = [_alpaca(r["messages"]) for r in records]
+        records = [r for r in records if r is not None]
+    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in records]
+
+    def repeated():
+        total = 0
+        while True:
+            for line in lines:
+                yield line
+                total += len(line.encode("utf-8"))
+                if total >= target_bytes:
+                    return
+
+    _write_atomically(path, repeated(), {"recipe": RECIPE, "target_bytes": target_bytes, "from": source})
+    return path
+
+
+def _alpaca(messages: list) -> dict | None:
+    turns = [m for m in messages if m["role"] != "system"]
+    if len(turns) < 2 or turns[0]["role"] != "user" or turns[1]["role"] != "assistant":
+        return None
+    return {"instruction": turns[0]["content"], "input": "", "output": turns[1]["content"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rebuild", action="store_true")

@@ -3,6 +3,7 @@
 #
 #   bench/gpu.sh data                 # here: real-text prefixes into .gpu/ (needs bench/corpora.py's cache)
 #   bench/gpu.sh pretrain|sft|parallel|speed|te|scale|moe  # there: the runs, logs under $OUT (default bench/results/gpu)
+#   bench/gpu.sh cores [ARGS]         # there: the data side on the host's CPUs (bench/cores.py ARGS), $OUT/cores.json
 #
 # Data (`data`): ~19 MB of the multilingual prose and ~5.5 MB of the code of bench/corpora.py's
 # text corpus as two pretrain prefixes blended 0.75/0.25 with a 98/2/0 split; the first 6.5 MB of
@@ -33,6 +34,9 @@
 #           (losses over 50 steps, speed with and without overlap, a checkpoint resharded DP=2 → 1 → 2 and
 #           its --save-hf export), recompute none/selective/full, the Qwen2.5-7B shape at TP=2, Qwen2.5-3B on
 #           one GPU; then $OUT/scale.json (bench/scale_report.py). SCALE_ONLY="name ..." runs only those.
+# cores     no GPU: pretrain and SFT at 1, 2, 4 ... all cores' workers (bench/cores.py). Needs, carried:
+#           .whl (bash ../shared/tools/device-wheels.sh data) and .gpu/cores/cache.tar.gz (bench/corpora.py's
+#           text.jsonl and chats.jsonl with their .json, as `tar -C ~/.cache/qwen-data-bench -czf ...`).
 # moe       two GPUs: the Qwen3-30B-A3B shape with fewer layers, EP=2 against EP=1 (losses over 50 steps) and
 #           tokens/s on one GPU and on two with EP=2; then $OUT/moe.json (bench/moe_report.py).
 set -euo pipefail
@@ -40,6 +44,11 @@ cd "$(dirname "$0")/.."
 stage=${1:?stage: data, pretrain, sft, parallel or speed}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
+if [ "$stage" = cores ]; then  # the data side's own dependencies are not on a GPU machine
+  python3 -c "import gigatoken" 2>/dev/null || python3 -m pip install -q --no-index --no-deps .whl/*.whl
+  export QWEN_DATA_BENCH_CACHE=${QWEN_DATA_BENCH_CACHE:-/tmp/qwen-data-bench}
+  mkdir -p "$QWEN_DATA_BENCH_CACHE" && tar -C "$QWEN_DATA_BENCH_CACHE" -xzf .gpu/cores/cache.tar.gz
+fi
 # The bench scripts import the train stage as installed (qwen_data_train): a bare GPU machine gets the
 # project installed in place (no network there: no build isolation, no dependencies).
 [ "$stage" = data ] || python3 -c "import qwen_data_train" 2>/dev/null \
@@ -288,6 +297,11 @@ python3 bench/scale_report.py --same-weights /tmp/scale-hf /tmp/scale-hf-convert
   fi
   python3 bench/scale_report.py "$OUT" | tee "$OUT/scale.md"
   echo "scale stage: $SECONDS s" ;;
+cores)
+  shift
+  { grep -m1 "model name" /proc/cpuinfo; nproc; free -g | head -2; } | tee "$OUT/cores-host.txt"
+  python3 bench/cores.py --out "$OUT/cores.json" "$@" 2>&1 | tee "$OUT/cores.log"
+  ;;
 moe)
   device "$OUT/moe_device.txt"
   # The Qwen3-30B-A3B shape with fewer layers (random init: its 48 layers need ~490 GB of float32 weights,

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import struct
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,23 +59,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class IndexedDatasetWriter:
     """Streams documents into `bin_path` and writes the matching index at `idx_path`."""
 
-    def __init__(self, bin_path: str, idx_path: str, dtype, hash_beside: bool = False) -> None:
-        """`hash_beside`: hash each batch in a thread while the next one is written (two cores for
-        one stream of bytes: `merge`). Not for a process that forks: the thread would not follow."""
+    def __init__(self, bin_path: str, idx_path: str, dtype) -> None:
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} has no Megatron code")
         self.bin_path, self.idx_path = bin_path, idx_path
-        self._bin = open(bin_path, "wb")
+        self._bin = open(bin_path, "wb", buffering=0)  # written through at once: `_bin_hash` reads it back
         self._lengths = open(idx_path + ".lengths", "wb")
         self._doc_ends = open(idx_path + ".docends", "wb")
-        self._bin_hash, self._idx_hash = new_hash(), new_hash()
-        self._hasher = None
-        if hash_beside:
-            from concurrent.futures import ThreadPoolExecutor  # merge's only: ~8 ms of every other start
-
-            self._hasher = ThreadPoolExecutor(1)
-        self._hashing = None  # the previous batch's hash, while it runs
+        self._bin_hash, self._idx_hash = TrailingDigest(bin_path), new_hash()
         self.sequences = 0
         self.documents = 0
         self.tokens = 0
@@ -104,32 +99,18 @@ class IndexedDatasetWriter:
             info = np.iinfo(self.dtype)
             if tokens.min() < info.min or tokens.max() > info.max:
                 raise ValueError(f"token id outside {self.dtype}")
-        data = np.ascontiguousarray(tokens, dtype=self.dtype)  # hashed and written as it is, no copy
-        self._hash(data)
-        self._bin.write(data)
+        data = np.ascontiguousarray(tokens, dtype=self.dtype)  # written as it is, no copy
+        _write_all(self._bin, data)
+        self._bin_hash.advance(data.nbytes)
         self._lengths.write(lengths.astype(np.int32).tobytes())
         self._doc_ends.write((self.sequences + np.cumsum(per_doc)).astype(np.int64).tobytes())
         self.sequences += len(lengths)
         self.documents += len(per_doc)
         self.tokens += len(tokens)
 
-    def _hash(self, data: np.ndarray) -> None:
-        if self._hasher is None:
-            self._bin_hash.update(data)
-            return
-        if self._hashing is not None:
-            self._hashing.result()  # in order, and one batch held at a time
-        self._hashing = self._hasher.submit(self._bin_hash.update, data)  # hashlib lets go of the GIL
-
-    def _hashed(self) -> None:
-        if self._hasher is not None:
-            if self._hashing is not None:
-                self._hashing.result()
-            self._hasher.shutdown()
-
     def finalize(self) -> None:
         """Close the data file and write the index."""
-        self._hashed()
+        self._bin_hash.close()
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         itemsize = self.dtype.itemsize
@@ -155,7 +136,7 @@ class IndexedDatasetWriter:
 
     def abort(self) -> None:
         """Close and remove everything written so far."""
-        self._hashed()
+        self._bin_hash.close(failed=True)
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         for path in (self.bin_path, self.idx_path, self._lengths.name, self._doc_ends.name):
@@ -174,11 +155,11 @@ class MaskedWriter:
     def files(prefix: str) -> list[str]:
         return [prefix + channel + ext for channel in ("", MASK_SUFFIX) for ext in (".bin", ".idx")]
 
-    def __init__(self, paths: list[str], dtype, hash_beside: bool = False) -> None:
+    def __init__(self, paths: list[str], dtype) -> None:
         """`paths`: where to write `files(prefix)`, in that order."""
         ids_bin, ids_idx, mask_bin, mask_idx = paths
-        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype, hash_beside)
-        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8, hash_beside)
+        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype)
+        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8)
 
     def add_batch(self, ids, mask, sequence_lengths, sequences_per_document=None) -> None:
         self.ids.add_batch(ids, sequence_lengths, sequences_per_document)
@@ -191,6 +172,88 @@ class MaskedWriter:
     @property
     def digests(self) -> list[tuple[str, str]]:
         return [self.ids.digests, self.mask.digests]
+
+
+def _write_all(f, data: np.ndarray) -> None:
+    """All of `data` to the unbuffered file `f` (a raw write may take less than it is given)."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[f.write(view):]
+
+
+class TrailingDigest:
+    """`new_hash` of a file as it is appended to, taken by a thread that reads back each part once
+    it is written (from the page cache): the writer never waits for the hash, whose cost per byte
+    is the largest of the writing process's (sha256 runs at about 1 GB/s, a worker pool's output
+    can come faster). `pause_hashing` ends every such thread before the process forks, so a
+    worker is never forked beside one (`workers.ordered_map`'s `before_fork`)."""
+
+    _live: "weakref.WeakSet[TrailingDigest]" = weakref.WeakSet()
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._digest = new_hash()
+        self._written = self._hashed = 0
+        self._queue: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        TrailingDigest._live.add(self)
+
+    def advance(self, nbytes: int) -> None:
+        """`nbytes` more were written at the end of the file."""
+        self._written += nbytes
+        if self._thread is None:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._follow, args=(self._queue,), daemon=True)
+            self._thread.start()
+        self._queue.put(self._written)
+
+    def _follow(self, todo: queue.SimpleQueue) -> None:
+        try:
+            while (upto := todo.get()) is not None:
+                while self._hashed < upto:
+                    block = os.pread(self._fd, min(upto - self._hashed, 1 << 24), self._hashed)
+                    if not block:
+                        raise OSError(f"the file being hashed ends at {self._hashed:,} bytes, {upto:,} were written")
+                    self._digest.update(block)  # hashlib lets go of the GIL
+                    self._hashed += len(block)
+        except BaseException as exc:  # raised where the digest is asked for
+            self._error = exc
+            while todo.get() is not None:
+                pass
+
+    def pause(self) -> None:
+        """Wait for the hash to catch up and end the thread (the next `advance` starts another)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = self._queue = None
+        if self._error is not None:
+            raise self._error
+
+    def close(self, failed: bool = False) -> None:
+        try:
+            if not failed:
+                self.pause()
+        finally:
+            if failed and self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            TrailingDigest._live.discard(self)
+
+    def hexdigest(self) -> str:
+        self.pause()
+        return self._digest.hexdigest()
+
+
+def pause_hashing() -> None:
+    """End the threads of every `TrailingDigest` of this process (they restart on the next write)."""
+    for digest in list(TrailingDigest._live):
+        digest.pause()
 
 
 class _Hashed:

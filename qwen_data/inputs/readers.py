@@ -293,12 +293,19 @@ class Chunk:
     """Whole records of one file: jsonl lines (`data`) or Arrow rows (`table`)."""
 
     path: str
-    first: int  # number (from 1) of the chunk's first record in its file
+    first: int | None  # number (from 1) of the chunk's first record in its file (a span: see below)
     data: bytes | None = None  # whole lines, newline-separated
     table: object = None  # a pyarrow Table
     row_group: int | None = None  # parquet: the row group of the rows ...
     group_first: int = 1  # ... and the number of its first row in the file
     input_bytes: int = 0  # how far this chunk moved through the file as it lies on disk
+    # A plain jsonl file's lines that start in bytes [start, stop), read by the process that handles
+    # the chunk, so the one that plans the chunks never touches the text. It numbers them from 1;
+    # whoever knows the lines before (`pipeline`) numbers them in the file. `first` is given only for
+    # the first span of a file or shard part (None: the line after the previous span's).
+    span: tuple[int, int] | None = None
+    file_size: int = 0  # a span's file size when the inputs were listed
+    lines: int = field(init=False, default=0)  # records met by `records()`, unreadable ones included
     rows: int = field(init=False, default=0)  # the table's rows, kept apart: see __post_init__
 
     def __post_init__(self) -> None:
@@ -310,15 +317,39 @@ class Chunk:
     def records(self) -> Iterator[Record]:
         """Every record of the chunk, in order; an unreadable one carries its error."""
         if self.table is not None:
+            self.lines = self.rows
             yield from self._rows()
             return
+        if self.span is not None and self.data is None:
+            self.data = self._read_span()
         lines = self.data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
         if b"\r" in self.data:  # checked once a chunk: most chunks hold none, and this loop is hot
             lines = [line.rstrip(b"\r") for line in lines]
-        for number, line in enumerate(lines, start=self.first):
+        self.lines = len(lines)
+        for number, line in enumerate(lines, start=1 if self.span is not None else self.first):
             yield Record.from_line(number, line)
+
+    def _read_span(self) -> bytes:
+        """The whole lines that start in the span: a line belongs to the span holding its first byte."""
+        start, stop = self.span
+        with open(self.path, "rb") as f:
+            if start == 0:
+                data = f.read(stop)
+            else:
+                # From the byte before the span: the first line starting in it follows a newline.
+                # Only the span is read, so a line longer than many spans costs each span its own bytes.
+                f.seek(start - 1)
+                data = f.read(stop - start + 1)
+                data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+            if data and not data.endswith(b"\n"):
+                data += f.readline()  # the last line starts in the span and ends beyond it
+            size = os.fstat(f.fileno()).st_size
+        if size != self.file_size:
+            raise InputFileError(f"{self.path}: changed while it was read ({self.file_size:,} bytes when the inputs "
+                                 f"were listed, {size:,} now); run again once it is complete")
+        return data
 
     def _rows(self) -> Iterator[Record]:
         table = self.table
@@ -502,6 +533,9 @@ def _open_stream(source: InputFile):
 
 
 def _jsonl_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> Iterator[Chunk]:
+    if source.splittable:
+        yield from _spans(source, part, chunk_bytes)
+        return
     stream, counter = _open_stream(source)
     with stream:
         line, stop = 1, None
@@ -534,6 +568,20 @@ def _jsonl_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> It
             _check_read_whole(source, counter.count)
     if pending:
         yield Chunk(source.path, line, b"".join(pending), input_bytes=counter.count - consumed)
+
+
+def _spans(source: InputFile, part, chunk_bytes: int) -> Iterator[Chunk]:
+    """A plain jsonl file (or a shard's part of it) as spans of `chunk_bytes`, read where they are
+    processed. Only a part that starts inside the file needs reading here: its first line's number."""
+    start, stop = (0, source.size) if part is None else part
+    first = 1
+    if start > 0:
+        with open(source.path, "rb") as f:
+            first = _seek_line(f, start)
+    for begin in range(start, stop, chunk_bytes):
+        end = min(begin + chunk_bytes, stop)
+        yield Chunk(source.path, first if begin == start else None, span=(begin, end), file_size=source.size,
+                    input_bytes=end - begin)
 
 
 class _ZstdReader:

@@ -66,11 +66,10 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
         dtype = np.dtype(first.dtype)
         if sft:
             data = MaskedWriter([outputs.tmp(f) for f in MaskedWriter.files(output + (UNPACKED if finishes else ""))],
-                                dtype, hash_beside=True)
+                                dtype)
             writers = [data.ids, data.mask]
         else:
-            data = IndexedDatasetWriter(outputs.tmp(output + ".bin"), outputs.tmp(output + ".idx"), dtype,
-                                        hash_beside=True)
+            data = IndexedDatasetWriter(outputs.tmp(output + ".bin"), outputs.tmp(output + ".idx"), dtype)
             writers = [data]
         lengths = np.concatenate([_copy(prefix, m, writers, progress) for prefix, m in parts])
         data.finalize()

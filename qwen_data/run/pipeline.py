@@ -11,6 +11,7 @@ manifests and the commit. (`ray.run_on_ray` takes the same step, to run it as sh
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -21,6 +22,7 @@ from typing import Iterator, Protocol
 from ..errors import InputFileError
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
+from ..formats.indexed import pause_hashing
 from ..formats.manifest import Manifest, input_entry
 from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard, expand, read_chunks
@@ -28,9 +30,16 @@ from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .progress import Progress
 
-# Workers restart after this many chunks (~64 MB of text): the tokenizer's pretoken cache grows with
-# the text a worker has seen, and restarting bounds it, so peak memory does not grow with the corpus.
-TASKS_PER_WORKER = 16
+# A worker is replaced once its resident memory has grown this much (its share of this budget, at
+# least 64 MiB): the tokenizer's pretoken cache grows with the text a worker has seen, and replacing
+# the worker bounds it, so peak memory does not grow with the corpus. A cache speeds the tokenizer
+# up (repeated words), so the budget is shared out rather than fixed per worker.
+WORKER_CACHES = 1536 << 20
+# A worker hands its result's bulk arrays over in shared memory, in slots of this many bytes per
+# byte of a chunk: int32 ids take at most 4 bytes a byte of text (one token per byte), plus a little
+# for end-of-document and template tokens. A result that does not fit goes through the pipe.
+SLOT_BYTES_PER_CHUNK_BYTE = 4
+SLOT_MARGIN = 1 << 20
 
 
 @dataclass(kw_only=True)
@@ -70,6 +79,7 @@ class ChunkResult:
     text_bytes: int  # their size in the input
     tokens: int
     special_records: int  # records holding literals the special-token policy acts on
+    lines: int = field(init=False, default=0)  # the chunk's records, kept or not (set by `run`)
 
 
 class Writer(Protocol):
@@ -88,6 +98,9 @@ class Step(Protocol):
     from the shard's config, where `run` prepares it."""
 
     config: RunConfig
+    # Fields of the step's results that hold its bulk numpy arrays (or lists of them): workers hand
+    # them over in shared memory, read in place until the next result (a writer copies what it keeps).
+    shared_fields: tuple[str, ...]
 
     def __init__(self, config: RunConfig) -> None: ...
 
@@ -157,28 +170,45 @@ def input_list(sources: list[InputFile]) -> list[dict]:
 def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
              progress: Progress) -> None:
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
-    sizes: deque[int] = deque()  # on-disk bytes of each chunk handed out, in order
+    handed: deque[tuple[int, int | None, bool]] = deque()  # per chunk handed out: (input bytes, first, span)
 
     def counted(chunks) -> Iterator[Chunk]:
         for chunk in chunks:
-            sizes.append(chunk.input_bytes)
+            handed.append((chunk.input_bytes, chunk.first, chunk.span is not None))
             yield chunk
 
     chunks = counted(chunks)
     head = list(itertools.islice(chunks, 2))
     chunks = itertools.chain(head, chunks)
+    work = functools.partial(_process, step)
     if config.workers == 0 or len(head) < 2:
         # One chunk is processed here: forking a worker for it (and importing multiprocess) takes
         # longer than a small input's whole run.
-        results = map(step.process, chunks)
+        results = map(work, chunks)
     else:
         from .workers import ordered_map
 
         # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
-        results = ordered_map(step.process, chunks, config.workers, tasks_per_worker=TASKS_PER_WORKER)
+        results = ordered_map(work, chunks, config.workers, worker_growth=max(64 << 20, WORKER_CACHES // config.workers),
+                              shared_fields=step.shared_fields,
+                              slot_bytes=SLOT_BYTES_PER_CHUNK_BYTE * config.chunk_bytes + SLOT_MARGIN,
+                              before_fork=pause_hashing)
+    line = 1
     for result in results:
+        input_bytes, first, span = handed.popleft()
+        if span:  # a worker read the lines itself and numbered them from 1: number them in the file
+            line = first if first is not None else line
+            for entry in result.rejects:
+                entry["record"] += line - 1
+            line += result.lines
         writer.add(result)
         rejects.add(result.rejects)
-        progress.update(result.records, result.text_bytes, result.tokens, sizes.popleft())
+        progress.update(result.records, result.text_bytes, result.tokens, input_bytes)
     progress.close()
     rejects.close()
+
+
+def _process(step: Step, chunk: Chunk) -> ChunkResult:
+    result = step.process(chunk)
+    result.lines = chunk.lines
+    return result

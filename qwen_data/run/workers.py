@@ -1,14 +1,25 @@
 """An ordered, bounded parallel map over worker processes.
 
-Results come back in input order; at most `max_in_flight` tasks are queued or buffered at once,
-so memory stays flat however long the input. Item i goes to worker i mod n and results are read
-back in the same order. A worker is replaced by a fresh one after `tasks_per_worker` tasks, to
-bound whatever caches grow inside it (the tokenizer's pretoken cache).
+Results come back in input order, but a task goes to whichever worker is free: a slow task holds
+back only the results after it, never the other workers, which go on with the next tasks while
+there is room. At most `max_in_flight` tasks are queued, running or finished and waiting for their
+turn, so memory stays flat however long the input.
 
-Each worker has its own pipe and the main process has no threads, so nothing is shared that a
-dying process could leave locked: ending the map is killing the workers. (multiprocessing.Pool
-shares one locked task queue and forks replacements from a thread; terminating it hung when a
-worker forked at the wrong moment held that lock.)
+Bulk results travel through shared memory: every worker position has an arena of slots mapped
+before its worker is forked; a task is given a free slot, the worker copies the result's
+`shared_fields` arrays into it, and the main process reads them in place (no pickling, no pipe).
+Such arrays are views of the slot: they are valid until the next result is asked for, when the
+slot may be given to another task. A result too big for its slot goes through the pipe whole.
+
+A worker is replaced by a fresh one once it has grown by `worker_growth` bytes of resident memory
+(or after `tasks_per_worker` tasks), to bound whatever caches grow inside it (the tokenizer's
+pretoken cache); the replacement is forked when its position gets its next task.
+
+Each worker has its own pipe and the main process has no threads while it forks (`before_fork`
+lets the caller stop its own), so nothing is shared that a dying process could leave locked:
+ending the map is killing the workers. (multiprocessing.Pool shares one locked task queue and
+forks replacements from a thread; terminating it hung when a worker forked at the wrong moment
+held that lock.)
 
 Stopping: workers end with the main process, at once and quietly.
 - Killed main process (even SIGKILL): the kernel kills the workers (Linux PR_SET_PDEATHSIG), or,
@@ -24,19 +35,24 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import os
 import queue
 import signal
 import threading
 import time
 import traceback
-from collections import deque
 from typing import Callable, Iterable, Iterator
 
 import multiprocess
+import numpy as np
+from multiprocess.connection import wait
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP = None  # sent instead of a task: finish what is queued, then exit
+QUEUED = 2  # tasks a worker holds at once: one running, one ready to start when it ends
+SLOTS = 4  # per worker position: its queued tasks, and two finished ones waiting for their turn
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def ordered_map(
@@ -47,31 +63,59 @@ def ordered_map(
     initargs: tuple = (),
     max_in_flight: int | None = None,
     tasks_per_worker: int | None = None,
+    worker_growth: int | None = None,
+    shared_fields: tuple[str, ...] = (),
+    slot_bytes: int = 0,
+    before_fork: Callable[[], None] | None = None,
 ) -> Iterator:
-    max_in_flight = max_in_flight or 2 * workers + 1
-    start = (fn, initializer, initargs)
-    slots: list[_Worker | None] = [None] * workers
+    """`fn(item)` for every item, in order. `shared_fields`: attributes of a result holding numpy
+    arrays (or lists of them) that travel through slots of `slot_bytes` each."""
+    per_worker = max(1, (max_in_flight or SLOTS * workers) // workers)
+    positions = [_Position(per_worker, slot_bytes if shared_fields else 0) for _ in range(workers)]
+    start = (fn, initializer, initargs, shared_fields)
     live: set[_Worker] = set()
-    pending: deque[_Worker] = deque()
-    finished = False
+    done: dict[int, tuple[_Position, int, object]] = {}  # finished, waiting for their turn
+    items, sent, turn = iter(items), 0, 0
+    exhausted = finished = False
     try:
-        for i, item in enumerate(items):
-            worker = slots[i % workers]
-            if worker is None or worker.assigned == tasks_per_worker:
-                if worker is not None:
+        while True:
+            while not exhausted and (position := _free(positions)) is not None:
+                item = next(items, _STOP)
+                if item is _STOP:
+                    exhausted = True
+                    break
+                worker = position.worker
+                if worker is None or worker.retired:
+                    if before_fork is not None:
+                        before_fork()
+                    with _sigint_held():  # a worker started is a worker in `live`
+                        worker = position.worker = _Worker(*start, position, slot_bytes)
+                        live.add(worker)
+                worker.send(sent, position.slots.pop(), item)
+                if worker.assigned == tasks_per_worker:
                     worker.retire()
-                with _sigint_held():  # a worker started is a worker in `live`
-                    worker = slots[i % workers] = _Worker(*start)
-                    live.add(worker)
-            worker.send(item)
-            pending.append(worker)
-            if len(pending) >= max_in_flight:
-                yield _next_result(pending, live)
-        for worker in slots:
-            if worker is not None:
-                worker.retire()
-        while pending:
-            yield _next_result(pending, live)
+                sent += 1
+            if turn in done:
+                position, slot, result = done.pop(turn)
+                turn += 1
+                yield result
+                position.slots.append(slot)  # the consumer is done with the result's views
+                continue
+            if exhausted and turn == sent:
+                break
+            busy = {w.conn: w for w in live if w.outstanding}
+            for conn in wait(list(busy)):
+                worker = busy[conn]
+                index, slot, result = worker.result()
+                done[index] = (worker.position, slot, result)
+                if worker_growth is not None and worker.grown > worker_growth:
+                    worker.retire()
+                if worker.retired and not worker.outstanding:
+                    with _sigint_held():
+                        worker.end(kill=False)
+                        live.discard(worker)
+        for worker in live:
+            worker.retire()  # each exits once it reads this: nothing is queued any more
         finished = True
     finally:
         with _sigint_held():
@@ -79,14 +123,26 @@ def ordered_map(
                 worker.end(kill=not finished)
 
 
-def _next_result(pending: deque, live: set):
-    worker = pending.popleft()
-    result = worker.result()
-    if worker.retired and worker.received == worker.assigned:
-        with _sigint_held():
-            worker.end(kill=False)
-            live.discard(worker)
-    return result
+def _free(positions: list["_Position"]) -> "_Position | None":
+    """The position to give the next task: a free slot, room in its worker's queue, and the
+    fewest tasks queued there (a position without a worker yet counts as idle)."""
+    best = None
+    for position in positions:
+        worker = position.worker
+        queued = 0 if worker is None or worker.retired else worker.outstanding
+        if position.slots and queued < QUEUED and (best is None or queued < best[0]):
+            best = (queued, position)
+    return None if best is None else best[1]
+
+
+class _Position:
+    """A place for one worker at a time, with the slots of its arena (shared memory mapped before any
+    worker of the place is forked, so each of them writes where the main process reads)."""
+
+    def __init__(self, slots: int, slot_bytes: int) -> None:
+        self.slots = list(range(slots))
+        self.arena = mmap.mmap(-1, slots * slot_bytes) if slot_bytes else None
+        self.worker: _Worker | None = None
 
 
 class WorkerError(RuntimeError):
@@ -98,19 +154,25 @@ class _RemoteTraceback(Exception):
 
 
 class _Worker:
-    def __init__(self, fn: Callable, initializer: Callable | None, initargs: tuple):
+    def __init__(self, fn: Callable, initializer: Callable | None, initargs: tuple, shared_fields: tuple,
+                 position: _Position, slot_bytes: int):
         self.conn, theirs = multiprocess.get_context("fork").Pipe()
-        self.assigned = self.received = 0
+        self.assigned = self.outstanding = 0
         self.retired = False
+        self.position, arena = position, position.arena
+        self.start_rss = _rss()  # a forked worker starts as big as the process forking it
+        self.grown = 0
         self.process = multiprocess.get_context("fork").Process(
-            target=_serve, args=(theirs, os.getpid(), fn, initializer, initargs), daemon=True
+            target=_serve, args=(theirs, os.getpid(), fn, initializer, initargs, shared_fields, arena, slot_bytes),
+            daemon=True,
         )
         self.process.start()
         theirs.close()
 
-    def send(self, item) -> None:
-        self._send((item,))
+    def send(self, index: int, slot: int, item) -> None:
+        self._send((index, slot, item))
         self.assigned += 1
+        self.outstanding += 1
 
     def retire(self) -> None:
         """No more tasks: the worker exits once its queued ones are answered."""
@@ -124,15 +186,17 @@ class _Worker:
         except ConnectionError:  # BrokenPipeError would read as our own stdout's reader gone
             raise self._died() from None
 
-    def result(self):
+    def result(self) -> tuple[int, int, object]:
+        """(index, slot, result) of the next task this worker answers."""
         try:
-            ok, value, where = self.conn.recv()
+            index, slot, ok, value, where, rss = self.conn.recv()
         except (EOFError, ConnectionError):
             raise self._died() from None
-        self.received += 1
+        self.outstanding -= 1
+        self.grown = rss - self.start_rss
         if not ok:
             raise value from _RemoteTraceback(where)
-        return value
+        return index, slot, _restored(value, self.position.arena)
 
     def _died(self) -> WorkerError:
         self.process.join(1)
@@ -151,7 +215,69 @@ class _Worker:
         self.conn.close()
 
 
-def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initargs: tuple) -> None:
+# -- results in shared memory ---------------------------------------------------------------------
+class _InSlot:
+    """Where a worker put an array in its arena: read in place by the main process."""
+
+    __slots__ = ("offset", "dtype", "shape")
+
+    def __init__(self, offset: int, dtype: str, shape: tuple) -> None:
+        self.offset, self.dtype, self.shape = offset, dtype, shape
+
+
+class _Placed:
+    """A result whose shared fields are `_InSlot`s (or lists of them)."""
+
+    def __init__(self, result, fields: dict) -> None:
+        self.result, self.fields = result, fields
+
+
+def _place(result, fields: tuple, arena: mmap.mmap, start: int, size: int):
+    """`result` with its `fields` copied into the arena's slot at `start`; unchanged when they do
+    not fit, or when a field holds no arrays."""
+    arrays = {}
+    total = 0
+    for name in fields:
+        value = getattr(result, name)
+        group = value if isinstance(value, list) else [value]
+        if not all(isinstance(a, np.ndarray) for a in group):
+            return result
+        arrays[name] = [np.ascontiguousarray(a) for a in group]
+        total += sum(-(-a.nbytes // 8) * 8 for a in arrays[name])
+    if total > size:
+        return result
+    offset, placed = start, {}
+    for name, group in arrays.items():
+        spots = []
+        for a in group:
+            np.frombuffer(arena, np.uint8, a.nbytes, offset)[:] = a.reshape(-1).view(np.uint8)
+            spots.append(_InSlot(offset, a.dtype.str, a.shape))
+            offset += -(-a.nbytes // 8) * 8  # aligned for any dtype
+        placed[name] = spots if isinstance(getattr(result, name), list) else spots[0]
+        setattr(result, name, None)  # not pickled
+    return _Placed(result, placed)
+
+
+def _restored(value, arena: mmap.mmap | None):
+    if not isinstance(value, _Placed):
+        return value
+    for name, spots in value.fields.items():
+        views = [_view(arena, s) for s in (spots if isinstance(spots, list) else [spots])]
+        setattr(value.result, name, views if isinstance(spots, list) else views[0])
+    return value.result
+
+
+def _view(arena: mmap.mmap, spot: _InSlot) -> np.ndarray:
+    dtype = np.dtype(spot.dtype)
+    count = int(np.prod(spot.shape, dtype=np.int64))
+    array = np.frombuffer(arena, dtype, count, spot.offset).reshape(spot.shape)
+    array.flags.writeable = False  # the slot's: a consumer that keeps data copies it
+    return array
+
+
+# -- the worker process ---------------------------------------------------------------------------
+def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initargs: tuple, shared_fields: tuple,
+           arena: mmap.mmap | None, slot_bytes: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides, then kills us
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: end silently, no BrokenPipeError
     _die_with(parent)
@@ -166,17 +292,21 @@ def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initar
         except Exception as exc:  # answered to every task, so the main process raises it
             failed = exc, traceback.format_exc()
     while (task := tasks.get()) is not _STOP:
+        index, slot, item = task
         if failed is not None:
-            conn.send((False, *failed))
+            conn.send((index, slot, False, *failed, 0))
             continue
         try:
-            answer = (True, fn(task[0]), None)
+            result = fn(item)
+            if arena is not None:
+                result = _place(result, shared_fields, arena, slot * slot_bytes, slot_bytes)
+            answer = (index, slot, True, result, None, _rss())
         except Exception as exc:
-            answer = (False, exc, traceback.format_exc())
+            answer = (index, slot, False, exc, traceback.format_exc(), 0)
         try:
             conn.send(answer)
         except Exception:  # an exception that cannot be pickled: send its text
-            conn.send((False, WorkerError(f"{answer[1]!r}"), answer[2]))
+            conn.send((index, slot, False, WorkerError(f"{answer[3]!r}"), answer[4], 0))
 
 
 def _receive(conn, tasks: queue.SimpleQueue) -> None:
@@ -188,6 +318,15 @@ def _receive(conn, tasks: queue.SimpleQueue) -> None:
         tasks.put(task)
         if task is _STOP:
             return
+
+
+def _rss() -> int:
+    """This process's resident memory in bytes (0 where /proc does not tell)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 @contextlib.contextmanager

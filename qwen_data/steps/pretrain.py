@@ -52,6 +52,9 @@ def run(config: PretrainConfig, progress=None) -> list[Manifest]:
 class Tokenize:
     """The pretrain step: each record's text (per key) → its ids and the end-of-document id."""
 
+    kind = "pretrain"  # the manifests' kind
+    shared_fields = ("ids",)  # handed over in shared memory (`pipeline.Step`)
+
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
 

@@ -133,6 +133,9 @@ def run(config: SFTConfig, progress=None) -> Manifest:
 class ChatSamples:
     """The SFT step: record → conversation → rendered samples → ids and loss mask."""
 
+    kind = "sft"  # the manifests' kind
+    shared_fields = ("ids", "mask")  # handed over in shared memory (`pipeline.Step`)
+
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
 

@@ -152,7 +152,7 @@ class TokenizerConfig:
 
 
 # A shared tokenizer (`QwenTokenizer.shared`) that has encoded this many characters is built anew:
-# its backends cache what they meet, as a forked worker's do (pipeline.TASKS_PER_WORKER restarts those).
+# its backends cache what they meet, as a forked worker's do (pipeline.WORKER_CACHES bounds those).
 SHARED_TEXT_BUDGET = 1 << 30
 
 

@@ -1,0 +1,198 @@
+"""How the data side scales with the cores: pretrain and SFT at 1, 2, 4 ... N workers, one run.
+
+Run on a many-core host (the GPU hosts: 16, 32 or 64 cores; `bench/gpu.sh cores`). Every run is
+a whole `qwen-data` process, timed as a user would time it (wall, CPU of the process tree, peak
+summed RSS of the tree). Corpora come from bench/corpora.py, repeated to size:
+
+  pretrain     the multilingual text corpus repeated to --corpus-mb (default 1,000 MB)
+  sft-chat     the ShareGPT chats repeated to --sft-mb, qwen2p5, seq 4096, packed
+  sft-alpaca   the same conversations as alpaca records (first question and answer), same settings
+  megatron     Megatron-LM's own tools/preprocess_data.py (--megatron CHECKOUT) at the most workers
+  ray          `--executor ray` with as many shards and CPUs as the most workers (--ray)
+
+raw gigatoken is the ceiling one core reaches: a fresh tokenizer, in this process, over the first
+64 MB of the text corpus (what one of 16 workers meets of a 1 GB corpus), NFC applied beforehand
+and not timed. Each run's efficiency is given against N x its own 1-worker rate and against N x raw.
+
+    python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
+    python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
+    python3 bench/cores.py --megatron /path/Megatron-LM --ray --rss-mb 4000
+Writes --out (default bench/results/cpu/cores.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import unicodedata
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import measure  # noqa: E402
+from measure import MB  # noqa: E402
+
+RAW_BYTES = 64 * MB
+SFT_ARGS = ["--template", "qwen2p5", "--seq-length", "4096", "--pack"]
+
+
+def host() -> dict:
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu_model": model, "cores": len(os.sched_getaffinity(0))}
+
+
+def raw_mb_per_s(corpus: str) -> float:
+    """gigatoken, one core, fresh, on the corpus's first RAW_BYTES (NFC beforehand, untimed)."""
+    import gigatoken
+
+    from qwen_data.text.tokenizer import bundled_tokenizer_dir
+
+    texts, size = [], 0
+    with open(corpus, encoding="utf-8") as f:
+        for line in f:
+            texts.append(unicodedata.normalize("NFC", json.loads(line)["text"]))
+            size += len(texts[-1].encode("utf-8"))
+            if size >= RAW_BYTES:
+                break
+    tok = gigatoken.Tokenizer(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"))
+    tok.encode_batch(["warm up, once"], parallel=False)
+    start = time.perf_counter()
+    tok.encode_batch(texts, parallel=False)
+    return size / MB / (time.perf_counter() - start)
+
+
+def sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: str | None = None) -> dict:
+    size = os.path.getsize(corpus)
+    out = {"job": job, "workers": workers, "corpus_mb": round(size / MB, 1), "wall_s": round(m.wall_s, 2),
+           "mb_per_s": round(size / MB / m.wall_s, 1), "cpu_s": round(m.cpu_s, 1),
+           "peak_rss_mib": round(m.peak_rss / 2**20)}
+    if prefix is not None:
+        out["sha256"] = {ext: sha256(prefix + ext) for ext in (".bin", ".idx")}
+    print(f"{job:11} {workers:3} workers  {out['corpus_mb']:8.1f} MB  {out['wall_s']:7.2f} s  "
+          f"{out['mb_per_s']:7.1f} MB/s  cpu {out['cpu_s']:7.1f} s  rss {out['peak_rss_mib']:6} MiB", flush=True)
+    return out
+
+
+def ours(job: str, corpus: str, prefix: str, workers: int) -> measure.Measurement:
+    extra = ["pretrain"] if job == "pretrain" else ["sft", *SFT_ARGS]
+    argv = measure.qwen_data_command(*extra, corpus, "-o", prefix, "--workers", workers, "--quiet")
+    return measure.run_measured(argv, env=measure.python_env()).check()
+
+
+def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.Measurement:
+    """Megatron-LM's preprocess_data.py as its README runs it for a HF tokenizer."""
+    from qwen_data.text.tokenizer import bundled_tokenizer_dir
+
+    argv = [sys.executable, os.path.join(checkout, "tools", "preprocess_data.py"), "--input", corpus,
+            "--output-prefix", prefix, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+            bundled_tokenizer_dir(), "--workers", workers, "--append-eod", "--json-keys", "text"]
+    env = measure.python_env()
+    env["PYTHONPATH"] = checkout + os.pathsep + env["PYTHONPATH"]
+    return measure.run_measured(argv, env=env).check()
+
+
+def ray(corpus: str, prefix: str, workers: int) -> measure.Measurement:
+    argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--executor", "ray", "--ray-shards", workers,
+                                     "--quiet")
+    env = measure.python_env() | {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": workers})}
+    env.pop("RAY_ADDRESS", None)
+    return measure.run_measured(argv, env=env).check()
+
+
+def efficiencies(runs: list[dict], raw: float) -> None:
+    """Adds, to each run of ours, its rate against N x its own 1-worker rate and against N x raw."""
+    single = {r["job"]: r["mb_per_s"] for r in runs if r["workers"] == 1}
+    for r in runs:
+        if r["job"] in single:
+            r["vs_own_1_worker"] = round(r["mb_per_s"] / (r["workers"] * single[r["job"]]), 3)
+            r["speedup"] = round(r["mb_per_s"] / single[r["job"]], 2)
+        if r["job"] in ("pretrain", "ray", "megatron"):
+            r["vs_raw"] = round(r["mb_per_s"] / (r["workers"] * raw), 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", help="comma-separated (default: 1, 2, 4 ... up to the cores)")
+    parser.add_argument("--jobs", default="pretrain,sft-chat,sft-alpaca")
+    parser.add_argument("--corpus-mb", type=int, default=1000)
+    parser.add_argument("--sft-mb", type=int, default=200)
+    parser.add_argument("--rss-mb", type=int, default=0, help="also pretrain at the most workers on this size")
+    parser.add_argument("--megatron", help="a Megatron-LM checkout: its preprocess_data.py at the most workers")
+    parser.add_argument("--ray", action="store_true", help="also --executor ray at the most workers")
+    parser.add_argument("--out", default=os.path.join(measure.REPO_ROOT, "bench", "results", "cpu", "cores.json"))
+    args = parser.parse_args()
+    import corpora
+
+    info = host()
+    if args.workers:
+        counts = [int(n) for n in args.workers.split(",")]
+    else:
+        counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= info["cores"]]
+    top = max(counts)
+    text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000)
+    raw = raw_mb_per_s(text)
+    print(f"host: {info['cpu_model']}, {info['cores']} cores; raw gigatoken on one core: {raw:.1f} MB/s", flush=True)
+    corpus_of = {"pretrain": text}
+    jobs = args.jobs.split(",")
+    if "sft-chat" in jobs:
+        corpus_of["sft-chat"] = corpora.scaled_sft_corpus("chat", args.sft_mb * 1_000_000)
+    if "sft-alpaca" in jobs:
+        corpus_of["sft-alpaca"] = corpora.scaled_sft_corpus("alpaca", args.sft_mb * 1_000_000)
+    runs: list[dict] = []
+    work = tempfile.mkdtemp(prefix="cores-")
+    try:
+        for job in jobs:
+            for n in counts:
+                prefix = os.path.join(work, f"{job}-{n}")
+                runs.append(record(job, n, corpus_of[job], ours(job, corpus_of[job], prefix, n),
+                                   prefix if job == "pretrain" else None))
+                if job != "pretrain" or n not in (1, top):
+                    for path in os.listdir(work):
+                        if path.startswith(f"{job}-{n}."):
+                            os.remove(os.path.join(work, path))
+        if args.rss_mb:
+            big = corpora.scaled_text_corpus(args.rss_mb * 1_000_000)
+            runs.append(record("pretrain", top, big, ours("pretrain", big, os.path.join(work, "big"), top)))
+        if args.megatron:
+            prefix = os.path.join(work, "megatron")
+            runs.append(record("megatron", top, text, megatron(args.megatron, text, prefix, top),
+                               prefix + "_text_document"))
+        if args.ray:
+            prefix = os.path.join(work, "ray")
+            runs.append(record("ray", top, text, ray(text, prefix, top), prefix))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    efficiencies(runs, raw)
+    result = {"host": info, "raw_mb_per_s": round(raw, 1), "runs": runs}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {args.out}")
+    for r in runs:
+        extra = "".join(f"  {k} {r[k]}" for k in ("speedup", "vs_own_1_worker", "vs_raw") if k in r)
+        print(f"{r['job']:11} {r['workers']:3}  {r['mb_per_s']:7.1f} MB/s{extra}")
+
+
+if __name__ == "__main__":
+    main()
