@@ -59,7 +59,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class IndexedDatasetWriter:
     """Streams documents into `bin_path` and writes the matching index at `idx_path`."""
 
-    def __init__(self, bin_path: str, idx_path: str, dtype) -> None:
+    def __init__(self, bin_path: str, idx_path: str, dtype, hashed: bool = True) -> None:
+        """`hashed`: take the .bin's hash for `digests` (False: data staged on its way elsewhere)."""
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} has no Megatron code")
@@ -67,7 +68,7 @@ class IndexedDatasetWriter:
         self._bin = open(bin_path, "wb", buffering=0)  # written through at once: `_bin_hash` reads it back
         self._lengths = open(idx_path + ".lengths", "wb")
         self._doc_ends = open(idx_path + ".docends", "wb")
-        self._bin_hash, self._idx_hash = TrailingDigest(bin_path), new_hash()
+        self._bin_hash, self._idx_hash = TrailingDigest(bin_path) if hashed else None, new_hash()
         self.sequences = 0
         self.documents = 0
         self.tokens = 0
@@ -101,7 +102,8 @@ class IndexedDatasetWriter:
                 raise ValueError(f"token id outside {self.dtype}")
         data = np.ascontiguousarray(tokens, dtype=self.dtype)  # written as it is, no copy
         _write_all(self._bin, data)
-        self._bin_hash.advance(data.nbytes)
+        if self._bin_hash is not None:
+            self._bin_hash.advance(data.nbytes)
         self._lengths.write(lengths.astype(np.int32).tobytes())
         self._doc_ends.write((self.sequences + np.cumsum(per_doc)).astype(np.int64).tobytes())
         self.sequences += len(lengths)
@@ -110,7 +112,8 @@ class IndexedDatasetWriter:
 
     def finalize(self) -> None:
         """Close the data file and write the index."""
-        self._bin_hash.close()
+        if self._bin_hash is not None:
+            self._bin_hash.close()
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         itemsize = self.dtype.itemsize
@@ -136,7 +139,8 @@ class IndexedDatasetWriter:
 
     def abort(self) -> None:
         """Close and remove everything written so far."""
-        self._bin_hash.close(failed=True)
+        if self._bin_hash is not None:
+            self._bin_hash.close(failed=True)
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         for path in (self.bin_path, self.idx_path, self._lengths.name, self._doc_ends.name):
@@ -155,11 +159,11 @@ class MaskedWriter:
     def files(prefix: str) -> list[str]:
         return [prefix + channel + ext for channel in ("", MASK_SUFFIX) for ext in (".bin", ".idx")]
 
-    def __init__(self, paths: list[str], dtype) -> None:
+    def __init__(self, paths: list[str], dtype, hashed: bool = True) -> None:
         """`paths`: where to write `files(prefix)`, in that order."""
         ids_bin, ids_idx, mask_bin, mask_idx = paths
-        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype)
-        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8)
+        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype, hashed)
+        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8, hashed)
 
     def add_batch(self, ids, mask, sequence_lengths, sequences_per_document=None) -> None:
         self.ids.add_batch(ids, sequence_lengths, sequences_per_document)

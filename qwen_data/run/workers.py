@@ -160,7 +160,8 @@ class _Worker:
         self.assigned = self.outstanding = 0
         self.retired = False
         self.position, arena = position, position.arena
-        self.start_rss = _rss()  # a forked worker starts as big as the process forking it
+        # Growth counts from the worker's size after its first task (what forking and one task take).
+        self.start_rss: int | None = None
         self.grown = 0
         self.process = multiprocess.get_context("fork").Process(
             target=_serve, args=(theirs, os.getpid(), fn, initializer, initargs, shared_fields, arena, slot_bytes),
@@ -193,6 +194,8 @@ class _Worker:
         except (EOFError, ConnectionError):
             raise self._died() from None
         self.outstanding -= 1
+        if self.start_rss is None:
+            self.start_rss = rss
         self.grown = rss - self.start_rss
         if not ok:
             raise value from _RemoteTraceback(where)

@@ -292,12 +292,11 @@ class SFTWriter:
         self.step, self.outputs = step, outputs
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.prefix = step.config.output_prefix
-        self.samples = self._writer(self.prefix + (UNPACKED if step.config.stages else ""))
+        # Staged samples are only read back by `finish`, which hashes what it writes from them.
+        self.samples = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(
+            self.prefix + (UNPACKED if step.config.stages else ""))], self.dtype, hashed=not step.config.stages)
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
-
-    def _writer(self, prefix: str) -> MaskedWriter:
-        return MaskedWriter([self.outputs.tmp(path) for path in MaskedWriter.files(prefix)], self.dtype)
 
     @property
     def documents(self) -> int:
