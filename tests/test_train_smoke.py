@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 from _helpers import write_jsonl
@@ -422,7 +423,13 @@ def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, data, layo
     args, one = moe_runs(form, data)
     split, stdout = _train(args + layout, tmp_path / "split.jsonl", nproc=nproc)
     assert_same_steps(split, one, stdout, f"balance loss {form}")
-    assert [r["expert_tokens"] for r in split] == [r["expert_tokens"] for r in one]
+    # The same weights route the same tokens: the first step's counts are equal. Later steps' weights
+    # differ by float rounding between layouts, which may move a token that lies on a routing tie
+    # (seen on some CPUs: one token of 1,000 at step 4 under CP 2 × EP 2), never more than a few.
+    counts = [(np.asarray(a["expert_tokens"]), np.asarray(b["expert_tokens"])) for a, b in zip(split, one)]
+    assert np.array_equal(*counts[0])
+    for step, (a, b) in enumerate(counts):
+        assert a.sum() == b.sum() and np.abs(a - b).max() <= max(2, b.sum() // 200), (step, a, b)
 
 
 def test_context_parallel_says_what_it_runs_with():

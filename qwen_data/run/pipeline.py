@@ -98,6 +98,7 @@ class Step(Protocol):
     from the shard's config, where `run` prepares it."""
 
     config: RunConfig
+    kind: str  # the manifests' kind: an existing prefix of another kind is never replaced
     # Fields of the step's results that hold its bulk numpy arrays (or lists of them): workers hand
     # them over in shared memory, read in place until the next result (a writer copies what it keeps).
     shared_fields: tuple[str, ...]
@@ -129,9 +130,8 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     step.prepare()
     sources = expand(config.inputs, config.hf_split)
     inputs = input_list(sources)
-    # (a step may name the kind of dataset it writes; a kind other than an existing prefix's is refused)
     check_outputs(step.files() + [config.rejects_path], [s.path for s in sources if s.path != STDIN],
-                  dataset_owner(step.prefixes(), getattr(step, "kind", None)))
+                  dataset_owner(step.prefixes(), step.kind))
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         writer = step.open(outputs)
         rejects = RejectLog(outputs.tmp(config.rejects_path), config.max_rejects)

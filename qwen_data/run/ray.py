@@ -45,6 +45,8 @@ import sys
 import time
 
 from ..errors import describe
+from ..formats.claims import check as check_outputs
+from ..formats.claims import dataset_owner
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import STDIN, Shard, expand
@@ -93,6 +95,7 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     suffixes = [_suffix(p, config.output_prefix) for p in final]
     # The final files stay locked for the whole run, as a local run's do: a second run writing
     # any of them (or using PREFIX.shards/) is refused before anything starts.
+    check_outputs(step.files() + [config.rejects_path], [s.path for s in sources], dataset_owner(final, step.kind))
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         shards_dir = config.output_prefix + SHARDS_SUFFIX
         shutil.rmtree(shards_dir, ignore_errors=True)  # a killed run's leftovers
