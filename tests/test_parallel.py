@@ -3,6 +3,7 @@ memory, tasks given to whichever worker is free, workers replaced by their memor
 the spread, the output is the bytes of one worker and every record keeps its file:line."""
 
 import json
+import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -60,7 +61,10 @@ _kept: list = []
 
 
 def hoard(n: int) -> int:
-    _kept.append(np.ones(8 << 20, np.uint8))  # 8 MiB more resident memory a task
+    # 8 MiB more resident memory a task, in new pages (malloc could reuse free heap the fork brought)
+    block = mmap.mmap(-1, 8 << 20)
+    block.write(b"x" * (8 << 20))
+    _kept.append(block)
     return os.getpid()
 
 
