@@ -126,10 +126,10 @@ class MaskLayout(DataLayout):
     has_mask = True
 
     def write(self, outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray,
-              plan: PackPlan, pad_id: int) -> tuple[dict, int]:
+              plan: PackPlan, pad_id: int, map_batches=map) -> tuple[dict, int]:
         """The staged samples as the rows of `plan`: the manifest's counts, and the trained tokens."""
         masked = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
-        write_packed(samples, lengths, masked, plan, pad_id)
+        write_packed(samples, lengths, masked, plan, pad_id, map_batches)
         masked.finalize()
         return counts_of(masked.ids, masked.digests), trained_tokens(masked)
 
@@ -215,7 +215,7 @@ class PaiLayout(DataLayout):
         return pai.pad_id(vocab_size)
 
     def write(self, outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray,
-              plan: PackPlan, pad_id: int) -> tuple[dict, int]:
+              plan: PackPlan, pad_id: int, map_batches=map) -> tuple[dict, int]:
         out = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
         trained = pai.write_rows(samples, lengths, plan, out, pad_id)
         out.finalize()
@@ -274,14 +274,14 @@ def layout_of(manifest: Manifest) -> DataLayout:
 
 
 def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, section: SFTSection,
-           layout_name: str, packing: str | None, pad_id: int) -> tuple[dict, SFTSection]:
+           layout_name: str, packing: str | None, pad_id: int, map_batches=map) -> tuple[dict, SFTSection]:
     """Write PREFIX's data from the finished samples staged at PREFIX.unpacked: packed by the
     algorithm `packing` (None: one sample per row) into rows of `section.seq_length`, in the layout
-    named. The manifest's counts, and `section` with what was laid out (nothing left to merge)."""
+    named; `map_batches` gathers the rows (`packing.write_packed`). The manifest's counts, and `section` with what was laid out (nothing left to merge)."""
     seq_length = section.seq_length
     plan = PACKINGS[packing](lengths, seq_length) if packing else one_per_row(lengths, seq_length)
     counts, trained = sft_layout(layout_name, packing is not None, seq_length).write(
-        outputs, prefix, samples, lengths, plan, pad_id)
+        outputs, prefix, samples, lengths, plan, pad_id, map_batches)
     for path in MaskedWriter.files(prefix + UNPACKED):
         outputs.discard(path)
     rows = dict(packing=packing, rows=plan.rows, fill=round(plan.fill, 6)) if packing else {}

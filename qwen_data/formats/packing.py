@@ -253,18 +253,41 @@ def _validated(lengths, capacity) -> np.ndarray:
     return array
 
 
-def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, plan: PackPlan, pad_id: int):
-    """The finished unpacked samples as the rows of `plan`, each padded to exactly its capacity."""
+@dataclass
+class RowBatch:
+    """Rows `first` to `last` (exclusive) of a plan, padded: ids and mask back to back."""
+
+    first: int
+    last: int
+    ids: np.ndarray
+    mask: np.ndarray
+
+
+ROW_BATCH_TOKENS = 1 << 20  # rows gathered at a time: ~5 MB of ids and mask
+
+
+def row_batches(plan: PackPlan) -> list[tuple[int, int]]:
+    """(first, last) rows of each batch `write_packed` gathers."""
+    step = max(1, ROW_BATCH_TOKENS // max(1, plan.capacity))
+    return [(first, min(first + step, plan.rows)) for first in range(0, plan.rows, step)]
+
+
+def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, plan: PackPlan, pad_id: int,
+                 map_batches=map):
+    """The finished unpacked samples as the rows of `plan`, each padded to exactly its capacity.
+
+    Batches of rows are gathered by `map_batches(gather, batches)` (the built-in map, or an ordered map
+    over worker processes: gathering reads every sample back, the larger part of the work) and written
+    here in order."""
     seq_length = plan.capacity
     ids = bin_tokens(samples.ids.bin_path, samples.ids.dtype)
     mask = bin_tokens(samples.mask.bin_path, np.uint8)
     starts = np.cumsum(lengths) - lengths
     sequence_lengths, per_row = plan.sequence_layout(lengths)
     row_starts = plan.row_starts
-    rows_per_batch = 4096
-    seq_cursor = 0
-    for first in range(0, plan.rows, rows_per_batch):
-        last = min(first + rows_per_batch, plan.rows)
+
+    def gather(batch: tuple[int, int]) -> RowBatch:
+        first, last = batch
         ids_parts, mask_parts = [], []
         for row in range(first, last):
             for s in plan.order[row_starts[row]: row_starts[row] + plan.row_sizes[row]]:
@@ -272,9 +295,13 @@ def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, 
                 mask_parts.append(mask[starts[s]: starts[s] + lengths[s]])
             pad = seq_length - plan.row_tokens[row]
             if pad:
-                ids_parts.append(np.full(pad, pad_id, dtype=np.int32))
+                ids_parts.append(np.full(pad, pad_id, dtype=ids.dtype))
                 mask_parts.append(np.zeros(pad, dtype=np.uint8))
-        n_seq = int(per_row[first:last].sum())
-        out.add_batch(np.concatenate(ids_parts), np.concatenate(mask_parts),
-                      sequence_lengths[seq_cursor: seq_cursor + n_seq], per_row[first:last])
+        return RowBatch(first, last, np.concatenate(ids_parts), np.concatenate(mask_parts))
+
+    seq_cursor = 0
+    for batch in map_batches(gather, row_batches(plan)):
+        n_seq = int(per_row[batch.first:batch.last].sum())
+        out.add_batch(batch.ids, batch.mask, sequence_lengths[seq_cursor: seq_cursor + n_seq],
+                      per_row[batch.first:batch.last])
         seq_cursor += n_seq

@@ -22,11 +22,11 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import RecordError
-from ..formats.indexed import MaskedWriter, token_dtype
+from ..formats.indexed import MaskedWriter, pause_hashing, token_dtype
 from ..formats.layouts import UNPACKED, DataLayout, counts_of, finish, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import AtomicOutputs
-from ..formats.packing import PACKINGS
+from ..formats.packing import PACKINGS, ROW_BATCH_TOKENS
 from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
@@ -302,6 +302,19 @@ class SFTWriter:
     def documents(self) -> int:
         return self.samples.ids.documents
 
+    def _map_batches(self):
+        """How `finish` gathers its rows: over as many worker processes as the run had (forked anew,
+        the run's own have ended), so reading every sample back is not left to one core."""
+        workers = self.step.config.workers
+        if workers < 2:
+            return map
+        from ..run.workers import ordered_map
+
+        slot = 5 * max(ROW_BATCH_TOKENS, self.step.config.seq_length or 0) + (1 << 20)  # int32 ids + uint8 mask
+        return lambda gather, batches: ordered_map(gather, batches, workers, max_in_flight=2 * workers,
+                                                   shared_fields=("ids", "mask"), slot_bytes=slot,
+                                                   before_fork=pause_hashing)
+
     def add(self, result: SampleBatch) -> None:
         self.samples.add_batch(result.ids, result.mask, result.lengths)
         self.lengths.append(result.lengths)
@@ -315,7 +328,7 @@ class SFTWriter:
         section = self._section(lengths)
         if config.stages:
             counts, section = finish(self.outputs, self.prefix, self.samples, lengths, section, config.layout,
-                                     config.packing if config.pack else None, step.pad_id)
+                                     config.packing if config.pack else None, step.pad_id, self._map_batches())
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
             counts = counts_of(self.samples.ids, self.samples.digests)
             staged = config.data_layout.staged
