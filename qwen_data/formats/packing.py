@@ -26,12 +26,13 @@ a row by index.
 from __future__ import annotations
 
 import bisect
+import os
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from .indexed import MaskedWriter, bin_tokens
+from .indexed import MaskedWriter
 
 
 @dataclass(frozen=True)
@@ -278,30 +279,36 @@ def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, 
 
     Batches of rows are gathered by `map_batches(gather, batches)` (the built-in map, or an ordered map
     over worker processes: gathering reads every sample back, the larger part of the work) and written
-    here in order."""
+    here in order. Samples are read with pread, not mapped: a row takes samples from anywhere in the
+    staged files, so every gathering process would otherwise hold pages of all of them."""
     seq_length = plan.capacity
-    ids = bin_tokens(samples.ids.bin_path, samples.ids.dtype)
-    mask = bin_tokens(samples.mask.bin_path, np.uint8)
+    dtype = np.dtype(samples.ids.dtype)
+    lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.cumsum(lengths) - lengths
     sequence_lengths, per_row = plan.sequence_layout(lengths)
     row_starts = plan.row_starts
+    ids_fd, mask_fd = os.open(samples.ids.bin_path, os.O_RDONLY), os.open(samples.mask.bin_path, os.O_RDONLY)
 
     def gather(batch: tuple[int, int]) -> RowBatch:
         first, last = batch
-        ids_parts, mask_parts = [], []
+        size = (last - first) * seq_length
+        ids, mask = np.full(size, pad_id, dtype=dtype), np.zeros(size, dtype=np.uint8)
         for row in range(first, last):
-            for s in plan.order[row_starts[row]: row_starts[row] + plan.row_sizes[row]]:
-                ids_parts.append(ids[starts[s]: starts[s] + lengths[s]])
-                mask_parts.append(mask[starts[s]: starts[s] + lengths[s]])
-            pad = seq_length - plan.row_tokens[row]
-            if pad:
-                ids_parts.append(np.full(pad, pad_id, dtype=ids.dtype))
-                mask_parts.append(np.zeros(pad, dtype=np.uint8))
-        return RowBatch(first, last, np.concatenate(ids_parts), np.concatenate(mask_parts))
+            at = (row - first) * seq_length
+            for s in plan.order[row_starts[row]: row_starts[row] + plan.row_sizes[row]].tolist():
+                n, start = int(lengths[s]), int(starts[s])
+                ids[at:at + n] = np.frombuffer(os.pread(ids_fd, n * dtype.itemsize, start * dtype.itemsize), dtype)
+                mask[at:at + n] = np.frombuffer(os.pread(mask_fd, n, start), np.uint8)
+                at += n
+        return RowBatch(first, last, ids, mask)
 
-    seq_cursor = 0
-    for batch in map_batches(gather, row_batches(plan)):
-        n_seq = int(per_row[batch.first:batch.last].sum())
-        out.add_batch(batch.ids, batch.mask, sequence_lengths[seq_cursor: seq_cursor + n_seq],
-                      per_row[batch.first:batch.last])
-        seq_cursor += n_seq
+    try:
+        seq_cursor = 0
+        for batch in map_batches(gather, row_batches(plan)):
+            n_seq = int(per_row[batch.first:batch.last].sum())
+            out.add_batch(batch.ids, batch.mask, sequence_lengths[seq_cursor: seq_cursor + n_seq],
+                          per_row[batch.first:batch.last])
+            seq_cursor += n_seq
+    finally:
+        os.close(ids_fd)
+        os.close(mask_fd)

@@ -34,7 +34,7 @@ from .progress import Progress
 # least 64 MiB): the tokenizer's pretoken cache grows with the text a worker has seen, and replacing
 # the worker bounds it, so peak memory does not grow with the corpus. A cache speeds the tokenizer
 # up (repeated words), so the budget is shared out rather than fixed per worker.
-WORKER_CACHES = 1 << 30
+WORKER_CACHES = 1536 << 20
 # A worker hands its result's bulk arrays over in shared memory, in slots of this many bytes per
 # byte of a chunk: int32 ids take at most 4 bytes a byte of text (one token per byte), plus a little
 # for end-of-document and template tokens. A result that does not fit goes through the pipe.
