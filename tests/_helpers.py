@@ -27,6 +27,20 @@ def manifest(prefix) -> dict:
         return json.load(f)
 
 
+
+def read_jsonl(path) -> list:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def same_data(a, b, channels=("",)) -> None:
+    """The prefixes hold the same bytes, channel by channel (e.g. "" and ".lossmask"), and say so."""
+    for channel in channels:
+        for ext in (".bin", ".idx"):
+            with open(f"{a}{channel}{ext}", "rb") as x, open(f"{b}{channel}{ext}", "rb") as y:
+                assert x.read() == y.read(), f"{a}{channel}{ext} differs from {b}{channel}{ext}"
+    assert manifest(a)["fingerprint"] == manifest(b)["fingerprint"]
+
 def copy_prefix(prefix, new, edit=None):
     """A copy of a prefix's files, its manifest optionally edited."""
     for suffix in (".bin", ".idx", ".lossmask.bin", ".lossmask.idx", ".json"):

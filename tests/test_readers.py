@@ -12,24 +12,11 @@ import subprocess
 import sys
 
 import pytest
-from _helpers import REPO_ROOT, chats, corpus, manifest, pretrain, sft, write_jsonl
+from _helpers import REPO_ROOT, chats, corpus, manifest, pretrain, read_jsonl, same_data, sft, write_jsonl
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 zstandard = pytest.importorskip("zstandard")
-
-
-def read_jsonl(path):
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
-
-
-def same_data(a, b, channels=("",)):
-    for channel in channels:
-        for ext in (".bin", ".idx"):
-            with open(f"{a}{channel}{ext}", "rb") as x, open(f"{b}{channel}{ext}", "rb") as y:
-                assert x.read() == y.read(), f"{a}{channel}{ext} differs from {b}{channel}{ext}"
-    assert manifest(a)["fingerprint"] == manifest(b)["fingerprint"]
 
 
 def arrow_table(records):
