@@ -3,6 +3,9 @@
     readers.read_chunks (main) → step.process (workers, results in input order; one chunk: main)
     → step's writer (main) → one manifest per dataset, committed last
 
+A chunk of a plain jsonl file is only a span of bytes: the worker reads it. Results' bulk arrays
+come back in shared memory (`workers`), so the main process moves no text and pickles no ids.
+
 A step (`pretrain.Tokenize`, `sft.ChatSamples`) says which prefixes and files it writes, what a
 worker makes of a chunk of records and how the results are written. `run` does the rest for any
 step: input checks, the workers, progress, rejected records, refusing empty output, atomic outputs,

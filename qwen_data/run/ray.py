@@ -13,10 +13,10 @@ same inputs writes (`merge` guarantees it); only the manifest's `command`, `crea
 `wall_seconds` (the whole run's, Ray's start included) differ. `--workers` does not apply.
 
 Tasks take one CPU each (`num_cpus=1`) and tokenize in their own process (`workers=0`): a task
-is the worker, and a forked one would only add a second process per CPU and a pipe every byte
-crosses twice. The tokenizer's cache then grows with the text a task's process encodes, up to
-`tokenizer.SHARED_TEXT_BUDGET` characters (then the tokenizer is built anew), instead of being
-reset every ~64 MB by a worker restart. A task whose process dies (killed, out of memory, node
+is the worker, and a forked one would only add a second process per CPU. The tokenizer's cache
+then grows with the text a task's process encodes, up to `tokenizer.SHARED_TEXT_BUDGET` characters
+(then the tokenizer is built anew), instead of being reset when a local worker outgrows its share
+of `pipeline.WORKER_CACHES`. A task whose process dies (killed, out of memory, node
 lost) is run again by Ray, up to `RETRIES` times, and so is one that fails with an OSError (a
 shared file system's hiccup). Any other error (bad input: a ValueError; too many rejects ...) is
 not retried: the run stops at once, the other tasks are cancelled, and the error
