@@ -4,13 +4,10 @@ No torch, no megatron-core: the train stage's own reading of its data is `qwen_d
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import struct
 
-import numpy as np
 import pytest
 from _helpers import copy_prefix, pretrain, sft, write_jsonl
 

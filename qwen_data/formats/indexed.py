@@ -236,14 +236,13 @@ class TrailingDigest:
             raise self._error
 
     def close(self, failed: bool = False) -> None:
+        """End the thread and the file; `failed`: the digest is not wanted, nor its error."""
         try:
+            self.pause()
+        except BaseException:
             if not failed:
-                self.pause()
+                raise
         finally:
-            if failed and self._thread is not None:
-                self._queue.put(None)
-                self._thread.join()
-                self._thread = None
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

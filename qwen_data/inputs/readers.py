@@ -533,28 +533,17 @@ def _open_stream(source: InputFile):
 
 
 def _jsonl_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> Iterator[Chunk]:
-    if source.splittable:
+    if source.splittable:  # the only kind a shard splits inside: `part` is None below
         yield from _spans(source, part, chunk_bytes)
         return
     stream, counter = _open_stream(source)
     with stream:
-        line, stop = 1, None
+        line, consumed = 1, 0
         # The start of a line not yet ended, in the blocks read so far: only each new block is
         # searched for a line end and the pieces are joined once, so a line of any length costs
         # time linear in it, whatever the chunk size.
         pending: list[bytes] = []
-        if part is not None:
-            line, stop = _seek_line(stream, part[0]), part[1]
-            counter.count = stream.tell()
-        consumed = counter.count
-        while True:
-            budget = chunk_bytes if stop is None else min(chunk_bytes, stop - stream.tell())
-            block = stream.read(budget) if budget > 0 else b""
-            if not block:
-                if pending and stop is not None:
-                    pending.append(stream.readline())  # the last line starts inside the part
-                    counter.count = stream.tell()
-                break
+        while block := stream.read(chunk_bytes):
             cut = block.rfind(b"\n") + 1
             if cut == 0:  # one line longer than a chunk: keep reading
                 pending.append(block)
@@ -564,8 +553,7 @@ def _jsonl_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> It
             yield Chunk(source.path, line, data, input_bytes=counter.count - consumed)
             consumed = counter.count
             line += data.count(b"\n")
-        if part is None:
-            _check_read_whole(source, counter.count)
+        _check_read_whole(source, counter.count)
     if pending:
         yield Chunk(source.path, line, b"".join(pending), input_bytes=counter.count - consumed)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
