@@ -7,16 +7,19 @@ summed RSS of the tree). Corpora come from bench/corpora.py, repeated to size:
   pretrain     the multilingual text corpus repeated to --corpus-mb (default 1,000 MB)
   sft-chat     the ShareGPT chats repeated to --sft-mb, qwen2p5, seq 4096, packed
   sft-alpaca   the same conversations as alpaca records (first question and answer), same settings
-  megatron     Megatron-LM's own tools/preprocess_data.py (--megatron CHECKOUT) at the most workers
+  megatron     Megatron-LM's own tools/preprocess_data.py (--megatron CHECKOUT) at the most workers, on
+               the text corpus at --megatron-mb (it is ~100x slower), with ours at the most workers on it
   ray          `--executor ray` with as many shards and CPUs as the most workers (--ray)
 
 raw gigatoken is the ceiling one core reaches: a fresh tokenizer, in this process, over the first
 64 MB of the text corpus (what one of 16 workers meets of a 1 GB corpus), NFC applied beforehand
 and not timed. Each run's efficiency is given against N x its own 1-worker rate and against N x raw.
+`raw_parallel` is the host's own ceiling for N: N forked processes, each raw on its own 64 MB, all
+timed at once (total bytes over the slowest); what N cores give a tokenizer that shares nothing.
 
     python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
-    python3 bench/cores.py --megatron /path/Megatron-LM --ray --rss-mb 4000
+    python3 bench/cores.py --megatron /path/Megatron-LM --megatron-mb 300 --ray --rss-mb 4000
 Writes --out (default bench/results/cpu/cores.json).
 """
 
@@ -53,14 +56,17 @@ def host() -> dict:
     return {"cpu_model": model, "cores": len(os.sched_getaffinity(0))}
 
 
-def raw_mb_per_s(corpus: str) -> float:
-    """gigatoken, one core, fresh, on the corpus's first RAW_BYTES (NFC beforehand, untimed)."""
+def _raw_texts(corpus: str, start: int = 0) -> tuple[list[str], int, object]:
+    """(texts, bytes, fresh tokenizer): RAW_BYTES of the corpus from the line after `start`, NFC."""
     import gigatoken
 
     from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
     texts, size = [], 0
-    with open(corpus, encoding="utf-8") as f:
+    with open(corpus, "rb") as f:
+        if start:
+            f.seek(start)
+            f.readline()
         for line in f:
             texts.append(unicodedata.normalize("NFC", json.loads(line)["text"]))
             size += len(texts[-1].encode("utf-8"))
@@ -68,9 +74,41 @@ def raw_mb_per_s(corpus: str) -> float:
                 break
     tok = gigatoken.Tokenizer(os.path.join(bundled_tokenizer_dir(), "tokenizer.json"))
     tok.encode_batch(["warm up, once"], parallel=False)
+    return texts, size, tok
+
+
+def raw_mb_per_s(corpus: str) -> float:
+    """gigatoken, one core, fresh, on the corpus's first RAW_BYTES (NFC beforehand, untimed)."""
+    texts, size, tok = _raw_texts(corpus)
     start = time.perf_counter()
     tok.encode_batch(texts, parallel=False)
     return size / MB / (time.perf_counter() - start)
+
+
+def raw_parallel_mb_per_s(corpus: str, n: int) -> float:
+    """`n` processes each raw on its own RAW_BYTES (spread over the corpus), started together:
+    their bytes over the slowest one's time."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    ready, results = context.Barrier(n + 1), context.SimpleQueue()
+    step = max(0, os.path.getsize(corpus) - 2 * RAW_BYTES) // max(1, n - 1)
+
+    def one(k: int) -> None:
+        texts, size, tok = _raw_texts(corpus, k * step)
+        ready.wait()
+        begun = time.perf_counter()
+        tok.encode_batch(texts, parallel=False)
+        results.put((size, time.perf_counter() - begun))
+
+    processes = [context.Process(target=one, args=(k,)) for k in range(n)]
+    for p in processes:
+        p.start()
+    ready.wait()
+    done = [results.get() for _ in processes]
+    for p in processes:
+        p.join()
+    return sum(size for size, _ in done) / MB / max(seconds for _, seconds in done)
 
 
 def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: str | None = None) -> dict:
@@ -130,6 +168,7 @@ def main() -> None:
     parser.add_argument("--sft-mb", type=int, default=200)
     parser.add_argument("--rss-mb", type=int, default=0, help="also pretrain at the most workers on this size")
     parser.add_argument("--megatron", help="a Megatron-LM checkout: its preprocess_data.py at the most workers")
+    parser.add_argument("--megatron-mb", type=int, default=300, help="the corpus size Megatron's script runs on")
     parser.add_argument("--ray", action="store_true", help="also --executor ray at the most workers")
     parser.add_argument("--out", default=os.path.join(measure.REPO_ROOT, "bench", "results", "cpu", "cores.json"))
     args = parser.parse_args()
@@ -144,6 +183,8 @@ def main() -> None:
     text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000)
     raw = raw_mb_per_s(text)
     print(f"host: {info['cpu_model']}, {info['cores']} cores; raw gigatoken on one core: {raw:.1f} MB/s", flush=True)
+    raw_parallel = raw_parallel_mb_per_s(text, top)
+    print(f"raw gigatoken in {top} processes at once: {raw_parallel:.1f} MB/s ({raw_parallel / raw:.1f}x one)", flush=True)
     corpus_of = {"pretrain": text}
     jobs = args.jobs.split(",")
     if "sft-chat" in jobs:
@@ -166,16 +207,24 @@ def main() -> None:
             big = corpora.scaled_text_corpus(args.rss_mb * 1_000_000)
             runs.append(record("pretrain", top, big, ours("pretrain", big, os.path.join(work, "big"), top)))
         if args.megatron:
+            small = corpora.scaled_text_corpus(args.megatron_mb * 1_000_000)
+            ours_run = record("pretrain", top, small, ours("pretrain", small, os.path.join(work, "small"), top),
+                              os.path.join(work, "small"))
             prefix = os.path.join(work, "megatron")
-            runs.append(record("megatron", top, text, megatron(args.megatron, text, prefix, top),
-                               prefix + "_text_document"))
+            theirs = record("megatron", top, small, megatron(args.megatron, small, prefix, top),
+                            prefix + "_text_document")
+            theirs["ours_vs_megatron"] = round(ours_run["mb_per_s"] / theirs["mb_per_s"], 1)
+            theirs["idx_identical"] = theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]
+            runs += [ours_run, theirs]
         if args.ray:
             prefix = os.path.join(work, "ray")
             runs.append(record("ray", top, text, ray(text, prefix, top), prefix))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     efficiencies(runs, raw)
-    result = {"host": info, "raw_mb_per_s": round(raw, 1), "runs": runs}
+    result = {"host": info, "raw_mb_per_s": round(raw, 1),
+              "raw_parallel": {"processes": top, "mb_per_s": round(raw_parallel, 1), "vs_raw": round(raw_parallel / raw, 2)},
+              "runs": runs}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)

@@ -185,6 +185,11 @@ def _write_all(f, data: np.ndarray) -> None:
         view = view[f.write(view):]
 
 
+# TrailingDigest reads back this much at a time: a block that stays in the core's cache between the
+# copy out of the page cache and the hash reading it (16 MiB blocks went through memory twice).
+HASH_BLOCK = 1 << 20
+
+
 class TrailingDigest:
     """`new_hash` of a file as it is appended to, taken by a thread that reads back each part once
     it is written (from the page cache): the writer never waits for the hash, whose cost per byte
@@ -216,7 +221,7 @@ class TrailingDigest:
         try:
             while (upto := todo.get()) is not None:
                 while self._hashed < upto:
-                    block = os.pread(self._fd, min(upto - self._hashed, 1 << 24), self._hashed)
+                    block = os.pread(self._fd, min(upto - self._hashed, HASH_BLOCK), self._hashed)
                     if not block:
                         raise OSError(f"the file being hashed ends at {self._hashed:,} bytes, {upto:,} were written")
                     self._digest.update(block)  # hashlib lets go of the GIL
