@@ -91,11 +91,15 @@ def raw_parallel_mb_per_s(corpus: str, n: int) -> float:
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
-    ready, results = context.Barrier(n + 1), context.SimpleQueue()
-    step = max(0, os.path.getsize(corpus) - 2 * RAW_BYTES) // max(1, n - 1)
+    ready, results = context.Barrier(n + 1, timeout=600), context.SimpleQueue()
+    step = int(max(0, os.path.getsize(corpus) - 2 * RAW_BYTES) // max(1, n - 1))
 
     def one(k: int) -> None:
-        texts, size, tok = _raw_texts(corpus, k * step)
+        try:
+            texts, size, tok = _raw_texts(corpus, k * step)
+        except BaseException:
+            ready.abort()  # the others, and the parent, stop waiting
+            raise
         ready.wait()
         begun = time.perf_counter()
         tok.encode_batch(texts, parallel=False)
@@ -104,10 +108,12 @@ def raw_parallel_mb_per_s(corpus: str, n: int) -> float:
     processes = [context.Process(target=one, args=(k,)) for k in range(n)]
     for p in processes:
         p.start()
-    ready.wait()
-    done = [results.get() for _ in processes]
-    for p in processes:
-        p.join()
+    try:
+        ready.wait()
+        done = [results.get() for _ in processes]
+    finally:
+        for p in processes:
+            p.join()
     return sum(size for size, _ in done) / MB / max(seconds for _, seconds in done)
 
 
@@ -192,6 +198,18 @@ def main() -> None:
     if "sft-alpaca" in jobs:
         corpus_of["sft-alpaca"] = corpora.scaled_sft_corpus("alpaca", args.sft_mb * 1_000_000)
     runs: list[dict] = []
+
+    def write() -> None:  # after every run: a run cut short keeps what it measured
+        efficiencies(runs, raw)
+        result = {"host": info, "raw_mb_per_s": round(raw, 1),
+                  "raw_parallel": {"processes": top, "mb_per_s": round(raw_parallel, 1),
+                                   "vs_raw": round(raw_parallel / raw, 2)},
+                  "runs": runs}
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+
     work = tempfile.mkdtemp(prefix="cores-")
     try:
         for job in jobs:
@@ -199,6 +217,7 @@ def main() -> None:
                 prefix = os.path.join(work, f"{job}-{n}")
                 runs.append(record(job, n, corpus_of[job], ours(job, corpus_of[job], prefix, n),
                                    prefix if job == "pretrain" else None))
+                write()
                 if job != "pretrain" or n not in (1, top):
                     for path in os.listdir(work):
                         if path.startswith(f"{job}-{n}."):
@@ -206,6 +225,7 @@ def main() -> None:
         if args.rss_mb:
             big = corpora.scaled_text_corpus(args.rss_mb * 1_000_000)
             runs.append(record("pretrain", top, big, ours("pretrain", big, os.path.join(work, "big"), top)))
+            write()
         if args.megatron:
             small = corpora.scaled_text_corpus(args.megatron_mb * 1_000_000)
             ours_run = record("pretrain", top, small, ours("pretrain", small, os.path.join(work, "small"), top),
@@ -216,19 +236,13 @@ def main() -> None:
             theirs["ours_vs_megatron"] = round(ours_run["mb_per_s"] / theirs["mb_per_s"], 1)
             theirs["idx_identical"] = theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]
             runs += [ours_run, theirs]
+            write()
         if args.ray:
             prefix = os.path.join(work, "ray")
             runs.append(record("ray", top, text, ray(text, prefix, top), prefix))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    efficiencies(runs, raw)
-    result = {"host": info, "raw_mb_per_s": round(raw, 1),
-              "raw_parallel": {"processes": top, "mb_per_s": round(raw_parallel, 1), "vs_raw": round(raw_parallel / raw, 2)},
-              "runs": runs}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    write()
     print(f"wrote {args.out}")
     for r in runs:
         extra = "".join(f"  {k} {r[k]}" for k in ("speedup", "vs_own_1_worker", "vs_raw") if k in r)
