@@ -32,7 +32,7 @@ from .distributed import distributed, log0
 from .hf.checkpoint import HFExport, load_hf_weights, save_hf
 from .hf.config import config_dtype, model_of_folder, shape_from_config
 from .model import build_model
-from .patches import megatron_on_cpu, moe_router_without_transformer_engine
+from .patches import megatron_core
 
 
 def hf_to_mcore(hf_model: str, root: str, tp: int) -> None:
@@ -67,8 +67,7 @@ def mcore_to_hf(root: str, out: str, tp: int, tokenizer_dir: Optional[str]) -> N
 
 def convert(args: argparse.Namespace) -> int:
     """One conversion, `args` as `config.convert_parser` parses them."""
-    with megatron_on_cpu(), moe_router_without_transformer_engine(), distributed(args.tp, args.pp) as device, \
-            torch.no_grad():
+    with megatron_core(), distributed(args.tp, args.pp) as device, torch.no_grad():
         if device.type == "cuda":  # megatron-core's layers draw their initial weights from its CUDA generators
             tensor_parallel.model_parallel_cuda_manual_seed(0)
         if args.direction == "hf-to-mcore":

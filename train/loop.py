@@ -40,8 +40,7 @@ from .loader import build_splits, make_loader
 from .metrics import ExpertLoad, Metrics, StepStats, Summary
 from .model import build_model, pipeline_split, resolve_attention, resolve_fp8
 from .optimizer import AdamW, DistributedAdamW, Schedule
-from .patches import (megatron_on_cpu, moe_balance_loss_over_tp_cp, moe_router_outside_autocast,
-                      moe_router_without_transformer_engine, recompute_as_forward_ran)
+from .patches import megatron_core
 from .shapes import PRESETS, ModelShape
 from .step import ForwardSpec, evaluate, forward_backward
 
@@ -275,9 +274,8 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 
 
 def train(config: TrainConfig) -> int:
-    with (megatron_on_cpu(), recompute_as_forward_ran(), moe_router_without_transformer_engine(),
-          moe_router_outside_autocast(), moe_balance_loss_over_tp_cp(),
-          distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep, config.parallel.cp) as device):
+    with megatron_core(), distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep,
+                                      config.parallel.cp) as device:
         Trainer(config, device).run()
     return 0
 
