@@ -142,11 +142,11 @@ def profile(args) -> None:
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.distributed import distributed
     from qwen_data_train.loop import Trainer
-    from qwen_data_train.patches import megatron_on_cpu
+    from qwen_data_train.patches import megatron_core
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
-    with megatron_on_cpu(), distributed(1) as device:
+    with megatron_core(), distributed(1) as device:
         trainer = Trainer(TrainConfig.parse(args.train), device)
         if device.type != "cuda":  # a dry run
             torch.cuda.synchronize = lambda: None

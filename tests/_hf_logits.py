@@ -25,13 +25,13 @@ def main(out, tokens_file, *folders):
     from qwen_data_train.hf.checkpoint import load_hf_weights
     from qwen_data_train.hf.config import read_config, shape_from_config
     from qwen_data_train.model import build_model
-    from qwen_data_train.patches import megatron_on_cpu, moe_router_without_transformer_engine
+    from qwen_data_train.patches import megatron_core
 
     with open(tokens_file) as f:
         tokens = torch.tensor(json.load(f))
     positions = torch.arange(tokens.shape[1]).expand_as(tokens)
     results = {}
-    with megatron_on_cpu(), moe_router_without_transformer_engine(), torch.no_grad():
+    with megatron_core(), torch.no_grad():
         for folder in folders:
             expected = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(tokens).logits
             shape = shape_from_config(read_config(folder), folder)

@@ -190,10 +190,10 @@ def test_a_checkpoint_of_another_model_is_refused(hf, converted):
     from qwen_data_train.hf.checkpoint import HFExport
     from qwen_data_train.hf.config import read_config, shape_from_config
     from qwen_data_train.model import build_model
-    from qwen_data_train.patches import megatron_on_cpu
+    from qwen_data_train.patches import megatron_core
     config = read_config(hf["qwen2"])
     shape = shape_from_config(config, hf["qwen2"])
-    with megatron_on_cpu(), distributed(1):
+    with megatron_core(), distributed(1):
         model = build_model(shape, attention="sdpa")
         checkpointer = Checkpointer(CheckpointConfig(save=None, save_interval=0, load=str(converted), save_hf=None),
                                     model, None, HFExport(shape, config, torch.float32, None, {}))
@@ -236,8 +236,7 @@ def test_moe_balance_loss_takes_transformers_gradients(hf, form, padded):
     from qwen_data_train.hf.checkpoint import load_hf_weights
     from qwen_data_train.hf.config import read_config, shape_from_config
     from qwen_data_train.model import build_model
-    from qwen_data_train.patches import (megatron_on_cpu, moe_router_outside_autocast,
-                                         moe_router_without_transformer_engine)
+    from qwen_data_train.patches import megatron_core
     from qwen_data_train.step import ForwardSpec, forward_backward
 
     folder = hf["qwen3_moe"]
@@ -257,7 +256,7 @@ def test_moe_balance_loss_takes_transformers_gradients(hf, form, padded):
     batch = dict(tokens=tokens, labels=torch.cat([tokens[:, 1:], tokens[:, :1]], 1), loss_mask=mask,
                  position_ids=torch.arange(48).expand_as(tokens),
                  segment_ids=torch.zeros_like(tokens, dtype=torch.int32))
-    with megatron_on_cpu(), moe_router_without_transformer_engine(), moe_router_outside_autocast(), distributed(1):
+    with megatron_core(), distributed(1):
         mine = build_model(shape, attention="sdpa", initialize=False, balance=form)
         load_hf_weights(mine, folder, shape)
         mine.train()

@@ -365,7 +365,7 @@ def test_ids_beyond_the_models_embedding_are_refused_at_start(prefixes, tmp_path
     from qwen_data_train.distributed import distributed
     from qwen_data_train.hf.config import config_of_shape
     from qwen_data_train.loop import Trainer
-    from qwen_data_train.patches import megatron_on_cpu
+    from qwen_data_train.patches import megatron_core
     from qwen_data_train.shapes import PRESETS
 
     high_pad = copy_prefix(prefixes["unpacked"], str(tmp_path / "high"), lambda m: m.update(pad_id=151900))
@@ -375,7 +375,7 @@ def test_ids_beyond_the_models_embedding_are_refused_at_start(prefixes, tmp_path
     (folder / "config.json").write_text(json.dumps(config_of_shape(shape, torch.bfloat16)))
     config = TrainConfig.parse(["--data", high_pad, "--hf-model", str(folder), "--train-iters", "1",
                                 "--seq-length", "512", "--num-workers", "0"])
-    with megatron_on_cpu(), distributed(1) as device:
+    with megatron_core(), distributed(1) as device:
         with pytest.raises(ValueError) as err:
             Trainer(config, device)
     message = str(err.value)

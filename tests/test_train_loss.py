@@ -10,8 +10,8 @@ import torch
 @pytest.fixture(scope="module")
 def megatron_cpu():
     from qwen_data_train.distributed import distributed
-    from qwen_data_train.patches import megatron_on_cpu
-    with megatron_on_cpu(), distributed(1) as device:
+    from qwen_data_train.patches import megatron_core
+    with megatron_core(), distributed(1) as device:
         yield device
 
 

@@ -144,11 +144,11 @@ def test_recompute_gives_the_same_gradients(megatron_cpu):
 
 def test_recompute_runs_under_the_autocast_of_its_forward(megatron_cpu):
     """megatron-core's checkpoint recomputes in backward, after the autocast block has closed (as
-    it has on autograd's CUDA thread): without the patch the recompute would run float32."""
+    it has on autograd's CUDA thread): megatron-core's own checkpoint recomputes float32, the one
+    megatron_core() puts in its place (where megatron-core calls it) under the forward's autocast."""
     from megatron.core import tensor_parallel
-    from qwen_data_train.patches import recompute_as_forward_ran
 
-    def dtypes_seen():
+    def dtypes_seen(checkpoint):
         seen = []
         weight = torch.randn(8, 8, requires_grad=True)
 
@@ -158,36 +158,31 @@ def test_recompute_runs_under_the_autocast_of_its_forward(megatron_cpu):
             return y
 
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = tensor_parallel.checkpoint(layer, False, torch.randn(4, 8, requires_grad=True))
+            out = checkpoint(layer, False, torch.randn(4, 8, requires_grad=True))
         out.float().sum().backward()
         return seen  # [forward, recompute]
 
-    assert dtypes_seen() == [torch.bfloat16, torch.float32]  # what megatron-core does alone
-    with recompute_as_forward_ran():
-        assert dtypes_seen() == [torch.bfloat16, torch.bfloat16]
-    assert dtypes_seen() == [torch.bfloat16, torch.float32]  # and the patch is undone
+    assert dtypes_seen(tensor_parallel.random.checkpoint) == [torch.bfloat16, torch.float32]
+    assert dtypes_seen(tensor_parallel.checkpoint) == [torch.bfloat16, torch.bfloat16]
 
 
 def test_moe_router_trains_under_bf16_autocast(megatron_cpu):
     """The trainer's float32 weights under bf16 autocast: without the patch the backward of
     megatron-core's router product multiplies a bf16 gradient by a float32 weight and fails (as
     it did on the GPUs); with it the router's logits and gradients are float32."""
-    from megatron.core.transformer.moe import router
-    from qwen_data_train.patches import moe_router_outside_autocast, moe_router_without_transformer_engine
+    from megatron.core.transformer.moe import moe_utils, router
 
-    def router_grad():
+    def router_grad(gating_linear):
         inp = torch.randn(6, 16, requires_grad=True)
         weight = torch.randn(8, 16, requires_grad=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = router.router_gating_linear(inp, weight, None, torch.float32)
+            logits = gating_linear(inp, weight, None, torch.float32)
         logits.float().sum().backward()
         return logits.dtype, weight.grad.dtype
 
-    with moe_router_without_transformer_engine():
-        with pytest.raises(RuntimeError, match="same dtype"):
-            router_grad()
-        with moe_router_outside_autocast():
-            assert router_grad() == (torch.float32, torch.float32)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        router_grad(moe_utils.router_gating_linear)  # megatron-core's own
+    assert router_grad(router.router_gating_linear) == (torch.float32, torch.float32)  # where the router calls it
 
 
 @pytest.mark.parametrize("autocast", [False, True])
@@ -195,7 +190,6 @@ def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autoca
     """The experts as two grouped products give the loss and gradients of megatron-core's
     sequential experts, from the same parameters (float32; bf16 autocast within its rounding)."""
     from qwen_data_train.model import build_model
-    from qwen_data_train.patches import moe_router_outside_autocast, moe_router_without_transformer_engine
     from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, masked_loss
 
@@ -213,9 +207,8 @@ def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autoca
         torch.manual_seed(3)
         model = build_model(PRESETS["tiny-qwen3-moe"], attention="sdpa", max_sequence_length=128,
                             grouped_experts=grouped).to(megatron_cpu)
-        with moe_router_without_transformer_engine(), moe_router_outside_autocast():
-            loss = masked_loss(model, batch, torch.ones(b, s, device=megatron_cpu), spec)
-            loss.backward()
+        loss = masked_loss(model, batch, torch.ones(b, s, device=megatron_cpu), spec)
+        loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         return type(model.decoder.layers[0].mlp.experts).__name__, loss.item(), grads
 
@@ -417,7 +410,7 @@ def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, data, layo
     process's steps: losses, gradient norms and the tokens each expert gets, under transformers'
     load-balancing loss (its counts summed over the ranks that split a micro-batch, pads left out)
     and megatron-core's per-layer one (what pipeline stages take). Two things kept them apart: megatron-core
-    before 0.19 weighed its per-layer loss by the tokens a rank holds (patches.
+    before 0.19 weighed its per-layer loss by the tokens a rank holds (patches.compat.
     moe_balance_loss_over_tp_cp), and expert gradients were averaged over data-parallel ranks
     only, not over the context-parallel ones too (a 3e-3 gradient-norm difference at step 1)."""
     args, one = moe_runs(form, data)
@@ -512,8 +505,8 @@ def test_checkpoint_from_two_stages_resumes_on_one(prefixes, full_run, tmp_path)
 @pytest.fixture(scope="module")
 def megatron_cpu():
     from qwen_data_train.distributed import distributed
-    from qwen_data_train.patches import megatron_on_cpu
-    with megatron_on_cpu(), distributed(1) as device:
+    from qwen_data_train.patches import megatron_core
+    with megatron_core(), distributed(1) as device:
         yield device
 
 
@@ -625,14 +618,3 @@ def test_config_is_built_once_from_the_command_line():
         config.optim.lr = 1.0
 
 
-def test_cpu_patches_are_undone_on_exit():
-    from megatron.core import tensor_parallel
-    from qwen_data_train.patches import megatron_on_cpu, single_process_rank
-    tracker = tensor_parallel.get_cuda_rng_tracker()
-    state = lambda: (torch.cuda.current_device, torch.cuda.synchronize, vars(tracker).get("fork"),  # noqa: E731
-                     torch.distributed.get_rank)
-    before = state()
-    with megatron_on_cpu(), single_process_rank():
-        if not torch.cuda.is_available():
-            assert torch.cuda.current_device() == "cpu" and state() != before
-    assert state() == before
