@@ -1,0 +1,83 @@
+"""train/patches: megatron_core() leaves megatron-core and torch exactly as it found them, and each
+backport applies below the megatron-core version that fixes it and is deleted once pyproject.toml's
+floor reaches that version."""
+
+import pathlib
+import re
+
+import pytest
+import torch
+
+from qwen_data_train import patches
+from qwen_data_train.patches import autocast, compat, cpu, megatron_core
+
+PYPROJECT = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+MISSING = object()
+
+
+def floor() -> tuple[int, int]:
+    """(major, minor) of the `megatron-core>=X` floor in pyproject.toml (the same in every extra)."""
+    floors = set(re.findall(r'"megatron-core>=([0-9.]+)', PYPROJECT.read_text()))
+    assert len(floors) == 1, f"{PYPROJECT}: expected one megatron-core floor, found {sorted(floors)}"
+    return tuple(int(part) for part in floors.pop().split(".")[:2])
+
+
+@pytest.mark.parametrize("backport", list(compat.FIXED_IN), ids=lambda backport: backport.__name__)
+def test_no_backport_outlives_the_floor(backport):
+    fixed_in = compat.FIXED_IN[backport]
+    assert floor() < fixed_in, (f"{PYPROJECT}: the megatron-core floor {floor()} has the fix of "
+                                f"{backport.__name__} ({fixed_in}): delete the backport from train/patches/compat.py")
+
+
+@pytest.fixture
+def replaced(monkeypatch):
+    """Every (owner, name, what it was, own or inherited) that the patch modules replace, as they replace it."""
+    seen = []
+
+    def recording(owner, name, value):
+        seen.append((owner, name, vars(owner).get(name, MISSING), value))
+        return patches._replaced(owner, name, value)
+
+    for module in (cpu, compat, autocast):
+        monkeypatch.setattr(module, "_replaced", recording)
+    return seen
+
+
+def test_megatron_core_restores_everything_on_exit(replaced):
+    """Also when the block raises, and nested (the dataset builder enters it again inside train())."""
+    def state():
+        return [vars(owner).get(name, MISSING) for owner, name, _, _ in replaced]
+
+    with megatron_core():
+        assert replaced, "megatron_core() replaced nothing"
+        assert all(getattr(owner, name) is value for owner, name, _, value in replaced)
+        outer, count = state(), len(replaced)
+        with megatron_core():
+            pass
+        del replaced[count:]
+        assert state() == outer
+    assert all(was is now for (_, _, was, _), now in zip(replaced, state()))
+
+    with pytest.raises(RuntimeError, match="inside"):
+        with megatron_core():
+            raise RuntimeError("inside")
+    assert all(was is now for (_, _, was, _), now in zip(replaced, state()))
+    if not torch.cuda.is_available():
+        names = {name for _, name, _, _ in replaced}
+        assert {"current_device", "cuda", "checkpoint", "router_gating_linear"} <= names
+        assert "cuda" not in vars(torch.Tensor)  # inherited from torch's C class: removed again, not copied
+
+
+@pytest.mark.parametrize("version", ["0.16.1", "0.19.2"])
+def test_backports_apply_below_the_version_that_fixes_them(monkeypatch, replaced, version):
+    import megatron.core
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    monkeypatch.setattr(megatron.core, "__version__", version)
+    with compat.backports():
+        pass
+    owners = {(owner, name) for owner, name, _, _ in replaced}
+    installed = tuple(int(part) for part in version.split(".")[:2])
+    assert ((torch.distributed, "get_rank") in owners) == (installed < compat.FIXED_IN[compat.single_process_rank])
+    assert ((TopKRouter, "attach_and_log_load_balancing_loss") in owners) == (
+        installed < compat.FIXED_IN[compat.moe_balance_loss_over_tp_cp])
