@@ -13,7 +13,8 @@ The per-sequence lengths and document ends stream to side files while tokens are
 memory stays flat however large the corpus; `finalize` assembles the index from them. The writer
 hashes both files as it writes them (`digests`), so a fingerprint of the data never re-reads it.
 `read_index` reads an index back as megatron-core does, checking its header and size; `check` also
-checks its entries against each other and against the .bin before a reader relies on them.
+checks its entries against each other and against the .bin before a reader relies on them, and
+`check_same_index` that a loss mask has its ids' very index.
 """
 
 from __future__ import annotations
@@ -389,6 +390,21 @@ def check(idx_path: str, bin_path: str) -> Index:
         raise IndexFormatError(f"{bin_path}: {size:,} bytes, but the lengths in {idx_path} add up to {offset:,} "
                                f"({offset // itemsize:,} tokens of {itemsize} bytes): the two do not belong together")
     return index
+
+
+def check_same_index(ids: Index, mask: Index) -> None:
+    """IndexFormatError, naming both files and the first entry that differs, unless the loss mask's
+    index describes the very sequences and documents of the ids' (equal lengths and document indices;
+    the pointers follow from the lengths, `check`). Compared a chunk at a time."""
+    for label, a, b in (("sequence lengths", ids.lengths, mask.lengths),
+                        ("document indices", ids.document_indices, mask.document_indices)):
+        if len(a) != len(b):
+            raise IndexFormatError(f"{mask.path}: {len(b)} {label}, {ids.path} has {len(a)}: not the same index")
+        for start in range(0, len(a), _CHUNK):
+            mine, theirs = np.asarray(a[start:start + _CHUNK]), np.asarray(b[start:start + _CHUNK])
+            if not np.array_equal(mine, theirs):
+                i = start + int(np.argmax(mine != theirs))
+                raise IndexFormatError(f"{mask.path}: {label} differ from {ids.path} at entry {i}: not the same index")
 
 
 def bin_tokens(bin_path: str, dtype) -> np.ndarray:

@@ -1,5 +1,5 @@
 """How a prefix's documents hold its data: one type per layout, saying which files it has, how
-finished samples become its rows, how a row is read back, and what `verify` checks of it.
+finished samples become its rows, how they are read back (`open`), and what `verify` checks of it.
 
   DocumentLayout    pretraining: one document of one sequence per record, its ids then eod
   MaskLayout        SFT unpacked: one sample per document, unpadded; a uint8 loss mask beside it
@@ -8,7 +8,8 @@ finished samples become its rows, how a row is read back, and what `verify` chec
                     its sequences, then one sequence of pad ids (mask 0) when the row is not full
   PaiLayout         Pai-Megatron-Patch's rows (`pai`): 2 × seq_length values, ids then labels
 
-`layout_of(manifest)` names the layout of a prefix; `finish` lays out the samples a run staged.
+`layout_of(manifest)` names the layout of a prefix; `finish` lays out the samples a run staged;
+`layout.open(prefix)` gives its documents back (`Documents`), as every reader of ours takes them.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import os
+from functools import cached_property
+
 import numpy as np
 
 from ..qwen import DEFAULT_PAD_ID
 from . import pai
-from .indexed import MASK_SUFFIX, Index, IndexedDatasetWriter, MaskedWriter, bin_tokens
+from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, check,
+                      check_same_index)
 from .manifest import Manifest, SFTSection, fingerprint
 from .outputs import AtomicOutputs
 from .packing import PACKINGS, PackPlan, one_per_row, write_packed
@@ -85,10 +90,16 @@ class DataLayout:
         """Values in every document when all have the same size (whole rows are read at once)."""
         return None
 
-    def read_row(self, values: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray, pad_id: int | None):
-        """One document read back from its values, its loss mask if the layout has one, and its sequence
-        lengths: (token ids, trained flags, sample lengths, pad ids after the samples)."""
-        return values, np.ones(len(values), bool), lengths, 0
+    def open(self, prefix: str, mmap: bool = True) -> "Documents":
+        """The documents of `prefix`, read back as this layout stores them (`Documents`)."""
+        return Documents(self, prefix, mmap)
+
+    def read_row(self, tokens: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray, pad_id: int | None):
+        """One document as `Documents.document` gives it: (token ids, trained flags, sample lengths,
+        pad ids after the samples)."""
+        if mask is None:  # every token is a target
+            return tokens, np.ones(len(tokens), bool), lengths, 0
+        return _split_pad(tokens, mask.astype(bool), lengths, pad_id)
 
     def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None):
         """The length of every sample (pretraining: of every document), padding left out, yielded a
@@ -132,9 +143,6 @@ class MaskLayout(DataLayout):
         write_packed(samples, lengths, masked, plan, pad_id, map_batches)
         masked.finalize()
         return counts_of(masked.ids, masked.digests), trained_tokens(masked)
-
-    def read_row(self, values, mask, lengths, pad_id):
-        return _split_pad(values, mask.astype(bool), lengths, pad_id)
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
         if not super().check_index(index, problems):
@@ -227,9 +235,8 @@ class PaiLayout(DataLayout):
     def row_values(self) -> int:
         return 2 * self.seq_length
 
-    def read_row(self, values, mask, lengths, pad_id):
-        tokens, trained, parts = pai.split_row(values, self.seq_length)
-        return _split_pad(tokens, trained.astype(bool), parts, pad_id)
+    def open(self, prefix: str, mmap: bool = True) -> "PaiRows":
+        return PaiRows(self, prefix, mmap)
 
     def sample_lengths(self, index: Index, data: np.ndarray, pad_id: int | None):
         return pai.sample_lengths(data, self.seq_length)
@@ -302,6 +309,83 @@ def trained_tokens(data: MaskedWriter) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Reading back
+
+
+class Documents:
+    """The documents of a prefix (`DataLayout.open`): `len(documents)`, and `documents.document(i)`
+    → (token ids as int64, the loss mask as uint8 or None where the layout has none, the sequence
+    lengths as int64), the rows of a packed layout padding included.
+
+    Megatron's own bytes, read here by our index reader: every index is checked whole first
+    (`indexed.check`), and the loss mask's against the ids' (`indexed.check_same_index`), so no read
+    relies on entries a damaged file would give. Values are read a document at a time, from memmaps
+    or (`mmap` False, megatron-core's `mmap_bin_files`) by plain reads."""
+
+    def __init__(self, layout: DataLayout, prefix: str, mmap: bool = True) -> None:
+        self.layout, self.prefix, self.mmap = layout, prefix, mmap
+        self.index = check(prefix + ".idx", prefix + ".bin")
+        (_, dtype), *mask = layout.channels(prefix, self.index.dtype)
+        self._channels = [(prefix + ".bin", dtype)]
+        for name, mask_dtype in mask:
+            mask_index = check(name + ".idx", name + ".bin")
+            if mask_index.dtype != mask_dtype:
+                raise IndexFormatError(f"{mask_index.path}: dtype {mask_index.dtype.name}, expected {mask_dtype.name}")
+            check_same_index(self.index, mask_index)
+            self._channels.append((name + ".bin", mask_dtype))
+        self._maps = [bin_tokens(path, dt) for path, dt in self._channels] if mmap else None
+
+    def __len__(self) -> int:
+        return self.index.documents
+
+    @cached_property
+    def document_lengths(self) -> np.ndarray:
+        """Tokens of every document as `document` gives them (int64)."""
+        ends = np.concatenate([[0], np.cumsum(self.index.lengths, dtype=np.int64)])
+        docs = self.index.document_indices
+        return ends[docs[1:]] - ends[docs[:-1]]
+
+    def document(self, i: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"{self.prefix}: no document {i} (it has {len(self):,}, numbered from 0)")
+        first, last = (int(d) for d in self.index.document_indices[i:i + 2])
+        lengths = np.asarray(self.index.lengths[first:last], np.int64)
+        # A document's sequences lie back to back: one read from its first sequence.
+        start = int(self.index.pointers[first]) // self.index.dtype.itemsize if last > first else 0
+        values, *mask = (self._read(c, start, int(lengths.sum())) for c in range(len(self._channels)))
+        return values.astype(np.int64), (mask[0] if mask else None), lengths
+
+    def _read(self, channel: int, start: int, count: int) -> np.ndarray:
+        if self._maps is not None:
+            return np.asarray(self._maps[channel][start:start + count])
+        path, dtype = self._channels[channel]
+        with open(path, "rb") as f:
+            return np.frombuffer(os.pread(f.fileno(), count * dtype.itemsize, start * dtype.itemsize), dtype)
+
+    def sample_lengths(self, pad_id: int | None):
+        """The length of every sample (pretraining: of every document), padding left out, a chunk at
+        a time (`DataLayout.sample_lengths`)."""
+        path, dtype = self._channels[0]
+        return self.layout.sample_lengths(self.index, bin_tokens(path, dtype), pad_id)
+
+
+class PaiRows(Documents):
+    """The rows of a pai-layout prefix, each handed out decoded as the mask layout stores a row
+    (`pai.split_row`: its end marks and shifted labels undone): `seq_length` tokens, their loss mask,
+    the sample lengths then the pad run's. Every row is checked to be 2 x seq_length values first."""
+
+    def __init__(self, layout: PaiLayout, prefix: str, mmap: bool = True) -> None:
+        super().__init__(layout, prefix, mmap)
+        problems: list[str] = []
+        if not layout.check_index(self.index, problems):
+            raise IndexFormatError(problems[0])
+
+    @cached_property
+    def document_lengths(self) -> np.ndarray:
+        return np.full(len(self), self.layout.seq_length, np.int64)
+
+    def document(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        values, _, _ = super().document(i)
+        return pai.split_row(values, self.layout.seq_length)
 
 
 def _split_pad(tokens, trained, parts, pad_id: int):

@@ -27,8 +27,8 @@ import time
 
 import numpy as np
 
-from ..formats.indexed import (IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, file_digest, new_hash,
-                               read_index)
+from ..formats.indexed import (IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, check_same_index,
+                               file_digest, new_hash, read_index)
 from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
@@ -202,6 +202,12 @@ def _copy(prefix: str, manifest: Manifest, writers: list, progress: Progress) ->
         files = ", ".join(f"{name}.bin/.idx" for name in names)
         raise MergeError(f"{files} hash to fingerprint {found[:16]}…, but {prefix}.json says "
                          f"{manifest.fingerprint[:16]}…; {_remedy(prefix)}")
+    # Every channel was copied by the ids' index: the loss mask's must be that very index.
+    try:
+        for name in names[1:]:
+            check_same_index(index, read_index(name + ".idx"))
+    except IndexFormatError as exc:
+        raise MergeError(f"{exc}; {_remedy(prefix)}") from None
     return lengths
 
 

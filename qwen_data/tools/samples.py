@@ -3,8 +3,9 @@ the report show.
 
 A row is one document of the prefix: a pretraining document, an unpacked SFT sample, or a packed
 row (its samples, then a run of pad ids when it is not full). Each comes back as its token ids,
-which of them are trained, and where its samples end. Nothing is loaded whole: indexes and data
-are memmaps, and `length_chunks` streams.
+which of them are trained, and where its samples end. The files are read through the prefix's
+layout (`DataLayout.open`). Nothing is loaded whole: indexes and data are memmaps, and
+`length_chunks` streams.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.indexed import bin_tokens, check
 from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest
 
@@ -39,21 +39,11 @@ class Samples:
         self.prefix = prefix
         self.manifest = Manifest.read(prefix)
         self.layout = layout_of(self.manifest)
-        # Checked whole first (`indexed.check`): a corrupt entry is one clear error, not a failed slice.
-        self.index = check(prefix + ".idx", prefix + ".bin")
-        (ids, dtype), *mask = self.layout.channels(prefix, self.index.dtype)
-        self._data = bin_tokens(ids + ".bin", dtype)
-        self._mask = None
-        for name, mask_dtype in mask:
-            mask_index = check(name + ".idx", name + ".bin")
-            if mask_index.sequences != self.index.sequences or not all(
-                    np.array_equal(a, b) for a, b in zip(mask_index.length_chunks(), self.index.length_chunks())):
-                raise ValueError(f"{prefix}: the ids and the loss mask have different indices "
-                                 f"(run `qwen-data verify {prefix}`)")
-            self._mask = bin_tokens(name + ".bin", mask_dtype)
+        # Its indexes checked whole first: a corrupt entry is one clear error, not a failed slice.
+        self.documents = self.layout.open(prefix)
 
     def __len__(self) -> int:
-        return self.index.documents
+        return len(self.documents)
 
     @property
     def pad_id(self) -> int | None:
@@ -62,17 +52,12 @@ class Samples:
     def row(self, i: int) -> Row:
         if not 0 <= i < len(self):
             raise ValueError(f"{self.prefix}: no row {i} (it has {len(self):,}, numbered from 0)")
-        first, last = (int(d) for d in self.index.document_indices[i:i + 2])
-        lengths = np.asarray(self.index.lengths[first:last], np.int64)
-        start = int(self.index.pointers[first]) // self.index.dtype.itemsize if last > first else 0
-        values = np.asarray(self._data[start:start + int(lengths.sum())], np.int64)
-        mask = None if self._mask is None else self._mask[start:start + len(values)]
-        return Row(i, *self.layout.read_row(values, mask, lengths, self.pad_id))
+        return Row(i, *self.layout.read_row(*self.documents.document(i), self.pad_id))
 
     def length_chunks(self):
         """The length of every sample (pretraining: of every document), padding left out, a chunk
         (an int array) at a time."""
-        return self.layout.sample_lengths(self.index, self._data, self.pad_id)
+        return self.documents.sample_lengths(self.pad_id)
 
     def sample_lengths(self) -> np.ndarray:
         """Every length of `length_chunks` in one array (for prefixes small enough to hold it)."""

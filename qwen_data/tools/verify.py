@@ -34,9 +34,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..formats.indexed import IndexFormatError, file_digest, new_hash, read_index
+from ..formats.indexed import IndexFormatError, check_same_index, file_digest, new_hash, read_index
 from ..formats.layouts import Block, check_offsets
-from ..formats.layouts import chunks as _chunks
 from ..formats.layouts import index_tokens as _tokens
 from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest, describe_input, fingerprint, input_entry, load, pins_differ
@@ -111,18 +110,11 @@ def _open_channel(name: str, dtype: np.dtype, manifest: Manifest, problems: list
 
 
 def _same_index(ids, mask, problems: list[str]) -> bool:
-    """The loss mask must describe the very same sequences and documents as the ids."""
-    for label, a, b in (("sequence lengths", ids.lengths, mask.lengths),
-                        ("document indices", ids.document_indices, mask.document_indices)):
-        if len(a) != len(b):
-            problems.append(f"{mask.path}: {len(b)} {label}, {ids.path} has {len(a)}: not the same index")
-            return False
-        for start, chunk in _chunks(a):
-            other = np.asarray(b[start: start + len(chunk)], dtype=np.int64)
-            if not np.array_equal(chunk, other):
-                i = start + int(np.argmax(chunk != other))
-                problems.append(f"{mask.path}: {label} differ from {ids.path} at entry {i}: not the same index")
-                return False
+    try:
+        check_same_index(ids, mask)
+    except IndexFormatError as exc:
+        problems.append(str(exc))
+        return False
     return True
 
 
