@@ -15,8 +15,9 @@ eod/pad ids or templates):
   pretrain → `PretrainDataset`, megatron-core's `GPTDataset` with two extra keys (below).
   sft      → `SFTDataset`, one sample = one document of the prefix (a packed row of several
              sequences, or one conversation padded to `seq_length` with the pad id, loss mask 0).
-             A prefix in Pai-Megatron-Patch's layout (`qwen_data.formats.pai`) is read through `PaiRows`,
-             each row decoded to the tokens, mask and sequences the default layout stores.
+             A prefix is read through its layout's reader (`DataLayout.open`); one in
+             Pai-Megatron-Patch's layout (`qwen_data.formats.pai`) through `PaiRows`, each row
+             decoded to the tokens, mask and sequences the default layout stores.
 
 Every sample is a dict of torch tensors over `seq_length` positions:
   tokens, labels (labels[i] = tokens[i+1]), loss_mask (float32), position_ids (int64),
@@ -48,20 +49,17 @@ import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
 from qwen_data.blend.files import SPLITS, BlendError, Source
 from qwen_data.blend.read import TrainBlend, read_train_blend
 from qwen_data.blend.weights import parse_split
-from qwen_data.formats import pai
-from qwen_data.formats.indexed import MASK_SUFFIX
-from qwen_data.formats.layouts import PaiLayout, layout_of
+from qwen_data.formats.layouts import Documents, PaiRows, layout_of  # noqa: F401 (PaiRows: named here for users)
 from qwen_data.formats.manifest import Manifest
 from qwen_data.formats.outputs import atomic_file
 
-from .patches import megatron_core
+from .patches import single_process_rank
 
 OVERLONG_POLICIES = ("error", "truncate")
 
@@ -200,75 +198,24 @@ class SFTDatasetConfig(BlendedMegatronDatasetConfig):
         assert self.overlong in OVERLONG_POLICIES, f"overlong must be one of {OVERLONG_POLICIES}"
 
 
-class TokensWithLossMask:
-    """The low-level SFT dataset: P.bin/.idx tokens and P.lossmask.bin/.idx, one index."""
-
-    def __init__(self, path_prefix: str, mmap: bool = True) -> None:
-        self.path_prefix = path_prefix
-        self.tokens = IndexedDataset(path_prefix, multimodal=False, mmap=mmap)
-        self.mask = IndexedDataset(path_prefix + MASK_SUFFIX, multimodal=False, mmap=mmap)
-        if not (np.array_equal(self.tokens.sequence_lengths, self.mask.sequence_lengths)
-                and np.array_equal(self.tokens.document_indices, self.mask.document_indices)):
-            raise ValueError(f"{path_prefix}: tokens and loss mask have different indices")
-        lengths = self.tokens.sequence_lengths.astype(np.int64)
-        ends = np.concatenate([[0], np.cumsum(lengths)])
-        docs = self.tokens.document_indices
-        self.document_lengths = ends[docs[1:]] - ends[docs[:-1]]
-
-    def __len__(self) -> int:
-        return len(self.document_lengths)
-
-    def document(self, doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(tokens, mask, sequence lengths) of document `doc`."""
-        first, last = int(self.tokens.document_indices[doc]), int(self.tokens.document_indices[doc + 1])
-        if first == last:
-            return np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64)
-        length = int(self.document_lengths[doc])
-        # A document's sequences lie back to back: one read from its first sequence.
-        tokens = self.tokens.get(first, 0, length)
-        mask = self.mask.get(first, 0, length)
-        return tokens, mask, self.tokens.sequence_lengths[first:last]
-
-
-class PaiRows:
-    """The low-level SFT dataset of a pai-layout prefix: one row of 2 x width values per document,
-    handed out as `TokensWithLossMask` hands out its documents (decoded: a row stores end marks as
-    negative ids and its labels already shifted)."""
-
-    def __init__(self, path_prefix: str, width: int, mmap: bool = True) -> None:
-        self.path_prefix, self.width = path_prefix, width
-        self.rows = IndexedDataset(path_prefix, multimodal=False, mmap=mmap)
-        if (self.rows.sequence_lengths != 2 * width).any():
-            raise ValueError(f"{path_prefix}: rows that are not 2 x sft.seq_length ({2 * width}) values long")
-        self.document_lengths = np.full(len(self.rows.document_indices) - 1, width, np.int64)
-
-    def __len__(self) -> int:
-        return len(self.document_lengths)
-
-    def document(self, doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return pai.split_row(self.rows.get(int(self.rows.document_indices[doc])), self.width)
-
-
 class SFTDataset(MegatronDataset):
     """One sample = one document of a qwen-data SFT prefix (see the module docstring)."""
 
-    def __init__(self, dataset: TokensWithLossMask | PaiRows, dataset_path: Optional[str], indices: np.ndarray,
+    def __init__(self, dataset: Documents, dataset_path: Optional[str], indices: np.ndarray,
                  num_samples: Optional[int], index_split: Split, config: SFTDatasetConfig) -> None:
         super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
         self._check_lengths()
         self.sample_index = self._build_sample_index()
 
     @staticmethod
-    def numel_low_level_dataset(low_level_dataset: TokensWithLossMask | PaiRows) -> int:
+    def numel_low_level_dataset(low_level_dataset: Documents) -> int:
         # Split by document: a packed row never straddles train and valid.
         return len(low_level_dataset)
 
     @staticmethod
-    def build_low_level_dataset(dataset_path: str, config: SFTDatasetConfig) -> TokensWithLossMask | PaiRows:
-        layout = layout_of(Manifest.read(dataset_path))
-        if isinstance(layout, PaiLayout):
-            return PaiRows(dataset_path, layout.seq_length, mmap=config.mmap_bin_files)
-        return TokensWithLossMask(dataset_path, mmap=config.mmap_bin_files)
+    def build_low_level_dataset(dataset_path: str, config: SFTDatasetConfig) -> Documents:
+        # The mask layouts' P.bin/.idx tokens and P.lossmask.bin/.idx, one index; a pai-layout row decoded.
+        return layout_of(Manifest.read(dataset_path)).open(dataset_path, mmap=config.mmap_bin_files)
 
     @staticmethod
     def _key_config_attributes() -> list[str]:
@@ -388,7 +335,7 @@ def build_datasets(
         cls, config = SFTDataset, SFTDatasetConfig(**common, overlong=overlong, shuffle=shuffle_sft)
     if named.blend is not None:
         config.split_matrix = _requested_split_matrix(config.split_matrix, sizes, sources)
-    with megatron_core():
+    with single_process_rank():
         datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
     return tuple(datasets)
 
