@@ -59,7 +59,7 @@ from qwen_data.formats.layouts import Documents, PaiRows, layout_of  # noqa: F40
 from qwen_data.formats.manifest import Manifest
 from qwen_data.formats.outputs import atomic_file
 
-from .patches import single_process_rank
+from .patches import megatron_core
 
 OVERLONG_POLICIES = ("error", "truncate")
 
@@ -335,7 +335,7 @@ def build_datasets(
         cls, config = SFTDataset, SFTDatasetConfig(**common, overlong=overlong, shuffle=shuffle_sft)
     if named.blend is not None:
         config.split_matrix = _requested_split_matrix(config.split_matrix, sizes, sources)
-    with single_process_rank():
+    with megatron_core():
         datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
     return tuple(datasets)
 
