@@ -14,7 +14,7 @@ megatron-core's own form (moe_router_load_balancing_type "aux_loss") adds one lo
 that layer's counts alone; the two agree where the layers route alike. Pipeline stages train with
 megatron-core's: an earlier stage's backward cannot wait for a later stage's counts.
 
-A micro-batch's loss is the sum of its trained tokens' losses (model.transformer_config), so the
+A micro-batch's loss is the sum of its trained tokens' losses (transformer.transformer_config), so the
 balance loss joins it times the micro-batch's trained tokens: a step of one micro-batch then takes
 transformers' gradient of mean cross-entropy + coef × balance loss, and a step of several weighs
 each micro-batch by its trained tokens, as it weighs their cross-entropy.
@@ -126,10 +126,9 @@ class BalancedRouter(TopKRouter):
 
 def install(model: torch.nn.Module, coeff: float) -> BalanceLoss:
     """Routes `model`'s mixture-of-experts layers through BalancedRouter (parameters unchanged) and
-    returns the BalanceLoss they share, also as `model.balance_loss`."""
+    returns the BalanceLoss they share."""
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
     balance = BalanceLoss(coeff, model.config.num_moe_experts, len(routers), model.config.sequence_parallel)
     for router in routers:
         router.__class__, router.balance = BalancedRouter, balance
-    model.balance_loss = balance
     return balance

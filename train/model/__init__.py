@@ -1,0 +1,36 @@
+"""Qwen-architecture GPTModels in megatron-core: the build of a `ModelShape` (a preset from the real
+HF configs, `shapes.PRESETS`, or a Hugging Face folder's).
+
+    preset = PRESETS["qwen2.5-0.5b"]
+    model = build_model(preset, attention="auto")          # after parallel_state.initialize_model_parallel
+
+The package, bottom up:
+  marks        the marks set on parameters and the model, and read elsewhere (one accessor each)
+  stages       the layers of each pipeline stage
+  layers       our layers in megatron-core's local spec (seeded layers, RMSNorm, row-parallel linears)
+  experts      a mixture of experts' experts as grouped matrix products
+  balance      transformers' load-balancing loss over all layers' routing
+  converters   functions spec → spec, each swapping some of the local spec's modules for ours
+  spec         the layer spec: megatron-core's local spec, then the converters
+  transformer  megatron-core's TransformerConfig of a model
+  resolve      what runs here: the core attention `auto` picks, an FP8 recipe
+  build        the choices → (config, spec) → this rank's GPTModel
+
+Attention, the core of megatron-core's local layer spec (whose other modules torch.compile fuses):
+  te     `train.attention.TECoreAttention`: Transformer Engine's fused attention (cuDNN), packed SFT
+         rows as THD (PackedSeqParams, padding_causal).
+  sdpa   `train.attention.SDPACoreAttention`: PyTorch's fused scaled_dot_product_attention for
+         causal rows, FlexAttention with a document block mask for packed rows.
+  local  megatron-core's own unfused DotProductAttention (a [b, h, s, s] score tensor: slow, memory
+         hungry; kept for comparison only).
+  auto   `resolve_attention`: the fastest of these that runs here.
+"""
+
+from ..shapes import ModelShape
+from .build import build_model, model_parts
+from .marks import is_expert_parallel
+from .resolve import AUTO_WITH_TE, resolve_attention, resolve_fp8
+from .stages import layer_offset, pipeline_split
+
+__all__ = ["AUTO_WITH_TE", "ModelShape", "build_model", "is_expert_parallel", "layer_offset", "model_parts",
+           "pipeline_split", "resolve_attention", "resolve_fp8"]

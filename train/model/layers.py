@@ -1,0 +1,107 @@
+"""Our layers in megatron-core's local spec: each replaces one of its modules (converters.py says
+where) and keeps its parameters, so checkpoints and Hugging Face exports are unchanged."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.layers import RowParallelLinear, _initialize_affine_weight_cpu
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.transformer_layer import TransformerLayer
+from megatron.core.utils import get_pg_rank, get_pg_size
+
+from .marks import mark_sequence_parallel
+from .stages import layer_offset
+
+
+class GroupedRowParallelLinear(RowParallelLinear):
+    """megatron-core's RowParallelLinear, handing its matmul the layer's own tensor-parallel group.
+
+    The original passes `tp_group=None`, and the matmul then looks the same default group up with a
+    DeprecationWarning on rank 0: a `warnings.warn` that torch.compile cannot trace, so every
+    compiled layer broke into several graphs around its two row-parallel linears (attention output
+    and MLP down projection). The group only matters to the matmul for sequence parallelism and
+    gradient all-reduce, which a row-parallel linear does outside it, so the result is unchanged.
+    """
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        if kwargs.get("tp_group") is None:
+            kwargs["tp_group"] = self.tp_group
+        return super()._forward_impl(input, weight, *args, **kwargs)
+
+
+class SeededTransformerLayer(TransformerLayer):
+    """megatron-core's TransformerLayer, its weights drawn from `init_seed` and its global layer
+    number alone: a pipeline stage builds only its own layers, and without this a layer's weights
+    would depend on how many were built before it on the same rank."""
+
+    def __init__(self, config, submodules, layer_number: int = 1, *args, init_seed: int = 0, **kwargs):
+        number = layer_number + layer_offset(config)
+        torch.manual_seed(init_seed * 1_000_003 + number)
+        super().__init__(config, submodules, layer_number, *args, **kwargs)
+        assert self.layer_number == number, "megatron-core numbers this layer otherwise"
+        if config.num_moe_experts and config.use_cpu_initialization:
+            self._draw_each_expert(init_seed * 1_000_003 + number)
+
+    def _draw_each_expert(self, seed: int) -> None:
+        """Each expert's weights drawn again from `seed` and its global number: a rank builds only
+        its expert-parallel share of the experts, whose draws would otherwise start where expert 0's
+        do, and leave torch's generator elsewhere for the next module. By megatron-core's own
+        initialization (the init method of each linear, the whole matrix drawn and this
+        tensor-parallel rank's part kept, as the linear was built)."""
+        local = self.mlp.experts.local_experts
+        first = parallel_state.get_expert_model_parallel_rank() * len(local)
+        for number, expert in enumerate(local, start=first):
+            torch.manual_seed(seed * 1_000_003 + 1 + number)
+            for linear, init in ((expert.linear_fc1, self.config.init_method),
+                                 (expert.linear_fc2, self.config.output_layer_init_method)):
+                weight, world = linear.weight, get_pg_size(linear.tp_group)
+                dim = weight.partition_dim
+                whole = [n * world if d == dim else n for d, n in enumerate(weight.shape)]
+                drawn = torch.empty_like(weight)  # megatron marks the tensor it draws: a fresh one
+                _initialize_affine_weight_cpu(drawn, *whole, weight.shape[dim], dim, init,
+                                              stride=weight.partition_stride, params_dtype=weight.dtype,
+                                              rank=get_pg_rank(linear.tp_group), world_size=world)
+                weight.data.copy_(drawn)
+        torch.manual_seed(seed * 1_000_003)  # what is drawn after this layer (the output layer) alike too
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm for megatron-core's local spec under sequence parallelism, which its own torch
+    wrapper refuses.
+
+    A norm of the sequence-split stream (`sequence_split`: before attention, before the MLP, the
+    final one) marks its weight `sequence_parallel`, and the trainer sums its gradient over the
+    tensor-parallel group (`distributed.sum_partial_grads`). Its output feeds a column-parallel linear,
+    which gathers it over the group and in backward reduce-scatters a gradient of the input's
+    dtype; under autocast that gradient is bf16, so the output is cast to autocast's dtype (what
+    the linear computes in anyway). Qwen3's QK norms see whole sequences and stay as they are.
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, *,
+                 sequence_split: bool = True) -> None:
+        super().__init__()
+        self.eps, self.sequence_split = eps, sequence_split
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        mark_sequence_parallel(self.weight, sequence_split)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if self.sequence_split and torch.is_autocast_enabled(x.device.type):
+            out = out.to(torch.get_autocast_dtype(x.device.type))
+        return out
+
+
+@functools.cache
+def fp8_linear(name: str) -> type:
+    """megatron-core's Transformer Engine linear `name`, called outside torch.compile's graphs:
+    dynamo cannot trace TE's FP8 tensors ("'Float8Tensor' object has no attribute '_data'", torch
+    2.11, TE 2.20), and so a compiled layer keeps its norms, RoPE, attention and SwiGLU fused
+    around the FP8 matrix multiplications, as in bf16."""
+    from megatron.core.extensions import transformer_engine
+
+    linear = getattr(transformer_engine, name)
+    return type(name, (linear,), {"forward": torch.compiler.disable(linear.forward), "__module__": __name__})
