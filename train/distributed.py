@@ -20,7 +20,7 @@ from megatron.core.distributed import DistributedDataParallelConfig, finalize_mo
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
-from .model import is_expert_parallel
+from .model import is_expert_parallel, marks
 
 
 def _free_port() -> int:
@@ -248,7 +248,7 @@ def sum_partial_grads(core) -> None:
     sequence_parallel = core.config.sequence_parallel
     all_reduce_grads([p.grad for name, p in core.named_parameters()
                       if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name
-                                                 or (sequence_parallel and getattr(p, "sequence_parallel", False)))],
+                                                 or (sequence_parallel and marks.is_sequence_parallel(p)))],
                      parallel_state.get_tensor_model_parallel_group())
 
 

@@ -23,6 +23,8 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
                                                     gather_from_sequence_parallel_region)
 
+from .model import marks
+
 # Positions per chunk: 4096 × 151,936 bf16 logits = 1.2 GB at a time, big enough matmuls.
 CHUNK_TOKENS = 4096
 
@@ -96,7 +98,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.hidden_dtype = hidden.dtype
         # A bf16 weight split from its float32 master (optimizer.AdamW) takes its float32 gradient
         # here, unrounded, as a float32 weight would.
-        ctx.float32_grad = getattr(weight, "float32_grad", None)
+        ctx.float32_grad = marks.float32_grad(weight)
         return total
 
     @staticmethod

@@ -32,7 +32,7 @@ from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_du
 from megatron.core.transformer.module import param_is_not_shared
 
 from .config import OptimConfig
-from .model import is_expert_parallel
+from .model import is_expert_parallel, marks
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's state of a parameter besides its step count
 
@@ -56,23 +56,24 @@ class AdamW:
         names = {p: name for name, p in model.named_parameters()}
         self.split = [p for p in decay if bf16_weights and splittable(names[p], p)]
         for p in self.split:
-            p.data, p.low = split_float32(p.data)
-            p.float32_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            p.data, low = split_float32(p.data)
+            marks.mark_low_bits(p, low)
+            marks.mark_float32_grad(p, torch.zeros(p.shape, dtype=torch.float32, device=p.device))
             p.register_post_accumulate_grad_hook(_add_to_float32_grad)
 
     def step(self, lr: float) -> torch.Tensor:
         """Clip the gradients (`clip_grad_norm`), step at `lr`, clear them; → the norm before clipping."""
         for group in self.torch.param_groups:
             group["lr"] = lr
-        grads = [p.float32_grad if hasattr(p, "float32_grad") else p.grad for p in self.params]
+        grads = [p.grad if marks.float32_grad(p) is None else marks.float32_grad(p) for p in self.params]
         grad_norm = clip_grad_norm(self.params, grads, self.clip_grad)
         with self.float32_weights():
             for p in self.split:
-                p.grad = p.float32_grad
+                p.grad = marks.float32_grad(p)
             self.torch.step()
             self.torch.zero_grad(set_to_none=True)
         if self.split:
-            torch._foreach_zero_([p.float32_grad for p in self.split])
+            torch._foreach_zero_([marks.float32_grad(p) for p in self.split])
         return grad_norm
 
     @contextlib.contextmanager
@@ -80,12 +81,14 @@ class AdamW:
         """The split matrices float32 inside the block (AdamW steps them, checkpoints and exports
         read them, loading writes them), each in the memory its two parts free; split again after."""
         for p in self.split:
-            p.data, p.low = join_float32(p.data, p.low), None
+            p.data = join_float32(p.data, marks.low_bits(p))
+            marks.mark_low_bits(p, None)
         try:
             yield
         finally:
             for p in self.split:
-                p.data, p.low = split_float32(p.data)
+                p.data, low = split_float32(p.data)
+                marks.mark_low_bits(p, low)
 
     def state_bytes(self) -> int:
         """The moments this rank holds (as they will be once the first step made them)."""
@@ -108,7 +111,7 @@ def splittable(name: str, p: torch.nn.Parameter) -> bool:
     (looked up, never cast whole) nor its tied copy on the last pipeline stage, nor an expert's
     (reduced over its own group)."""
     return (p.dtype == torch.float32 and p.ndim == 2 and not name.endswith("word_embeddings.weight")
-            and not getattr(p, "shared_embedding", False) and not is_expert_parallel(p))
+            and not marks.is_shared_embedding(p) and not is_expert_parallel(p))
 
 
 def split_float32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +133,7 @@ def join_float32(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
 
 def _add_to_float32_grad(p: torch.nn.Parameter) -> None:
     if p.grad is not None:  # (None where the fused cross-entropy added the output weight's already)
-        p.float32_grad.add_(p.grad)
+        marks.float32_grad(p).add_(p.grad)
         p.grad = None
 
 

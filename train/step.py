@@ -19,6 +19,7 @@ from megatron.core import parallel_state
 from .attention import context_mask, context_positions, document_mask, thd_mask
 from .distributed import gradient_group, unwrapped
 from .loss import linear_cross_entropy
+from .model import marks
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     core = unwrapped(model)
-    balance = getattr(core, "balance_loss", None)  # balance.py's, weighed by the whole micro-batch's trained tokens
+    balance = marks.balance_loss(core)  # balance.py's, weighed by the whole micro-batch's trained tokens
     trained = [mask.sum() for mask in masks]
     if parallel_state.get_context_parallel_world_size() > 1:
         micro, masks = map(list, zip(*(context_part(batch, mask) for batch, mask in zip(micro, masks))))
