@@ -65,10 +65,9 @@ def folder(out: str) -> tuple[list[dict], Optional[str], Optional[str], Optional
     te = re.search(r"transformer-engine (\S+)", software or "")
     picks = None
     if te:
-        from qwen_data_train.model import resolve_attention
-        installed = te.group(1) != "None"
-        picks = {kind: dict(zip(("attention", "why"), resolve_attention("auto", cuda=True, fp32=fp32,
-                                                                          te_installed=installed)))
+        from qwen_data_train.plan import Environment, resolve_attention
+        where = Environment(cuda=True, te_installed=te.group(1) != "None")
+        picks = {kind: dict(zip(("attention", "why"), resolve_attention("auto", where, fp32=fp32)))
                  for kind, fp32 in (("bf16", False), ("float32", True))}
     parity = os.path.join(out, "te_packed_parity.json")
     return runs, device, software, picks, json.load(open(parity)) if os.path.exists(parity) else None

@@ -25,6 +25,7 @@ def main(out, tokens_file, *folders):
     from qwen_data_train.hf.checkpoint import load_hf_weights
     from qwen_data_train.hf.config import read_config, shape_from_config
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.patches import megatron_core
 
     with open(tokens_file) as f:
@@ -37,7 +38,7 @@ def main(out, tokens_file, *folders):
             shape = shape_from_config(read_config(folder), folder)
             for tp in (1, 2):
                 init_distributed(tp)
-                model = build_model(shape, attention="sdpa", tensor_parallel=tp, initialize=False).eval()
+                model = build_model(shape, RunPlan.for_model(shape, attention="sdpa", tp=tp, initialize=False)).eval()
                 load_hf_weights(model, folder, shape)
                 logits = gather_from_tensor_model_parallel_region(model(tokens, positions, None))
                 results.setdefault(folder, {})[str(tp)] = (logits - expected).abs().max().item()

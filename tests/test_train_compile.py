@@ -18,6 +18,7 @@ def megatron_cpu():
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
 def test_compiled_layers_trace_whole(megatron_cpu, name):
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, masked_loss
     from torch._dynamo.utils import counters
@@ -26,7 +27,7 @@ def test_compiled_layers_trace_whole(megatron_cpu, name):
         pytest.skip("counts graphs on the CPU: on an H100 with megatron-core 0.19 a layer traced as 3 graphs with "
                     "no graph break; GPU runs count recompiles instead (bench/gpu.sh te)")
     torch.manual_seed(3)
-    model = build_model(PRESETS[name], attention="sdpa", max_sequence_length=128).to(megatron_cpu)
+    model = build_model(PRESETS[name], RunPlan.for_model(PRESETS[name], attention="sdpa", max_sequence_length=128)).to(megatron_cpu)
     b, s = 2, 64
     batch = dict(tokens=torch.randint(0, 1000, (b, s)), labels=torch.randint(0, 1000, (b, s)),
                  position_ids=torch.arange(s).repeat(b, 1), segment_ids=torch.zeros(b, s, dtype=torch.long))
@@ -47,19 +48,6 @@ def test_compiled_layers_trace_whole(megatron_cpu, name):
         torch._dynamo.reset()
 
 
-def test_sequence_parallel_never_runs_compiled_layers():
-    """A compiled layer lost most of its gradient under sequence parallelism on GPUs: auto
-    compiles only the SwiGLU there, and asking for layers is refused."""
-    from qwen_data_train.loop import resolve_compile
-
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert resolve_compile("auto", cuda, False) == "layers"
-    assert resolve_compile("auto", cuda, True) == "swiglu"
-    assert resolve_compile("auto", cpu, True) == "none"
-    with pytest.raises(ValueError, match="sequence-parallel"):
-        resolve_compile("layers", cuda, True)
-
-
 def _rows_of(samples_per_row: list[int], s: int) -> dict:
     """A micro-batch of packed rows, row i cut into samples_per_row[i] samples (the last one is padding)."""
     from qwen_data_train.data import boundaries
@@ -77,13 +65,14 @@ def _rows_of(samples_per_row: list[int], s: int) -> dict:
 
 def _no_recompiles_across_sample_counts(device, attention, autocast):
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, masked_loss
     from torch._dynamo.utils import counters
 
     torch.manual_seed(3)
     s = 64
-    model = build_model(PRESETS["tiny"], attention=attention, max_sequence_length=s).to(device)
+    model = build_model(PRESETS["tiny"], RunPlan.for_model(PRESETS["tiny"], attention=attention, max_sequence_length=s)).to(device)
     spec = ForwardSpec(attention, device, autocast=autocast, cross_entropy="fused", seq_length=s)
     torch._dynamo.reset()
     counters.clear()
@@ -116,6 +105,7 @@ def test_fp8_layers_compile_around_transformer_engines_linears(megatron_cpu):
     fails inside them): it gives the eager loss and gradients, and compiles once."""
     from qwen_data_train.attention import have_transformer_engine
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, masked_loss
 
@@ -128,8 +118,8 @@ def test_fp8_layers_compile_around_transformer_engines_linears(megatron_cpu):
     runs = []
     for compiled in (False, True):
         torch.manual_seed(3)
-        model = build_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise",
-                            compile="layers" if compiled else "swiglu").to(megatron_cpu)
+        model = build_model(PRESETS["tiny"], RunPlan.for_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise",
+                            compile="layers" if compiled else "swiglu")).to(megatron_cpu)
         try:
             for _ in range(2):
                 model.zero_grad()
@@ -151,6 +141,7 @@ def test_fp8_weights_are_cast_again_each_step_under_torch_ddp(megatron_cpu):
     computes with the new weights, as the model run alone does."""
     from qwen_data_train.attention import have_transformer_engine
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, forward_backward, masked_loss
     from torch.nn.parallel import DistributedDataParallel
@@ -163,7 +154,7 @@ def test_fp8_weights_are_cast_again_each_step_under_torch_ddp(megatron_cpu):
     mask, one = torch.ones(2, s, device=megatron_cpu), torch.ones((), device=megatron_cpu)
     spec = ForwardSpec("sdpa", megatron_cpu, autocast=True, cross_entropy="fused", seq_length=s)
     torch.manual_seed(3)
-    model = build_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise").to(megatron_cpu)
+    model = build_model(PRESETS["tiny"], RunPlan.for_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise")).to(megatron_cpu)
     ddp = DistributedDataParallel(model, device_ids=[megatron_cpu.index])
 
     def loss_of(sums):
@@ -205,43 +196,6 @@ def test_thd_rows_are_one_stream_cut_at_every_sample():
               (thd_mask(m, torch.device("cpu")).thd
                for m in (_rows_of(counts, 16) for counts in ([3, 3, 2], [2, 2, 2], [3, 2, 3])))}
     assert shapes == {(9, 8)}
-
-
-def test_auto_attention_says_what_it_picks_and_why():
-    from qwen_data_train.model import AUTO_WITH_TE, resolve_attention
-
-    assert resolve_attention("auto", cuda=True, te_installed=True) == (AUTO_WITH_TE[0], f"auto: {AUTO_WITH_TE[1]}")
-    assert resolve_attention("auto", cuda=True, fp32=True, te_installed=True) == (
-        "sdpa", "auto: float32 (Transformer Engine's fused attention is bf16/fp16)")
-    assert resolve_attention("auto", cuda=False, te_installed=True) == ("sdpa", "auto: no CUDA")
-    assert resolve_attention("auto", cuda=True, te_installed=False) == ("sdpa", "auto: Transformer Engine is not installed")
-    assert resolve_attention("te", cuda=True, te_installed=True) == ("te", "as asked")
-    assert resolve_attention("sdpa", cuda=True, te_installed=True) == ("sdpa", "as asked")
-    with pytest.raises(ValueError, match="runs bf16 on CUDA only"):
-        resolve_attention("te", cuda=False, te_installed=True)
-    with pytest.raises(ValueError, match="needs Transformer Engine"):
-        resolve_attention("te", cuda=True, te_installed=False)
-
-
-def test_fp8_runs_where_it_can_and_says_why_not_elsewhere():
-    from qwen_data_train.model import resolve_fp8
-
-    hopper = dict(cuda=True, te_installed=True, capability=(9, 0))
-    assert resolve_fp8(None, cuda=False, te_installed=False) is None  # bf16 asks nothing
-    for recipe in ("tensorwise", "delayed", "blockwise"):
-        assert resolve_fp8(recipe, **hopper) == recipe
-    assert resolve_fp8("tensorwise", cuda=True, te_installed=True, capability=(8, 9)) == "tensorwise"
-    refusals = [
-        (dict(hopper, te_installed=False), "needs Transformer Engine"),
-        (dict(hopper, cuda=False), "this machine has no GPU"),
-        (dict(hopper, fp32=True), "drop --fp32"),
-        (dict(hopper, capability=(8, 0)), r"compute capability 8\.0\) has no FP8"),
-    ]
-    for facts, message in refusals:
-        with pytest.raises(ValueError, match=message):
-            resolve_fp8("tensorwise", **facts)
-    with pytest.raises(ValueError, match="blockwise runs on Hopper"):
-        resolve_fp8("blockwise", cuda=True, te_installed=True, capability=(10, 0))
 
 
 def test_num_layers_cuts_a_preset_and_nothing_else():

@@ -8,8 +8,7 @@ import re
 import pytest
 import torch
 
-from qwen_data_train import patches
-from qwen_data_train.patches import autocast, compat, cpu, megatron_core
+from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing
 
 PYPROJECT = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
 MISSING = object()
@@ -36,7 +35,7 @@ def replaced(monkeypatch):
 
     def recording(owner, name, value):
         seen.append((owner, name, vars(owner).get(name, MISSING), value))
-        return patches._replaced(owner, name, value)
+        return replacing.replaced(owner, name, value)
 
     for module in (cpu, compat, autocast):
         monkeypatch.setattr(module, "_replaced", recording)

@@ -122,6 +122,7 @@ def test_recompute_gives_the_same_gradients(megatron_cpu):
     """Full and selective (MLP) recompute run megatron-core's checkpointed forward again in
     backward: the loss and every gradient equal those of a model that kept its activations."""
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
 
     tokens = torch.randint(0, 151_000, (2, 64))
@@ -129,7 +130,7 @@ def test_recompute_gives_the_same_gradients(megatron_cpu):
 
     def losses_and_grads(recompute):
         torch.manual_seed(0)
-        model = build_model(PRESETS["tiny"], attention="sdpa", recompute=recompute).train()
+        model = build_model(PRESETS["tiny"], RunPlan.for_model(PRESETS["tiny"], attention="sdpa", recompute=recompute)).train()
         loss = model(tokens, positions, None, labels=tokens.roll(-1, 1)).sum()
         loss.backward()
         return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -190,6 +191,7 @@ def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autoca
     """The experts as two grouped products give the loss and gradients of megatron-core's
     sequential experts, from the same parameters (float32; bf16 autocast within its rounding)."""
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, masked_loss
 
@@ -205,8 +207,8 @@ def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autoca
 
     def run(grouped):
         torch.manual_seed(3)
-        model = build_model(PRESETS["tiny-qwen3-moe"], attention="sdpa", max_sequence_length=128,
-                            grouped_experts=grouped).to(megatron_cpu)
+        model = build_model(PRESETS["tiny-qwen3-moe"], RunPlan.for_model(PRESETS["tiny-qwen3-moe"], attention="sdpa", max_sequence_length=128,
+                            grouped_experts=grouped)).to(megatron_cpu)
         loss = masked_loss(model, batch, torch.ones(b, s, device=megatron_cpu), spec)
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -217,18 +219,6 @@ def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autoca
     tolerance = 1e-2 if autocast else 1e-6
     assert loss == pytest.approx(reference, rel=tolerance / 10)
     assert ((grads - reference_grads).norm() / reference_grads.norm()).item() < tolerance
-
-
-def test_distributed_optimizer_is_refused_on_the_cpu(megatron_cpu):
-    from qwen_data_train.config import TrainConfig
-    from qwen_data_train.distributed import ParallelLayout, data_parallel
-    from qwen_data_train.model import build_model
-    from qwen_data_train.shapes import PRESETS
-
-    parallel = TrainConfig.parse(["--data", "x", "--distributed-optimizer"]).parallel
-    with pytest.raises(ValueError, match="--distributed-optimizer runs on CUDA"):
-        data_parallel(build_model(PRESETS["tiny"], attention="sdpa"), ParallelLayout(1, 1, 1, 1, 2, 4), megatron_cpu,
-                      parallel)
 
 
 def test_split_float32_is_exact_and_rounds_as_autocast():
@@ -260,6 +250,7 @@ def test_bf16_weights_train_as_float32_weights_under_autocast(megatron_cpu, monk
     from megatron.core.tensor_parallel.layers import LinearWithGradAccumulationAndAsyncCommunication as Linear
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.optimizer import AdamW
     from qwen_data_train.shapes import PRESETS
 
@@ -278,7 +269,7 @@ def test_bf16_weights_train_as_float32_weights_under_autocast(megatron_cpu, monk
 
     def train(bf16_weights):
         torch.manual_seed(0)
-        model = build_model(shape, attention="sdpa").train()
+        model = build_model(shape, RunPlan.for_model(shape, attention="sdpa")).train()
         first = {n: p.detach().clone() for n, p in model.named_parameters()}
         optimizer = AdamW(model, optim, bf16_weights=bf16_weights)
         losses, norms = [], []
@@ -315,22 +306,6 @@ def test_bf16_weights_train_as_float32_weights_under_autocast(megatron_cpu, monk
             torch.testing.assert_close(p, reference[name], rtol=2 ** -23, atol=0, msg=lambda m: f"{name}: {m}")
     for name, p in split_model.named_parameters():  # split again, bit for bit
         assert torch.equal(p, before[name]), name
-
-
-def test_bf16_weights_are_refused_where_not_built():
-    from qwen_data_train.config import TrainConfig
-    from qwen_data_train.distributed import ParallelLayout
-    from qwen_data_train.loop import check_bf16_weights
-
-    config = TrainConfig.parse(["--data", "x", "--bf16-weights"])
-    one, two = ParallelLayout(1, 1, 1, 1, 2, 4), ParallelLayout(1, 1, 2, 2, 2, 4)
-    check_bf16_weights(config, one, autocast=True, fp8=None)
-    for layout, autocast, fp8, moe, why in ((one, False, None, False, "bf16 autocast"),
-                                            (one, True, "delayed", False, "--fp8"),
-                                            (one, True, None, True, "mixture-of-experts"),
-                                            (two, True, None, False, "data parallel × context parallel is 2")):
-        with pytest.raises(ValueError, match=why):
-            check_bf16_weights(config, layout, autocast=autocast, fp8=fp8, moe=moe)
 
 
 def test_moe_trains_packed_sft_and_logs_the_tokens_of_each_expert(prefixes, tmp_path):
@@ -423,21 +398,6 @@ def test_moe_trains_split_as_in_one_process(moe_runs, tmp_path, form, data, layo
     assert np.array_equal(*counts[0])
     for step, (a, b) in enumerate(counts):
         assert a.sum() == b.sum() and np.abs(a - b).max() <= max(2, b.sum() // 200), (step, a, b)
-
-
-def test_context_parallel_says_what_it_runs_with():
-    from qwen_data_train.config import TrainConfig
-    from qwen_data_train.loop import check_context_parallel
-
-    def refusal(args, attention="sdpa"):
-        with pytest.raises(ValueError) as caught:
-            check_context_parallel(TrainConfig.parse(["--data", "x", "--cp", "2", *args]), attention)
-        return str(caught.value)
-
-    assert "not a multiple of 4" in refusal(["--seq-length", "130"])
-    assert "--attention sdpa" in refusal([], attention="te")
-    assert "--cp with --distributed-optimizer is not built yet" in refusal(["--distributed-optimizer"])
-    check_context_parallel(TrainConfig.parse(["--data", "x", "--cp", "2", "--seq-length", "128"]), "sdpa")
 
 
 FAILING_RANK = """
@@ -535,9 +495,10 @@ def _packed_batch(prefixes, least_segments=3):
 
 def _model(name, attention):
     from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
     torch.manual_seed(3)
-    return build_model(PRESETS[name], attention=attention, max_sequence_length=256).eval()
+    return build_model(PRESETS[name], RunPlan.for_model(PRESETS[name], attention=attention, max_sequence_length=256)).eval()
 
 
 def _spec(attention, device):
@@ -590,18 +551,6 @@ def test_presets_match_the_real_models():
         assert round(shape.parameters() / total, 2) == 1.0, name
         assert round((shape.matmul_params() + shape.vocab_size * shape.hidden_size) / active, 1) == 1.0, name
         assert round((shape.parameters() - embeddings) / body, 2) == 1.0, name
-
-
-def test_pipeline_stages_split_as_asked():
-    from qwen_data_train.model import pipeline_split
-    assert pipeline_split(28, 2) == [14, 14]
-    assert pipeline_split(28, 2, last=13) == [15, 13]  # the last stage also runs the output layer
-    assert pipeline_split(28, 4, last=4) == [8, 8, 8, 4]
-    assert pipeline_split(28, 4, first=6, last=6) == [6, 8, 8, 6]
-    for stages, first, last, says in ((3, None, None, "evenly"), (2, 28, None, "every stage needs a layer"),
-                                      (4, 7, 6, "an equal share"), (1, None, 27, "need --pp 2")):
-        with pytest.raises(ValueError, match=says):
-            pipeline_split(28, stages, first, last)
 
 
 def test_config_is_built_once_from_the_command_line():

@@ -21,12 +21,12 @@ from .shapes import PRESETS
 DESCRIPTION = "Train Qwen-architecture megatron-core GPTModels on qwen-data prefixes."
 VERBOSE_HELP = "QWEN_DATA_VERBOSE=1 shows megatron-core's warnings and log."
 
-ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")  # model.py: what each is
+ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")  # model/__init__.py: what each is
 # --compile: nothing; megatron-core's own torch.compile'd SwiGLU; or that and every transformer layer
 # compiled (RMSNorm, rotary embedding, residual adds fused around the matmuls).
 COMPILE_CHOICES = ("none", "swiglu", "layers")
 CROSS_ENTROPY_CHOICES = ("fused", "megatron")  # --cross-entropy: loss.py's, or megatron-core's
-# --fp8: megatron-core's names of Transformer Engine's FP8 recipes (model.resolve_fp8: where each runs).
+# --fp8: megatron-core's names of Transformer Engine's FP8 recipes (plan.resolve_fp8: where each runs).
 FP8_RECIPES = ("tensorwise", "delayed", "blockwise")
 BALANCE_LOSSES = ("transformers", "per-layer")  # a mixture of experts' load-balancing loss (balance.py)
 RECOMPUTE_CHOICES = ("selective", "full")

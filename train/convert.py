@@ -32,12 +32,13 @@ from .distributed import distributed, log0
 from .hf.checkpoint import HFExport, load_hf_weights, save_hf
 from .hf.config import config_dtype, model_of_folder, shape_from_config
 from .model import build_model
+from .plan import RunPlan
 from .patches import megatron_core
 
 
 def hf_to_mcore(hf_model: str, root: str, tp: int) -> None:
     shape, hf_config, generation = model_of_folder(hf_model)
-    model = build_model(shape, attention="sdpa", tensor_parallel=tp, initialize=False)
+    model = build_model(shape, RunPlan.for_model(shape, attention="sdpa", tp=tp, initialize=False))
     load_hf_weights(model, hf_model, shape)
     has_tokenizer = os.path.isfile(os.path.join(hf_model, "tokenizer.json"))
     tokenizer = folder_identity(hf_model) if has_tokenizer else None
@@ -59,7 +60,7 @@ def mcore_to_hf(root: str, out: str, tp: int, tokenizer_dir: Optional[str]) -> N
         tokenizer_dir = directory_of(common["tokenizer"])
     if tokenizer_dir is None:
         log0(f"note: {path} names no tokenizer: {out} gets none (give --tokenizer DIR)")
-    model = build_model(shape, attention="sdpa", tensor_parallel=tp, initialize=False)
+    model = build_model(shape, RunPlan.for_model(shape, attention="sdpa", tp=tp, initialize=False))
     export = HFExport(shape, hf_config, config_dtype(hf_config), tokenizer_dir, common["generation"])
     Checkpointer(CheckpointConfig(save=None, save_interval=0, load=root, save_hf=None), model, None, export).load()
     save_hf(model, export, out)

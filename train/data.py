@@ -55,7 +55,7 @@ from megatron.core.datasets.utils import Split
 from qwen_data.blend.files import SPLITS, BlendError, Source
 from qwen_data.blend.read import TrainBlend, read_train_blend
 from qwen_data.blend.weights import parse_split
-from qwen_data.formats.layouts import Documents, PaiRows, layout_of  # noqa: F401 (PaiRows: named here for users)
+from qwen_data.formats.layouts import StoredDocuments, PaiRows, layout_of  # noqa: F401 (PaiRows: named here for users)
 from qwen_data.formats.manifest import Manifest
 from qwen_data.formats.outputs import atomic_file
 
@@ -201,19 +201,19 @@ class SFTDatasetConfig(BlendedMegatronDatasetConfig):
 class SFTDataset(MegatronDataset):
     """One sample = one document of a qwen-data SFT prefix (see the module docstring)."""
 
-    def __init__(self, dataset: Documents, dataset_path: Optional[str], indices: np.ndarray,
+    def __init__(self, dataset: StoredDocuments, dataset_path: Optional[str], indices: np.ndarray,
                  num_samples: Optional[int], index_split: Split, config: SFTDatasetConfig) -> None:
         super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
         self._check_lengths()
         self.sample_index = self._build_sample_index()
 
     @staticmethod
-    def numel_low_level_dataset(low_level_dataset: Documents) -> int:
+    def numel_low_level_dataset(low_level_dataset: StoredDocuments) -> int:
         # Split by document: a packed row never straddles train and valid.
         return len(low_level_dataset)
 
     @staticmethod
-    def build_low_level_dataset(dataset_path: str, config: SFTDatasetConfig) -> Documents:
+    def build_low_level_dataset(dataset_path: str, config: SFTDatasetConfig) -> StoredDocuments:
         # The mask layouts' P.bin/.idx tokens and P.lossmask.bin/.idx, one index; a pai-layout row decoded.
         return layout_of(Manifest.read(dataset_path)).open(dataset_path, mmap=config.mmap_bin_files)
 

@@ -48,11 +48,7 @@ def init_distributed(tp: int, pp: int = 1, ep: int = 1, cp: int = 1) -> torch.de
         else:
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
                                     rank=0, world_size=1)
-    world = dist.get_world_size()
-    if world % (tp * pp * cp):
-        raise ValueError(f"world size {world} is not a multiple of --tp {tp} × --pp {pp} × --cp {cp}")
-    if (world // (tp * pp * cp)) % ep:
-        raise ValueError(f"--ep {ep} does not divide the data-parallel size {world // (tp * pp * cp)}")
+    # The sizes fit the world: plan.RULES (megatron-core refuses what does not, in its own words).
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                              context_parallel_size=cp, expert_model_parallel_size=ep)
     return device
@@ -123,10 +119,7 @@ class ParallelLayout:
     def current(cls, micro_batch: int, global_batch: Optional[int]) -> ParallelLayout:
         """Of the groups `init_distributed` made; `global_batch` None = one micro-batch per DP rank."""
         dp = parallel_state.get_data_parallel_world_size()
-        global_batch = global_batch or micro_batch * dp
-        if global_batch % (micro_batch * dp):
-            raise ValueError(f"global batch {global_batch} is not a multiple of micro batch × DP "
-                             f"({micro_batch} × {dp})")
+        global_batch = global_batch or micro_batch * dp  # a multiple of micro_batch * dp: plan.RULES
         return cls(parallel_state.get_tensor_model_parallel_world_size(),
                    parallel_state.get_pipeline_model_parallel_world_size(), dp, dist.get_world_size(),
                    micro_batch, global_batch, parallel_state.get_context_parallel_world_size())
@@ -151,9 +144,6 @@ def data_parallel(core: torch.nn.Module, layout: ParallelLayout, device: torch.d
       else, DP > 1 without pipeline stages: torch DDP (all-reduce overlapping backward);
       else the model itself (`reduce_grads` after the schedule)."""
     if parallel.distributed_optimizer:
-        if device.type != "cuda":
-            raise ValueError("--distributed-optimizer runs on CUDA (megatron-core's gradient buffers and "
-                             "DistributedOptimizer): drop it on the CPU")
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
                                             overlap_grad_reduce=parallel.overlap_grad_reduce,
                                             overlap_param_gather=parallel.overlap_param_gather)

@@ -32,14 +32,15 @@ from megatron.core import parallel_state, tensor_parallel
 from qwen_data.text.tokenizer import directory_of
 
 from .checkpoint import Checkpointer, latest, stored
-from .config import TrainConfig, check_seq_length
+from .config import TrainConfig
 from .distributed import MegatronDDP, ParallelLayout, data_parallel, distributed, log0, reduce_grads, whole_parameters
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, make_loader
 from .metrics import ExpertLoad, Metrics, StepStats, Summary
-from .model import build_model, pipeline_split, resolve_attention, resolve_fp8
+from .model import build_model
 from .optimizer import AdamW, DistributedAdamW, Schedule
+from .plan import Environment, RunPlan, pipeline_split
 from .patches import megatron_core
 from .shapes import PRESETS, ModelShape
 from .step import ForwardSpec, evaluate, forward_backward
@@ -49,40 +50,23 @@ class Trainer:
     """One run of `config` on this rank's `device` (process groups already made): the set-up
     here, the loop in `run`."""
 
-    def __init__(self, config: TrainConfig, device: torch.device) -> None:
+    def __init__(self, config: TrainConfig, device: torch.device, plan: Optional[RunPlan] = None) -> None:
+        """`plan`: resolved by `train` before the process group exists; a caller that made its own
+        group may leave it to the trainer."""
         self.config, self.device = config, device
-        self.layout = ParallelLayout.current(config.micro_batch_size, config.global_batch_size)
-        cuda = device.type == "cuda"
-        attention, why = resolve_attention(config.model.attention, cuda=cuda, fp32=config.fp32)
         self.shape, hf_config, generation = model_of(config)
-        check_seq_length(config.seq_length, self.shape.max_position_embeddings,
-                         config.model.hf_model or self.shape.name)
-        self.fp8 = resolve_fp8(config.model.fp8, cuda=cuda, fp32=config.fp32)
-        if self.fp8 and self.shape.moe:
-            raise ValueError("--fp8 with a mixture-of-experts model is not built: train it in bf16 (no --fp8)")
-        if config.parallel.ep > 1 and not self.shape.moe:
-            raise ValueError(f"--ep {config.parallel.ep} splits experts: {self.shape.name} has none")
-        if self.shape.moe and config.parallel.tp > 1 and not config.parallel.sequence_parallel:
-            raise ValueError("a mixture-of-experts model under --tp trains with --sequence-parallel (megatron-core "
-                             "refuses it without): add --sequence-parallel")
-        if config.parallel.cp > 1:
-            check_context_parallel(config, attention)
-        # transformers' load-balancing loss needs every layer's routing before the first backward
-        self.balance = config.model.balance_loss or ("per-layer" if self.layout.pp > 1 else "transformers")
-        self.compile = resolve_compile(config.model.compile, device, config.parallel.sequence_parallel,
-                                       self.shape.moe)
-        log0(f"attention {attention} ({why}), compile {self.compile}"
-             + (f", FP8 {self.fp8} (Transformer Engine's linear layers)" if self.fp8 else ""))
+        self.plan = plan or RunPlan.resolve(config, self.shape, Environment.current())
+        self.layout = ParallelLayout.current(config.micro_batch_size, config.global_batch_size)
+        log0(f"attention {self.plan.attention} ({self.plan.attention_why}), compile {self.plan.compile}"
+             + (f", FP8 {self.plan.fp8} (Transformer Engine's linear layers)" if self.plan.fp8 else ""))
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
         tokenizer = self.train_ds.config.tokenizer
         tokenizer.check_embedding(self.shape.vocab_size, config.model.hf_model or self.shape.name)
         self.pad = tokenizer.pad
-        self.spec = ForwardSpec(attention, device, autocast=cuda and not config.fp32,
+        self.spec = ForwardSpec(self.plan.attention, device, autocast=self.plan.autocast,
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length, pad=self.pad)
         self.core = self._build_model()
         self.model = data_parallel(self.core, self.layout, device, config.parallel)
-        if config.optim.bf16_weights:
-            check_bf16_weights(config, self.layout, self.spec.autocast, self.fp8, self.shape.moe)
         self.optimizer = (DistributedAdamW(self.model, config.optim) if config.parallel.distributed_optimizer
                           else AdamW(self.core, config.optim, bf16_weights=config.optim.bf16_weights))
         self.schedule = Schedule.of(config.optim, config.train_iters)
@@ -164,18 +148,11 @@ class Trainer:
         return self.valid_ds is not None and every > 0 and self.iteration % every == 0
 
     def _build_model(self) -> torch.nn.Module:
-        seed, model = self.config.seed, self.config.model
+        seed, model = self.plan.seed, self.config.model
         torch.manual_seed(seed)  # the same weights on every rank and under every TP layout
         if self.device.type == "cuda":
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        parallel = self.config.parallel
-        core = build_model(self.shape, attention=self.spec.attention, tensor_parallel=parallel.tp,
-                           sequence_parallel=parallel.sequence_parallel,
-                           recompute=model.recompute, recompute_modules=model.recompute_modules.split(","),
-                           max_sequence_length=self.config.seq_length, initialize=model.hf_model is None,
-                           compile=self.compile, seed=seed, fp8=self.fp8, grouped_experts=model.grouped_experts,
-                           balance=self.balance, first_stage_layers=parallel.first_stage_layers,
-                           last_stage_layers=parallel.last_stage_layers)
+        core = build_model(self.shape, self.plan)
         if model.hf_model:
             load_hf_weights(core, model.hf_model, self.shape)
         return core.to(self.device)
@@ -194,7 +171,7 @@ class Trainer:
              f"{f' × CP {lay.cp}' if lay.cp > 1 else ''} × DP {lay.dp}"
              f"{f' (experts over EP {c.parallel.ep})' if c.parallel.ep > 1 else ''}, "
              f"{f'stages of {stages} layers, ' if lay.pp > 1 else ''}"
-             + (f"experts {'grouped' if c.model.grouped_experts else 'sequential'}, balance loss {self.balance}, "
+             + (f"experts {'grouped' if c.model.grouped_experts else 'sequential'}, balance loss {self.plan.balance}, "
                 if self.shape.moe else "")
              + f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
              f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
@@ -205,54 +182,6 @@ class Trainer:
              + (f", recompute {c.model.recompute}" + (f" ({c.model.recompute_modules})"
                                                       if c.model.recompute == "selective" else "")
                 if c.model.recompute else ""))
-
-
-def check_bf16_weights(config: TrainConfig, layout: ParallelLayout, autocast: bool, fp8: str | None,
-                       moe: bool = False) -> None:
-    """--bf16-weights where it is built: its gradients are added up beside the weights, outside
-    torch's DDP and megatron-core's optimizer, so on one data-parallel rank; not for a mixture of
-    experts, whose router multiplies outside autocast."""
-    why = ("it computes under bf16 autocast: on CUDA, without --fp32" if not autocast
-           else "it is not built with --fp8" if fp8
-           else "it is not built for a mixture-of-experts model" if moe
-           else "megatron-core's distributed optimizer keeps its own masters" if config.parallel.distributed_optimizer
-           else f"its gradients stay on their rank: data parallel × context parallel is {layout.gradient_ranks} here, "
-                "not 1" if layout.gradient_ranks > 1 else None)
-    if why:
-        raise ValueError(f"--bf16-weights: {why}")
-
-
-def check_context_parallel(config: TrainConfig, attention: str) -> None:
-    """--cp as built: PyTorch's attention with keys and values gathered over the group, beside data,
-    tensor (with or without sequence parallelism), pipeline and expert parallelism; a ValueError
-    names what it does not run with."""
-    cp, parallel = config.parallel.cp, config.parallel
-    if config.seq_length % (2 * cp):
-        raise ValueError(f"--cp {cp} cuts each row into {2 * cp} equal chunks: --seq-length {config.seq_length} "
-                         f"is not a multiple of {2 * cp}")
-    if attention != "sdpa":
-        raise ValueError(f"--cp runs PyTorch's attention: use --attention sdpa (or auto), not {attention}")
-    if parallel.distributed_optimizer:
-        raise ValueError("--cp with --distributed-optimizer is not built yet: --cp runs beside --tp, --pp, --ep and "
-                         "data parallelism")
-
-
-def resolve_compile(asked: str, device: torch.device, sequence_parallel: bool, moe: bool = False) -> str:
-    """--compile auto: each layer compiled on CUDA, nothing on the CPU. Under sequence parallelism
-    only the SwiGLU: a compiled layer lost most of its gradient there (2 × H200: gradient norm 0.65
-    against 15.6 at step 1, loss stuck), also with megatron-core's sequence-parallel linears kept
-    out of the graph (loss 11.97 against 10.52 after 10 steps), so that combination is refused.
-    Under FP8 layers compile around Transformer Engine's linears (`model.fp8_linear`).
-    A mixture-of-experts layer routes a different number of tokens to each
-    expert every micro-batch: only the SwiGLU there too (compiled layers not measured yet)."""
-    if asked == "layers" and sequence_parallel:
-        raise ValueError("--compile layers with --sequence-parallel gives wrong gradients: use --compile swiglu or "
-                         "auto")
-    if asked != "auto":
-        return asked
-    if device.type != "cuda":
-        return "none"
-    return "swiglu" if sequence_parallel or moe else "layers"
 
 
 def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
@@ -274,8 +203,9 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 
 
 def train(config: TrainConfig) -> int:
-    with megatron_core(), distributed(config.parallel.tp, config.parallel.pp, config.parallel.ep,
-                                      config.parallel.cp) as device:
-        Trainer(config, device).run()
+    # Every refusal before a process group exists (torchrun's WORLD_SIZE tells the ranks).
+    plan = RunPlan.resolve(config, model_of(config)[0], Environment.current())
+    with megatron_core(), distributed(plan.tp, plan.pp, plan.ep, plan.cp) as device:
+        Trainer(config, device, plan).run()
     return 0
 

@@ -26,7 +26,7 @@ from .model import marks
 class ForwardSpec:
     """How every micro-batch of a run goes through the model."""
 
-    attention: str  # resolved: te, sdpa or local (model.resolve_attention)
+    attention: str  # resolved: te, sdpa or local (plan.resolve_attention)
     device: torch.device  # where the micro-batches go
     autocast: bool  # bf16 autocast
     cross_entropy: str  # config.CROSS_ENTROPY_CHOICES

@@ -9,7 +9,7 @@ finished samples become its rows, how they are read back (`open`), and what `ver
   PaiLayout         Pai-Megatron-Patch's rows (`pai`): 2 × seq_length values, ids then labels
 
 `layout_of(manifest)` names the layout of a prefix; `finish` lays out the samples a run staged;
-`layout.open(prefix)` gives its documents back (`Documents`), as every reader of ours takes them.
+`layout.open(prefix)` gives its documents back (`StoredDocuments`), as every reader of ours takes them.
 """
 
 from __future__ import annotations
@@ -90,12 +90,12 @@ class DataLayout:
         """Values in every document when all have the same size (whole rows are read at once)."""
         return None
 
-    def open(self, prefix: str, mmap: bool = True) -> "Documents":
-        """The documents of `prefix`, read back as this layout stores them (`Documents`)."""
-        return Documents(self, prefix, mmap)
+    def open(self, prefix: str, mmap: bool = True) -> "StoredDocuments":
+        """The documents of `prefix`, read back as this layout stores them (`StoredDocuments`)."""
+        return StoredDocuments(self, prefix, mmap)
 
     def read_row(self, tokens: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray, pad_id: int | None):
-        """One document as `Documents.document` gives it: (token ids, trained flags, sample lengths,
+        """One document as `StoredDocuments.document` gives it: (token ids, trained flags, sample lengths,
         pad ids after the samples)."""
         if mask is None:  # every token is a target
             return tokens, np.ones(len(tokens), bool), lengths, 0
@@ -311,7 +311,7 @@ def trained_tokens(data: MaskedWriter) -> int:
 # Reading back
 
 
-class Documents:
+class StoredDocuments:
     """The documents of a prefix (`DataLayout.open`): `len(documents)`, and `documents.document(i)`
     → (token ids as int64, the loss mask as uint8 or None where the layout has none, the sequence
     lengths as int64), the rows of a packed layout padding included.
@@ -368,7 +368,7 @@ class Documents:
         return self.layout.sample_lengths(self.index, bin_tokens(path, dtype), pad_id)
 
 
-class PaiRows(Documents):
+class PaiRows(StoredDocuments):
     """The rows of a pai-layout prefix, each handed out decoded as the mask layout stores a row
     (`pai.split_row`: its end marks and shifted labels undone): `seq_length` tokens, their loss mask,
     the sample lengths then the pad run's. Every row is checked to be 2 x seq_length values first."""

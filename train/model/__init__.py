@@ -2,19 +2,21 @@
 HF configs, `shapes.PRESETS`, or a Hugging Face folder's).
 
     preset = PRESETS["qwen2.5-0.5b"]
-    model = build_model(preset, attention="auto")          # after parallel_state.initialize_model_parallel
+    model = build_model(preset, plan)          # a plan.RunPlan; after parallel_state.initialize_model_parallel
 
 The package, bottom up:
   marks        the marks set on parameters and the model, and read elsewhere (one accessor each)
-  stages       the layers of each pipeline stage
+  stages       where this rank's pipeline stage begins
   layers       our layers in megatron-core's local spec (seeded layers, RMSNorm, row-parallel linears)
   experts      a mixture of experts' experts as grouped matrix products
   balance      transformers' load-balancing loss over all layers' routing
   converters   functions spec → spec, each swapping some of the local spec's modules for ours
   spec         the layer spec: megatron-core's local spec, then the converters
   transformer  megatron-core's TransformerConfig of a model
-  resolve      what runs here: the core attention `auto` picks, an FP8 recipe
-  build        the choices → (config, spec) → this rank's GPTModel
+  build        the plan → (config, spec) → this rank's GPTModel
+
+What runs (the attention `auto` picks, the FP8 recipe, the compile mode ...) is decided before any of
+this, by the run plan (train/plan.py).
 
 Attention, the core of megatron-core's local layer spec (whose other modules torch.compile fuses):
   te     `train.attention.TECoreAttention`: Transformer Engine's fused attention (cuDNN), packed SFT
@@ -23,14 +25,12 @@ Attention, the core of megatron-core's local layer spec (whose other modules tor
          causal rows, FlexAttention with a document block mask for packed rows.
   local  megatron-core's own unfused DotProductAttention (a [b, h, s, s] score tensor: slow, memory
          hungry; kept for comparison only).
-  auto   `resolve_attention`: the fastest of these that runs here.
+  auto   `plan.resolve_attention`: the fastest of these that runs here.
 """
 
 from ..shapes import ModelShape
 from .build import build_model, model_parts
 from .marks import is_expert_parallel
-from .resolve import AUTO_WITH_TE, resolve_attention, resolve_fp8
-from .stages import layer_offset, pipeline_split
+from .stages import layer_offset
 
-__all__ = ["AUTO_WITH_TE", "ModelShape", "build_model", "is_expert_parallel", "layer_offset", "model_parts",
-           "pipeline_split", "resolve_attention", "resolve_fp8"]
+__all__ = ["ModelShape", "build_model", "is_expert_parallel", "layer_offset", "model_parts"]

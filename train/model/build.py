@@ -1,5 +1,5 @@
 """This rank's GPTModel from a `ModelShape` and the run's choices: `model_parts` turns the choices
-into the TransformerConfig and the layer spec, `build_model` checks them and builds."""
+into the TransformerConfig and the layer spec, `build_model` builds from them."""
 
 from __future__ import annotations
 
@@ -7,46 +7,30 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
-from ..config import COMPILE_CHOICES
+from ..plan import RunPlan, pipeline_split
 from ..shapes import ModelShape
 from .balance import install as install_balance
 from .marks import mark_balance_loss
-from .resolve import resolve_attention
 from .spec import block_spec
-from .stages import pipeline_split
 from .transformer import transformer_config
 
 
-def check_choices(preset: ModelShape, *, tensor_parallel: int, sequence_parallel: bool, compile: str,
-                  balance: str) -> None:
-    """A ValueError for choices that cannot build `preset` in this process's layout."""
-    if preset.moe and balance == "transformers" and parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise ValueError("the transformers load-balancing loss needs every layer's routing in one stage: "
-                         "under --pp take --moe-balance-loss per-layer")
-    if compile not in COMPILE_CHOICES:
-        raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {compile!r}")
-    if sequence_parallel and tensor_parallel == 1:
-        raise ValueError("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more")
-
-
-def model_parts(preset: ModelShape, *, attention: str, tensor_parallel: int, sequence_parallel: bool,
-                recompute: str | None, recompute_modules: tuple[str, ...], initialize: bool, compile: str,
-                seed: int, fp8: str | None, grouped_experts: bool, balance: str,
-                first_stage_layers: int | None, last_stage_layers: int | None):
-    """(TransformerConfig, the decoder's spec) of this rank's stage, `attention` resolved; the
-    layout's other sizes come from parallel_state."""
-    stage_layers = pipeline_split(preset.num_layers, parallel_state.get_pipeline_model_parallel_world_size(),
-                                  first_stage_layers, last_stage_layers, preset.name
+def model_parts(shape: ModelShape, plan: RunPlan):
+    """(TransformerConfig, the decoder's spec) of this rank's stage; the layout's sizes beside the
+    tensor-parallel one come from parallel_state."""
+    stage_layers = pipeline_split(shape.num_layers, parallel_state.get_pipeline_model_parallel_world_size(),
+                                  plan.first_stage_layers, plan.last_stage_layers, shape.name
                                   )[parallel_state.get_pipeline_model_parallel_rank()]
-    config = transformer_config(preset, attention=attention, tensor_parallel=tensor_parallel,
+    config = transformer_config(shape, attention=plan.attention, tensor_parallel=plan.tp,
                                 pipeline_parallel=parallel_state.get_pipeline_model_parallel_world_size(),
                                 expert_parallel=parallel_state.get_expert_model_parallel_world_size(),
                                 context_parallel=parallel_state.get_context_parallel_world_size(),
-                                sequence_parallel=sequence_parallel, recompute=recompute,
-                                recompute_modules=tuple(recompute_modules), initialize=initialize,
-                                fuse_swiglu=compile != "none", fp8=fp8, balance=balance,
-                                first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
-    spec = block_spec(preset, attention, seed, sequence_parallel, bool(fp8), grouped_experts, layers=stage_layers)
+                                sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
+                                recompute_modules=tuple(plan.recompute_modules), initialize=plan.initialize,
+                                fuse_swiglu=plan.compile != "none", fp8=plan.fp8, balance=plan.balance,
+                                first_stage_layers=plan.first_stage_layers, last_stage_layers=plan.last_stage_layers)
+    spec = block_spec(shape, plan.attention, plan.seed, plan.sequence_parallel, bool(plan.fp8), plan.grouped_experts,
+                      layers=stage_layers)
     return config, spec
 
 
@@ -66,34 +50,17 @@ def gpt_model(preset: ModelShape, config: TransformerConfig, spec, max_sequence_
     )
 
 
-def build_model(preset: ModelShape, *, attention: str = "auto", tensor_parallel: int = 1,
-                sequence_parallel: bool = False, recompute: str | None = None,
-                recompute_modules: tuple[str, ...] = ("mlp",), max_sequence_length: int | None = None,
-                initialize: bool = True, compile: str = "none",
-                seed: int = 0, fp8: str | None = None, grouped_experts: bool = True,
-                balance: str = "transformers", first_stage_layers: int | None = None,
-                last_stage_layers: int | None = None) -> GPTModel:
-    """This rank's GPTModel (its pipeline stage's layers), on the CPU, float32 (move it with `.to(device)`).
-
-    Needs `parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)` first.
-    `compile`: one of COMPILE_CHOICES (torch.compile needs a compiler toolchain; the trainer uses
-    it on CUDA only). Weights come from `seed` (the embedding and output layer from torch's
-    generator as it stands, each layer from `seed` and its number), the same under every layout.
-    `balance`: a mixture of experts' load-balancing loss (config.BALANCE_LOSSES; "transformers" needs all
-    layers in one stage). `first_stage_layers`, `last_stage_layers`: see `pipeline_split`.
-    """
-    attention, _ = resolve_attention(attention)
-    check_choices(preset, tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel, compile=compile,
-                  balance=balance)
-    config, spec = model_parts(
-        preset, attention=attention, tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel,
-        recompute=recompute, recompute_modules=recompute_modules, initialize=initialize, compile=compile,
-        seed=seed, fp8=fp8, grouped_experts=grouped_experts, balance=balance,
-        first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
-    model = gpt_model(preset, config, spec, max_sequence_length)
-    if preset.moe and balance == "transformers":
-        mark_balance_loss(model, install_balance(model, preset.router_aux_loss_coef))
-    if compile == "layers":
+def build_model(shape: ModelShape, plan: RunPlan) -> GPTModel:
+    """This rank's GPTModel (its pipeline stage's layers) as `plan` says, on the CPU, float32 (move it
+    with `.to(device)`). Needs `parallel_state.initialize_model_parallel` first. Weights come from
+    `plan.seed` (the embedding and output layer from torch's generator as it stands, each layer from
+    the seed and its number), the same under every layout. The plan was checked when it was made
+    (plan.RULES): nothing is refused here."""
+    config, spec = model_parts(shape, plan)
+    model = gpt_model(shape, config, spec, plan.max_sequence_length)
+    if shape.moe and plan.balance == "transformers":
+        mark_balance_loss(model, install_balance(model, shape.router_aux_loss_coef))
+    if plan.compile == "layers":
         for layer in model.decoder.layers:
             layer.compile()
     return model

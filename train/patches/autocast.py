@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import _replaced
+from .replacing import replaced as _replaced
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from typing import Callable, ContextManager, Iterator
 
 import torch
 
-from . import _replaced
+from .replacing import replaced as _replaced
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import _replaced
+from .replacing import replaced as _replaced
 
 
 class _TorchOnCpu:

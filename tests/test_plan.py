@@ -1,0 +1,157 @@
+"""The train stage's run plan (train/plan.py): every cross-feature rule refuses here, before a
+process group or a weight exists, and what `auto` picks is said with its reason. No model is built
+and megatron-core is not imported: these run in the fast tier."""
+
+import pytest
+
+from qwen_data_train.config import TrainConfig
+from qwen_data_train.plan import (AUTO_WITH_TE, RULES, Environment, RunPlan, pipeline_split, resolve_attention,
+                                  resolve_compile, resolve_fp8)
+from qwen_data_train.shapes import PRESETS
+
+H100 = Environment(cuda=True, te_installed=True, capability=(9, 0))
+CPU = Environment()
+
+
+def plan(*args, model="tiny", env=CPU):
+    config = TrainConfig.parse(["--data", "x", "--model", model, "--seq-length", "128", *args])
+    return RunPlan.resolve(config, PRESETS[model], env)
+
+
+def refusal(*args, **kwargs) -> str:
+    with pytest.raises(ValueError) as caught:
+        plan(*args, **kwargs)
+    return str(caught.value)
+
+
+# (what is asked, where, a phrase of the refusal): one case per rule of RULES, in its order
+REFUSED = [
+    (["--ep", "3"], dict(model="tiny-qwen3-moe", env=Environment(world_size=4)), "--ep 3 does not divide"),
+    (["--global-batch-size", "3"], dict(env=Environment(world_size=2)), "not a multiple of micro batch × DP"),
+    (["--distributed-optimizer"], {}, "--distributed-optimizer runs on CUDA"),
+    (["--fp8", "tensorwise"], dict(model="tiny-qwen3-moe", env=H100), "--fp8 with a mixture-of-experts"),
+    (["--ep", "2"], dict(env=Environment(world_size=2)), "splits experts: tiny has none"),
+    (["--tp", "2"], dict(model="tiny-qwen3-moe", env=Environment(world_size=2)), "add --sequence-parallel"),
+    (["--sequence-parallel"], {}, "it needs --tp 2 or more"),
+    (["--tp", "2", "--sequence-parallel", "--compile", "layers"], dict(env=Environment(world_size=2)),
+     "gives wrong gradients"),
+    (["--pp", "2", "--moe-balance-loss", "transformers"], dict(model="tiny-qwen3-moe", env=Environment(world_size=2)),
+     "every layer's routing in one stage"),
+    (["--pp", "3"], dict(env=Environment(world_size=3)), "do not split over --pp 3"),
+    (["--cp", "3"], dict(env=Environment(world_size=3)), "not a multiple of 6"),
+    (["--cp", "2", "--attention", "te"], dict(env=Environment(cuda=True, te_installed=True, capability=(9, 0),
+                                                              world_size=2)), "--cp runs PyTorch's attention"),
+    (["--cp", "2", "--distributed-optimizer"], dict(env=Environment(cuda=True, world_size=2)),
+     "--cp with --distributed-optimizer is not built yet"),
+    (["--bf16-weights"], {}, "--bf16-weights: it computes under bf16 autocast"),
+]
+
+
+@pytest.mark.parametrize("args, where, says", REFUSED, ids=[r.__name__.strip("_") for r in RULES])
+def test_every_rule_refuses_before_anything_is_built(args, where, says):
+    assert says in refusal(*args, **where)
+
+
+def test_each_case_is_refused_by_its_own_rule(monkeypatch):
+    """REFUSED is in RULES' order: each case breaks its own rule (what it says is that rule's)."""
+    import qwen_data_train.plan as plan_module
+
+    assert len(REFUSED) == len(RULES)
+    monkeypatch.setattr(plan_module, "check", lambda p: None)  # the plan as resolved, unchecked
+    for (args, where, says), rule in zip(REFUSED, RULES):
+        unchecked = plan(*args, **where)
+        assert says in (rule(unchecked) or ""), rule.__name__
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["--bf16-weights", "--fp8", "tensorwise"], H100, "not built with --fp8"),
+    (["--bf16-weights"], Environment(cuda=True, world_size=2), "data parallel × context parallel is 2"),
+    (["--bf16-weights", "--distributed-optimizer"], Environment(cuda=True), "keeps its own masters"),
+])
+def test_bf16_weights_say_which_of_their_conditions_fails(args, env, says):
+    assert says in refusal(*args, env=env)
+
+
+def test_bf16_weights_on_a_moe_model_are_refused():
+    assert "mixture-of-experts" in refusal("--bf16-weights", model="tiny-qwen3-moe", env=Environment(cuda=True))
+
+
+def test_the_world_must_hold_the_layout():
+    assert "world size 3 is not a multiple of --tp 2" in refusal("--tp", "2", env=Environment(world_size=3))
+
+
+def test_a_sample_longer_than_the_model_is_refused():
+    config = TrainConfig.parse(["--data", "x", "--model", "tiny", "--seq-length", "5000"])
+    with pytest.raises(ValueError, match="beyond the 4,096 positions"):
+        RunPlan.resolve(config, PRESETS["tiny"], CPU)
+
+
+def test_a_plan_says_what_runs_and_why():
+    p = plan()
+    assert (p.attention, p.attention_why, p.compile, p.autocast, p.data_parallel) == (
+        "sdpa", "auto: no CUDA", "none", False, "none")
+    p = plan(env=H100)
+    assert (p.attention, p.compile, p.autocast) == (AUTO_WITH_TE[0], "layers", True)
+    assert plan(env=Environment(world_size=2)).data_parallel == "torch"
+    assert plan("--pp", "2", env=Environment(world_size=4)).data_parallel == "none"  # reduce_grads after the schedule
+    assert plan("--distributed-optimizer", env=Environment(cuda=True, world_size=2)).data_parallel == "megatron"
+    assert plan("--pp", "2", model="tiny-qwen3-moe", env=Environment(world_size=2)).balance == "per-layer"
+    assert plan("--fp8", "delayed", env=H100).fp8 == "delayed"
+
+
+def test_auto_attention_says_what_it_picks_and_why():
+    assert resolve_attention("auto", H100) == (AUTO_WITH_TE[0], f"auto: {AUTO_WITH_TE[1]}")
+    assert resolve_attention("auto", H100, fp32=True) == (
+        "sdpa", "auto: float32 (Transformer Engine's fused attention is bf16/fp16)")
+    assert resolve_attention("auto", Environment(te_installed=True)) == ("sdpa", "auto: no CUDA")
+    assert resolve_attention("auto", Environment(cuda=True)) == ("sdpa", "auto: Transformer Engine is not installed")
+    assert resolve_attention("te", H100) == ("te", "as asked")
+    assert resolve_attention("sdpa", H100) == ("sdpa", "as asked")
+    with pytest.raises(ValueError, match="runs bf16 on CUDA only"):
+        resolve_attention("te", Environment(te_installed=True))
+    with pytest.raises(ValueError, match="needs Transformer Engine"):
+        resolve_attention("te", Environment(cuda=True))
+
+
+@pytest.mark.parametrize("recipe, env, fp32, says", [
+    ("delayed", Environment(cuda=True, capability=(9, 0)), False, "needs Transformer Engine"),
+    ("delayed", Environment(te_installed=True), False, "this machine has no GPU"),
+    ("delayed", H100, True, "drop --fp32"),
+    ("delayed", Environment(cuda=True, te_installed=True, capability=(8, 0)), False, "no FP8 matrix units"),
+    ("blockwise", Environment(cuda=True, te_installed=True, capability=(8, 9)), False, "runs on Hopper"),
+])
+def test_fp8_is_refused_where_it_cannot_run(recipe, env, fp32, says):
+    with pytest.raises(ValueError, match=says):
+        resolve_fp8(recipe, env, fp32)
+
+
+def test_fp8_runs_where_it_can():
+    assert resolve_fp8(None, CPU) is None
+    assert resolve_fp8("blockwise", H100) == "blockwise"
+    assert resolve_fp8("tensorwise", Environment(cuda=True, te_installed=True, capability=(8, 9))) == "tensorwise"
+
+
+def test_sequence_parallel_never_runs_compiled_layers():
+    """A compiled layer lost most of its gradient under sequence parallelism on GPUs: auto compiles
+    only the SwiGLU there (and in a mixture of experts), nothing on the CPU."""
+    assert resolve_compile("auto", True, False) == "layers"
+    assert resolve_compile("auto", True, True) == "swiglu"
+    assert resolve_compile("auto", True, False, moe=True) == "swiglu"
+    assert resolve_compile("auto", False, True) == "none"
+
+
+def test_pipeline_stages_split_as_asked():
+    assert pipeline_split(28, 2) == [14, 14]
+    assert pipeline_split(28, 2, last=13) == [15, 13]  # the last stage also runs the output layer
+    assert pipeline_split(28, 4, last=4) == [8, 8, 8, 4]
+    assert pipeline_split(28, 4, first=6, last=6) == [6, 8, 8, 6]
+    for stages, first, last, says in ((3, None, None, "evenly"), (2, 28, None, "every stage needs a layer"),
+                                      (4, 7, 6, "an equal share"), (1, None, 27, "need --pp 2")):
+        with pytest.raises(ValueError, match=says):
+            pipeline_split(28, stages, first, last)
+
+
+def test_a_plan_for_building_a_model_alone_is_checked_too():
+    RunPlan.for_model(PRESETS["tiny"], attention="sdpa", initialize=False)
+    with pytest.raises(ValueError, match="it needs --tp 2"):
+        RunPlan.for_model(PRESETS["tiny"], sequence_parallel=True)

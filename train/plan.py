@@ -1,0 +1,321 @@
+"""The run plan: every choice a train run makes, resolved once, before anything is built.
+
+`RunPlan.resolve(config, shape, env)` turns what was asked (the command line's `TrainConfig`), the
+model's shape and where the run is (`Environment`: CUDA, the GPU, Transformer Engine, the ranks)
+into what will run: the attention and why, the FP8 recipe, the compile mode, the balance loss,
+autocast, the data-parallel kind, bf16 weights and the parallel layout. Every rule that ties one
+feature to another is a line of `RULES`, and every refusal is raised here, before a process group,
+a weight or a GPU buffer exists. The trainer, the model builder and data parallelism read the plan;
+none of them decides again. Nothing here imports megatron-core, and torch only to look at the
+machine (`Environment.current`), so the rules are tested without building a model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .config import COMPILE_CHOICES, FP8_RECIPES, TrainConfig, check_seq_length
+from .shapes import ModelShape
+
+ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")
+# What `auto` runs where Transformer Engine is installed, and why: on an H100 (bench/gpu.sh te,
+# bench/results/gpu/te.json) TE's fused attention took 0.95× PyTorch's tokens/s pretraining and 0.91×
+# on packed SFT, Qwen2.5-0.5B at seq 4096: cuDNN's causal kernel is slower than SDPA's flash kernel at
+# head dim 64 (1.37 against 1.20 ms per layer, forward + backward) and the TE call splits each
+# compiled layer in two.
+AUTO_WITH_TE = ("sdpa", "PyTorch's attention measured faster than Transformer Engine's on an H100 "
+                "(pretraining 1.05×, packed SFT 1.10×)")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where the run is: the facts a plan depends on besides what was asked."""
+
+    cuda: bool = False
+    te_installed: bool = False
+    capability: Optional[tuple[int, int]] = None  # the GPU's compute capability
+    world_size: int = 1  # ranks of the run
+
+    @classmethod
+    def current(cls) -> Environment:
+        import torch
+        import torch.distributed as dist
+
+        from .attention import have_transformer_engine
+
+        cuda = torch.cuda.is_available()
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+        return cls(cuda=cuda, te_installed=have_transformer_engine(),
+                   capability=torch.cuda.get_device_capability() if cuda else None,
+                   world_size=world or int(os.environ.get("WORLD_SIZE", "1")))
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run builds and runs (see the module's docstring). `initialize`: draw the weights (False:
+    they are about to be loaded)."""
+
+    shape: ModelShape
+    attention: str = "sdpa"
+    attention_why: str = "as asked"
+    fp8: Optional[str] = None
+    compile: str = "none"
+    balance: str = "transformers"
+    autocast: bool = False
+    data_parallel: str = "none"  # "megatron" (with the distributed optimizer), "torch" (DDP) or "none"
+    bf16_weights: bool = False
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = False
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
+    recompute: Optional[str] = None
+    recompute_modules: tuple[str, ...] = ("mlp",)
+    grouped_experts: bool = True
+    max_sequence_length: Optional[int] = None
+    seed: int = 0
+    initialize: bool = True
+    # what the rules also look at: the machine and the batch
+    cuda: bool = False
+    micro_batch_size: int = 1
+    global_batch_size: Optional[int] = None  # None: one micro-batch per data-parallel rank
+
+    @classmethod
+    def resolve(cls, config: TrainConfig, shape: ModelShape, env: Environment) -> RunPlan:
+        """The plan of `config` for `shape` in `env`; a ValueError names the first rule it breaks."""
+        model, parallel = config.model, config.parallel
+        autocast = env.cuda and not config.fp32
+        attention, why = resolve_attention(model.attention, env, config.fp32)
+        dp = max(1, env.world_size // (parallel.tp * parallel.pp * parallel.cp))
+        plan = cls(
+            shape=shape, attention=attention, attention_why=why,
+            fp8=resolve_fp8(model.fp8, env, config.fp32),
+            compile=resolve_compile(model.compile, env.cuda, parallel.sequence_parallel, shape.moe),
+            balance=model.balance_loss or ("per-layer" if parallel.pp > 1 else "transformers"),
+            autocast=autocast,
+            data_parallel=("megatron" if parallel.distributed_optimizer
+                           else "torch" if dp * parallel.cp > 1 and parallel.pp == 1 else "none"),
+            bf16_weights=config.optim.bf16_weights,
+            tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, cp=parallel.cp, dp=dp,
+            sequence_parallel=parallel.sequence_parallel,
+            first_stage_layers=parallel.first_stage_layers, last_stage_layers=parallel.last_stage_layers,
+            recompute=model.recompute, recompute_modules=tuple(model.recompute_modules.split(",")),
+            grouped_experts=model.grouped_experts, max_sequence_length=config.seq_length, seed=config.seed,
+            initialize=model.hf_model is None, cuda=env.cuda, micro_batch_size=config.micro_batch_size,
+            global_batch_size=config.global_batch_size)
+        check_seq_length(config.seq_length, shape.max_position_embeddings, model.hf_model or shape.name)
+        if env.world_size % (parallel.tp * parallel.pp * parallel.cp):
+            raise ValueError(f"world size {env.world_size} is not a multiple of --tp {parallel.tp} × --pp "
+                             f"{parallel.pp} × --cp {parallel.cp}")
+        check(plan)
+        return plan
+
+    @classmethod
+    def for_model(cls, shape: ModelShape, **choices) -> RunPlan:
+        """A plan for building `shape` outside a train run (conversion, tests): `choices` as the fields."""
+        plan = cls(shape=shape, **choices)
+        check(plan)
+        return plan
+
+
+def resolve_attention(asked: str, env: Environment, fp32: bool = False) -> tuple[str, str]:
+    """(the core attention to run, why): `asked`, or for "auto" the fastest that runs in `env`."""
+    if asked not in ATTENTION_CHOICES:
+        raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, not {asked!r}")
+    if asked == "te":
+        if not env.te_installed:
+            raise ValueError("--attention te needs Transformer Engine (transformer_engine), which is not importable "
+                             "here: install it (README: Transformer Engine) or use --attention sdpa")
+        if not env.cuda or fp32:
+            raise ValueError("--attention te runs bf16 on CUDA only: use --attention sdpa"
+                             + (" with --fp32" if env.cuda else " on the CPU"))
+    if asked != "auto":
+        return asked, "as asked"
+    if not env.cuda:
+        return "sdpa", "auto: no CUDA"
+    if fp32:
+        return "sdpa", "auto: float32 (Transformer Engine's fused attention is bf16/fp16)"
+    if not env.te_installed:
+        return "sdpa", "auto: Transformer Engine is not installed"
+    choice, why = AUTO_WITH_TE
+    return choice, f"auto: {why}"
+
+
+def resolve_fp8(recipe: Optional[str], env: Environment, fp32: bool = False) -> Optional[str]:
+    """`recipe` (config.FP8_RECIPES) if it runs in `env`, else a clear refusal; None: bf16."""
+    if recipe is None:
+        return None
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"--fp8 takes one of {FP8_RECIPES}, not {recipe!r}")
+    if not env.te_installed:
+        raise ValueError("--fp8 needs Transformer Engine (transformer_engine), which is not importable here: install "
+                         "it (README: Transformer Engine) or train in bf16 (no --fp8)")
+    if not env.cuda or fp32:
+        raise ValueError("--fp8 runs on CUDA under bf16 autocast: " + ("drop --fp32" if env.cuda
+                                                                        else "this machine has no GPU"))
+    capability = env.capability or (0, 0)
+    if capability < (8, 9):
+        raise ValueError(f"--fp8: this GPU (compute capability {capability[0]}.{capability[1]}) has no FP8 matrix "
+                         "units; they start with Ada and Hopper (8.9, 9.0): train in bf16 (no --fp8)")
+    if recipe == "blockwise" and capability[0] != 9:
+        raise ValueError(f"--fp8 blockwise runs on Hopper (compute capability 9.x), not "
+                         f"{capability[0]}.{capability[1]}: use --fp8 tensorwise or delayed")
+    return recipe
+
+
+def resolve_compile(asked: str, cuda: bool, sequence_parallel: bool, moe: bool = False) -> str:
+    """--compile auto: each layer compiled on CUDA, nothing on the CPU. Under sequence parallelism
+    only the SwiGLU: a compiled layer lost most of its gradient there (2 × H200: gradient norm 0.65
+    against 15.6 at step 1, loss stuck), also with megatron-core's sequence-parallel linears kept
+    out of the graph (loss 11.97 against 10.52 after 10 steps), so that combination is refused
+    (RULES). Under FP8 layers compile around Transformer Engine's linears. A mixture-of-experts
+    layer routes a different number of tokens to each expert every micro-batch: only the SwiGLU
+    there too (compiled layers not measured yet)."""
+    if asked not in ("auto",) + COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {asked!r}")
+    if asked != "auto":
+        return asked
+    if not cuda:
+        return "none"
+    return "swiglu" if sequence_parallel or moe else "layers"
+
+
+def pipeline_split(num_layers: int, stages: int, first: Optional[int] = None, last: Optional[int] = None,
+                   name: str = "the model") -> list[int]:
+    """The layers of each pipeline stage: `first` and `last` where given, the rest evenly over the
+    other stages (megatron-core's num_layers_in_first/last_pipeline_stage); a ValueError says why not."""
+    if stages == 1 and (first, last) != (None, None):
+        raise ValueError("--decoder-first/last-pipeline-num-layers size pipeline stages: they need --pp 2 or more")
+    given = {stage: n for stage, n in ((0, first), (stages - 1, last)) if n is not None}
+    rest, others = num_layers - sum(given.values()), stages - len(given)
+    if any(n < 1 for n in given.values()) or rest < others or (rest % others if others else rest):
+        asked = " and ".join(f"--decoder-{'first' if stage == 0 else 'last'}-pipeline-num-layers {n}"
+                             for stage, n in given.items())
+        raise ValueError(f"{name}: {num_layers} layers do not split over --pp {stages} "
+                         + (f"with {asked}: every stage needs a layer, and the others an equal share of the rest"
+                            if given else "evenly: set --decoder-first/last-pipeline-num-layers"))
+    return [given.get(stage, rest // others if others else 0) for stage in range(stages)]
+
+
+# -- the rules ----------------------------------------------------------------------------------------
+# Each rule looks at a plan and returns why the combination is refused, or None. `RULES` is the
+# table, in the order they are checked.
+Rule = Callable[[RunPlan], Optional[str]]
+
+
+def _ep_divides_dp(p: RunPlan) -> Optional[str]:
+    if p.dp % p.ep:
+        return f"--ep {p.ep} does not divide the data-parallel size {p.dp}"
+
+
+def _global_batch(p: RunPlan) -> Optional[str]:
+    if p.global_batch_size is not None and p.global_batch_size % (p.micro_batch_size * p.dp):
+        return (f"global batch {p.global_batch_size} is not a multiple of micro batch × DP "
+                f"({p.micro_batch_size} × {p.dp})")
+
+
+def _distributed_optimizer_on_cpu(p: RunPlan) -> Optional[str]:
+    if p.data_parallel == "megatron" and not p.cuda:
+        return ("--distributed-optimizer runs on CUDA (megatron-core's gradient buffers and DistributedOptimizer): "
+                "drop it on the CPU")
+
+
+def _fp8_moe(p: RunPlan) -> Optional[str]:
+    if p.fp8 and p.shape.moe:
+        return "--fp8 with a mixture-of-experts model is not built: train it in bf16 (no --fp8)"
+
+
+def _ep_without_experts(p: RunPlan) -> Optional[str]:
+    if p.ep > 1 and not p.shape.moe:
+        return f"--ep {p.ep} splits experts: {p.shape.name} has none"
+
+
+def _moe_tp_needs_sp(p: RunPlan) -> Optional[str]:
+    if p.shape.moe and p.tp > 1 and not p.sequence_parallel:
+        return ("a mixture-of-experts model under --tp trains with --sequence-parallel (megatron-core refuses it "
+                "without): add --sequence-parallel")
+
+
+def _sp_needs_tp(p: RunPlan) -> Optional[str]:
+    if p.sequence_parallel and p.tp == 1:
+        return "--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more"
+
+
+def _compiled_layers_sp(p: RunPlan) -> Optional[str]:
+    if p.compile == "layers" and p.sequence_parallel:
+        return "--compile layers with --sequence-parallel gives wrong gradients: use --compile swiglu or auto"
+
+
+def _balance_in_one_stage(p: RunPlan) -> Optional[str]:
+    if p.shape.moe and p.balance == "transformers" and p.pp > 1:
+        return ("the transformers load-balancing loss needs every layer's routing in one stage: under --pp take "
+                "--moe-balance-loss per-layer")
+
+
+def _stages(p: RunPlan) -> Optional[str]:
+    try:
+        pipeline_split(p.shape.num_layers, p.pp, p.first_stage_layers, p.last_stage_layers, p.shape.name)
+    except ValueError as e:
+        return str(e)
+
+
+def _cp_chunks(p: RunPlan) -> Optional[str]:
+    if p.cp > 1 and p.max_sequence_length and p.max_sequence_length % (2 * p.cp):
+        return (f"--cp {p.cp} cuts each row into {2 * p.cp} equal chunks: --seq-length {p.max_sequence_length} is "
+                f"not a multiple of {2 * p.cp}")
+
+
+def _cp_attention(p: RunPlan) -> Optional[str]:
+    if p.cp > 1 and p.attention != "sdpa":
+        return f"--cp runs PyTorch's attention: use --attention sdpa (or auto), not {p.attention}"
+
+
+def _cp_distributed_optimizer(p: RunPlan) -> Optional[str]:
+    if p.cp > 1 and p.data_parallel == "megatron":
+        return ("--cp with --distributed-optimizer is not built yet: --cp runs beside --tp, --pp, --ep and data "
+                "parallelism")
+
+
+def _bf16_weights(p: RunPlan) -> Optional[str]:
+    """--bf16-weights where it is built: its gradients are added up beside the weights, outside
+    torch's DDP and megatron-core's optimizer, so on one data-parallel rank; not for a mixture of
+    experts, whose router multiplies outside autocast."""
+    if not p.bf16_weights:
+        return None
+    why = ("it computes under bf16 autocast: on CUDA, without --fp32" if not p.autocast
+           else "it is not built with --fp8" if p.fp8
+           else "it is not built for a mixture-of-experts model" if p.shape.moe
+           else "megatron-core's distributed optimizer keeps its own masters" if p.data_parallel == "megatron"
+           else f"its gradients stay on their rank: data parallel × context parallel is {p.dp * p.cp} here, not 1"
+           if p.dp * p.cp > 1 else None)
+    return f"--bf16-weights: {why}" if why else None
+
+
+RULES: tuple[Rule, ...] = (
+    _ep_divides_dp,               # experts split within a data-parallel group
+    _global_batch,                # every data-parallel rank takes whole micro-batches
+    _distributed_optimizer_on_cpu,
+    _fp8_moe,                     # TE's FP8 linears are not built into the experts
+    _ep_without_experts,
+    _moe_tp_needs_sp,             # megatron-core's MoE under TP
+    _sp_needs_tp,
+    _compiled_layers_sp,          # measured wrong gradients (resolve_compile)
+    _balance_in_one_stage,        # transformers' balance loss sums every layer's routing
+    _stages,                      # --pp and the first/last stage sizes
+    _cp_chunks,                   # --cp's load-balanced chunks
+    _cp_attention,
+    _cp_distributed_optimizer,
+    _bf16_weights,                # autocast, no FP8, dense, one gradient rank
+)
+
+
+def check(plan: RunPlan) -> None:
+    """A ValueError naming the first rule `plan` breaks."""
+    for rule in RULES:
+        if (why := rule(plan)) is not None:
+            raise ValueError(why)
