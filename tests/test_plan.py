@@ -151,7 +151,10 @@ def test_pipeline_stages_split_as_asked():
             pipeline_split(28, stages, first, last)
 
 
-def test_a_plan_for_building_a_model_alone_is_checked_too():
+def test_a_plan_for_building_a_model_alone_is_checked_by_the_build_rules():
     RunPlan.for_model(PRESETS["tiny"], attention="sdpa", initialize=False)
+    RunPlan.for_model(PRESETS["tiny-qwen3-moe"], tp=2)  # a forward pass under TP needs no sequence parallelism
     with pytest.raises(ValueError, match="it needs --tp 2"):
         RunPlan.for_model(PRESETS["tiny"], sequence_parallel=True)
+    with pytest.raises(ValueError, match="do not split over --pp 2"):
+        RunPlan.for_model(PRESETS["tiny"], pp=2, first_stage_layers=2)

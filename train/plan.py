@@ -117,9 +117,10 @@ class RunPlan:
 
     @classmethod
     def for_model(cls, shape: ModelShape, **choices) -> RunPlan:
-        """A plan for building `shape` outside a train run (conversion, tests): `choices` as the fields."""
+        """A plan for building `shape` outside a train run (conversion, logits, tests): `choices` as the
+        fields, checked by the rules of a build (BUILD_RULES; a forward pass needs no more)."""
         plan = cls(shape=shape, **choices)
-        check(plan)
+        check(plan, BUILD_RULES)
         return plan
 
 
@@ -314,8 +315,13 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def check(plan: RunPlan) -> None:
-    """A ValueError naming the first rule `plan` breaks."""
-    for rule in RULES:
+# What building a model needs of its plan, trained or not (megatron-core builds MoE layers under TP
+# without sequence parallelism; only training them is refused).
+BUILD_RULES: tuple[Rule, ...] = (_sp_needs_tp, _balance_in_one_stage, _stages)
+
+
+def check(plan: RunPlan, rules: tuple[Rule, ...] = RULES) -> None:
+    """A ValueError naming the first of `rules` that `plan` breaks."""
+    for rule in rules:
         if (why := rule(plan)) is not None:
             raise ValueError(why)
