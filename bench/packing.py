@@ -2,7 +2,7 @@
 
     python3 bench/packing.py [--samples 1000000] [--capacity 4096] [--ffd-subset 50000]
 
-Lengths come from the realistic SFT mix of tests/test_packing.py (its docstring says how it
+Lengths come from the realistic SFT mix of tests/data/test_packing.py (its docstring says how it
 was calibrated). Baselines: `next_fit` in input order (concatenate, start a new row when the
 sample does not fit: what naive packers and Pai-Megatron-Patch do; `--packing next-fit`) on all
 samples, and a plain first-fit-decreasing

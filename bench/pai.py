@@ -1,6 +1,6 @@
 """`qwen-data sft --layout pai` against Pai-Megatron-Patch's own build_idxmap_sft_dataset.py.
 
-Both run on the same alpaca records (tests/data/pai_alpaca.jsonl) and the same tokenizer folders,
+Both run on the same alpaca records (tests/fixtures/pai_alpaca.jsonl) and the same tokenizer folders,
 packed and unpacked, and their .bin/.idx are compared byte for byte. Where bytes differ, the
 script says whether they are equal once Pai's pad id is put in place of ours in the pad positions.
 It also compares the records Pai's script leaves out (a printed line each) with our rejects, and
@@ -16,7 +16,7 @@ and a megatron-core that still has `megatron.core.datasets.megatron_tokenizer.Me
 Cases: the bundled Qwen3 tokenizer folder and a Qwen2.5 one made from it (tests/_helpers.py),
 each with Pai's `Qwen2Tokenizer` (pads with an added `<|extra_0|>`) and, for Qwen3, its
 `Qwen3Tokenizer` (pads with the folder's pad token, `<|endoftext|>`). `--golden` writes the sha256
-of Pai's files to tests/data/pai_golden.json, which tests/test_pai.py checks our output against.
+of Pai's files to tests/fixtures/pai_golden.json, which tests/data/test_pai.py checks our output against.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ sys.path.insert(1, os.path.join(ROOT, "tests"))
 from _helpers import qwen25_tokenizer_folder  # noqa: E402
 from qwen_data.text.tokenizer import bundled_tokenizer_dir  # noqa: E402
 
-RECORDS = os.path.join(ROOT, "tests", "data", "pai_alpaca.jsonl")
-GOLDEN = os.path.join(ROOT, "tests", "data", "pai_golden.json")
+RECORDS = os.path.join(ROOT, "tests", "fixtures", "pai_alpaca.jsonl")
+GOLDEN = os.path.join(ROOT, "tests", "fixtures", "pai_golden.json")
 SEQ_LENGTH = 256
 # (tokenizer folder, Pai's --patch-tokenizer-type, our --template, the pad id Pai writes)
 CASES = [("qwen2.5", "Qwen2Tokenizer", "qwen2p5", 151665), ("qwen3", "Qwen2Tokenizer", "auto", 151669),

@@ -44,7 +44,7 @@ _IDENTITY_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 # Its name, path and backend say where the files lay and which code encoded them (both backends
 # give the same ids), so data made with copies of the files, or by either backend, is alike.
 IDS_IDENTITY = ("sha256", "flavour", "vocab_size")
-# The tokenizer.json settings of Qwen2.5's and Qwen3's files (tests/test_tokenizer.py), under which
+# The tokenizer.json settings of Qwen2.5's and Qwen3's files (tests/data/test_tokenizer.py), under which
 # gigatoken builds from a rank file (`QwenTokenizer._rank_file`) the BPE it builds from the file:
 # NFC (done here, `gigatoken_input`), the split regex gigatoken calls "qwen2", byte-level BPE.
 QWEN_SETTINGS = {
@@ -362,7 +362,7 @@ class QwenTokenizer:
         normalizes itself; built from a rank file it does not, and gets the texts in NFC here, by
         Python's Unicode tables. Where those normalize otherwise than HF's (older) tables, the text
         holds a character of unicode_exact.EXACT_RANGES and goes to HF (`exact_rows`; tested in
-        tests/test_unicode_exact.py).
+        tests/data/test_unicode_exact.py).
 
         HF splits the literals it keeps as control tokens out of the raw text and normalizes the
         pieces between them (U+0338 after `<think>` stays apart; NFC of the whole text would compose

@@ -13,12 +13,12 @@ So three kinds of code points get different ids:
              Tai Yo, ...): \\p{L}/\\p{N} to gigatoken, punctuation to Oniguruma, so words split apart.
 `QwenTokenizer` sends every text that holds one of them to HF `tokenizers`.
 
-EXACT_RANGES is measured, not written by hand: tests/test_unicode_exact.py runs both backends on every
+EXACT_RANGES is measured, not written by hand: tests/data/test_unicode_exact.py runs both backends on every
 code point but surrogates, alone and between combining marks of several classes (NFC compared), after an
 apostrophe and before a letter (the split compared, with a vocabulary that makes every split show in
 the ids), and in every pair that a composition newer than the tables could join; the test fails when
 a code point whose output differs is missing here. After upgrading `tokenizers` or gigatoken,
-regenerate with `python3 tests/test_unicode_exact.py` (it prints the ranges to paste below) and run
+regenerate with `python3 tests/data/test_unicode_exact.py` (it prints the ranges to paste below) and run
 that test.
 """
 

@@ -4,7 +4,7 @@ The version window is policy: megatron-core 0.17 on requires Python >= 3.12 (its
 Requires-Python >=3.12), so CI, on Python 3.11, runs the floor, 0.16.1, and the GPU hosts run the
 newest, 0.19.2; pyproject.toml allows >=0.16,<0.20. `FIXED_IN` names the version that fixes each
 backport: below it the backport applies, from it on megatron-core's own code runs. Once the floor
-in pyproject.toml reaches that version the backport is dead code, and tests/test_train_patches.py
+in pyproject.toml reaches that version the backport is dead code, and tests/train/test_train_patches.py
 fails until it is deleted.
 
 megatron-core 0.20 (upstream main, d98e8a6): its routers take a padding mask, as they have since

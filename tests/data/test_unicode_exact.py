@@ -3,7 +3,7 @@ which). Every code point where that changes the output must be in EXACT_RANGES, 
 default backend must give HF's ids on every text.
 
 `find_differences()` is the judge, over the whole code space (surrogates aside), and also the table's
-generator: `python3 tests/test_unicode_exact.py` prints EXACT_RANGES.
+generator: `python3 tests/data/test_unicode_exact.py` prints EXACT_RANGES.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import pytest
 import regex
 from tokenizers import Tokenizer
 
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[1:1] = [TESTS, os.path.dirname(TESTS)]  # run as a script: the tests' helpers and the repo
 
 from multilingual import SPECIAL_LITERALS  # noqa: E402
 from qwen_data.text.tokenizer import QwenTokenizer, bundled_tokenizer_dir  # noqa: E402
@@ -286,7 +287,7 @@ def test_table_holds_every_code_point_whose_output_differs(differences):
     found, _, _ = differences
     assert found["marks"] and found["letters"] and found["pairs"], "the probes no longer find the known differences"
     missing = {kind: as_ranges(cps - table()) for kind, cps in found.items() if cps - table()}
-    assert not missing, f"regenerate EXACT_RANGES (python3 tests/test_unicode_exact.py): missing {missing}"
+    assert not missing, f"regenerate EXACT_RANGES (python3 tests/data/test_unicode_exact.py): missing {missing}"
 
 
 def test_every_text_that_differs_goes_to_hf(differences, ours):

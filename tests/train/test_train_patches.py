@@ -10,7 +10,7 @@ import torch
 
 from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing
 
-PYPROJECT = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
 MISSING = object()
 
 

@@ -190,7 +190,7 @@ def test_killed_run_leaves_no_complete_looking_prefix(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "qwen_data.cli", "pretrain", big, "-o", str(prefix), "--workers", "1",
          "--backend", "hf", "--chunk-mb", "0.05", "--quiet"],
-        cwd=os.path.dirname(os.path.dirname(__file__)),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
     deadline = time.time() + 60
     while time.time() < deadline and not (os.path.exists(f"{prefix}.bin.tmp") and os.path.getsize(f"{prefix}.bin.tmp")):

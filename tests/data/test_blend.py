@@ -178,7 +178,7 @@ def test_refuses_bad_arguments(prefixes, tmp_path, capsys):
 
 
 def test_command_line_entry_point(prefixes, tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     run = subprocess.run([sys.executable, "-m", "qwen_data.cli", "blend", prefixes["web"], "-o", str(tmp_path / "m.json")],
                          cwd=root, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

@@ -14,7 +14,7 @@ import pytest
 
 from qwen_data.run.workers import WorkerError, ordered_map
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INTERRUPTED = "interrupted: no output was committed"
 
 

@@ -1,7 +1,7 @@
 """train/loss.py's fused output layer + cross-entropy against megatron-core's own output layer and
 vocab-parallel cross-entropy: the same masked loss and the same gradient for every parameter, over
 several chunks and a ragged last one, for both Qwen2 and Qwen3 bodies (tied embeddings); under
-tensor parallelism the TP=2 × DP=2 run of tests/test_train_smoke.py checks it against one process."""
+tensor parallelism the TP=2 × DP=2 run of tests/train/test_train_smoke.py checks it against one process."""
 
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """`qwen-data sft --layout pai` against Pai-Megatron-Patch's own build_idxmap_sft_dataset.py.
 
 Pai's script cannot run here (it needs transformers < 5 and its repository), so bench/pai.py ran it
-on tests/data/pai_alpaca.jsonl and recorded the sha256 of its files in tests/data/pai_golden.json;
+on tests/fixtures/pai_alpaca.jsonl and recorded the sha256 of its files in tests/fixtures/pai_golden.json;
 our output on the same records must hash the same. Its Qwen3Tokenizer pads with <|endoftext|>,
 which qwen-data never pads with: there our bytes must equal Pai's once its pad id is put back in
 the pad positions, and nowhere else.
@@ -20,7 +20,7 @@ from qwen_data.formats import pai
 from qwen_data.cli import main
 from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
-DATA = REPO_ROOT / "tests" / "data"
+DATA = REPO_ROOT / "tests" / "fixtures"
 GOLDEN = json.loads((DATA / "pai_golden.json").read_text())
 RECORDS = str(REPO_ROOT / GOLDEN["records"])
 S = GOLDEN["seq_length"]

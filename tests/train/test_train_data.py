@@ -430,7 +430,7 @@ with pytest.raises(BlendError, match="test part .* is empty"):
     data.build_datasets(weighted, 16, 20, 4, 2, split="969,30,1")
 print("ok")
 """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.getcwd()]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.getcwd()]))
     try:
         done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=180, env=env)
     except subprocess.TimeoutExpired:
