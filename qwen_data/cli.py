@@ -238,9 +238,10 @@ def _blend_options(p: argparse.ArgumentParser) -> None:
                         "manifests' token counts (default otherwise)")
     p.add_argument("--temperature", type=_temperature, default=None,
                    help="weigh by tokens**(1/T): 1 = by tokens, larger flattens towards uniform (none: as --by says)")
-    p.add_argument("--ratio-unit", choices=["tokens", "samples"], default="tokens",
-                   help="what ratios are shares of: training tokens (default; converted to "
-                        "Megatron's per-sample weights for SFT) or samples (written unchanged)")
+    p.add_argument("--ratio-unit", choices=["tokens", "trained-tokens", "samples"], default="tokens",
+                   help="what ratios are shares of: training tokens (default; converted to Megatron's per-sample "
+                        "weights for SFT), trained tokens (loss mask 1; for pretraining the same as tokens) or "
+                        "samples (written unchanged)")
     p.add_argument("--valid", nargs="+", default=[], metavar="PREFIX[=W]",
                    help="separate validation prefixes (per-split blend; none: no validation data)")
     p.add_argument("--test", nargs="+", default=[], metavar="PREFIX[=W]",
@@ -478,11 +479,15 @@ def _print_blend(result) -> None:
 
     blend = result.blend
     print(f"{blend.kind} blend of {len(blend.splits['train'])} train source(s), weights by {blend.by}"
-          + (f" (temperature {blend.temperature:g})" if blend.temperature else ""))
+          + (f" (temperature {blend.temperature:g})" if blend.temperature else "") + f", shares of {blend.ratio_unit}")
     for name in SPLITS:
-        for e in blend.splits.get(name) or ():
-            print(f"  {name:<5}  {e.source.prefix}  weight {e.weight:.4g}  tokens {100 * e.share:.2f}%  "
-                  f"({e.source.real_tokens:,} tokens, {e.source.documents:,} documents)")
+        if name not in blend.splits:
+            continue
+        drawn = zip(blend.splits[name], blend.drawn_shares(name, "tokens"), blend.drawn_shares(name, "trained-tokens"))
+        for e, tokens, trained in drawn:
+            print(f"  {name:<5}  {e.source.prefix}  weight {e.weight:.4g}  tokens {100 * tokens:.2f}%  "
+                  f"trained {100 * trained:.2f}%  ({e.source.real_tokens:,} tokens, {e.source.trained_tokens:,} "
+                  f"trained, {e.source.documents:,} documents)")
     print("wrote " + ", ".join(result.written))
     print("Megatron-LM flags: " + " ".join(result.megatron_args))
     if blend.split is None and "valid" not in blend.splits:

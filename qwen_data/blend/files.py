@@ -82,9 +82,23 @@ class Source:
         return self.manifest.sft.sample_tokens if self.manifest.sft else self.manifest.tokens
 
     @property
+    def trained_tokens(self) -> int:
+        """Tokens the loss is taken on: the SFT manifest's count of loss-mask 1; every token for pretraining."""
+        return self.manifest.sft.trained_tokens if self.manifest.sft else self.real_tokens
+
+    def count(self, unit: str) -> int:
+        """The source's size in a ratio unit: trained tokens for "trained-tokens", else real tokens."""
+        return self.trained_tokens if unit == "trained-tokens" else self.real_tokens
+
+    @property
     def tokens_per_sample(self) -> float | None:
         """Mean real tokens per sample for SFT (one sample = one document); None for pretraining."""
-        return self.real_tokens / self.documents if self.kind == "sft" else None
+        return self.per_sample("tokens")
+
+    def per_sample(self, unit: str) -> float | None:
+        """Mean tokens of `unit` ("tokens", "trained-tokens") per SFT sample; None for pretraining, whose
+        samples all hold seq-length tokens, all trained."""
+        return self.count(unit) / self.documents if self.kind == "sft" else None
 
 
 def load_source(prefix: str, ratio: float | None = None) -> Source:
@@ -191,9 +205,13 @@ def check_agreement(sources: list[Source]) -> None:
 # A weighed blend
 
 
+# What a blend's ratios are shares of (`--ratio-unit`): data tokens, trained tokens (loss mask 1), or samples.
+RATIO_UNITS = ("tokens", "trained-tokens", "samples")
+
+
 @dataclass
 class Entry:
-    """A source in one split of the blend: its token share and its Megatron (sample) weight."""
+    """A source in one split of the blend: its share in the blend's ratio unit and its Megatron (sample) weight."""
 
     source: Source
     share: float
@@ -213,6 +231,11 @@ class Blend:
     def kind(self) -> str:
         return self.sources[0].kind
 
+    def drawn_shares(self, split: str, unit: str) -> list[float]:
+        """Each source's share of `unit` that the split's Megatron weights draw (`drawn_shares`)."""
+        entries = self.splits[split]
+        return drawn_shares([e.source for e in entries], [e.weight for e in entries], unit)
+
     def megatron_list(self, split: str) -> list[str] | None:
         """`[w1, p1, w2, p2, ...]` (a lone prefix goes unweighted), or None for an absent split."""
         entries = self.splits.get(split)
@@ -221,6 +244,18 @@ class Blend:
         if len(entries) == 1:
             return [entries[0].source.prefix]
         return [item for e in entries for item in (repr(e.weight), e.source.prefix)]
+
+
+def drawn_shares(sources: list[Source], weights: list[float], unit: str) -> list[float]:
+    """Each source's share of `unit` (one of RATIO_UNITS) over an epoch of a blend drawing samples by
+    Megatron's `weights`: samples in proportion to the weights, each SFT sample carrying its source's
+    mean tokens of `unit`; pretraining samples all hold seq-length tokens, all trained."""
+    if unit == "samples" or sources[0].kind == "pretrain":
+        raw = list(weights)
+    else:
+        raw = [w * s.per_sample(unit) for s, w in zip(sources, weights)]
+    total = sum(raw)
+    return [r / total if total else 0.0 for r in raw]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,8 +299,7 @@ def sidecar(blend: Blend, paths: BlendPaths) -> dict:
         "layout": first.sft and first.sft.layout,
         "weighting": {"by": blend.by, "temperature": blend.temperature, "ratio_unit": blend.ratio_unit},
         "split": blend.split,
-        "splits": {name: [_sidecar_entry(e) for e in blend.splits[name]] if name in blend.splits else None
-                   for name in SPLITS},
+        "splits": {name: _sidecar_entries(blend, name) if name in blend.splits else None for name in SPLITS},
         "megatron_args": megatron_flags(blend, paths),
         "files": {"per_split_data_args": None if blend.split is not None else paths.per_split,
                   "data_args": paths.data_args},
@@ -274,16 +308,21 @@ def sidecar(blend: Blend, paths: BlendPaths) -> dict:
     }
 
 
-def _sidecar_entry(e: Entry) -> dict:
-    return {
+def _sidecar_entries(blend: Blend, split: str) -> list[dict]:
+    """Each source's weight and the shares of tokens and of trained tokens it draws (the share asked is the
+    one of `weighting.ratio_unit`)."""
+    tokens, trained = blend.drawn_shares(split, "tokens"), blend.drawn_shares(split, "trained-tokens")
+    return [{
         "prefix": e.source.prefix,
         "weight": e.weight,
-        "token_share": e.share,
+        "token_share": token_share,
+        "trained_share": trained_share,
         "fingerprint": e.source.manifest.fingerprint,
         "tokens": e.source.real_tokens,
+        "trained_tokens": e.source.trained_tokens,
         "documents": e.source.documents,
         "sequences": e.source.manifest.sequences,
-    }
+    } for e, token_share, trained_share in zip(blend.splits[split], tokens, trained)]
 
 
 def write_blend(blend: Blend, output: str) -> BlendPaths:
@@ -319,14 +358,17 @@ class BlendRecord:
 
     `splits` holds every name of SPLITS: megatron-core's (prefixes, weights) or None. With
     `per_split` each split is its own blend (NAME.json); without, "train" is one distribution that
-    `split` (None: the trainer's choice) cuts. `fingerprints` are the sources' manifest fingerprints
-    when the blend was made, by prefix (empty without our sidecar).
+    `split` (None: the trainer's choice) cuts. From our sidecar, when there is one: `fingerprints`,
+    the sources' manifest fingerprints when the blend was made, by prefix; `ratio_unit`, what the
+    blend's ratios were shares of, and `asked`, each train prefix's share of that unit.
     """
 
     splits: dict[str, MegatronBlend | None]
     per_split: bool
     split: str | None = None
     fingerprints: dict[str, str] = field(default_factory=dict)
+    ratio_unit: str | None = None
+    asked: dict[str, float] = field(default_factory=dict)
 
 
 def read_blend(path: str) -> BlendRecord:
@@ -342,7 +384,7 @@ def read_blend(path: str) -> BlendRecord:
         return _from_sidecar(record, paths.sidecar)
     if not os.path.isfile(path):
         raise BlendError(f"{path}: no such blend file (nor {paths.sidecar})")
-    fingerprints = _fingerprints(record) if record is not None else {}
+    made = _as_made(record) if record is not None else {}
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if path.endswith(".json"):
@@ -350,10 +392,10 @@ def read_blend(path: str) -> BlendRecord:
             data = json.loads(text)
         except ValueError as exc:
             raise BlendError(f"{path}: not a per-split blend (JSON): {exc}") from None
-        return BlendRecord(_per_split_lists(path, data), True, None, fingerprints)
+        return BlendRecord(_per_split_lists(path, data), True, None, **made)
     # Megatron takes the split of a NAME.txt blend from the command line; ours recorded it.
     splits = {"train": blend_from_list(text.split(), path), "valid": None, "test": None}
-    return BlendRecord(splits, False, record.get("split") if record else None, fingerprints)
+    return BlendRecord(splits, False, record.get("split") if record else None, **made)
 
 
 def _read_sidecar(path: str) -> dict | None:
@@ -366,8 +408,20 @@ def _read_sidecar(path: str) -> dict | None:
     return record
 
 
-def _fingerprints(record: dict) -> dict[str, str]:
-    return {e["prefix"]: e["fingerprint"] for entries in record["splits"].values() for e in entries or ()}
+# The sidecar entry's key holding the share asked, by ratio unit ("samples": the weights themselves).
+ASKED_KEY = {"tokens": "token_share", "trained-tokens": "trained_share", "samples": "weight"}
+
+
+def _as_made(record: dict) -> dict:
+    """What a sidecar says of the blend when it was made: BlendRecord's fingerprints, ratio_unit, asked."""
+    fingerprints = {e["prefix"]: e["fingerprint"] for entries in record["splits"].values() for e in entries or ()}
+    unit = (record.get("weighting") or {}).get("ratio_unit")
+    train = record["splits"].get("train") or []
+    asked = [e.get(ASKED_KEY.get(unit)) for e in train]
+    if None in asked or not train:  # a record older than its unit's key
+        return {"fingerprints": fingerprints}
+    return {"fingerprints": fingerprints, "ratio_unit": unit,
+            "asked": {e["prefix"]: a / sum(asked) for e, a in zip(train, asked)}}
 
 
 def _from_sidecar(record: dict, path: str) -> BlendRecord:
@@ -378,7 +432,7 @@ def _from_sidecar(record: dict, path: str) -> BlendRecord:
             [e["prefix"] for e in entries], [e["weight"] for e in entries] if len(entries) > 1 else None)
         if splits[name] and splits[name][1]:
             _check_weights(splits[name][0], splits[name][1], path)
-    return BlendRecord(splits, record.get("split") is None, record.get("split"), _fingerprints(record))
+    return BlendRecord(splits, record.get("split") is None, record.get("split"), **_as_made(record))
 
 
 def _per_split_lists(path: str, data: dict) -> dict[str, MegatronBlend | None]:

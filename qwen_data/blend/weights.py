@@ -8,7 +8,12 @@ source is consumed at the same rate; `--temperature T` weighs by tokens**(1/T) (
 Megatron's weights mean shares of *samples*: for pretraining (every sample is seq-length tokens)
 the two are the same; for SFT (one sample = one conversation or packed row) each weight is
 divided by the source's mean real tokens per sample, so a 0.7 share of tokens stays 0.7 whatever
-the sources' conversation lengths. `--ratio-unit samples` writes ratios as sample weights unchanged.
+the sources' conversation lengths. `--ratio-unit trained-tokens` makes ratios shares of *trained*
+tokens (loss mask 1, the SFT manifest's `trained_tokens`): each weight is divided by the source's
+mean trained tokens per sample instead, so sources whose prompts take different parts of their
+samples still give the loss the asked shares (`--by tokens`/`--temperature` then weigh by trained
+token counts); pretraining trains every token, so there it is `tokens`. `--ratio-unit samples`
+writes ratios as sample weights unchanged.
 
 Budget: `--train-tokens N`, `--train-samples N --seq-length S`, or `--train-iters I
 --global-batch-size B --seq-length S` gives how many samples, tokens and epochs of each train
@@ -24,7 +29,8 @@ import sys
 from dataclasses import dataclass
 
 from ..formats.manifest import strip_suffix
-from .files import SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, load_source
+from .files import (RATIO_UNITS, SPLITS, Blend, BlendError, BlendRecord, Entry, Source, check_agreement, drawn_shares,
+                    load_source)
 
 
 def parse_spec(text: str) -> tuple[str, float | None]:
@@ -41,26 +47,28 @@ def parse_spec(text: str) -> tuple[str, float | None]:
     return text, None
 
 
-def token_shares(sources: list[Source], by: str, temperature: float | None) -> list[float]:
-    """Each source's share of training tokens (sums to 1). Scaled by the largest first, so that no
-    weight or temperature overflows: a share too small for a float comes out 0 (see `_weigh`)."""
+def unit_shares(sources: list[Source], by: str, temperature: float | None, ratio_unit: str = "tokens") -> list[float]:
+    """Each source's share of `ratio_unit` (sums to 1): its ratio, or its count of that unit (`Source.count`).
+    Scaled by the largest first, so that no weight or temperature overflows: a share too small for a
+    float comes out 0 (see `_weigh`)."""
     if by == "ratio":
         top = max(s.ratio for s in sources)
         raw = [s.ratio / top for s in sources]
     else:
         exponent = 1.0 / (temperature or 1.0)
-        top = max(s.real_tokens for s in sources)
-        raw = [(s.real_tokens / top) ** exponent for s in sources]
+        top = max(s.count(ratio_unit) for s in sources)
+        raw = [(s.count(ratio_unit) / top) ** exponent for s in sources]
     total = sum(raw)
     return [r / total for r in raw]
 
 
 def megatron_weights(sources: list[Source], shares: list[float], ratio_unit: str = "tokens") -> list[float]:
-    """Sample weights (what Megatron's blend weights mean) for token shares, normalised."""
+    """Sample weights (what Megatron's blend weights mean) for shares of `ratio_unit`, normalised
+    (`files.drawn_shares` backwards)."""
     if ratio_unit == "samples" or sources[0].kind == "pretrain":
-        raw = list(shares)  # pretraining samples are all seq-length tokens: tokens ∝ samples
+        raw = list(shares)  # pretraining samples are all seq-length tokens, all trained: tokens ∝ samples
     else:
-        raw = [share / s.tokens_per_sample for s, share in zip(sources, shares)]
+        raw = [share / s.per_sample(ratio_unit) for s, share in zip(sources, shares)]
     total = sum(raw)
     # 12 digits: what the blend files carry, so our record and Megatron's reading agree exactly.
     return [float(f"{r / total:.12g}") for r in raw]
@@ -103,7 +111,7 @@ def plan_blend(
     absolute: bool = False,
 ) -> Blend:
     """Read and check every source, then weigh each split."""
-    by = _weighting_asked(train, valid, test, by, temperature, split)
+    by = _weighting_asked(train, valid, test, by, temperature, split, ratio_unit)
     specs = {name: [parse_spec(text) for text in texts] for name, texts in zip(SPLITS, (train, valid, test))}
     chosen: dict[str, tuple[str, list[Source]]] = {}
     for name, items in specs.items():
@@ -120,21 +128,23 @@ def plan_blend(
 
 def blend_of_record(record: BlendRecord) -> Blend:
     """The train split a blend file describes, weighed: its sources read and checked, each Megatron
-    (sample) weight turned back into its share of training tokens (`megatron_weights` backwards)."""
+    (sample) weight turned back into its share of training tokens (`drawn_shares`)."""
     prefixes, weights = record.splits["train"]
     sources = [load_source(p) for p in prefixes]
     check_agreement(sources)
     weights = weights or [1.0] * len(sources)
     weights = [w / sum(weights) for w in weights]
-    tokens = [w * (s.tokens_per_sample or 1.0) for w, s in zip(weights, sources)]  # pretraining: ∝ samples
-    entries = [Entry(s, t / sum(tokens), w) for s, t, w in zip(sources, tokens, weights)]
-    return Blend({"train": entries}, "ratio", None, "samples", record.split, sources)
+    entries = [Entry(s, t, w) for s, t, w in zip(sources, drawn_shares(sources, weights, "tokens"), weights)]
+    return Blend({"train": entries}, "ratio", None, "tokens", record.split, sources)
 
 
-def _weighting_asked(train, valid, test, by: str | None, temperature: float | None, split: str | None) -> str | None:
+def _weighting_asked(train, valid, test, by: str | None, temperature: float | None, split: str | None,
+                     ratio_unit: str) -> str | None:
     """Refuse options that contradict each other; → the weighting asked for, if any."""
     if not train:
         raise BlendError("no train prefixes given")
+    if ratio_unit not in RATIO_UNITS:
+        raise BlendError(f"ratio unit {ratio_unit!r}: expected one of {', '.join(RATIO_UNITS)}")
     if split is not None and (valid or test):
         raise BlendError("--split and --valid/--test exclude each other (as in Megatron-LM): "
                          "either cut every prefix by --split, or name separate validation prefixes")
@@ -189,7 +199,13 @@ def _load_split(name: str, items: list, absolute: bool) -> list[Source]:
 def _weigh(name: str, sources: list[Source], by: str, temperature: float | None, ratio_unit: str) -> list[Entry]:
     """Every source of a split with its share and weight; refused when a weight would be 0 or lose
     precision (below the smallest normal float64): Megatron would never, or wrongly, draw from it."""
-    shares = token_shares(sources, by, temperature)
+    if ratio_unit == "trained-tokens":
+        for s in sources:
+            if s.trained_tokens <= 0:
+                raise BlendError(f"{name}: {s.prefix}: its manifest counts no trained tokens (loss mask 1), so no "
+                                 "share of trained tokens can be drawn from it: leave it out, or blend by --ratio-unit "
+                                 "tokens")
+    shares = unit_shares(sources, by, temperature, ratio_unit)
     weights = megatron_weights(sources, shares, ratio_unit)
     for s, weight in zip(sources, weights):
         if weight < sys.float_info.min:
@@ -231,19 +247,19 @@ def budget_rows(blend: Blend, budget: Budget) -> list[BudgetRow]:
     """Per train source: samples and tokens the run takes, and how many epochs that is."""
     fraction = parse_split(blend.split)[0] if blend.split else 1.0
     rows = []
-    for e in blend.splits["train"]:
+    for e, token_share in zip(blend.splits["train"], blend.drawn_shares("train", "tokens")):
         s = e.source
         available_tokens = s.real_tokens * fraction
         available_samples = s.documents * fraction
         if budget.tokens is not None:
-            tokens = budget.tokens * e.share
+            tokens = budget.tokens * token_share
             per_sample = s.tokens_per_sample or budget.seq_length
             samples = tokens / per_sample if per_sample else None
         else:
             samples = budget.samples * e.weight
             tokens = samples * (s.tokens_per_sample or budget.seq_length)
         epochs = samples / available_samples if s.kind == "sft" else tokens / available_tokens
-        rows.append(BudgetRow(s.prefix, e.weight, e.share, available_tokens, samples, tokens, epochs))
+        rows.append(BudgetRow(s.prefix, e.weight, token_share, available_tokens, samples, tokens, epochs))
     return rows
 
 

@@ -6,8 +6,9 @@ from the manifest, which `verify` proves against the files; lengths from the ind
 streamed into a count of samples by length (`LengthCounts`): memory stays flat however many
 samples there are, and percentiles and histogram are exact.
 A blend (any file `qwen-data blend` writes, or a Megatron blend file): each train source's weight,
-share of training tokens and its own numbers; with a budget, the tokens and epochs of each source
-it consumes.
+the shares of training tokens and of trained tokens its weight draws against the share the blend
+asked for (in its `--ratio-unit`, from our sidecar), and its own numbers; with a budget, the tokens
+and epochs of each source it consumes.
 """
 
 from __future__ import annotations
@@ -127,6 +128,9 @@ class BlendStats:
     sources: list[tuple[float, float, PrefixStats]]  # (Megatron weight, token share, stats) per train source
     other_splits: dict[str, list[str]]  # valid/test prefixes
     budget: list[BudgetRow] | None
+    trained_shares: list[float] = field(default_factory=list)  # the share of trained tokens each weight draws
+    ratio_unit: str | None = None  # what the blend's ratios were shares of (None: no sidecar says)
+    asked: list[float | None] = field(default_factory=list)  # each source's share of ratio_unit asked for
 
 
 def blend_stats(path: str, budget: Budget | None = None) -> BlendStats:
@@ -136,9 +140,11 @@ def blend_stats(path: str, budget: Budget | None = None) -> BlendStats:
     except BlendError as exc:
         raise BlendError(f"{path}: not a blend of qwen-data prefixes: {exc}") from None
     rows = budget_rows(blend, budget) if budget is not None else None
-    return BlendStats(path, record.split, [(e.weight, e.share, prefix_stats(e.source.prefix))
-                                           for e in blend.splits["train"]],
-                      {name: record.splits[name][0] for name in ("valid", "test") if record.splits.get(name)}, rows)
+    train = blend.splits["train"]
+    return BlendStats(path, record.split, [(e.weight, e.share, prefix_stats(e.source.prefix)) for e in train],
+                      {name: record.splits[name][0] for name in ("valid", "test") if record.splits.get(name)}, rows,
+                      trained_shares=blend.drawn_shares("train", "trained-tokens"), ratio_unit=record.ratio_unit,
+                      asked=[record.asked.get(e.source.prefix) for e in train])
 
 
 def is_blend(path: str) -> bool:
@@ -181,12 +187,15 @@ def histogram_lines(counts: np.ndarray, edges: np.ndarray) -> list[str]:
 
 
 def blend_lines(b: BlendStats) -> list[str]:
-    lines = [f"{b.path}: blend of {len(b.sources)} train source(s)" + (f", split {b.split}" if b.split else "")]
+    lines = [f"{b.path}: blend of {len(b.sources)} train source(s)" + (f", split {b.split}" if b.split else "")
+             + (f", asked in shares of {b.ratio_unit}" if b.ratio_unit else "")]
     width = max(len(s.prefix) for _, _, s in b.sources)
-    lines.append(f"  {'source':<{width}}  {'weight':>8}  {'tokens%':>8}  {'tokens':>14}  {'samples':>11}  trained")
-    for weight, share, s in b.sources:
-        lines.append(f"  {s.prefix:<{width}}  {weight:>8.4g}  {share:>8.2%}  {s.tokens:>14,}  {s.samples:>11,}  "
-                     f"{s.trained_share:.1%}")
+    # tokens% and trained%: what the weights draw; asked: the blend's own share, in its ratio unit.
+    lines.append(f"  {'source':<{width}}  {'weight':>8}  {'asked':>8}  {'tokens%':>8}  {'trained%':>8}  {'tokens':>14}  "
+                 f"{'samples':>11}  trained")
+    for (weight, share, s), trained, asked in zip(b.sources, b.trained_shares, b.asked):
+        lines.append(f"  {s.prefix:<{width}}  {weight:>8.4g}  {'-' if asked is None else f'{asked:.2%}':>8}  "
+                     f"{share:>8.2%}  {trained:>8.2%}  {s.tokens:>14,}  {s.samples:>11,}  {s.trained_share:.1%}")
     for name, prefixes in b.other_splits.items():
         lines.append(f"  {name}: {' '.join(prefixes)}")
     if b.budget:

@@ -3,13 +3,14 @@
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 
 import pytest
-from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
+from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft, words, write_jsonl
 
-from qwen_data.blend.files import BlendError, read_blend
+from qwen_data.blend.files import BlendError, drawn_shares, load_source, read_blend
 from qwen_data.blend.weights import parse_split, plan_blend
 from qwen_data.cli import main
 
@@ -248,3 +249,131 @@ def test_splits_read_as_megatron_reads_them(split):
     from megatron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
 
     assert parse_split(split) == pytest.approx(parse_and_normalize_split(split), abs=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shares of trained tokens (--ratio-unit trained-tokens)
+
+
+def prompt_heavy_and_answer_heavy(d):
+    """Two SFT prefixes whose samples train very different parts of themselves: long prompts with short
+    answers, and short prompts with long answers (lengths varied within each)."""
+    rng = random.Random(5)
+
+    def records(prompt, answer):
+        return [{"instruction": words(rng, rng.randint(*prompt)), "input": "", "output": words(rng, rng.randint(*answer))}
+                for _ in range(23)]
+
+    asks = sft([write_jsonl(d / "asks.jsonl", records((40, 70), (2, 6)))], d / "asks", "--seq-length", 256)
+    answers = sft([write_jsonl(d / "answers.jsonl", records((2, 6), (30, 60)))], d / "answers", "--seq-length", 256)
+    return asks, answers
+
+
+@pytest.fixture(scope="module")
+def trained_pair(tmp_path_factory):
+    return prompt_heavy_and_answer_heavy(tmp_path_factory.mktemp("trained"))
+
+
+def trained_per_sample(prefix):
+    m = manifest(prefix)
+    return m["sft"]["trained_tokens"] / m["documents"]
+
+
+def test_trained_token_weights(trained_pair, prefixes):
+    """Weights = share / trained tokens per sample; by counts, every source is consumed at the same rate;
+    pretraining trains every token, so there the unit is `tokens`."""
+    asks, answers = trained_pair
+    per_sample = [trained_per_sample(asks), trained_per_sample(answers)]
+    tokens_per_sample = [real_tokens(p) / manifest(p)["documents"] for p in trained_pair]
+    fractions = [t / n for t, n in zip(per_sample, tokens_per_sample)]
+    assert fractions[1] > 4 * fractions[0]  # the prompts' parts really differ
+    b = plan_blend([f"{asks}=0.7", f"{answers}=0.3"], ratio_unit="trained-tokens")
+    raw = [0.7 / per_sample[0], 0.3 / per_sample[1]]
+    assert [e.weight for e in b.splits["train"]] == pytest.approx([r / sum(raw) for r in raw])
+    assert b.drawn_shares("train", "trained-tokens") == pytest.approx([0.7, 0.3])
+    tokens = plan_blend([f"{asks}=0.7", f"{answers}=0.3"])  # shares of tokens: the trained shares are far off
+    assert tokens.drawn_shares("train", "trained-tokens")[0] < 0.4
+    docs = [manifest(p)["documents"] for p in trained_pair]
+    for by in ("tokens", None):
+        b = plan_blend([asks, answers], by=by, ratio_unit="trained-tokens")
+        assert [e.weight for e in b.splits["train"]] == pytest.approx([d / sum(docs) for d in docs])
+    trained = [manifest(p)["sft"]["trained_tokens"] for p in trained_pair]
+    b = plan_blend([asks, answers], temperature=3.0, ratio_unit="trained-tokens")
+    assert [e.share for e in b.splits["train"]] == pytest.approx([t ** (1 / 3) / sum(x ** (1 / 3) for x in trained)
+                                                                  for t in trained])
+    pretraining = [f"{prefixes['web']}=0.7", f"{prefixes['code']}=0.3"], [prefixes["web"], prefixes["code"]]
+    for train in pretraining:
+        for temperature in (None, 2.0):
+            if temperature and "=" in train[0]:
+                continue
+            same = [plan_blend(train, temperature=temperature, ratio_unit=unit).splits["train"]
+                    for unit in ("tokens", "trained-tokens")]
+            assert [(e.weight, e.share) for e in same[0]] == [(e.weight, e.share) for e in same[1]]
+
+
+def test_trained_token_blend_files_stats_and_help(trained_pair, tmp_path, capsys):
+    asks, answers = trained_pair
+    out = tmp_path / "b.json"
+    assert blend(f"{asks}=0.7", f"{answers}=0.3", "--ratio-unit", "trained-tokens", "-o", out) == 0
+    assert "trained 70.00%" in capsys.readouterr().out
+    record = json.loads((tmp_path / "b.qwen-data.json").read_text())
+    assert record["weighting"]["ratio_unit"] == "trained-tokens"
+    train = record["splits"]["train"]
+    assert [e["trained_share"] for e in train] == pytest.approx([0.7, 0.3])
+    assert [e["trained_tokens"] for e in train] == [manifest(p)["sft"]["trained_tokens"] for p in trained_pair]
+    read = read_blend(str(out))
+    assert read.ratio_unit == "trained-tokens" and read.asked == pytest.approx({asks: 0.7, answers: 0.3})
+
+    from qwen_data.tools.stats import blend_stats
+
+    stats = blend_stats(str(out))
+    assert stats.asked == pytest.approx([0.7, 0.3]) and stats.trained_shares == pytest.approx([0.7, 0.3])
+    assert stats.sources[0][1] > 0.85  # the token share that takes: the prompt-heavy source's tokens dominate
+    assert main(["stats", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "asked in shares of trained-tokens" in lines[0]
+    row = next(line.split() for line in lines if line.strip().startswith(asks + " "))
+    assert row[2:5] == ["70.00%", f"{100 * stats.sources[0][1]:.2f}%", "70.00%"]  # asked, tokens%, trained%
+    assert blend(f"{asks}=0.7", f"{answers}=0.3", "-o", tmp_path / "t.json") == 0
+    tokens = blend_stats(str(tmp_path / "t.json"))
+    assert tokens.ratio_unit == "tokens" and tokens.asked == pytest.approx([0.7, 0.3])
+    assert tokens.sources[0][1] == pytest.approx(0.7) and tokens.trained_shares[0] < 0.4  # realised ≠ asked
+
+    try:
+        main(["blend", "--help"])
+    except SystemExit:
+        pass
+    assert "{tokens,trained-tokens,samples}" in capsys.readouterr().out
+
+
+@pytest.mark.corrupts_outputs
+def test_trained_token_blend_refuses_a_source_with_nothing_trained(trained_pair, tmp_path, capsys):
+    untrained = copy_prefix(trained_pair[0], str(tmp_path / "untrained"), lambda m: m["sft"].update(trained_tokens=0))
+    err = refusal(capsys, f"{untrained}=1", f"{trained_pair[1]}=1", "--ratio-unit", "trained-tokens",
+                  "-o", tmp_path / "b.json")
+    assert f"{untrained}: its manifest counts no trained tokens" in err
+
+
+def test_trained_token_blend_realises_its_shares_in_megatron(trained_pair, tmp_path):
+    """Over megatron-core's blend (BlendedMegatronDatasetBuilder, our SFTDataset's loss masks), the trained
+    tokens drawn from each source follow the asked shares within 1% with --ratio-unit trained-tokens, and
+    miss them with --ratio-unit tokens; each unit's drawn shares are what `stats` reports."""
+    from qwen_data_train import data
+
+    from qwen_data.tools.stats import blend_stats
+
+    asks, answers = trained_pair
+    measured = {}
+    for unit in ("trained-tokens", "tokens"):
+        out = tmp_path / f"{unit}.json"
+        assert blend(f"{asks}=0.7", f"{answers}=0.3", "--ratio-unit", unit, "-o", out) == 0
+        train, _, _ = data.build_datasets(str(out), 256, 4600, seed=3)
+        trained = [0.0, 0.0]
+        for i in range(len(train)):
+            sample = train[i]
+            trained[int(sample["dataset_id"])] += float(sample["loss_mask"].sum())
+        measured[unit] = [t / sum(trained) for t in trained]
+        assert measured[unit] == pytest.approx(blend_stats(str(out)).trained_shares, abs=0.01)
+    print("realised shares of trained tokens:", measured)
+    assert measured["trained-tokens"] == pytest.approx([0.7, 0.3], abs=0.01)
+    assert abs(measured["tokens"][0] - 0.7) > 0.3
