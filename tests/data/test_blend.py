@@ -354,6 +354,7 @@ def test_trained_token_blend_refuses_a_source_with_nothing_trained(trained_pair,
     assert f"{untrained}: its manifest counts no trained tokens" in err
 
 
+@pytest.mark.slow  # megatron-core datasets over real prefixes: the slow tier
 def test_trained_token_blend_realises_its_shares_in_megatron(trained_pair, tmp_path):
     """Over megatron-core's blend (BlendedMegatronDatasetBuilder, our SFTDataset's loss masks), the trained
     tokens drawn from each source follow the asked shares within 1% with --ratio-unit trained-tokens, and
