@@ -55,7 +55,7 @@ from megatron.core.datasets.utils import Split
 from qwen_data.blend.files import SPLITS, BlendError, Source
 from qwen_data.blend.read import TrainBlend, read_train_blend
 from qwen_data.blend.weights import parse_split
-from qwen_data.formats.layouts import StoredDocuments, PaiRows, layout_of  # noqa: F401 (PaiRows: named here for users)
+from qwen_data.formats.layouts import StoredDocuments, layout_of
 from qwen_data.formats.manifest import Manifest
 from qwen_data.formats.outputs import atomic_file
 

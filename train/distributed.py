@@ -136,14 +136,15 @@ def gradient_group():
     return parallel_state.get_data_parallel_group(with_context_parallel=True)
 
 
-def data_parallel(core: torch.nn.Module, layout: ParallelLayout, device: torch.device, parallel) -> torch.nn.Module:
-    """The model as the step runs it, for `parallel` (config.ParallelConfig):
-      --distributed-optimizer  megatron-core's DistributedDataParallel (contiguous float32 gradient
-                               buckets, reduce-scattered for the DistributedOptimizer; its
-                               finalize_model_grads does every reduction a step needs);
-      else, DP > 1 without pipeline stages: torch DDP (all-reduce overlapping backward);
-      else the model itself (`reduce_grads` after the schedule)."""
-    if parallel.distributed_optimizer:
+def data_parallel(core: torch.nn.Module, kind: str, device: torch.device, parallel) -> torch.nn.Module:
+    """The model as the step runs it, for the plan's data-parallel `kind` (plan.RunPlan.data_parallel;
+    `parallel`: config.ParallelConfig, for the overlap options):
+      megatron  megatron-core's DistributedDataParallel (contiguous float32 gradient buckets,
+                reduce-scattered for the DistributedOptimizer; its finalize_model_grads does every
+                reduction a step needs);
+      torch     torch DDP (all-reduce overlapping backward): DP × CP > 1 without pipeline stages;
+      none      the model itself (`reduce_grads` after the schedule)."""
+    if kind == "megatron":
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
                                             overlap_grad_reduce=parallel.overlap_grad_reduce,
                                             overlap_param_gather=parallel.overlap_param_gather)
@@ -151,7 +152,7 @@ def data_parallel(core: torch.nn.Module, layout: ParallelLayout, device: torch.d
         core.config.no_sync_func = model.no_sync  # the schedule: reduce only after the last micro-batch
         core.config.finalize_model_grads_func = finalize_model_grads
         return model
-    if layout.gradient_ranks == 1 or layout.pp > 1:
+    if kind == "none":
         return core
     # An expert-parallel rank's experts are its own: `reduce_grads` reduces them over their own group.
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(

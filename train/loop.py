@@ -66,7 +66,7 @@ class Trainer:
         self.spec = ForwardSpec(self.plan.attention, device, autocast=self.plan.autocast,
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length, pad=self.pad)
         self.core = self._build_model()
-        self.model = data_parallel(self.core, self.layout, device, config.parallel)
+        self.model = data_parallel(self.core, self.plan.data_parallel, device, config.parallel)
         self.optimizer = (DistributedAdamW(self.model, config.optim) if config.parallel.distributed_optimizer
                           else AdamW(self.core, config.optim, bf16_weights=config.optim.bf16_weights))
         self.schedule = Schedule.of(config.optim, config.train_iters)

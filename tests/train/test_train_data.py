@@ -20,6 +20,7 @@ from _train import docs_of, raw_documents, stream_check
 from qwen_data.blend.build import BlendError
 from qwen_data.blend.files import load_source
 from qwen_data.cli import main
+from qwen_data.formats.layouts import PaiRows
 
 pytest.importorskip("megatron.core")
 from qwen_data_train import data  # noqa: E402  (imports megatron-core, ~8 s, once for the module)
@@ -450,7 +451,7 @@ def test_pai_layout_trains_on_the_samples_of_the_mask_layout(tmp_path, packed):
     assert manifest(rows)["sft"]["truncated"] > 0 and (not packed or manifest(rows)["sft"]["rows"] < 40)
     built = [data.build_datasets({"train": [p], "valid": None, "test": None}, s, None, shuffle_sft=False)[0]
              for p in (rows, mask)]
-    assert isinstance(built[0].dataset, data.PaiRows) and len(built[0]) == len(built[1]) > 0
+    assert isinstance(built[0].dataset, PaiRows) and len(built[0]) == len(built[1]) > 0
     for i in range(len(built[0])):
         a, b = built[0][i], built[1][i]
         assert a.keys() == b.keys()

@@ -63,7 +63,7 @@ def parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, expert_parall
              first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> dict:
     """The parallel layout in TransformerConfig's fields. Pipeline stages pass float32 activations
     (the residual stream stays float32 under autocast); they hold `first_stage_layers` and
-    `last_stage_layers` as `stages.pipeline_split` reads them (build_model checks them)."""
+    `last_stage_layers` as `plan.pipeline_split` reads them (the plan checks them)."""
     return dict(
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
