@@ -14,11 +14,10 @@ finished samples become its rows, how they are read back (`open`), and what `ver
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import os
+from dataclasses import dataclass
 from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 
