@@ -8,7 +8,8 @@ finished samples become its rows, how they are read back (`open`), and what `ver
                     its sequences, then one sequence of pad ids (mask 0) when the row is not full
   PaiLayout         Pai-Megatron-Patch's rows (`pai`): 2 × seq_length values, ids then labels
 
-`layout_of(manifest)` names the layout of a prefix; `finish` lays out the samples a run staged;
+`layout_of(manifest)` names the layout of a prefix; `LaidOut` writes a staged layout's rows as
+windows of samples close (`finish`: from the samples a merge staged);
 `layout.open(prefix)` gives its documents back (`StoredDocuments`), as every reader of ours takes them.
 """
 
@@ -27,11 +28,11 @@ from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError
                       check_same_index)
 from .manifest import Manifest, SFTSection, fingerprint
 from .outputs import AtomicOutputs
-from .packing import PACKINGS, PackPlan, one_per_row, write_packed
+from .packing import PackPlan, padded_rows, windows
 
 CHUNK = 1 << 20  # index entries checked at a time
 
-# Where a run keeps its samples until `finish` writes the final rows (removed at the end).
+# Where a merge keeps the samples of its shards until `finish` writes the final rows (removed at the end).
 UNPACKED = ".unpacked"
 
 
@@ -135,13 +136,8 @@ class MaskLayout(DataLayout):
     unit = "sample"
     has_mask = True
 
-    def write(self, outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray,
-              plan: PackPlan, pad_id: int, map_batches=map) -> tuple[dict, int]:
-        """The staged samples as the rows of `plan`: the manifest's counts, and the trained tokens."""
-        masked = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], samples.ids.dtype)
-        write_packed(samples, lengths, masked, plan, pad_id, map_batches)
-        masked.finalize()
-        return counts_of(masked.ids, masked.digests), trained_tokens(masked)
+    def rows(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> "_MaskRows":
+        return _MaskRows(outputs, prefix, dtype, pad_id)
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
         if not super().check_index(index, problems):
@@ -221,14 +217,8 @@ class PaiLayout(DataLayout):
     def default_pad_id(self, vocab_size: int) -> int:
         return pai.pad_id(vocab_size)
 
-    def write(self, outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray,
-              plan: PackPlan, pad_id: int, map_batches=map) -> tuple[dict, int]:
-        out = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
-        trained = pai.write_rows(samples, lengths, plan, out, pad_id)
-        out.finalize()
-        for path in MaskedWriter.files(prefix)[2:]:  # no loss-mask channel: an older run's goes
-            outputs.leave_out(path)
-        return counts_of(out, [out.digests]), trained
+    def rows(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> "_PaiRows":
+        return _PaiRows(outputs, prefix, pad_id)
 
     @property
     def row_values(self) -> int:
@@ -279,20 +269,80 @@ def layout_of(manifest: Manifest) -> DataLayout:
 # Writing: staged samples → the final rows
 
 
+class _MaskRows:
+    """Rows of ids and loss mask, each padded to its capacity (`MaskLayout`)."""
+
+    def __init__(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> None:
+        self.data = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], dtype)
+        self.pad_id = pad_id
+
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan) -> int:
+        """The rows of `plan` from its samples back to back; how many tokens they train."""
+        rows_ids, rows_mask = padded_rows(ids, mask, lengths, plan, self.pad_id)
+        self.data.add_batch(rows_ids, rows_mask, *plan.sequence_layout(lengths))
+        return int(np.count_nonzero(mask))
+
+    def close(self) -> dict:
+        self.data.finalize()
+        return counts_of(self.data.ids, self.data.digests)
+
+
+class _PaiRows:
+    """Rows of ids then labels (`PaiLayout`); the loss-mask channel of an older run goes."""
+
+    def __init__(self, outputs: AtomicOutputs, prefix: str, pad_id: int) -> None:
+        self.data = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
+        self.pad_id = pad_id
+        for path in MaskedWriter.files(prefix)[2:]:
+            outputs.leave_out(path)
+
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan) -> int:
+        return pai.write_rows(ids, mask, lengths, plan, self.data, self.pad_id)
+
+    def close(self) -> dict:
+        self.data.finalize()
+        return counts_of(self.data, [self.data.digests])
+
+
+class LaidOut:
+    """A staged layout's rows, written as windows of samples close (`packing.Windows` in a run,
+    `packing.windows` over the samples a merge staged), in the layout named."""
+
+    def __init__(self, outputs: AtomicOutputs, prefix: str, layout_name: str, packing: str | None,
+                 seq_length: int, dtype, pad_id: int) -> None:
+        self.layout_name, self.packing, self.seq_length = layout_name, packing, seq_length
+        self.writer = sft_layout(layout_name, packing is not None, seq_length).rows(outputs, prefix, dtype, pad_id)
+        self.rows = self.tokens = self.trained = 0
+
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan) -> None:
+        self.trained += self.writer.add(ids, mask, lengths, plan)
+        self.rows += plan.rows
+        self.tokens += plan.tokens
+
+    def close(self, section: SFTSection) -> tuple[dict, SFTSection]:
+        """The manifest's counts, and `section` with what was laid out (nothing left to merge)."""
+        counts = self.writer.close()
+        capacity = self.rows * self.seq_length
+        rows = dict(packing=self.packing, rows=self.rows,
+                    fill=round(self.tokens / capacity if capacity else 0.0, 6)) if self.packing else {}
+        return counts, section.replace(layout=self.layout_name, packed=self.packing is not None,
+                                       trained_tokens=self.trained, pad_tokens=capacity - self.tokens,
+                                       pack_on_merge=None, layout_on_merge=None, **rows)
+
+
 def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, section: SFTSection,
-           layout_name: str, packing: str | None, pad_id: int, map_batches=map) -> tuple[dict, SFTSection]:
-    """Write PREFIX's data from the finished samples staged at PREFIX.unpacked: packed by the
+           layout_name: str, packing: str | None, pad_id: int) -> tuple[dict, SFTSection]:
+    """Lay out the samples a merge staged at PREFIX.unpacked (removed here): packed by the
     algorithm `packing` (None: one sample per row) into rows of `section.seq_length`, in the layout
-    named; `map_batches` gathers the rows (`packing.write_packed`). The manifest's counts, and `section` with what was laid out (nothing left to merge)."""
-    seq_length = section.seq_length
-    plan = PACKINGS[packing](lengths, seq_length) if packing else one_per_row(lengths, seq_length)
-    counts, trained = sft_layout(layout_name, packing is not None, seq_length).write(
-        outputs, prefix, samples, lengths, plan, pad_id, map_batches)
+    named, window after window as a run lays them out. `LaidOut.close`'s counts and section."""
+    laid_out = LaidOut(outputs, prefix, layout_name, packing, section.seq_length, samples.ids.dtype, pad_id)
+    with open(samples.ids.bin_path, "rb") as ids, open(samples.mask.bin_path, "rb") as mask:
+        for lengths, plan in windows(lengths, packing, section.seq_length):  # windows follow each other
+            laid_out.add(np.fromfile(ids, samples.ids.dtype, plan.tokens), np.fromfile(mask, np.uint8, plan.tokens),
+                         lengths, plan)
     for path in MaskedWriter.files(prefix + UNPACKED):
         outputs.discard(path)
-    rows = dict(packing=packing, rows=plan.rows, fill=round(plan.fill, 6)) if packing else {}
-    return counts, section.replace(layout=layout_name, packed=packing is not None, trained_tokens=trained,
-                                   pad_tokens=plan.pad_tokens, pack_on_merge=None, layout_on_merge=None, **rows)
+    return laid_out.close(section)
 
 
 def counts_of(data: IndexedDatasetWriter, digests: list[tuple[str, str]]) -> dict:

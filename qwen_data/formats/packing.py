@@ -5,6 +5,11 @@ writes each row as one document whose sequences are its samples, then one pad se
 row is not full. `next_fit` keeps the input order instead (Pai-Megatron-Patch packs that way), and
 `one_per_row` is the plan of unpacked data. PACKINGS names the packing algorithms.
 
+A run lays out rows as its samples come, window after window (`Windows`, `next_window`): best fit
+packs each PACK_WINDOW tokens of consecutive samples on their own, the others write every row
+that can take no more samples. No pass over all samples is left for the end, where one process
+would do it while the workers wait, and a merge of shards (`windows`) writes the same rows.
+
 The algorithm is exact best-fit decreasing: samples are taken longest first (equal lengths in
 index order) and each goes to the open row with the least free space that still holds it, a new
 row when none does. Rows with equal free space are interchangeable for every later decision, so
@@ -26,13 +31,11 @@ a row by index.
 from __future__ import annotations
 
 import bisect
-import os
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from .indexed import MaskedWriter
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,10 @@ def one_per_row(lengths, capacity: int) -> PackPlan:
 
 
 PACKINGS = {"best-fit": pack, "next-fit": next_fit}
+# Best fit packs the samples of this many tokens at a time (`next_window`): enough that only a
+# window's last rows are short of full (realistic chats fill 99.97% of 4096-token rows, 99.99%
+# packed all at once; tests/data/test_packing.py), little enough to hold (5 bytes a token, twice).
+PACK_WINDOW = 1 << 23
 
 
 def _plan_in_input_order(lengths, by_size, row_of_sorted, rows, capacity) -> PackPlan:
@@ -254,61 +261,90 @@ def _validated(lengths, capacity) -> np.ndarray:
     return array
 
 
-@dataclass
-class RowBatch:
-    """Rows `first` to `last` (exclusive) of a plan, padded: ids and mask back to back."""
+def next_window(lengths: np.ndarray, packing: str | None, capacity: int, final: bool) -> PackPlan | None:
+    """The plan of the next window of samples, from `lengths`: the samples not yet laid out, in
+    input order (the window is the first `len(plan.order)` of them). None while samples still to
+    come could change it; `final`: none will.
 
-    first: int
-    last: int
-    ids: np.ndarray
-    mask: np.ndarray
-
-
-ROW_BATCH_TOKENS = 1 << 20  # rows gathered at a time: ~5 MB of ids and mask
-
-
-def row_batches(plan: PackPlan) -> list[tuple[int, int]]:
-    """(first, last) rows of each batch `write_packed` gathers."""
-    step = max(1, ROW_BATCH_TOKENS // max(1, plan.capacity))
-    return [(first, min(first + step, plan.rows)) for first in range(0, plan.rows, step)]
-
-
-def write_packed(samples: MaskedWriter, lengths: np.ndarray, out: MaskedWriter, plan: PackPlan, pad_id: int,
-                 map_batches=map):
-    """The finished unpacked samples as the rows of `plan`, each padded to exactly its capacity.
-
-    Batches of rows are gathered by `map_batches(gather, batches)` (the built-in map, or an ordered map
-    over worker processes: gathering reads every sample back, the larger part of the work) and written
-    here in order. Samples are read with pread, not mapped: a row takes samples from anywhere in the
-    staged files, so every gathering process would otherwise hold pages of all of them."""
-    seq_length = plan.capacity
-    dtype = np.dtype(samples.ids.dtype)
+    Best fit packs each window of PACK_WINDOW tokens on its own (the fewest samples holding that
+    many; the rest at the end), so rows are written as the samples come and memory stays flat.
+    Next fit and one sample a row keep every row but the last open one as it is, and so take
+    every row that is closed. Windows fall where the samples' lengths put them, so a run and a
+    `merge` of its shards (which lays out all samples at once, `final`) write the same rows.
+    """
     lengths = np.asarray(lengths, dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
-    sequence_lengths, per_row = plan.sequence_layout(lengths)
-    row_starts = plan.row_starts
-    ids_fd, mask_fd = os.open(samples.ids.bin_path, os.O_RDONLY), os.open(samples.mask.bin_path, os.O_RDONLY)
+    if packing == "best-fit":
+        ends = np.cumsum(lengths)
+        if len(ends) and ends[-1] >= PACK_WINDOW:
+            return pack(lengths[: int(np.searchsorted(ends, PACK_WINDOW)) + 1], capacity)
+        return pack(lengths, capacity) if final else None
+    plan = (PACKINGS[packing] if packing else one_per_row)(lengths, capacity)
+    if final or packing is None or plan.rows < 2:
+        return plan if final or packing is None else None
+    closed, taken = plan.rows - 1, int(plan.row_starts[-2])  # all rows but the last, which may grow
+    return PackPlan(plan.order[:taken], plan.row_sizes[:closed], plan.row_tokens[:closed], capacity)
 
-    def gather(batch: tuple[int, int]) -> RowBatch:
-        first, last = batch
-        size = (last - first) * seq_length
-        ids, mask = np.full(size, pad_id, dtype=dtype), np.zeros(size, dtype=np.uint8)
-        for row in range(first, last):
-            at = (row - first) * seq_length
-            for s in plan.order[row_starts[row]: row_starts[row] + plan.row_sizes[row]].tolist():
-                n, start = int(lengths[s]), int(starts[s])
-                ids[at:at + n] = np.frombuffer(os.pread(ids_fd, n * dtype.itemsize, start * dtype.itemsize), dtype)
-                mask[at:at + n] = np.frombuffer(os.pread(mask_fd, n, start), np.uint8)
-                at += n
-        return RowBatch(first, last, ids, mask)
 
-    try:
-        seq_cursor = 0
-        for batch in map_batches(gather, row_batches(plan)):
-            n_seq = int(per_row[batch.first:batch.last].sum())
-            out.add_batch(batch.ids, batch.mask, sequence_lengths[seq_cursor: seq_cursor + n_seq],
-                          per_row[batch.first:batch.last])
-            seq_cursor += n_seq
-    finally:
-        os.close(ids_fd)
-        os.close(mask_fd)
+class Windows:
+    """Samples as a run makes them, in order; out come the windows of `next_window` as they
+    close, each with its plan (`add`, then `close` for the last ones)."""
+
+    def __init__(self, packing: str | None, capacity: int, dtype) -> None:
+        self.packing, self.capacity = packing, capacity
+        self.dtype = np.dtype(dtype)
+        self._ids: list[np.ndarray] = []
+        self._mask: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []
+        self._tokens = 0
+
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray):
+        """Keeps a copy of the samples (the arrays may be views of memory about to be reused)."""
+        self._ids.append(np.array(ids, self.dtype))
+        self._mask.append(np.array(mask, np.uint8))
+        self._lengths.append(np.array(lengths, np.int64))
+        self._tokens += len(ids)
+        if self._tokens >= PACK_WINDOW:
+            yield from self._windows(final=False)
+
+    def close(self):
+        yield from self._windows(final=True)
+
+    def _windows(self, final: bool):
+        """(ids, mask, lengths, plan) of each window that is closed, its samples back to back."""
+        ids, mask, lengths = (np.concatenate(parts) if parts else np.zeros(0, t)
+                              for parts, t in ((self._ids, self.dtype), (self._mask, np.uint8),
+                                               (self._lengths, np.int64)))
+        self._ids = self._mask = self._lengths = None  # the parts, copied above
+        first = at = 0
+        while first < len(lengths) and (plan := next_window(lengths[first:], self.packing, self.capacity, final)):
+            n = len(plan.order)
+            yield ids[at: at + plan.tokens], mask[at: at + plan.tokens], lengths[first: first + n], plan
+            first, at = first + n, at + plan.tokens
+        self._ids, self._mask, self._lengths = [ids[at:]], [mask[at:]], [lengths[first:]]
+        self._tokens = len(ids) - at
+
+
+def windows(lengths: np.ndarray, packing: str | None, capacity: int):
+    """(samples, plan) of every window, with all samples at hand (a merge's), as `Windows` gives them."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    first = 0
+    while first < len(lengths):
+        plan = next_window(lengths[first:], packing, capacity, final=True)
+        yield lengths[first: first + len(plan.order)], plan
+        first += len(plan.order)
+
+
+def padded_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan,
+                pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of `plan` from its samples laid back to back in input order, each padded to
+    exactly its capacity: (ids, mask), rows back to back. Each row's samples are copied into it
+    whole; nothing goes token by token."""
+    ends = np.cumsum(lengths)
+    starts, ends = (ends - lengths).tolist(), ends.tolist()
+    width = plan.capacity
+    out_ids, out_mask = np.full(plan.rows * width, pad_id, ids.dtype), np.zeros(plan.rows * width, np.uint8)
+    for row, (samples, n) in enumerate(zip(plan, plan.row_tokens.tolist())):
+        at = row * width
+        for source, out in ((ids, out_ids), (mask, out_mask)):
+            np.concatenate([source[starts[s]:ends[s]] for s in samples.tolist()], out=out[at:at + n])
+    return out_ids, out_mask

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .indexed import IndexedDatasetWriter, MaskedWriter, bin_tokens
+from .indexed import IndexedDatasetWriter
 from .packing import PackPlan
 
 IGNORE = -100  # a label that is not trained (torch's cross-entropy ignore_index)
@@ -30,12 +30,11 @@ def pad_id(vocab_size: int) -> int:
     return vocab_size
 
 
-def write_rows(samples: MaskedWriter, lengths: np.ndarray, plan: PackPlan, out: IndexedDatasetWriter,
+def write_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan, out: IndexedDatasetWriter,
                pad: int) -> int:
-    """The finished samples (ids + loss mask, one per document) as rows of `plan`, into `out`;
+    """Samples (ids + loss mask, back to back in input order) as the rows of `plan`, into `out`;
     how many labels are trained."""
     width = plan.capacity
-    ids, mask = bin_tokens(samples.ids.bin_path, samples.ids.dtype), bin_tokens(samples.mask.bin_path, np.uint8)
     starts = np.cumsum(lengths) - lengths
     row_starts, trained = plan.row_starts, 0
     for first in range(0, plan.rows, ROWS_PER_BATCH):

@@ -22,11 +22,11 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import RecordError
-from ..formats.indexed import MaskedWriter, pause_hashing, token_dtype
-from ..formats.layouts import UNPACKED, DataLayout, counts_of, finish, sft_layout, trained_tokens
+from ..formats.indexed import MaskedWriter, token_dtype
+from ..formats.layouts import DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import AtomicOutputs
-from ..formats.packing import PACKINGS, ROW_BATCH_TOKENS
+from ..formats.packing import PACKINGS, Windows
 from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
@@ -88,8 +88,8 @@ class SFTConfig(RunConfig):
 
     @property
     def stages(self) -> bool:
-        """Whether this run's samples are staged for `finish`: a shard leaves them as they are, for
-        `merge` to finish them all at once (best fit needs every sample)."""
+        """Whether this run lays out its samples in a staged layout's rows: a shard leaves them as
+        they are, for `merge` to lay out all shards' samples as one run would."""
         return self.data_layout.staged and self.shard is None
 
     @property
@@ -162,8 +162,7 @@ class ChatSamples:
     def files(self) -> list[str]:
         """The mask layout's files whatever the layout: a Pai run removes an older run's loss mask."""
         prefix = self.config.output_prefix
-        staged = MaskedWriter.files(prefix + UNPACKED) if self.config.stages else []
-        return MaskedWriter.files(prefix) + [prefix + ".json"] + staged
+        return MaskedWriter.files(prefix) + [prefix + ".json"]
 
     def columns(self) -> list[str] | None:
         return self.config.columns.columns_read() if self.config.columns else None
@@ -286,50 +285,48 @@ def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):
 
 
 class SFTWriter:
-    """Samples as they come; at the end, the final rows when the run stages them."""
+    """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), or,
+    for a staged layout, its rows, written as windows of samples close (`packing.Windows`)."""
 
     def __init__(self, step: ChatSamples, outputs: AtomicOutputs) -> None:
-        self.step, self.outputs = step, outputs
+        self.step = step
+        config = step.config
         self.dtype = token_dtype(step.tokenizer.vocab_size)
-        self.prefix = step.config.output_prefix
-        # Staged samples are only read back by `finish`, which hashes what it writes from them.
-        self.samples = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(
-            self.prefix + (UNPACKED if step.config.stages else ""))], self.dtype, hashed=not step.config.stages)
+        self.prefix = config.output_prefix
+        if config.stages:
+            packing = config.packing if config.pack else None
+            self.windows = Windows(packing, config.seq_length, self.dtype)
+            self.laid_out = LaidOut(outputs, self.prefix, config.layout, packing, config.seq_length, self.dtype,
+                                    step.pad_id)
+        else:
+            self.samples = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(self.prefix)], self.dtype)
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
 
     @property
     def documents(self) -> int:
-        return self.samples.ids.documents
-
-    def _map_batches(self):
-        """How `finish` gathers its rows: over as many worker processes as the run had (forked anew,
-        the run's own have ended), so reading every sample back is not left to one core."""
-        workers = self.step.config.workers
-        if workers < 2:
-            return map
-        from ..run.workers import ordered_map
-
-        slot = 5 * max(ROW_BATCH_TOKENS, self.step.config.seq_length or 0) + (1 << 20)  # int32 ids + uint8 mask
-        return lambda gather, batches: ordered_map(gather, batches, workers, max_in_flight=2 * workers,
-                                                   shared_fields=("ids", "mask"), slot_bytes=slot,
-                                                   before_fork=pause_hashing)
+        return sum(map(len, self.lengths))
 
     def add(self, result: SampleBatch) -> None:
-        self.samples.add_batch(result.ids, result.mask, result.lengths)
-        self.lengths.append(result.lengths)
+        if self.step.config.stages:
+            for window in self.windows.add(result.ids, result.mask, result.lengths):
+                self.laid_out.add(*window)
+        else:
+            self.samples.add_batch(result.ids, result.mask, result.lengths)
+        self.lengths.append(result.lengths.copy())  # a view of memory the next result reuses
         self.truncated += result.truncated
         self.special_records += result.special_records
 
     def close(self) -> dict[str, Manifest]:
         config, step = self.step.config, self.step
-        self.samples.finalize()
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         section = self._section(lengths)
         if config.stages:
-            counts, section = finish(self.outputs, self.prefix, self.samples, lengths, section, config.layout,
-                                     config.packing if config.pack else None, step.pad_id, self._map_batches())
+            for window in self.windows.close():
+                self.laid_out.add(*window)
+            counts, section = self.laid_out.close(section)
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
+            self.samples.finalize()
             counts = counts_of(self.samples.ids, self.samples.digests)
             staged = config.data_layout.staged
             section = section.replace(trained_tokens=trained_tokens(self.samples), pack_on_merge=config.pack or None,

@@ -38,7 +38,7 @@ def samples(seed=0, count=30):
 
 
 def staged(path, items) -> MaskedWriter:
-    """The samples as a run stages them (one per document), finalized."""
+    """The samples as an unpacked run writes them (one per document), finalized."""
     w = MaskedWriter(MaskedWriter.files(path), np.int32, hashed=False)
     for ids, mask in items:
         w.add_batch(ids, mask, [len(ids)])
@@ -47,11 +47,14 @@ def staged(path, items) -> MaskedWriter:
 
 
 def laid_out(layout, prefix, items, plan, pad):
-    """`items` written by `layout.write` into the rows of `plan`."""
+    """`items` written by `layout.rows` into the rows of `plan`."""
     lengths = np.array([len(ids) for ids, _ in items])
-    data = staged(prefix + ".staged", items)
+    ids = np.concatenate([ids for ids, _ in items])
+    mask = np.concatenate([mask for _, mask in items])
     outputs = AtomicOutputs(MaskedWriter.files(prefix))
-    layout.write(outputs, prefix, data, lengths, plan, pad)
+    rows = layout.rows(outputs, prefix, np.int32, pad)
+    rows.add(ids, mask, lengths, plan)
+    rows.close()
     outputs.commit(markers=[])
 
 

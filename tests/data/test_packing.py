@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen_data.formats.packing import PackPlan, next_fit, one_per_row, pack
+from qwen_data.formats import packing
+from qwen_data.formats.packing import PACKINGS, PackPlan, Windows, next_fit, one_per_row, pack, padded_rows, windows
 
 PAD_ID = 151654
 
@@ -285,3 +286,64 @@ def test_one_per_row():
     plan = one_per_row([3, 8, 1], 8)
     assert [row.tolist() for row in plan] == [[0], [1], [2]]
     assert plan.pad_tokens == 12
+
+
+# -- windows: rows written as the samples come --------------------------------------------------------
+@pytest.mark.parametrize("method", ["best-fit", "next-fit", None])
+def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monkeypatch, method):
+    """A run feeds `Windows` chunk by chunk; a merge lays out all its shards' samples at once
+    (`windows`): the windows, their plans and so the rows must be the same whatever the pieces."""
+    monkeypatch.setattr(packing, "PACK_WINDOW", 5000)
+    lengths = realistic_sft_lengths(400, capacity=1024, seed=3)
+    ids = np.arange(lengths.sum(), dtype=np.int32)
+    mask = (ids % 3 == 0).astype(np.uint8)
+    at_once = list(windows(lengths, method, 1024))
+    rng = np.random.default_rng(0)
+    cuts = np.sort(rng.choice(np.arange(1, len(lengths)), 40, replace=False))
+    stream, fed = Windows(method, 1024, np.int32), []
+    ends = np.cumsum(lengths)
+    for a, b in zip([0, *cuts], [*cuts, len(lengths)]):
+        first = int(ends[a - 1]) if a else 0
+        fed += stream.add(ids[first:ends[b - 1]], mask[first:ends[b - 1]], lengths[a:b])
+    fed += stream.close()
+    def rows(plans):  # every row's samples, numbered over all samples
+        out, first = [], 0
+        for plan in plans:
+            out += [tuple((row + first).tolist()) for row in plan]
+            first += len(plan.order)
+        return out
+
+    assert rows(plan for *_, plan in fed) == rows(plan for _, plan in at_once)
+    assert len(at_once) > 3 if method == "best-fit" else len(fed) > 3  # several windows
+    at = 0
+    for w_ids, w_mask, _, plan in fed:  # each window's samples as they were fed
+        assert np.array_equal(w_ids, ids[at:at + plan.tokens]) and np.array_equal(w_mask, mask[at:at + plan.tokens])
+        at += plan.tokens
+    assert at == len(ids)
+    if method == "best-fit":  # each window the fewest samples holding PACK_WINDOW tokens, the last what is left
+        assert all(lengths.sum() >= 5000 and lengths[:-1].sum() < 5000 for lengths, _ in at_once[:-1])
+    else:  # rows as packing all samples at once
+        assert rows([(PACKINGS[method] if method else one_per_row)(lengths, 1024)]) == rows(p for _, p in at_once)
+
+
+def test_best_fit_in_windows_fills_realistic_rows_at_4096():
+    """The fill of best fit window by window, at the real window size, over several windows."""
+    lengths = realistic_sft_lengths(100_000, capacity=4096, seed=1)
+    plans = [plan for _, plan in windows(lengths, "best-fit", 4096)]
+    assert len(plans) >= 4
+    fill = sum(p.tokens for p in plans) / (sum(p.rows for p in plans) * 4096)
+    assert fill >= 0.995, fill
+
+
+def test_padded_rows_hold_each_rows_samples_in_order_then_padding():
+    lengths = np.array([3, 5, 2, 4])
+    ids = np.arange(1, 15, dtype=np.int32)
+    mask = np.ones(14, np.uint8)
+    plan = pack(lengths, 8)
+    rows_ids, rows_mask = padded_rows(ids, mask, lengths, plan, PAD_ID)
+    starts = np.cumsum(lengths) - lengths
+    for r, row in enumerate(plan):
+        expected = np.concatenate([ids[starts[s]:starts[s] + lengths[s]] for s in row])
+        got = rows_ids[r * 8:(r + 1) * 8]
+        assert np.array_equal(got[:len(expected)], expected) and (got[len(expected):] == PAD_ID).all()
+        assert rows_mask[r * 8:(r + 1) * 8].sum() == len(expected)

@@ -325,16 +325,20 @@ def run_sharded(tmp_path, run, inputs, n, extra):
     return tmp_path / f"merged{n}"
 
 
-@pytest.mark.parametrize("kind", ["pretrain", "sft", "sft packed"])
-def test_shards_merged_equal_one_run(tmp_path, kind):
+@pytest.mark.parametrize("kind", ["pretrain", "sft", "sft packed", "sft packed in windows"])
+def test_shards_merged_equal_one_run(tmp_path, monkeypatch, kind):
+    if kind == "sft packed in windows":  # rows written window by window as the run goes: a few rows a window
+        monkeypatch.setattr("qwen_data.formats.packing.PACK_WINDOW", 700)
     if kind == "pretrain":
         inputs = mixed_inputs(tmp_path, lambda p: corpus(p, seed=8, documents=240, longest=40))
         run, extra, channels = pretrain, [], ("",)
     else:
         inputs = mixed_inputs(tmp_path, lambda p: chats(p, seed=9, count=150, longest=25))
         run, channels = sft, ("", ".lossmask")
-        extra = ["--seq-length", "300"] + (["--pack"] if kind == "sft packed" else [])
+        extra = ["--seq-length", "300"] + (["--pack"] if kind.startswith("sft packed") else [])
     one = run(inputs, tmp_path / "one", *extra)
+    if kind == "sft packed in windows":  # and any workers and chunks give the same rows
+        same_data(one, run(inputs, tmp_path / "two", *extra, "--workers", "2", "--chunk-mb", "0.002"), channels)
     for n in (1, 3, 7):
         merged = run_sharded(tmp_path, run, inputs, n, extra)
         same_data(one, merged, channels)
@@ -344,7 +348,7 @@ def test_shards_merged_equal_one_run(tmp_path, kind):
         assert open(f"{one}.rejects.jsonl").read() == open(f"{merged}.rejects.jsonl").read()
     shard = manifest(tmp_path / "shard2of3")
     assert shard["shard"] == {"index": 2, "count": 3} and "shard" not in manifest(merged)
-    if kind == "sft packed":
+    if kind.startswith("sft packed"):
         assert shard["sft"]["packed"] is False and shard["sft"]["pack_on_merge"] is True
 
 
