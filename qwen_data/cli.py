@@ -110,9 +110,6 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
                    default=DEFAULT_CHUNK_BYTES / (1 << 20),
                    help="input is handed to workers in pieces of about this size")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.add_argument("--no-certify", dest="certify", action="store_false",
-                   help="do not check a sample of records against the reference libraries (HF tokenizers, "
-                        "transformers); the manifest then records the data as uncertified")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 

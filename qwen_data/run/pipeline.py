@@ -29,7 +29,6 @@ from ..formats.manifest import Manifest, input_entry
 from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard, expand, read_chunks
 from ..inputs.records import RejectLog, empty_output
-from ..text.reference import CertificateError
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .progress import Progress
 
@@ -43,7 +42,6 @@ WORKER_CACHES = 1536 << 20
 # for end-of-document and template tokens. A result that does not fit goes through the pipe.
 SLOT_BYTES_PER_CHUNK_BYTE = 4
 SLOT_MARGIN = 1 << 20
-UNCERTIFIED = {"certified": False, "why": "--no-certify: no record was checked against the reference libraries"}
 
 
 @dataclass(kw_only=True)
@@ -60,7 +58,6 @@ class RunConfig:
     max_rejects: int | None = None
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     quiet: bool = False
-    certify: bool = True  # check a sample of records against the reference libraries (`text.reference`)
 
     def __post_init__(self) -> None:
         if self.special_tokens not in SPECIAL_POLICIES:
@@ -85,10 +82,6 @@ class ChunkResult:
     tokens: int
     special_records: int  # records holding literals the special-token policy acts on
     lines: int = field(init=False, default=0)  # the chunk's records, kept or not (set by `run`)
-    # The parity check of the chunk's sampled records (`text.reference`): counts to sum, and the
-    # first mismatch as (record number as the chunk numbers it, what differs), which stops the run.
-    checks: dict = field(init=False, default_factory=dict)
-    mismatch: tuple[int, str] | None = field(init=False, default=None)
 
 
 class Writer(Protocol):
@@ -129,12 +122,6 @@ class Step(Protocol):
     def process(self, chunk: Chunk) -> ChunkResult:
         """Runs in a worker process. A bad record goes through `Rejects.sift` into the result's rejects."""
 
-    def certify(self, inputs: list[dict]) -> None:
-        """Check a sample of records, chosen from these inputs' pins, as `process` goes (before the fork)."""
-
-    def certificate(self, checks: dict) -> dict:
-        """The manifest's certificate, from the summed `ChunkResult.checks`."""
-
     def open(self, outputs: AtomicOutputs) -> Writer: ...
 
 
@@ -145,8 +132,6 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     step.prepare()
     sources = expand(config.inputs, config.hf_split)
     inputs = input_list(sources)
-    if config.certify:
-        step.certify(inputs)
     check_outputs(step.files() + [config.rejects_path], [s.path for s in sources if s.path != STDIN],
                   dataset_owner(step.prefixes(), step.kind))
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
@@ -156,13 +141,12 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
         if progress is None:
             progress = Progress(total if config.shard is None else total // config.shard.count,
                                 enabled=not config.quiet)
-        checks = _consume(step, config, sources, writer, rejects, progress)
+        _consume(step, config, sources, writer, rejects, progress)
         if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
             raise empty_output(config.output_prefix, rejects)
         manifests = writer.close()
         for prefix, manifest in manifests.items():
             manifest.inputs, manifest.rejects = inputs, rejects.summary()
-            manifest.certificate = step.certificate(checks) if config.certify else UNCERTIFIED
             manifest.shard = None if config.shard is None else {"index": config.shard.index,
                                                                 "count": config.shard.count}
             manifest.wall_seconds = round(time.monotonic() - start, 3)
@@ -186,15 +170,13 @@ def input_list(sources: list[InputFile]) -> list[dict]:
 
 
 def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
-             progress: Progress) -> dict:
-    """Every chunk processed and written; the parity checks' counts, summed."""
+             progress: Progress) -> None:
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
-    # per chunk handed out: (input bytes, first, span, path)
-    handed: deque[tuple[int, int | None, bool, str]] = deque()
+    handed: deque[tuple[int, int | None, bool]] = deque()  # per chunk handed out: (input bytes, first, span)
 
     def counted(chunks) -> Iterator[Chunk]:
         for chunk in chunks:
-            handed.append((chunk.input_bytes, chunk.first, chunk.span is not None, chunk.path))
+            handed.append((chunk.input_bytes, chunk.first, chunk.span is not None))
             yield chunk
 
     chunks = counted(chunks)
@@ -213,27 +195,19 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
                               shared_fields=step.shared_fields,
                               slot_bytes=SLOT_BYTES_PER_CHUNK_BYTE * config.chunk_bytes + SLOT_MARGIN,
                               before_fork=pause_hashing)
-    line, checks = 1, {}
+    line = 1
     for result in results:
-        input_bytes, first, span, path = handed.popleft()
-        shift = 0
+        input_bytes, first, span = handed.popleft()
         if span:  # a worker read the lines itself and numbered them from 1: number them in the file
             line = first if first is not None else line
-            shift = line - 1
             for entry in result.rejects:
-                entry["record"] += shift
+                entry["record"] += line - 1
             line += result.lines
-        if result.mismatch:  # before anything of the chunk is written: the run leaves no output
-            number, what = result.mismatch
-            raise CertificateError(f"{path}:{number + shift}: {what}")
-        for name, count in result.checks.items():
-            checks[name] = checks.get(name, 0) + count
         writer.add(result)
         rejects.add(result.rejects)
         progress.update(result.records, result.text_bytes, result.tokens, input_bytes)
     progress.close()
     rejects.close()
-    return checks
 
 
 def _process(step: Step, chunk: Chunk) -> ChunkResult:

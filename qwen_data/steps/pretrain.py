@@ -24,7 +24,6 @@ from ..inputs.records import Record, Rejects, check_unicode
 from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..run import pipeline
 from ..run.pipeline import ChunkResult, RunConfig
-from ..text.reference import Selection, TextReference, difference, versions
 from ..text.tokenizer import QwenTokenizer
 
 
@@ -58,15 +57,6 @@ class Tokenize:
 
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
-        self.selection: Selection | None = None  # set by `certify`
-
-    def certify(self, inputs: list[dict]) -> None:
-        self.selection = Selection(inputs)
-        self.reference = TextReference(self.tokenizer.directory, self.tokenizer.flavour, self.config.special_tokens)
-
-    def certificate(self, checks: dict) -> dict:
-        return {"certified": True, "records_checked": checks.get("records_checked", 0), "mismatches": 0,
-                "reference": versions("tokenizers"), "tokenizer_sha256": self.tokenizer.sha256}
 
     def prepare(self) -> None:
         config = self.config
@@ -90,7 +80,7 @@ class Tokenize:
         return self.config.text_keys
 
     def process(self, chunk: Chunk) -> Documents:
-        texts, rejects = _Texts(self, chunk), Rejects(chunk)
+        texts, rejects = _Texts(self), Rejects(chunk)
         rejects.sift(chunk.records(), texts.add)
         ids, lengths = [], []
         for bucket in texts.by_key:
@@ -99,23 +89,8 @@ class Tokenize:
             ids.append(doc_ids)
             lengths.append(doc_lengths)
         records = len(texts.by_key[0])
-        result = Documents(rejects.entries, records, texts.text_bytes, sum(map(len, ids)), texts.special_records,
-                           ids, lengths)
-        if texts.picked:
-            self._check(texts, result)
-        return result
-
-    def _check(self, texts: "_Texts", result: Documents) -> None:
-        """Compare the picked records' documents (every key's) with the reference's ids and the eod."""
-        for doc_ids, doc_lengths, bucket in zip(result.ids, result.lengths, texts.by_key):
-            ends = np.cumsum(doc_lengths)
-            for number, k in texts.picked:
-                ours = doc_ids[ends[k] - doc_lengths[k]:ends[k]]
-                theirs = self.reference.encode(bucket[k])[0] + [self.eod_id]
-                if not np.array_equal(ours, theirs):
-                    result.mismatch = (number, difference(ours, theirs))
-                    return
-        result.checks = {"records_checked": len(texts.picked)}
+        return Documents(rejects.entries, records, texts.text_bytes, sum(map(len, ids)), texts.special_records,
+                         ids, lengths)
 
     def open(self, outputs: AtomicOutputs) -> "PretrainWriter":
         return PretrainWriter(self, outputs)
@@ -158,13 +133,11 @@ class _Texts:
     """What `Tokenize` keeps of one chunk's records: per text key, the texts of the records it can
     use; their size in the input; how many hold literals the special-token policy acts on."""
 
-    def __init__(self, step: Tokenize, chunk: Chunk) -> None:
+    def __init__(self, step: Tokenize) -> None:
         self.keys, self.policy = step.config.text_keys, step.config.special_tokens
         self.find_special = step.tokenizer.find_special
         self.by_key: list[list[str]] = [[] for _ in self.keys]
         self.text_bytes = self.special_records = 0
-        self.chunk, self.selection = chunk, step.selection
-        self.picked: list[tuple[int, int]] = []  # records the parity check takes: (number, position)
 
     def add(self, record: Record) -> None:
         """Raises RecordError for a record without a usable text under every key."""
@@ -177,8 +150,6 @@ class _Texts:
                     raise RecordError("special-token", f"literal special token {special!r} in text")
                 break
         self.text_bytes += record.size
-        if self.selection and self.selection.picks(self.chunk, record):
-            self.picked.append((record.number, len(self.by_key[0])))
         for bucket, value in zip(self.by_key, values):
             bucket.append(value)
 

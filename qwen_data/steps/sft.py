@@ -16,7 +16,6 @@ Packing and the Pai layout need every sample: a run stages its samples at PREFIX
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -39,7 +38,6 @@ from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals
 from ..text.conversations import FORMATS, to_conversation
 from ..text.masking import MASK_POLICIES, SampleEncoder
-from ..text.reference import ChatReference, Selection, difference, template_jinja, versions
 from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template, render_samples
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig
 
@@ -140,31 +138,6 @@ class ChatSamples:
 
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
-        self.selection: Selection | None = None  # set by `certify` where the reference can run
-        self.uncertified: str | None = None  # why not
-
-    def certify(self, inputs: list[dict]) -> None:
-        config, jinja = self.config, template_jinja(self.template, self.tokenizer.directory)
-        if importlib.util.find_spec("transformers") is None:
-            self.uncertified = "transformers is not installed: its apply_chat_template is the reference"
-        elif jinja is None:
-            self.uncertified = f"no Jinja text of the template {self.template.name} (sha256 {self.template.sha256})"
-        else:
-            self.selection = Selection(inputs)
-            self.reference = ChatReference(self.tokenizer.directory, self.tokenizer.flavour, jinja,
-                                           config.assistant_span, config.mask, config.enable_thinking)
-
-    def certificate(self, checks: dict) -> dict:
-        if self.uncertified:
-            return {"certified": False, "why": self.uncertified}
-        return {"certified": True, "records_checked": checks.get("records_checked", 0),
-                "samples_checked": checks.get("samples_checked", 0), "mismatches": 0,
-                # samples whose ids were checked but not their mask, and records not checked because
-                # literals in their content stay text, which a rendered text cannot tell from the template's
-                "masks_not_checked": checks.get("masks_not_checked", 0),
-                "records_with_literals_skipped": checks.get("records_with_literals_skipped", 0),
-                "reference": versions("transformers", "tokenizers", "jinja2"),
-                "tokenizer_sha256": self.tokenizer.sha256, "template_sha256": self.template.sha256}
 
     def prepare(self) -> None:
         config = self.config
@@ -196,15 +169,12 @@ class ChatSamples:
 
     def process(self, chunk: Chunk) -> SampleBatch:
         batch, rejects = _Batching(self), Rejects(chunk)
-        batch.chunk = chunk
         rejects.sift(chunk.records(), batch.render)
         rejects.sift(batch.encoded(), batch.fit)
         # The samples set aside came after every record set aside: back to record order (stable: a
         # record's samples stay in order).
         rejects.entries.sort(key=lambda r: r["record"])
-        result = batch.result(rejects.entries)
-        result.checks, result.mismatch = batch.checks, batch.mismatch
-        return result
+        return batch.result(rejects.entries)
 
     def _render_conversation(self, conversation, special: str | None) -> list[Sample]:
         """`special`: the first literal in it the special-token policy acts on."""
@@ -238,11 +208,6 @@ class _Batching:
         self.ids: list[np.ndarray] = []
         self.mask: list[np.ndarray] = []
         self.truncated = 0
-        self.chunk: Chunk | None = None
-        self.expected: dict[int, tuple] = {}  # the parity check: per picked sample, the reference's (ids, mask)
-        self.checks = {"records_checked": 0, "samples_checked": 0, "masks_not_checked": 0,
-                       "records_with_literals_skipped": 0}
-        self.mismatch: tuple[int, str] | None = None
 
     def render(self, record: Record) -> None:
         """Raises RecordError for a record that makes no conversation, or one the templates refuse."""
@@ -261,46 +226,13 @@ class _Batching:
         rendered = self.step._render_conversation(conversation, special)
         self.records += 1
         self.text_bytes += record.size
-        selection = self.step.selection
-        if selection and selection.picks(self.chunk, record):
-            self._expect(conversation, special, len(rendered))
         self.samples.extend(rendered)
         self.origins.extend((record.number, record.raw, k, len(rendered)) for k in range(len(rendered)))
 
-    def _expect(self, conversation, special: str | None, count: int) -> None:
-        """The reference's (ids, mask) of each sample the record renders to, as --history cuts it."""
-        if special and self.config.special_tokens != "parse":
-            self.checks["records_with_literals_skipped"] += 1
-            return
-        messages, tools, turns = conversation.messages, conversation.tools, conversation.assistant_indices
-        history = self.config.rendered_history
-        if history == "split":
-            parts = [(messages[:i + 1], [i]) for i in turns]
-        else:
-            parts = [(messages, turns if history == "rendered" else turns[-1:])]
-        if len(parts) != count:
-            raise AssertionError(f"{len(parts)} samples by the reference, {count} rendered")
-        for k, (part, trained) in enumerate(parts):
-            self.expected[len(self.samples) + k] = self.step.reference.encode(part, tools, trained)
-        self.checks["records_checked"] += 1
-
     def encoded(self) -> Iterator[_Encoded]:
         encodings = self.step.encoder.encode(self.samples) if self.samples else []
-        for position, ((number, raw, k, n), encoded) in enumerate(zip(self.origins, encodings)):
-            if position in self.expected and not isinstance(encoded, RecordError):
-                self._compare(number, encoded, *self.expected[position])
+        for (number, raw, k, n), encoded in zip(self.origins, encodings):
             yield _Encoded(number, raw, k, n, encoded)
-
-    def _compare(self, number: int, encoded, ids, mask) -> None:
-        """Our (ids, mask) of a sample against the reference's, before truncation and packing."""
-        self.checks["samples_checked"] += 1
-        if mask is None:
-            self.checks["masks_not_checked"] += 1
-        found = (difference(encoded[0], ids) if not np.array_equal(encoded[0], ids) else
-                 difference(encoded[1], mask, "loss mask") if mask is not None and not np.array_equal(encoded[1], mask)
-                 else None)
-        if found and self.mismatch is None:
-            self.mismatch = (number, found)
 
     def fit(self, sample: _Encoded) -> None:
         """Raises RecordError for a sample that does not fit the run's settings."""
