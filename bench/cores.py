@@ -13,9 +13,11 @@ summed RSS of the tree). Corpora come from bench/corpora.py, repeated to size:
 
 raw gigatoken is the ceiling one core reaches: a fresh tokenizer, in this process, over the first
 64 MB of the text corpus (what one of 16 workers meets of a 1 GB corpus), NFC applied beforehand
-and not timed. Each run's efficiency is given against N x its own 1-worker rate and against N x raw.
-`raw_parallel` is the host's own ceiling for N: N forked processes, each raw on its own 64 MB, all
-timed at once (total bytes over the slowest); what N cores give a tokenizer that shares nothing.
+and not timed; `raw_warm` is the same tokenizer's second pass over them. The corpora repeat a 40 MB
+base, and gigatoken caches the words it met: one worker meets the base cold once and then runs
+warm, each of N workers meets it cold once, so a repeated corpus favours fewer workers. Each run's efficiency is given against N x its own 1-worker rate and against N x raw.
+`raw_parallel` is the host's own ceiling for N (16 and up): N forked processes, each raw on its own
+64 MB, all timed at once (total bytes over the slowest); what N cores give a tokenizer that shares nothing.
 
     python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
@@ -77,12 +79,17 @@ def _raw_texts(corpus: str, start: int = 0) -> tuple[list[str], int, object]:
     return texts, size, tok
 
 
-def raw_mb_per_s(corpus: str) -> float:
-    """gigatoken, one core, fresh, on the corpus's first RAW_BYTES (NFC beforehand, untimed)."""
+def raw_mb_per_s(corpus: str) -> tuple[float, float]:
+    """gigatoken, one core, on the corpus's first RAW_BYTES (NFC beforehand, untimed): fresh, then
+    again with the words of the first pass in its cache (what a worker meets on its second pass
+    over a repeated corpus)."""
     texts, size, tok = _raw_texts(corpus)
-    start = time.perf_counter()
-    tok.encode_batch(texts, parallel=False)
-    return size / MB / (time.perf_counter() - start)
+    rates = []
+    for _ in range(2):
+        start = time.perf_counter()
+        tok.encode_batch(texts, parallel=False)
+        rates.append(size / MB / (time.perf_counter() - start))
+    return rates[0], rates[1]
 
 
 def raw_parallel_mb_per_s(corpus: str, n: int) -> float:
@@ -176,6 +183,8 @@ def main() -> None:
     parser.add_argument("--megatron", help="a Megatron-LM checkout: its preprocess_data.py at the most workers")
     parser.add_argument("--megatron-mb", type=int, default=300, help="the corpus size Megatron's script runs on")
     parser.add_argument("--ray", action="store_true", help="also --executor ray at the most workers")
+    parser.add_argument("--also-out", help="also pretrain at the most workers writing under this folder (/dev/shm: "
+                                           "whether the output disk limits the run)")
     parser.add_argument("--out", default=os.path.join(measure.REPO_ROOT, "bench", "results", "cpu", "cores.json"))
     args = parser.parse_args()
     import corpora
@@ -187,10 +196,14 @@ def main() -> None:
         counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= info["cores"]]
     top = max(counts)
     text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000)
-    raw = raw_mb_per_s(text)
-    print(f"host: {info['cpu_model']}, {info['cores']} cores; raw gigatoken on one core: {raw:.1f} MB/s", flush=True)
-    raw_parallel = raw_parallel_mb_per_s(text, top)
-    print(f"raw gigatoken in {top} processes at once: {raw_parallel:.1f} MB/s ({raw_parallel / raw:.1f}x one)", flush=True)
+    raw, raw_warm = raw_mb_per_s(text)
+    print(f"host: {info['cpu_model']}, {info['cores']} cores; raw gigatoken on one core: {raw:.1f} MB/s "
+          f"({raw_warm:.1f} MB/s on a second pass)", flush=True)
+    raw_parallel = {}
+    for n in sorted({n for n in counts if n >= 16} | {top}):
+        raw_parallel[n] = raw_parallel_mb_per_s(text, n)
+        print(f"raw gigatoken in {n} processes at once: {raw_parallel[n]:.1f} MB/s ({raw_parallel[n] / raw:.1f}x one)",
+              flush=True)
     corpus_of = {"pretrain": text}
     jobs = args.jobs.split(",")
     if "sft-chat" in jobs:
@@ -201,9 +214,9 @@ def main() -> None:
 
     def write() -> None:  # after every run: a run cut short keeps what it measured
         efficiencies(runs, raw)
-        result = {"host": info, "raw_mb_per_s": round(raw, 1),
-                  "raw_parallel": {"processes": top, "mb_per_s": round(raw_parallel, 1),
-                                   "vs_raw": round(raw_parallel / raw, 2)},
+        result = {"host": info, "raw_mb_per_s": round(raw, 1), "raw_warm_mb_per_s": round(raw_warm, 1),
+                  "raw_parallel": [{"processes": n, "mb_per_s": round(rate, 1), "vs_raw": round(rate / raw, 2)}
+                                   for n, rate in raw_parallel.items()],
                   "runs": runs}
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
@@ -225,6 +238,13 @@ def main() -> None:
         if args.rss_mb:
             big = corpora.scaled_text_corpus(args.rss_mb * 1_000_000)
             runs.append(record("pretrain", top, big, ours("pretrain", big, os.path.join(work, "big"), top)))
+            write()
+        if args.also_out:
+            prefix = os.path.join(tempfile.mkdtemp(prefix="cores-", dir=args.also_out), "out")
+            try:
+                runs.append(record("pretrain", top, text, ours("pretrain", text, prefix, top)) | {"output_dir": args.also_out})
+            finally:
+                shutil.rmtree(os.path.dirname(prefix), ignore_errors=True)
             write()
         if args.megatron:
             small = corpora.scaled_text_corpus(args.megatron_mb * 1_000_000)

@@ -287,41 +287,43 @@ def next_window(lengths: np.ndarray, packing: str | None, capacity: int, final: 
 
 class Windows:
     """Samples as a run makes them, in order; out come the windows of `next_window` as they
-    close, each with its plan (`add`, then `close` for the last ones)."""
+    close, each with its plan (`add`, then `close` for the last ones). The samples wait in one
+    buffer per channel, reused from window to window."""
 
     def __init__(self, packing: str | None, capacity: int, dtype) -> None:
         self.packing, self.capacity = packing, capacity
-        self.dtype = np.dtype(dtype)
-        self._ids: list[np.ndarray] = []
-        self._mask: list[np.ndarray] = []
+        self._ids, self._mask = np.zeros(0, dtype), np.zeros(0, np.uint8)
         self._lengths: list[np.ndarray] = []
         self._tokens = 0
 
     def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray):
-        """Keeps a copy of the samples (the arrays may be views of memory about to be reused)."""
-        self._ids.append(np.array(ids, self.dtype))
-        self._mask.append(np.array(mask, np.uint8))
+        """Copies the samples (the arrays may be views of memory about to be reused)."""
+        end = self._tokens + len(ids)
+        if end > len(self._ids):
+            grown = max(end, 2 * len(self._ids))
+            self._ids = np.concatenate([self._ids[:self._tokens], np.empty(grown - self._tokens, self._ids.dtype)])
+            self._mask = np.concatenate([self._mask[:self._tokens], np.empty(grown - self._tokens, np.uint8)])
+        self._ids[self._tokens:end], self._mask[self._tokens:end] = ids, mask
         self._lengths.append(np.array(lengths, np.int64))
-        self._tokens += len(ids)
-        if self._tokens >= PACK_WINDOW:
+        self._tokens = end
+        if end >= PACK_WINDOW:
             yield from self._windows(final=False)
 
     def close(self):
         yield from self._windows(final=True)
 
     def _windows(self, final: bool):
-        """(ids, mask, lengths, plan) of each window that is closed, its samples back to back."""
-        ids, mask, lengths = (np.concatenate(parts) if parts else np.zeros(0, t)
-                              for parts, t in ((self._ids, self.dtype), (self._mask, np.uint8),
-                                               (self._lengths, np.int64)))
-        self._ids = self._mask = self._lengths = None  # the parts, copied above
+        """(ids, mask, lengths, plan) of each window that is closed, its samples back to back:
+        views of the buffers, valid until the next `add`."""
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
         first = at = 0
         while first < len(lengths) and (plan := next_window(lengths[first:], self.packing, self.capacity, final)):
             n = len(plan.order)
-            yield ids[at: at + plan.tokens], mask[at: at + plan.tokens], lengths[first: first + n], plan
+            yield self._ids[at: at + plan.tokens], self._mask[at: at + plan.tokens], lengths[first: first + n], plan
             first, at = first + n, at + plan.tokens
-        self._ids, self._mask, self._lengths = [ids[at:]], [mask[at:]], [lengths[first:]]
-        self._tokens = len(ids) - at
+        rest = self._tokens - at  # the samples of the window still open go to the front
+        self._ids[:rest], self._mask[:rest] = self._ids[at:self._tokens].copy(), self._mask[at:self._tokens].copy()
+        self._lengths, self._tokens = [lengths[first:]], rest
 
 
 def windows(lengths: np.ndarray, packing: str | None, capacity: int):

@@ -304,7 +304,8 @@ def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monke
     ends = np.cumsum(lengths)
     for a, b in zip([0, *cuts], [*cuts, len(lengths)]):
         first = int(ends[a - 1]) if a else 0
-        fed += stream.add(ids[first:ends[b - 1]], mask[first:ends[b - 1]], lengths[a:b])
+        fed += [(i.copy(), m.copy(), n, p) for i, m, n, p in  # views, valid until the next add
+                stream.add(ids[first:ends[b - 1]], mask[first:ends[b - 1]], lengths[a:b])]
     fed += stream.close()
     def rows(plans):  # every row's samples, numbered over all samples
         out, first = [], 0
