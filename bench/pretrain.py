@@ -109,10 +109,14 @@ def run_baseline(corpus: str, prefix: str, workers: int, tokenizer: str) -> meas
     return measure.run_measured(argv, env=measure.python_env()).check()
 
 
-def run_ours(corpus: str, prefix: str, workers: int, tokenizer: str | None) -> measure.Measurement:
-    extra = ["--tokenizer", tokenizer] if tokenizer else []
+def run_ours(corpus: str, prefix: str, workers: int, tokenizer: str | None, *extra: str) -> measure.Measurement:
+    extra = (*extra, "--tokenizer", tokenizer) if tokenizer else extra
     argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--workers", workers, "--quiet", *extra)
     return measure.run_measured(argv, env=measure.python_env()).check()
+
+
+def run_uncertified(corpus: str, prefix: str, workers: int, tokenizer: str | None) -> measure.Measurement:
+    return run_ours(corpus, prefix, workers, tokenizer, "--no-certify")
 
 
 def raw_tokenizer_speed(corpus: str, tokenizer: str, repeat: int = 1) -> dict:
@@ -228,6 +232,11 @@ def raw_comparison(args, corpus: str, workdir: str, results: dict, tokens: dict,
                   f"{raw['text_bytes'] / net / (raw_mbs * MB * args.workers):.0%} of raw x {args.workers}")  # fmt: skip
 
 
+def certificate_cost(certified: measure.Measurement, uncertified: measure.Measurement) -> str:
+    return (f"certificate: {certified.wall_s:.2f} s against {uncertified.wall_s:.2f} s without it "
+            f"({certified.wall_s / uncertified.wall_s - 1:+.1%} wall, {certified.cpu_s - uncertified.cpu_s:+.2f} CPU s)")
+
+
 def speed_benchmark(args, workdir: str) -> int:
     import corpora
 
@@ -238,24 +247,23 @@ def speed_benchmark(args, workdir: str) -> int:
     with open(corpus, "rb") as f:
         documents = sum(1 for _ in f)
     print(f"corpus: {corpus}  {nbytes / MB:.1f} MB  {documents} documents  workers: {args.workers}")
-    programs = (args.programs or "ours,baseline").split(",")
-    if "ours" in programs and not measure.qwen_data_cli_available("pretrain"):
-        print("`qwen-data pretrain` not there yet: running the baseline only")
-        programs.remove("ours")
-
-    runners = {"baseline": run_baseline, "ours": run_ours}
+    programs = (args.programs or "ours,uncertified,baseline").split(",")
+    runners = {"baseline": run_baseline, "ours": run_ours, "uncertified": run_uncertified}
     results = best_of(args.repeat, {
         name: lambda run=runners[name], prefix=os.path.join(workdir, name): run(corpus, prefix, args.workers, args.tokenizer)
-        for name in ("baseline", "ours") if name in programs
+        for name in runners if name in programs
     })  # fmt: skip
     rows, status = [], 0
     tokens = {name: len(measure.read_indexed(os.path.join(workdir, name)).tokens) for name in results}
-    labels = {"baseline": "megatron-style HF pool", "ours": "qwen-data pretrain"}
+    labels = {"baseline": "megatron-style HF pool", "ours": "qwen-data pretrain",
+              "uncertified": "qwen-data pretrain --no-certify"}
     for name, m in results.items():
         rows.append(row(labels[name], m, nbytes, tokens[name]))
     measure.print_table(rows, ["program", "wall s", "cpu s", "MB/s", "Mtok/s", "peak RSS", "procs"])
 
-    if len(results) == 2:
+    if "ours" in results and "uncertified" in results:
+        print(certificate_cost(results["ours"], results["uncertified"]))
+    if "ours" in results and "baseline" in results:
         base, ours = results["baseline"], results["ours"]
         speedup = base.wall_s / ours.wall_s
         print(f"ours/baseline: speed {speedup:.2f}x (target >= {SPEED_TARGET:g}x: {'met' if speedup >= SPEED_TARGET else 'NOT met'}), "
@@ -309,7 +317,8 @@ def main() -> None:
     parser.add_argument("--input", help="a jsonl corpus instead of the cached real one")
     parser.add_argument("--docs", type=int, help="only the first N documents of the corpus")
     parser.add_argument("--tokenizer", default=default_tokenizer_dir())
-    parser.add_argument("--programs", help="comma list of: ours, baseline (default: both; --rss: ours)")
+    parser.add_argument("--programs", help="comma list of: ours, uncertified (ours with --no-certify), baseline "
+                                           "(default: all three; --rss: ours)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per program; the fastest counts")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw single-core tokenizer measure")
     parser.add_argument("--rss", action="store_true", help="peak RSS on big generated corpora instead")

@@ -110,6 +110,9 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
                    default=DEFAULT_CHUNK_BYTES / (1 << 20),
                    help="input is handed to workers in pieces of about this size")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--no-certify", dest="certify", action="store_false",
+                   help="do not check a sample of records against the reference libraries (HF tokenizers, "
+                        "transformers); the manifest then records the data as uncertified")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
@@ -185,6 +188,10 @@ def _sft_options(p: argparse.ArgumentParser) -> None:
                         "the tokenizer's first free id, where Pai-Megatron-Patch adds <|extra_0|>)")
     p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>' (none: as --pad-id)")
     p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
+    p.add_argument("--reference-template", default=None, metavar="FILE",
+                   help="the template's official Jinja, for the certificate where the tokenizer folder's chat "
+                        "template is another (used only when its sha256 is the template's) (none: the tokenizer "
+                        "folder's)")
     _add_column_options(p)
     p.set_defaults(func=_run_sft)
 

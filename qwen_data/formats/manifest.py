@@ -109,6 +109,10 @@ class Manifest:
     sft: SFTSection | None = None  # SFT: template, mask policy, packing and sample counts
     shard: dict | None = None  # {"index", "count"}: one part of a sharded run, to be joined by `merge`
     inputs: list[dict] = field(default_factory=list)  # `input_entry` of each input read, in order
+    # The parity check of a sample of records against the reference libraries (`text.reference`):
+    # {"certified": true, "records_checked", "mismatches", "reference" (versions), hashes ...} or
+    # {"certified": false, "why"}; absent from manifests written before it.
+    certificate: dict | None = None
     rejects: dict = field(default_factory=dict)
     wall_seconds: float = 0.0
     format: str = FORMAT

@@ -230,7 +230,23 @@ def _manifest(parts: list[tuple[str, Manifest]], data, lengths: np.ndarray) -> M
         pad_id=first.pad_id, text_key=first.text_key, special_tokens=first.special_tokens,
         special_token_records=special, **counts_of(ids, digests), sft=sft, inputs=inputs,
         rejects={"count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items()))},
+        certificate=_certificate([m.certificate for _, m in parts]),
     )
+
+
+def _certificate(parts: list[dict | None]) -> dict | None:
+    """The parts' certificates joined: their counts summed, certified only if every part is, by
+    the same reference libraries (else the first reason why not)."""
+    if all(part is None for part in parts):
+        return None
+    for part in parts:
+        if not part or not part.get("certified"):
+            return part or {"certified": False, "why": "a part was made before certificates were recorded"}
+    base = parts[0]
+    if any(part.get("reference") != base.get("reference") for part in parts):
+        return {"certified": False, "why": "the parts were checked by different versions of the reference libraries"}
+    return base | {name: sum(part.get(name, 0) for part in parts) for name, value in base.items()
+                   if isinstance(value, int) and not isinstance(value, bool)}
 
 
 def _join_rejects(prefixes: list[str], out_path: str) -> bool:

@@ -30,6 +30,7 @@ from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard, expand, read_chunks
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
+from .certifier import Certifier
 from .progress import Progress
 
 # A worker is replaced once its resident memory has grown this much (its share of this budget, at
@@ -42,6 +43,7 @@ WORKER_CACHES = 1536 << 20
 # for end-of-document and template tokens. A result that does not fit goes through the pipe.
 SLOT_BYTES_PER_CHUNK_BYTE = 4
 SLOT_MARGIN = 1 << 20
+UNCERTIFIED = {"certified": False, "why": "--no-certify: no record was checked against the reference libraries"}
 
 
 @dataclass(kw_only=True)
@@ -58,6 +60,7 @@ class RunConfig:
     max_rejects: int | None = None
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     quiet: bool = False
+    certify: bool = True  # check a sample of records against the reference libraries (`text.reference`)
 
     def __post_init__(self) -> None:
         if self.special_tokens not in SPECIAL_POLICIES:
@@ -82,6 +85,9 @@ class ChunkResult:
     tokens: int
     special_records: int  # records holding literals the special-token policy acts on
     lines: int = field(init=False, default=0)  # the chunk's records, kept or not (set by `run`)
+    # What the step made of the chunk's records picked for the parity check (`text.reference`), each
+    # an item whose first value is the record's number as the chunk numbers it (`Step.check`).
+    to_check: list = field(init=False, default_factory=list)
 
 
 class Writer(Protocol):
@@ -104,6 +110,7 @@ class Step(Protocol):
     # Fields of the step's results that hold its bulk numpy arrays (or lists of them): workers hand
     # them over in shared memory, read in place until the next result (a writer copies what it keeps).
     shared_fields: tuple[str, ...]
+    selection: object | None  # which records the parity check takes (`certify`); None: none
 
     def __init__(self, config: RunConfig) -> None: ...
 
@@ -122,6 +129,20 @@ class Step(Protocol):
     def process(self, chunk: Chunk) -> ChunkResult:
         """Runs in a worker process. A bad record goes through `Rejects.sift` into the result's rejects."""
 
+    def certify(self, inputs: list[dict]) -> None:
+        """Pick a sample of records, chosen from these inputs' pins, as `process` goes (before the
+        fork); `selection` stays None where the reference cannot run (`certificate` says why)."""
+
+    def reference_loaded(self) -> bool:
+        """Whether this process holds the reference libraries already (`run.certifier`)."""
+
+    def check(self, items: list) -> tuple[dict, str | None]:
+        """The picked records (file:line, `ChunkResult.to_check` item) against the reference:
+        counts to sum, and what differs at the first mismatch."""
+
+    def certificate(self, checks: dict) -> dict:
+        """The manifest's certificate, from the summed counts of `check`."""
+
     def open(self, outputs: AtomicOutputs) -> Writer: ...
 
 
@@ -132,6 +153,8 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     step.prepare()
     sources = expand(config.inputs, config.hf_split)
     inputs = input_list(sources)
+    if config.certify:
+        step.certify(inputs)
     check_outputs(step.files() + [config.rejects_path], [s.path for s in sources if s.path != STDIN],
                   dataset_owner(step.prefixes(), step.kind))
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
@@ -141,12 +164,13 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
         if progress is None:
             progress = Progress(total if config.shard is None else total // config.shard.count,
                                 enabled=not config.quiet)
-        _consume(step, config, sources, writer, rejects, progress)
+        checks = _consume(step, config, sources, writer, rejects, progress)
         if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
             raise empty_output(config.output_prefix, rejects)
         manifests = writer.close()
         for prefix, manifest in manifests.items():
             manifest.inputs, manifest.rejects = inputs, rejects.summary()
+            manifest.certificate = step.certificate(checks) if config.certify else UNCERTIFIED
             manifest.shard = None if config.shard is None else {"index": config.shard.index,
                                                                 "count": config.shard.count}
             manifest.wall_seconds = round(time.monotonic() - start, 3)
@@ -170,44 +194,60 @@ def input_list(sources: list[InputFile]) -> list[dict]:
 
 
 def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
-             progress: Progress) -> None:
+             progress: Progress) -> dict:
+    """Every chunk processed and written; the parity checks' counts, summed."""
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
-    handed: deque[tuple[int, int | None, bool]] = deque()  # per chunk handed out: (input bytes, first, span)
+    # per chunk handed out: (input bytes, first, span, path)
+    handed: deque[tuple[int, int | None, bool, str]] = deque()
 
     def counted(chunks) -> Iterator[Chunk]:
         for chunk in chunks:
-            handed.append((chunk.input_bytes, chunk.first, chunk.span is not None))
+            handed.append((chunk.input_bytes, chunk.first, chunk.span is not None, chunk.path))
             yield chunk
 
     chunks = counted(chunks)
     head = list(itertools.islice(chunks, 2))
     chunks = itertools.chain(head, chunks)
     work = functools.partial(_process, step)
-    if config.workers == 0 or len(head) < 2:
-        # One chunk is processed here: forking a worker for it (and importing multiprocess) takes
-        # longer than a small input's whole run.
-        results = map(work, chunks)
-    else:
-        from .workers import ordered_map
+    in_process = config.workers == 0 or len(head) < 2
+    # Started before the workers and any thread (it forks): `run.certifier`.
+    certifier = Certifier(step, beside=not in_process) if step.selection is not None else None
+    try:
+        if in_process:
+            # One chunk is processed here: forking a worker for it (and importing multiprocess) takes
+            # longer than a small input's whole run.
+            results = map(work, chunks)
+        else:
+            from .workers import ordered_map
 
-        # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
-        results = ordered_map(work, chunks, config.workers, worker_growth=max(64 << 20, WORKER_CACHES // config.workers),
-                              shared_fields=step.shared_fields,
-                              slot_bytes=SLOT_BYTES_PER_CHUNK_BYTE * config.chunk_bytes + SLOT_MARGIN,
-                              before_fork=pause_hashing)
-    line = 1
-    for result in results:
-        input_bytes, first, span = handed.popleft()
-        if span:  # a worker read the lines itself and numbered them from 1: number them in the file
-            line = first if first is not None else line
-            for entry in result.rejects:
-                entry["record"] += line - 1
-            line += result.lines
-        writer.add(result)
-        rejects.add(result.rejects)
-        progress.update(result.records, result.text_bytes, result.tokens, input_bytes)
-    progress.close()
-    rejects.close()
+            # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
+            results = ordered_map(work, chunks, config.workers,
+                                  worker_growth=max(64 << 20, WORKER_CACHES // config.workers),
+                                  shared_fields=step.shared_fields,
+                                  slot_bytes=SLOT_BYTES_PER_CHUNK_BYTE * config.chunk_bytes + SLOT_MARGIN,
+                                  before_fork=pause_hashing)
+        line = 1
+        for result in results:
+            input_bytes, first, span, path = handed.popleft()
+            shift = 0
+            if span:  # a worker read the lines itself and numbered them from 1: number them in the file
+                line = first if first is not None else line
+                shift = line - 1
+                for entry in result.rejects:
+                    entry["record"] += shift
+                line += result.lines
+            if certifier is not None and result.to_check:
+                certifier.add([(f"{path}:{item[0] + shift}", item) for item in result.to_check])
+            writer.add(result)
+            rejects.add(result.rejects)
+            progress.update(result.records, result.text_bytes, result.tokens, input_bytes)
+        progress.close()
+        rejects.close()
+        # A mismatch raises here, before anything is committed: the run leaves no output.
+        return certifier.finish() if certifier is not None else {}
+    finally:
+        if certifier is not None:
+            certifier.end()
 
 
 def _process(step: Step, chunk: Chunk) -> ChunkResult:

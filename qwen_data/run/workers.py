@@ -123,6 +123,30 @@ def ordered_map(
                 worker.end(kill=not finished)
 
 
+class SideProcess:
+    """One worker process beside a map, for work handed over as the map goes and answered at the
+    end: `send(item)` has `fn(item)` run there, in order; `answers()` waits for all of them. Sending
+    never waits for the worker (it drains its pipe at once). Start it before the map's workers and
+    any thread, and `end` it in a `finally`."""
+
+    def __init__(self, fn: Callable) -> None:
+        with _sigint_held():
+            self._worker = _Worker(fn, None, (), (), _Position(0, 0), 0)
+
+    def send(self, item) -> None:
+        self._worker.send(self._worker.assigned, 0, item)
+
+    def answers(self) -> list:
+        """Every answer, in the order the items were sent; a `fn` that raised raises here."""
+        answers = [self._worker.result()[2] for _ in range(self._worker.outstanding)]
+        self._worker.retire()
+        return answers
+
+    def end(self, kill: bool = True) -> None:
+        with _sigint_held():
+            self._worker.end(kill)
+
+
 def _free(positions: list["_Position"]) -> "_Position | None":
     """The position to give the next task: a free slot, room in its worker's queue, and the
     fewest tasks queued there (a position without a worker yet counts as idle)."""

@@ -24,6 +24,7 @@ from ..inputs.records import Record, Rejects, check_unicode
 from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..run import pipeline
 from ..run.pipeline import ChunkResult, RunConfig
+from ..text.reference import PRETRAIN_PICKS, Selection, TextReference, difference, loaded, versions
 from ..text.tokenizer import QwenTokenizer
 
 
@@ -57,6 +58,28 @@ class Tokenize:
 
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
+        self.selection: Selection | None = None  # set by `certify`
+
+    def certify(self, inputs: list[dict]) -> None:
+        self.selection = Selection(inputs, PRETRAIN_PICKS)
+        self.reference = TextReference(self.tokenizer.directory, self.tokenizer.flavour, self.config.special_tokens)
+
+    def reference_loaded(self) -> bool:
+        return loaded(self.tokenizer.directory, chat=False)
+
+    def check(self, items: list) -> tuple[dict, str | None]:
+        """Each picked record's documents (one per text key: (text, our ids with the eod)) against
+        the reference's ids and the eod."""
+        for where, (_, documents) in items:
+            for text, ours in documents:
+                theirs = self.reference.encode(text)[0] + [self.eod_id]
+                if not np.array_equal(ours, theirs):
+                    return {}, f"{where}: {difference(ours, theirs)}"
+        return {"records_checked": len(items)}, None
+
+    def certificate(self, checks: dict) -> dict:
+        return {"certified": True, "records_checked": checks.get("records_checked", 0), "mismatches": 0,
+                "reference": versions("tokenizers"), "tokenizer_sha256": self.tokenizer.sha256}
 
     def prepare(self) -> None:
         config = self.config
@@ -80,7 +103,7 @@ class Tokenize:
         return self.config.text_keys
 
     def process(self, chunk: Chunk) -> Documents:
-        texts, rejects = _Texts(self), Rejects(chunk)
+        texts, rejects = _Texts(self, chunk), Rejects(chunk)
         rejects.sift(chunk.records(), texts.add)
         ids, lengths = [], []
         for bucket in texts.by_key:
@@ -89,8 +112,14 @@ class Tokenize:
             ids.append(doc_ids)
             lengths.append(doc_lengths)
         records = len(texts.by_key[0])
-        return Documents(rejects.entries, records, texts.text_bytes, sum(map(len, ids)), texts.special_records,
-                         ids, lengths)
+        result = Documents(rejects.entries, records, texts.text_bytes, sum(map(len, ids)), texts.special_records,
+                           ids, lengths)
+        if texts.picked:  # (number, [(text, its ids with the eod) per key]) of each picked record
+            ends = [np.cumsum(n) for n in lengths]
+            result.to_check = [(number, [(bucket[k], doc_ids[end[k] - n[k]:end[k]].copy())
+                                         for bucket, doc_ids, n, end in zip(texts.by_key, ids, lengths, ends)])
+                               for number, k in texts.picked]
+        return result
 
     def open(self, outputs: AtomicOutputs) -> "PretrainWriter":
         return PretrainWriter(self, outputs)
@@ -133,11 +162,13 @@ class _Texts:
     """What `Tokenize` keeps of one chunk's records: per text key, the texts of the records it can
     use; their size in the input; how many hold literals the special-token policy acts on."""
 
-    def __init__(self, step: Tokenize) -> None:
+    def __init__(self, step: Tokenize, chunk: Chunk) -> None:
         self.keys, self.policy = step.config.text_keys, step.config.special_tokens
         self.find_special = step.tokenizer.find_special
         self.by_key: list[list[str]] = [[] for _ in self.keys]
         self.text_bytes = self.special_records = 0
+        self.chunk, self.selection = chunk, step.selection
+        self.picked: list[tuple[int, int]] = []  # records the parity check takes: (number, position)
 
     def add(self, record: Record) -> None:
         """Raises RecordError for a record without a usable text under every key."""
@@ -150,6 +181,8 @@ class _Texts:
                     raise RecordError("special-token", f"literal special token {special!r} in text")
                 break
         self.text_bytes += record.size
+        if self.selection and self.selection.picks(self.chunk, record):
+            self.picked.append((record.number, len(self.by_key[0])))
         for bucket, value in zip(self.by_key, values):
             bucket.append(value)
 

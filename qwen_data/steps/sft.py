@@ -16,6 +16,7 @@ Packing and the Pai layout need every sample: a run stages its samples at PREFIX
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -38,6 +39,7 @@ from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals
 from ..text.conversations import FORMATS, to_conversation
 from ..text.masking import MASK_POLICIES, SampleEncoder
+from ..text.reference import SFT_PICKS, ChatReference, Selection, difference, loaded, template_jinja, versions
 from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template, render_samples
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig
 
@@ -61,6 +63,7 @@ class SFTConfig(RunConfig):
     pad_token: str | None = None
     special_tokens: str = "safe"
     columns: ColumnMap | None = None  # --columns / --dataset-info: the records' own column names
+    reference_template: str | None = None  # the template's official Jinja file, for the certificate
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -138,6 +141,56 @@ class ChatSamples:
 
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
+        self.selection: Selection | None = None  # set by `certify` where the reference can run
+        self.uncertified: str | None = None  # why not
+
+    def certify(self, inputs: list[dict]) -> None:
+        config = self.config
+        jinja = template_jinja(self.template, self.tokenizer.directory, config.reference_template)
+        if importlib.util.find_spec("transformers") is None:
+            self.uncertified = "transformers is not installed: its apply_chat_template is the reference"
+        elif jinja is None:
+            self.uncertified = (f"no Jinja text of the template {self.template.name} (sha256 {self.template.sha256}) "
+                                "in the tokenizer folder's chat template, nor given by --reference-template")
+        else:
+            self.selection = Selection(inputs, SFT_PICKS)
+            self.reference = ChatReference(self.tokenizer.directory, self.tokenizer.flavour, jinja,
+                                           config.assistant_span, config.mask, config.enable_thinking)
+
+    def reference_loaded(self) -> bool:
+        return loaded(self.tokenizer.directory, chat=True)
+
+    def check(self, items: list) -> tuple[dict, str | None]:
+        """Each picked record's samples (before truncation and packing) against the reference's
+        ids and mask; a record whose literals stay text is counted apart (`_Batching.pick`)."""
+        counts = {"records_checked": 0, "samples_checked": 0, "masks_not_checked": 0,
+                  "records_with_literals_skipped": 0}
+        for where, (_, samples) in items:
+            if samples is None:
+                counts["records_with_literals_skipped"] += 1
+                continue
+            counts["records_checked"] += 1
+            for part, tools, trained, ours_ids, ours_mask in samples:
+                ids, mask = self.reference.encode(part, tools, trained)
+                counts["samples_checked"] += 1
+                counts["masks_not_checked"] += mask is None
+                if not np.array_equal(ours_ids, ids):
+                    return counts, f"{where}: {difference(ours_ids, ids)}"
+                if mask is not None and not np.array_equal(ours_mask, mask):
+                    return counts, f"{where}: {difference(ours_mask, mask, 'loss mask')}"
+        return counts, None
+
+    def certificate(self, checks: dict) -> dict:
+        if self.uncertified:
+            return {"certified": False, "why": self.uncertified}
+        return {"certified": True, "records_checked": checks.get("records_checked", 0),
+                "samples_checked": checks.get("samples_checked", 0), "mismatches": 0,
+                # samples whose ids were checked but not their mask, and records not checked because
+                # literals in their content stay text, which a rendered text cannot tell from the template's
+                "masks_not_checked": checks.get("masks_not_checked", 0),
+                "records_with_literals_skipped": checks.get("records_with_literals_skipped", 0),
+                "reference": versions("transformers", "tokenizers", "jinja2"),
+                "tokenizer_sha256": self.tokenizer.sha256, "template_sha256": self.template.sha256}
 
     def prepare(self) -> None:
         config = self.config
@@ -169,12 +222,15 @@ class ChatSamples:
 
     def process(self, chunk: Chunk) -> SampleBatch:
         batch, rejects = _Batching(self), Rejects(chunk)
+        batch.chunk = chunk
         rejects.sift(chunk.records(), batch.render)
         rejects.sift(batch.encoded(), batch.fit)
         # The samples set aside came after every record set aside: back to record order (stable: a
         # record's samples stay in order).
         rejects.entries.sort(key=lambda r: r["record"])
-        return batch.result(rejects.entries)
+        result = batch.result(rejects.entries)
+        result.to_check = batch.to_check
+        return result
 
     def _render_conversation(self, conversation, special: str | None) -> list[Sample]:
         """`special`: the first literal in it the special-token policy acts on."""
@@ -208,6 +264,11 @@ class _Batching:
         self.ids: list[np.ndarray] = []
         self.mask: list[np.ndarray] = []
         self.truncated = 0
+        self.chunk: Chunk | None = None
+        # The parity check: per sample of a picked record, (messages, tools, trained turns) the
+        # reference renders; then (number, [what the reference renders + our ids and mask]) per record.
+        self.picked: dict[int, tuple] = {}
+        self.to_check: list[tuple[int, list | None]] = []
 
     def render(self, record: Record) -> None:
         """Raises RecordError for a record that makes no conversation, or one the templates refuse."""
@@ -226,13 +287,40 @@ class _Batching:
         rendered = self.step._render_conversation(conversation, special)
         self.records += 1
         self.text_bytes += record.size
+        selection = self.step.selection
+        if selection and selection.picks(self.chunk, record):
+            self.pick(record.number, conversation, special, len(rendered))
         self.samples.extend(rendered)
         self.origins.extend((record.number, record.raw, k, len(rendered)) for k in range(len(rendered)))
 
+    def pick(self, number: int, conversation, special: str | None, count: int) -> None:
+        """What the reference renders of each sample the record makes, as --history cuts it. A
+        record with literals that stay text is not checked: a rendered text cannot tell them from
+        the template's own tokens."""
+        if special and self.config.special_tokens != "parse":
+            self.to_check.append((number, None))
+            return
+        messages, tools, turns = conversation.messages, conversation.tools, conversation.assistant_indices
+        history = self.config.rendered_history
+        if history == "split":
+            parts = [(messages[:i + 1], [i]) for i in turns]
+        else:
+            parts = [(messages, turns if history == "rendered" else turns[-1:])]
+        if len(parts) != count:
+            raise AssertionError(f"{len(parts)} samples by the reference, {count} rendered")
+        for k, (part, trained) in enumerate(parts):
+            self.picked[len(self.samples) + k] = (number, part, tools, trained)
+
     def encoded(self) -> Iterator[_Encoded]:
         encodings = self.step.encoder.encode(self.samples) if self.samples else []
-        for (number, raw, k, n), encoded in zip(self.origins, encodings):
+        checked: dict[int, list] = {}
+        for position, ((number, raw, k, n), encoded) in enumerate(zip(self.origins, encodings)):
+            if position in self.picked and not isinstance(encoded, RecordError):
+                _, part, tools, trained = self.picked[position]
+                checked.setdefault(number, []).append((part, tools, trained, *encoded))
             yield _Encoded(number, raw, k, n, encoded)
+        self.to_check += checked.items()
+        self.to_check.sort(key=lambda item: item[0])
 
     def fit(self, sample: _Encoded) -> None:
         """Raises RecordError for a sample that does not fit the run's settings."""

@@ -1,0 +1,250 @@
+"""The parity certificate: a sample of a run's records encoded a second time by the reference
+libraries and compared with our ids (and loss mask).
+
+Pretrain's reference is HF `tokenizers` on the run's tokenizer.json; SFT's is transformers'
+`apply_chat_template` with the template's own Jinja (the tokenizer folder's chat template, or the
+file `--reference-template` names; either only when its sha256 is the template's), its text encoded
+by the same HF tokenizer, and the trained spans found by rendering the conversation up to each
+trained assistant turn with and without the generation prompt (never by our masking code).
+
+Workers pick the records (`Selection`) and hand over what they made of them; the checks run in
+`run.certifier`. The reference libraries load once per process (`loaded`): ~0.7 s for HF's
+tokenizer, ~2 s with transformers. A mismatch stops the run (`CertificateError`, naming the record
+and both id sequences); the manifest's `certificate` records what was checked and by which
+libraries (docs/outputs.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import zlib
+from importlib import metadata
+
+from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+
+# How many records a run checks: every one of its first records (a small run: all of them), then
+# one in `rate`, picked by hash. The checks run beside the workers (`run.certifier`), so what counts
+# is that they end with the run: HF tokenizers encodes ~10x slower than the gigatoken backend on
+# one core, and rendering a chat's turns with transformers takes ~10 ms a record.
+PRETRAIN_PICKS = (100, 1024)  # (first records, rate)
+SFT_PICKS = (100, 4096)
+SHOWN = 6  # ids shown either side of the first difference
+
+
+class CertificateError(ValueError):
+    """Our ids differ from the reference's for a record: the run stops, nothing is written."""
+
+
+class Selection:
+    """Which records a run checks: the same whatever --workers and --chunk-mb.
+
+    Keyed by the inputs' pins (`manifest.input_entry`): a rerun on the same files checks the same
+    records, and a changed file other ones. A jsonl line is picked by a hash of its bytes (a worker
+    reading a span of a file does not know its lines' numbers in the file), a row by its number.
+    """
+
+    def __init__(self, inputs: list[dict], picks: tuple[int, int]) -> None:
+        pins = json.dumps(inputs, sort_keys=True).encode()
+        self.seed = int.from_bytes(hashlib.sha256(pins).digest()[:4], "little")
+        self.first_path = inputs[0]["path"] if inputs else None
+        self.first, self.rate = picks
+
+    def picks(self, chunk, record) -> bool:
+        numbered = chunk.table is not None or chunk.span is None or chunk.span[0] == 0  # numbers in the file
+        if numbered and record.number <= self.first and _same_path(chunk.path, self.first_path):
+            return True
+        key = record.raw if isinstance(record.raw, bytes) else f"{chunk.path}:{record.number}".encode()
+        return zlib.crc32(key, self.seed) % self.rate == 0
+
+
+def _same_path(path: str, entry_path: str | None) -> bool:
+    return entry_path is not None and (path == entry_path or os.path.abspath(path) == entry_path)
+
+
+def versions(*libraries: str) -> dict:
+    return {name: metadata.version(name) for name in libraries}
+
+
+def difference(ours, theirs, what: str = "ids") -> str:
+    """What differs, both sequences shortened around their first difference (the run names the
+    record before it)."""
+    ours, theirs = list(map(int, ours)), list(map(int, theirs))
+    first = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    low = max(0, first - SHOWN)
+
+    def shown(values: list[int]) -> str:
+        inner = " ".join(map(str, values[low:first + SHOWN]))
+        return ("… " if low else "") + inner + (" …" if first + SHOWN < len(values) else "")
+
+    return (f"our {what} differ from the reference's at position {first} "
+            f"(ours {len(ours)}, reference {len(theirs)}): ours [{shown(ours)}], reference [{shown(theirs)}]; "
+            "nothing was written (--no-certify writes it anyway, recorded as uncertified)")
+
+
+class TextReference:
+    """HF `tokenizers` on tokenizer.json, under a special-token policy.
+
+    HF itself turns every literal of an added token into its id (policy parse). For the tokens the
+    run keeps as plain text (all under text; structural ones under safe and reject; those beyond the
+    run's flavour always), the text is cut at the literals kept as ids, as HF cuts at added tokens,
+    and the pieces are encoded by HF's own model, normalizer and pre-tokenizer with no added tokens.
+    Built lazily: a worker builds it when it first checks a record (~0.5 s).
+    """
+
+    def __init__(self, directory: str, flavour: str, policy: str) -> None:
+        self.path = os.path.join(directory, "tokenizer.json")
+        self.last_id = FIRST_ADDED_ID + FLAVOUR_ADDED_TOKENS[flavour] - 1
+        self.policy = policy
+
+    @property
+    def _full(self):
+        return _hf_tokenizer(self.path)
+
+    @functools.cached_property
+    def _plain(self):
+        from tokenizers import Tokenizer
+
+        plain = Tokenizer(self._full.model)
+        plain.normalizer, plain.pre_tokenizer = self._full.normalizer, self._full.pre_tokenizer
+        return plain
+
+    @functools.cached_property
+    def _patterns(self) -> tuple[re.Pattern, re.Pattern]:
+        """(every added token's literal, the literals this policy and flavour keep as ids)."""
+        added = {t.content: i for i, t in self._full.get_added_tokens_decoder().items()}
+        flavour = {c for c, i in added.items() if i <= self.last_id}
+        kept = {"parse": flavour, "text": set()}.get(self.policy, flavour & CONTENT_TOKENS)
+        self.ids_of = {c: added[c] for c in kept}
+        return _pattern(added), _pattern(kept)
+
+    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """(ids, each id's character span in `text`)."""
+        every, kept = self._patterns
+        if every.pattern == kept.pattern or not every.search(text):
+            encoding = self._full.encode(text, add_special_tokens=False)
+            return encoding.ids, encoding.offsets
+        ids, offsets, position = [], [], 0
+        for piece in kept.split(text) + [""]:
+            if piece in self.ids_of and kept.fullmatch(piece):
+                ids.append(self.ids_of[piece])
+                offsets.append((position, position + len(piece)))
+            elif piece:
+                encoding = self._plain.encode(piece, add_special_tokens=False)
+                ids += encoding.ids
+                offsets += [(position + a, position + b) for a, b in encoding.offsets]
+            position += len(piece)
+        return ids, offsets
+
+
+def _pattern(contents) -> re.Pattern:
+    # longest first (leftmost longest, as HF matches added tokens); one group, so `split` keeps them
+    alternatives = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
+    return re.compile(f"({alternatives or '(?!)'})")
+
+
+def template_jinja(template, tokenizer_dir: str, given: str | None) -> str | None:
+    """The Jinja text whose sha256 is the template's: the file `given` (--reference-template), or the
+    tokenizer folder's own chat_template; None when neither is."""
+    candidates = []
+    if given:
+        with open(given, encoding="utf-8") as f:
+            candidates.append(f.read())
+    config = os.path.join(tokenizer_dir, "tokenizer_config.json")
+    if os.path.isfile(config):
+        with open(config, encoding="utf-8") as f:
+            own = json.load(f).get("chat_template")
+        if isinstance(own, str):
+            candidates.append(own)
+    for text in candidates:
+        if hashlib.sha256(text.encode("utf-8")).hexdigest() == template.sha256:
+            return text
+    return None
+
+
+_LOADED: dict[tuple[str, str], object] = {}  # (library, tokenizer.json): this process's reference
+
+
+def _hf_tokenizer(path: str):
+    if ("tokenizers", path) not in _LOADED:
+        from tokenizers import Tokenizer
+
+        _LOADED["tokenizers", path] = Tokenizer.from_file(path)
+    return _LOADED["tokenizers", path]
+
+
+def _transformers_tokenizer(path: str):
+    if ("transformers", path) not in _LOADED:
+        from transformers import PreTrainedTokenizerFast  # never a download: the run's own file
+
+        _LOADED["transformers", path] = PreTrainedTokenizerFast(tokenizer_object=_hf_tokenizer(path))
+    return _LOADED["transformers", path]
+
+
+def loaded(tokenizer_dir: str, chat: bool) -> bool:
+    """Whether this process holds the reference for a tokenizer folder already (a process forked
+    from it inherits it)."""
+    return ("transformers" if chat else "tokenizers", os.path.join(tokenizer_dir, "tokenizer.json")) in _LOADED
+
+
+class ChatReference:
+    """transformers' `apply_chat_template` with the template's Jinja; ids by `TextReference` (the
+    rendered text, every literal of the flavour's added tokens an id, as transformers encodes it);
+    the loss mask from renders of the conversation up to each trained turn.
+
+    `span` and `mask` are the run's --assistant-span and --mask; the trained characters of turn k
+    (message index i) run from the end of the render of messages[:i] with the generation prompt to
+    the end of the render of messages[:i+1], both prefixes of the sample's render: im_end_nl takes
+    them all; im_end leaves out the newline after <|im_end|>; trl adds the newline before (the
+    generation prompt's last character); turn starts at the render of messages[:i] without it.
+    A turn whose render is not a prefix of the sample's (Qwen3 strips earlier reasoning) leaves
+    the sample's mask unchecked (counted apart).
+    """
+
+    def __init__(self, directory: str, flavour: str, jinja: str, span: str, mask: str, enable_thinking) -> None:
+        self.directory, self.jinja = directory, jinja
+        self.text = TextReference(directory, flavour, "parse")
+        self.span, self.mask_policy, self.enable_thinking = span, mask, enable_thinking
+
+    @property
+    def _tokenizer(self):
+        return _transformers_tokenizer(os.path.join(self.directory, "tokenizer.json"))
+
+    def render(self, messages, tools, prompt: bool = False) -> str:
+        if not messages:
+            return ""
+        kwargs = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+        return self._tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=self.jinja,
+                                                   tokenize=False, add_generation_prompt=prompt, **kwargs)
+
+    def encode(self, messages, tools, trained: list[int]) -> tuple[list[int], list[int] | None]:
+        """(ids, mask) of the sample rendering `messages`, training the assistant messages at
+        indices `trained`; mask None where it cannot be derived."""
+        full = self.render(messages, tools)
+        ids, offsets = self.text.encode(full)
+        if self.mask_policy == "all":
+            return ids, [1] * len(ids)
+        spans = []
+        for i in trained:
+            before, prompt = self.render(messages[:i], tools), self.render(messages[:i], tools, True)
+            upto = self.render(messages[:i + 1], tools)
+            if not (full.startswith(upto) and upto.startswith(prompt) and prompt.startswith(before)):
+                return ids, None
+            start, end = len(prompt), len(upto)
+            if self.enable_thinking is False and upto.startswith(EMPTY_THINK, start):
+                start += len(EMPTY_THINK)  # non-thinking data: the empty think block is prompt
+            if self.span == "im_end":
+                end -= len(upto) - len(upto.rstrip("\n"))
+            elif self.span == "trl":
+                start -= 1
+            elif self.span == "turn":
+                start = len(before)
+            spans.append((start, end))
+        mask = [int(any(a < e and s < b for s, e in spans)) for a, b in offsets]
+        return ids, mask
+
+
+EMPTY_THINK = "<think>\n\n</think>\n\n"

@@ -1,0 +1,132 @@
+"""The parity certificate: every pretrain and SFT manifest records a sample of records checked
+against HF tokenizers / transformers, and a record whose ids differ stops the run."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+from _helpers import write_jsonl
+from _oracles import oracle_dir
+
+from qwen_data.cli import main
+from qwen_data.text import reference
+from qwen_data.text.masking import SampleEncoder
+from qwen_data.text.tokenizer import QwenTokenizer
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "qwen_data", "examples")
+# Literals of structural and content tokens, Unicode HF normalizes (NFC), and plain text.
+TEXTS = ["hi <|im_start|> there <think>x</think> \U0001F600 cafe\u0301 <tool_call>{}</tool_call> <|fim_prefix|>a",
+         " <|endoftext|>x", "\u00dcn\u00efc\u00f6d\u00e9 \uff46\uff55\uff4c\uff4c \u212b \r\n\t tabs", "plain text"]
+
+
+def certificate(prefix):
+    with open(f"{prefix}.json", encoding="utf-8") as f:
+        return json.load(f)["certificate"]
+
+
+def assert_certified(prefix, records):
+    found = certificate(prefix)
+    assert found["certified"] is True and found["mismatches"] == 0
+    assert found["records_checked"] == records  # small runs: every record
+    assert found["reference"]["tokenizers"]
+
+
+@pytest.mark.parametrize("policy", ["text", "safe", "parse"])
+def test_pretrain_certifies_literals_and_unicode(tmp_path, policy):
+    corpus = write_jsonl(tmp_path / "lit.jsonl", [{"text": t} for t in TEXTS])
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--special-tokens", policy, "--quiet"]) == 0
+    assert_certified(tmp_path / "p", len(TEXTS))
+
+
+def test_bundled_examples_are_certified(tmp_path):
+    assert main(["pretrain", os.path.join(EXAMPLES, "corpus.jsonl"), "-o", str(tmp_path / "p"), "--quiet"]) == 0
+    assert_certified(tmp_path / "p", 30)
+    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet",
+                 "--template", "qwen3", "--history", "split", "--assistant-span", "trl",
+                 "--reference-template", str(oracle_dir() / "qwen3.jinja")]) == 0
+    found = certificate(tmp_path / "s")
+    assert found["certified"] and found["records_checked"] == 10 and found["masks_not_checked"] == 0
+    assert found["reference"]["transformers"] and found["template_sha256"]
+
+
+def test_a_changed_id_fails_the_run_naming_the_record(tmp_path, monkeypatch, capsys):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "first"}, {"text": "second"}, {"text": "the odd one"}])
+    encode_batch = QwenTokenizer.encode_batch
+
+    def broken(self, texts, special="parse"):
+        ids, lengths = encode_batch(self, texts, special)
+        if "the odd one" in texts:  # one id of that record changed
+            ids = ids.copy()
+            ids[int(np.sum(lengths[:texts.index("the odd one")]))] += 1
+        return ids, lengths
+
+    monkeypatch.setattr(QwenTokenizer, "encode_batch", broken)
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert f"{corpus}:3:" in error and "ours [" in error and "reference [" in error
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("p")]  # nothing left
+    # --no-certify writes it, recorded as uncertified
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet", "--no-certify"]) == 0
+    assert certificate(tmp_path / "p") == {"certified": False, "why": certificate(tmp_path / "p")["why"]}
+    assert "--no-certify" in certificate(tmp_path / "p")["why"]
+
+
+def test_sft_without_transformers_says_not_certified(tmp_path, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers"
+                        else find_spec(name, *a))
+    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    found = certificate(tmp_path / "s")
+    assert found["certified"] is False and "transformers is not installed" in found["why"]
+
+
+def test_merged_shards_sum_their_checks(tmp_path):
+    corpus = os.path.join(EXAMPLES, "corpus.jsonl")
+    for k in range(2):
+        assert main(["pretrain", corpus, "-o", str(tmp_path / f"s{k}"), "--shard", f"{k}/2", "--quiet"]) == 0
+    assert main(["merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "-o", str(tmp_path / "m"), "--quiet"]) == 0
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "whole"), "--quiet"]) == 0
+    merged = certificate(tmp_path / "m")
+    assert merged["certified"] and merged["records_checked"] == certificate(tmp_path / "s0")["records_checked"] + \
+        certificate(tmp_path / "s1")["records_checked"]
+
+
+def test_without_the_templates_jinja_sft_says_not_certified_and_why(tmp_path):
+    """The bundled tokenizer's chat template is Qwen3's older text: not qwen2p5's official Jinja."""
+    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    found = certificate(tmp_path / "s")
+    assert found["certified"] is False and "--reference-template" in found["why"]
+
+
+def test_checks_run_beside_the_workers_and_a_mismatch_there_fails_the_run(tmp_path, monkeypatch, capsys):
+    """Many chunks over two workers, the reference not loaded in this process: the checks run in a
+    process of their own, and one changed id in one record's mask stops the run naming its line."""
+    monkeypatch.setattr(reference, "_LOADED", {})
+    chats = [json.loads(line) for line in open(os.path.join(EXAMPLES, "chats.jsonl"), encoding="utf-8")]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats * 3)
+    args = ["sft", corpus, "--workers", "2", "--chunk-mb", "0.002", "--quiet", "--template", "qwen2p5",
+            "--reference-template", str(oracle_dir() / "qwen2.5-instruct.jinja")]
+    assert main([*args, "-o", str(tmp_path / "ok")]) == 0
+    found = certificate(tmp_path / "ok")
+    assert found["certified"] and found["records_checked"] > 0 and found["samples_checked"] >= found["records_checked"]
+    assert not reference._LOADED  # loaded in the checking process only
+    encode = SampleEncoder.encode
+    odd = chats[0]["output"]  # the first record's answer: the first records are always checked
+
+    def broken(self, samples):
+        encoded = encode(self, samples)
+        for k, sample in enumerate(samples):
+            if odd in sample.text and not isinstance(encoded[k], Exception):
+                ids, mask = encoded[k]
+                mask = mask.copy()
+                mask[-1] ^= 1
+                encoded[k] = (ids, mask)
+        return encoded
+
+    monkeypatch.setattr(SampleEncoder, "encode", broken)
+    assert main([*args, "-o", str(tmp_path / "bad")]) == 2
+    error = capsys.readouterr().err
+    assert f"{corpus}:1:" in error and "loss mask" in error
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("bad")]
