@@ -220,6 +220,10 @@ def _convert_options(p: argparse.ArgumentParser) -> None:
 
 def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="output prefixes (PREFIX.bin/.idx/.json)")
+    p.add_argument("--certify", type=bounded(int, 1, INT32_MAX), default=None, metavar="N",
+                   help="also encode the first N records of a pretraining prefix's inputs again with today's "
+                        "HF tokenizers and compare with its ids; the outcome is added to its certificate "
+                        "(none: not)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_verify)
 
@@ -593,13 +597,22 @@ def _run_verify(args) -> int:
     failed = 0
     for prefix in map(strip_suffix, args.prefixes):
         problems = verify(prefix)
+        if args.certify:
+            from .tools.certify import recheck
+
+            problems += recheck(prefix, args.certify)
         if problems:
             failed += 1
             print(f"{prefix}: {len(problems)} problem(s)")
             print("".join(f"  - {problem}\n" for problem in problems), end="")
         else:
             m = Manifest.read(prefix)
-            print(f"{prefix}: ok ({m.documents:,} documents, {m.tokens:,} tokens)")
+            again = ""
+            if args.certify:
+                last = m.certificate["rechecks"][-1]
+                again = (f"; {last['records_checked']:,} records encoded again, equal to tokenizers "
+                         f"{last['reference']['tokenizers']}'s ids")
+            print(f"{prefix}: ok ({m.documents:,} documents, {m.tokens:,} tokens){again}")
     return 1 if failed else 0
 
 

@@ -79,8 +79,9 @@ def test_the_package_imports_form_no_circle():
 
 
 # Who may import whom. A subpackage is one room, a module left flat a room of its own; each imports
-# only the rooms listed: text and inputs under the steps, the on-disk formats under everything that
-# writes or reads them, the blend contract under the tools and the train stage, the CLI over all.
+# only the rooms listed: text and inputs under the steps (and under the tools: `verify --certify` reads
+# a prefix's inputs again), the on-disk formats under everything that writes or reads them, the blend
+# contract under the tools and the train stage, the CLI over all.
 DATA_SIDE = {"qwen_data", "qwen_data.qwen", "qwen_data.errors", "qwen_data.options", "qwen_data.formats",
              "qwen_data.inputs", "qwen_data.text", "qwen_data.run", "qwen_data.steps", "qwen_data.blend",
              "qwen_data.tools"}
@@ -96,7 +97,8 @@ MAY_IMPORT = {
     "qwen_data.steps": {"qwen_data.errors", "qwen_data.qwen", "qwen_data.formats", "qwen_data.inputs",
                         "qwen_data.text", "qwen_data.run"},
     "qwen_data.blend": {"qwen_data", "qwen_data.formats"},
-    "qwen_data.tools": {"qwen_data", "qwen_data.qwen", "qwen_data.formats", "qwen_data.text", "qwen_data.blend"},
+    "qwen_data.tools": {"qwen_data", "qwen_data.qwen", "qwen_data.formats", "qwen_data.inputs", "qwen_data.text",
+                        "qwen_data.blend"},
     "qwen_data.cli": DATA_SIDE | {"qwen_data_train.commands"},
     "qwen_data_train": set(),
 }

@@ -85,6 +85,9 @@ class DataConfig(Section):
                                                              "in memory each run)")
     num_workers: int = option("--num-workers", type=bounded(int, 0, 1024), default=2,
                               help="DataLoader workers per rank")
+    allow_uncertified: bool = option("--allow-uncertified", action="store_true",
+                                     help="train on prefixes whose certificate records ids that differ from the "
+                                          "reference's (a `qwen-data verify --certify` recheck)")
     reset_position_ids: bool = option("--reset-position-ids", action="store_true",
                                       help="pretraining: positions restart after EOD")
     reset_attention_mask: bool = option(

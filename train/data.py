@@ -80,6 +80,7 @@ class ManifestTokenizer:
     def __init__(self, sources: list[Source]) -> None:
         first = sources[0].manifest
         self.eod, self.pad = first.eod_id, first.pad_id  # never equal: `load_source` refuses that
+        self.certificates = [describe_certificate(s) for s in sources]  # the trainer shows them
         self.vocab_size = first.vocab_size
         self.identity = first.tokenizer  # QwenTokenizer.identity() of the data
         self.unique_identifiers = {
@@ -103,6 +104,33 @@ class ManifestTokenizer:
                 f"{self.eod}, pad id {self.pad}), but the model {model} has {rows} embedding rows (ids 0..{rows - 1}): "
                 "train a model with more rows" + (f", or make the data with a --pad-id below {rows}"
                                                   if self.pad >= rows > max(self.vocab_size - 1, self.eod) else ""))
+
+
+def describe_certificate(source: Source) -> str:
+    """One line on a prefix's certificate (qwen-data's parity check of its ids, and `verify
+    --certify` rechecks of them)."""
+    found = source.manifest.certificate
+    if not found:
+        return f"data {source.prefix}: no certificate (made before qwen-data recorded one)"
+    if not found.get("certified"):
+        return f"data {source.prefix}: not certified: {found.get('why')}"
+    line = (f"data {source.prefix}: certified, {found.get('records_checked', 0):,} records equal to "
+            + ", ".join(f"{name} {version}" for name, version in found.get("reference", {}).items()))
+    for recheck in found.get("rechecks", []):
+        line += (f"; rechecked {recheck['when'][:10]}: {recheck['records_checked']:,} records, "
+                 + ("a mismatch" if recheck["mismatches"] else "equal"))
+    return line
+
+
+def refuse_mismatches(sources: list[Source]) -> None:
+    """ValueError for a prefix whose certificate records ids that differ from the reference's."""
+    for source in sources:
+        found = source.manifest.certificate or {}
+        recheck = next((r for r in found.get("rechecks", []) if r.get("mismatches")), None)
+        if found.get("mismatches") or recheck:
+            raise ValueError(f"{source.prefix}: its certificate records ids that differ from the reference's"
+                             + (f" ({recheck.get('mismatch')})" if recheck else "")
+                             + ": make the data again, or --allow-uncertified to train on it anyway")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,6 +342,7 @@ def build_datasets(
     shuffle_sft: bool = True,
     mid_level_dataset_surplus: float = 0.005,
     is_built_on_rank=None,
+    allow_uncertified: bool = False,
 ):
     """(train, valid, test) datasets, each a megatron-core BlendedDataset, a single dataset or None.
 
@@ -323,6 +352,8 @@ def build_datasets(
     """
     named = read_train_blend(blend, split)
     sources = named.sources
+    if not allow_uncertified:
+        refuse_mismatches(sources)
     sizes = _sizes([train_samples, valid_samples, test_samples], named)
     common = dict(random_seed=seed, sequence_length=seq_length, blend=named.blend, blend_per_split=named.per_split,
                   split=named.split, path_to_cache=cache_path(cache_dir, blend, sources),

@@ -60,6 +60,6 @@ def build_splits(config: TrainConfig, global_batch: int):
         test_samples=0,
         seed=config.seed, cache_dir=data.data_cache, split=data.split,
         reset_position_ids=data.reset_position_ids, reset_attention_mask=data.reset_attention_mask,
-        eod_mask_loss=data.eod_mask_loss,
+        eod_mask_loss=data.eod_mask_loss, allow_uncertified=data.allow_uncertified,
     )
     return train, valid

@@ -61,6 +61,8 @@ class Trainer:
              + (f", FP8 {self.plan.fp8} (Transformer Engine's linear layers)" if self.plan.fp8 else ""))
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
         tokenizer = self.train_ds.config.tokenizer
+        for line in tokenizer.certificates:
+            log0(line)
         tokenizer.check_embedding(self.shape.vocab_size, config.model.hf_model or self.shape.name)
         self.pad = tokenizer.pad
         self.spec = ForwardSpec(self.plan.attention, device, autocast=self.plan.autocast,

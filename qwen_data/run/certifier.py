@@ -46,6 +46,7 @@ class Certifier:
     def _take(self, answer: tuple[dict, str | None]) -> None:
         counts, mismatch = answer
         if mismatch:
-            raise CertificateError(mismatch)
+            raise CertificateError(f"{mismatch}; nothing was written (--no-certify writes it anyway, recorded as "
+                                   "uncertified)")
         for name, count in counts.items():
             self.counts[name] = self.counts.get(name, 0) + count

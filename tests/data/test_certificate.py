@@ -11,6 +11,8 @@ from _helpers import write_jsonl
 from _oracles import oracle_dir
 
 from qwen_data.cli import main
+from qwen_data.formats.layouts import layout_of
+from qwen_data.formats.manifest import Manifest
 from qwen_data.text import reference
 from qwen_data.text.masking import SampleEncoder
 from qwen_data.text.tokenizer import QwenTokenizer
@@ -130,3 +132,46 @@ def test_checks_run_beside_the_workers_and_a_mismatch_there_fails_the_run(tmp_pa
     error = capsys.readouterr().err
     assert f"{corpus}:1:" in error and "loss mask" in error
     assert not [name for name in os.listdir(tmp_path) if name.startswith("bad")]
+
+
+# -- qwen-data verify --certify N ------------------------------------------------------------------
+def recheck_corpus(tmp_path):
+    records = [{"text": f"document {k}: caf\u00e9 <think>x</think> \u212b"} for k in range(12)]
+    records[3] = {"text": ""}  # set aside: it makes no document, and the documents after it shift
+    return write_jsonl(tmp_path / "c.jsonl", records)
+
+
+def test_verify_certify_rechecks_records_against_todays_reference(tmp_path, capsys):
+    corpus = recheck_corpus(tmp_path)
+    prefix = str(tmp_path / "p")
+    assert main(["pretrain", corpus, "-o", prefix, "--quiet"]) == 0
+    assert main(["verify", prefix, "--certify", "8"]) == 0
+    recheck = certificate(prefix)["rechecks"][-1]
+    assert recheck["records_checked"] == 8 and recheck["mismatches"] == 0 and recheck["reference"]["tokenizers"]
+    assert "8 records" in capsys.readouterr().out
+    os.remove(corpus)
+    assert main(["verify", prefix, "--certify", "8"]) == 1
+    assert f"{corpus} is gone" in capsys.readouterr().out
+
+
+@pytest.mark.corrupts_outputs  # one id of the .bin edited
+def test_verify_certify_finds_an_edited_id_and_train_would_refuse_it(tmp_path, capsys):
+    corpus = recheck_corpus(tmp_path)
+    prefix = str(tmp_path / "p")
+    assert main(["pretrain", corpus, "-o", prefix, "--quiet"]) == 0
+    documents = layout_of(Manifest.read(prefix)).open(prefix)
+    start = sum(len(documents.document(d)[0]) for d in range(5))
+    data = np.memmap(prefix + ".bin", np.int32, "r+")
+    data[start + 2] += 1  # a token of the 6th document: line 7 (line 4 made none)
+    data.flush()
+    assert main(["verify", prefix, "--certify", "20"]) == 1
+    out = capsys.readouterr().out
+    assert f"{corpus}:7: our ids differ from the reference's" in out
+    recheck = certificate(prefix)["rechecks"][-1]
+    assert recheck["mismatches"] == 1 and recheck["records_checked"] == 6 and f"{corpus}:7" in recheck["mismatch"]
+
+
+def test_verify_certify_says_sft_prefixes_are_not_rechecked(tmp_path, capsys):
+    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    assert main(["verify", str(tmp_path / "s"), "--certify", "5"]) == 1
+    assert "rechecks pretraining prefixes" in capsys.readouterr().out

@@ -321,6 +321,25 @@ def test_build_datasets_refuses_mismatched_manifests(prefixes, tmp_path):
         data.build_datasets({"train": [prefixes["web"]], "valid": [prefixes["packed"]], "test": None}, 16, 10, 1)
 
 
+@pytest.mark.corrupts_outputs  # one id of a copy edited
+def test_a_certificate_recording_a_mismatch_is_refused_unless_allowed(prefixes, tmp_path, capsys):
+    """`verify --certify` records a recheck that found an edited id; the train stage shows each
+    prefix's certificate and refuses that one before anything is built, until --allow-uncertified."""
+    edited = copy_prefix(prefixes["web"], str(tmp_path / "edited"))
+    ids = np.memmap(edited + ".bin", np.int32, "r+")
+    ids[3] = (int(ids[3]) + 1) % 1000
+    ids.flush()
+    assert main(["verify", edited, "--certify", "5"]) == 1
+    with pytest.raises(ValueError, match="certificate records ids that differ") as err:
+        data.build_datasets(["1", prefixes["web"], "1", edited], 16, 10, 1, 1, split="80,10,10")
+    assert edited in str(err.value) and "web.jsonl:1" in str(err.value)
+    train, _, _ = data.build_datasets(["1", prefixes["web"], "1", edited], 16, 10, 1, 1, split="80,10,10",
+                                      allow_uncertified=True)
+    lines = train.config.tokenizer.certificates
+    assert lines[0].startswith(f"data {prefixes['web']}: certified, ") and "tokenizers" in lines[0]
+    assert lines[1].startswith(f"data {edited}: certified") and "a mismatch" in lines[1]
+
+
 @pytest.mark.corrupts_outputs
 def test_what_the_train_stage_refuses_is_refused_when_made_and_by_verify(prefixes, tmp_path, capsys):
     """A pad id equal to the eod id: pretrain refuses up front naming its option, and a prefix made
