@@ -208,24 +208,11 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     chunks = counted(chunks)
     head = list(itertools.islice(chunks, 2))
     chunks = itertools.chain(head, chunks)
-    work = functools.partial(_process, step)
     in_process = config.workers == 0 or len(head) < 2
     # Started before the workers and any thread (it forks): `run.certifier`.
     certifier = Certifier(step, beside=not in_process) if step.selection is not None else None
     try:
-        if in_process:
-            # One chunk is processed here: forking a worker for it (and importing multiprocess) takes
-            # longer than a small input's whole run.
-            results = map(work, chunks)
-        else:
-            from .workers import ordered_map
-
-            # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
-            results = ordered_map(work, chunks, config.workers,
-                                  worker_growth=max(64 << 20, WORKER_CACHES // config.workers),
-                                  shared_fields=step.shared_fields,
-                                  slot_bytes=SLOT_BYTES_PER_CHUNK_BYTE * config.chunk_bytes + SLOT_MARGIN,
-                                  before_fork=pause_hashing)
+        results = _results(step, config, chunks, in_process)
         line = 1
         for result in results:
             input_bytes, first, span, path = handed.popleft()
@@ -248,6 +235,21 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     finally:
         if certifier is not None:
             certifier.end()
+
+
+def _results(step: Step, config: RunConfig, chunks: Iterator[Chunk], in_process: bool) -> Iterator[ChunkResult]:
+    work = functools.partial(_process, step)
+    if in_process:
+        # One chunk is processed here: forking a worker for it (and importing multiprocess) takes
+        # longer than a small input's whole run.
+        return map(work, chunks)
+    from .workers import ordered_map
+
+    # Forked workers inherit the step as it is (tokenizer built, template compiled): nothing is pickled.
+    return ordered_map(work, chunks, config.workers, worker_growth=max(64 << 20, WORKER_CACHES // config.workers),
+                       shared_fields=step.shared_fields,
+                       slot_bytes=SLOT_BYTES_PER_CHUNK_BYTE * config.chunk_bytes + SLOT_MARGIN,
+                       before_fork=pause_hashing)
 
 
 def _process(step: Step, chunk: Chunk) -> ChunkResult:
