@@ -387,6 +387,7 @@ def _run_pretrain(args) -> int:
     for prefix, m in zip(step.prefixes(), manifests):
         print(f"{prefix}: {m.documents:,} documents, {m.tokens:,} tokens ({m.dtype}), {m.wall_seconds:.1f} s")
     _print_rejects(config.output_prefix, manifests[0])
+    print(_certificate_line(manifests[0].certificate))
     m = manifests[0]
     print("Megatron-LM flags:")
     print(f"  --data-path {' '.join(step.prefixes())} --split 99,1,0 --tokenizer-type HuggingFaceTokenizer "
@@ -435,7 +436,15 @@ def _run_sft(args) -> int:
     where = (f"loss mask in {config.output_prefix}{MASK_SUFFIX}.bin/.idx" if config.data_layout.has_mask else
              f"{s.layout} layout: rows of 2 x {s.seq_length} (ids, then labels)")
     print(f"template {s.template} (sha256 {s.template_sha256[:12]}), pad id {m.pad_id}, {where}")
+    print(_certificate_line(m.certificate))
     return 0
+
+
+def _certificate_line(certificate: dict) -> str:
+    if not certificate.get("certified"):
+        return f"not certified: {certificate.get('why')}"
+    libraries = ", ".join(f"{name} {version}" for name, version in certificate["reference"].items())
+    return f"certified: {certificate['records_checked']:,} records encoded again by {libraries}, equal"
 
 
 def _run_merge(args) -> int:
