@@ -100,9 +100,14 @@ def _stats_block(s: PrefixStats) -> str:
 
 
 def _blend_table(b: BlendStats) -> str:
-    rows = [[s.prefix, f"{w:.4f}", f"{share:.2%}", f"{s.tokens:,}", f"{s.samples:,}", f"{s.trained_share:.1%}"]
-            for w, share, s in b.sources]
-    out = _table(["source", "Megatron weight", "share of tokens", "tokens", "samples", "trained"], rows)
+    # As `stats` prints it: the share each weight draws of tokens and of trained tokens, beside the
+    # share the blend asked for in its ratio unit.
+    rows = [[s.prefix, f"{w:.4f}", "-" if asked is None else f"{asked:.2%}", f"{share:.2%}", f"{trained:.2%}",
+             f"{s.tokens:,}", f"{s.samples:,}", f"{s.trained_share:.1%}"]
+            for (w, share, s), trained, asked in zip(b.sources, b.trained_shares, b.asked)]
+    asked = f"asked ({b.ratio_unit})" if b.ratio_unit else "asked"
+    out = _table(["source", "Megatron weight", asked, "share of tokens", "share of trained tokens", "tokens",
+                  "samples", "trained"], rows)
     if b.split:
         out += f"<p>split {html.escape(b.split)}</p>"
     for name, prefixes in b.other_splits.items():

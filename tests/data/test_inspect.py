@@ -309,6 +309,12 @@ def test_report_is_self_contained(data, capsys, tmp_path):
         assert not re.search(r"(?:src|href)=\"(?!data:)", page) and "http" not in page.replace(
             "http-equiv", "")
         assert "<img" in page and '"fingerprint"' in page
+        if target == blend:  # the shares of tokens and of trained tokens the weights draw, as `stats` gives them
+            from qwen_data.tools.stats import blend_stats
+
+            drawn = blend_stats(blend)
+            assert "share of trained tokens" in page
+            assert all(f"<td>{share:.2%}</td>" in page for share in drawn.trained_shares)
     inside, outside = _spans((tmp_path / "r.html").read_text(encoding="utf-8"))
     assert inside and outside
 
