@@ -373,6 +373,24 @@ class Chunk:
         return {"row_group": self.row_group, "row_in_group": number - self.group_first}
 
 
+class LineNumbers:
+    """Where the records of chunks met in reading order are in their files. A span's records are
+    numbered from 1 by whoever read its lines; the first span of a file (or of a shard's part) knows
+    its first line, and each other span follows the one before it."""
+
+    def __init__(self) -> None:
+        self.line = 1
+
+    def shift(self, first: int | None, span: bool, lines: int) -> int:
+        """What to add to a chunk's record numbers (0 but for spans); `lines`: the records it held."""
+        if not span:
+            return 0
+        self.line = first if first is not None else self.line
+        shift = self.line - 1
+        self.line += lines
+        return shift
+
+
 def _holds_struct(schema) -> bool:
     """Whether a column's type is or holds a struct (a list of structs, a struct in a struct ...)."""
     from pyarrow.types import is_struct  # loaded already: the schema is pyarrow's

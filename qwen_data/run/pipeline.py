@@ -27,7 +27,7 @@ from ..formats.claims import dataset_owner
 from ..formats.indexed import pause_hashing
 from ..formats.manifest import Manifest, input_entry
 from ..formats.outputs import AtomicOutputs
-from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, Shard, expand, read_chunks
+from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, LineNumbers, Shard, expand, read_chunks
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
 from .certifier import Certifier
@@ -213,16 +213,12 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     certifier = Certifier(step, beside=not in_process) if step.selection is not None else None
     try:
         results = _results(step, config, chunks, in_process)
-        line = 1
+        numbers = LineNumbers()
         for result in results:
             input_bytes, first, span, path = handed.popleft()
-            shift = 0
-            if span:  # a worker read the lines itself and numbered them from 1: number them in the file
-                line = first if first is not None else line
-                shift = line - 1
-                for entry in result.rejects:
-                    entry["record"] += shift
-                line += result.lines
+            shift = numbers.shift(first, span, result.lines)  # a worker numbered a span's lines from 1
+            for entry in result.rejects:
+                entry["record"] += shift
             if certifier is not None and result.to_check:
                 certifier.add([(f"{path}:{item[0] + shift}", item) for item in result.to_check])
             writer.add(result)

@@ -20,7 +20,7 @@ import numpy as np
 from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest, describe_input, input_entry, pins_differ
 from ..formats.outputs import atomic_file
-from ..inputs.readers import expand, read_chunks
+from ..inputs.readers import LineNumbers, expand, read_chunks
 from ..text.reference import TextReference, difference, versions
 from ..text.tokenizer import TokenizerNotFound, directory_of
 
@@ -86,20 +86,18 @@ def _rejected(prefix: str, manifest: Manifest, problems: list[str]) -> set[tuple
 def _kept_records(manifest: Manifest, rejected: set[tuple[str, int]]):
     """(file:line, document number, text) of every record that made a document, in order."""
     sources = expand([entry["path"] for entry in manifest.inputs])
-    document, line = 0, 1
+    document, numbers = 0, LineNumbers()
     for chunk in read_chunks(sources, columns=[manifest.text_key]):
-        if chunk.span is not None:  # lines numbered from 1 in the span: numbered in the file here
-            line = chunk.first if chunk.first is not None else line
-        shift = line - 1 if chunk.span is not None else 0
+        records = list(chunk.records())
+        shift = numbers.shift(chunk.first, chunk.span is not None, chunk.lines)
         path = os.path.abspath(chunk.path)
-        for record in chunk.records():
+        for record in records:
             if (path, record.number + shift) in rejected:
                 continue
             if record.error is not None or not isinstance((record.value or {}).get(manifest.text_key), str):
                 raise ValueError(f"{chunk.path}:{record.number + shift} made a document but cannot be read now")
             yield f"{chunk.path}:{record.number + shift}", document, record.value[manifest.text_key]
             document += 1
-        line += chunk.lines
 
 
 def _record(prefix: str, manifest: Manifest, checked: int, found: str | None) -> None:
