@@ -18,6 +18,8 @@ base, and gigatoken caches the words it met: one worker meets the base cold once
 warm, each of N workers meets it cold once, so a repeated corpus favours fewer workers. Each run's efficiency is given against N x its own 1-worker rate and against N x raw.
 `raw_parallel` is the host's own ceiling for N (16 and up): N forked processes, each raw on its own
 64 MB, all timed at once (total bytes over the slowest); what N cores give a tokenizer that shares nothing.
+Its `warm_` figures time a second pass of the same processes, against `raw_warm`: the host's ceiling with
+the cache effect taken out.
 
     python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
@@ -92,13 +94,15 @@ def raw_mb_per_s(corpus: str) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-def raw_parallel_mb_per_s(corpus: str, n: int) -> float:
-    """`n` processes each raw on its own RAW_BYTES (spread over the corpus), started together:
-    their bytes over the slowest one's time."""
+def raw_parallel_mb_per_s(corpus: str, n: int) -> tuple[float, float]:
+    """`n` processes each raw on its own RAW_BYTES (spread over the corpus), started together: their
+    bytes over the slowest one's time, fresh and then on a second pass started together again
+    (what N cores give warm work, the ceiling once a worker's cache has met a repeated corpus)."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
-    ready, results = context.Barrier(n + 1, timeout=600), context.SimpleQueue()
+    ready, again = context.Barrier(n + 1, timeout=600), context.Barrier(n + 1, timeout=600)
+    results = context.SimpleQueue()
     step = int(max(0, os.path.getsize(corpus) - 2 * RAW_BYTES) // max(1, n - 1))
 
     def one(k: int) -> None:
@@ -106,22 +110,28 @@ def raw_parallel_mb_per_s(corpus: str, n: int) -> float:
             texts, size, tok = _raw_texts(corpus, k * step)
         except BaseException:
             ready.abort()  # the others, and the parent, stop waiting
+            again.abort()
             raise
-        ready.wait()
-        begun = time.perf_counter()
-        tok.encode_batch(texts, parallel=False)
-        results.put((size, time.perf_counter() - begun))
+        seconds = []
+        for barrier in (ready, again):
+            barrier.wait()
+            begun = time.perf_counter()
+            tok.encode_batch(texts, parallel=False)
+            seconds.append(time.perf_counter() - begun)
+        results.put((size, *seconds))
 
     processes = [context.Process(target=one, args=(k,)) for k in range(n)]
     for p in processes:
         p.start()
     try:
         ready.wait()
+        again.wait()
         done = [results.get() for _ in processes]
     finally:
         for p in processes:
             p.join()
-    return sum(size for size, _ in done) / MB / max(seconds for _, seconds in done)
+    total = sum(size for size, _, _ in done) / MB
+    return total / max(cold for _, cold, _ in done), total / max(warm for _, _, warm in done)
 
 
 def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: str | None = None) -> dict:
@@ -204,7 +214,9 @@ def main() -> None:
     raw_parallel = {}
     for n in sorted({n for n in counts if n >= 16} | {top}):
         raw_parallel[n] = max(raw_parallel_mb_per_s(text, n), raw_parallel_mb_per_s(text, n))
-        print(f"raw gigatoken in {n} processes at once: {raw_parallel[n]:.1f} MB/s ({raw_parallel[n] / raw:.1f}x one)",
+        cold, warm = raw_parallel[n]
+        print(f"raw gigatoken in {n} processes at once: {cold:.1f} MB/s ({cold / raw:.1f}x one), "
+              f"{warm:.1f} MB/s on a second pass ({warm / raw_warm:.1f}x one)",
               flush=True)
     corpus_of = {"pretrain": text}
     jobs = args.jobs.split(",")
@@ -217,8 +229,9 @@ def main() -> None:
     def write() -> None:  # after every run: a run cut short keeps what it measured
         efficiencies(runs, raw)
         result = {"host": info, "raw_mb_per_s": round(raw, 1), "raw_warm_mb_per_s": round(raw_warm, 1),
-                  "raw_parallel": [{"processes": n, "mb_per_s": round(rate, 1), "vs_raw": round(rate / raw, 2)}
-                                   for n, rate in raw_parallel.items()],
+                  "raw_parallel": [{"processes": n, "mb_per_s": round(cold, 1), "vs_raw": round(cold / raw, 2),
+                                    "warm_mb_per_s": round(warm, 1), "warm_vs_raw_warm": round(warm / raw_warm, 2)}
+                                   for n, (cold, warm) in raw_parallel.items()],
                   "runs": runs}
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:

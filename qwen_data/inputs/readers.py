@@ -56,6 +56,7 @@ from ..errors import InputFileError, RecordError
 from .records import Record
 
 DEFAULT_CHUNK_BYTES = 4 << 20
+TAIL_SPANS = 16  # see `_spans`
 
 # Names are matched in any case (.JSONL, .Parquet): the kind by the name's ending before any compression.
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bzip2"}
@@ -584,10 +585,15 @@ def _spans(source: InputFile, part, chunk_bytes: int) -> Iterator[Chunk]:
     if start > 0:
         with open(source.path, "rb") as f:
             first = _seek_line(f, start)
-    for begin in range(start, stop, chunk_bytes):
-        end = min(begin + chunk_bytes, stop)
+    begin = start
+    while begin < stop:
+        # Spans shrink over the part's last TAIL_SPANS spans of full size, down to 1/8 of it: the
+        # workers then end together, none of them left with a whole span when the others are done.
+        size = min(chunk_bytes, max(chunk_bytes // 8, (stop - begin) // TAIL_SPANS))
+        end = min(begin + max(1, size), stop)
         yield Chunk(source.path, first if begin == start else None, span=(begin, end), file_size=source.size,
                     input_bytes=end - begin)
+        begin = end
 
 
 class _ZstdReader:
