@@ -5,8 +5,11 @@
     python3 bench/gpu_table.py --against tp1.jsonl tp2.jsonl pp2.jsonl   # layouts against one GPU
 
 Rates are steady state: the log intervals after iteration 10 (iteration 1 compiles, the first
-interval warms up), tokens over their summed time. Loss at 1 is iteration 1's; loss at 100 is the
-mean of the interval ending at iteration 100 (iterations 91-100). Memory is torch's peak allocated.
+interval warms up), tokens over their summed time; MFU in the trainer's two counts (mfu_causal:
+Megatron's, mfu_full: whole score matrices; train/metrics.py), each interval's weighted by its time.
+Loss at 1 is iteration 1's; loss at 100 is the mean of the interval ending at iteration 100
+(iterations 91-100). Memory is torch's peak allocated. The machine is the log's summary line's
+(logs written before the trainer recorded it: "-").
 """
 
 from __future__ import annotations
@@ -16,49 +19,52 @@ import json
 import os
 
 WARM = 10  # iterations left out of the rates
+MFU = ("mfu_causal", "mfu_full")
+MACHINE = ("gpu_name", "gpu_uuid", "power_limit_w", "sm_clock_mhz", "cpu_model")
 
 
-def steady_rate(records: list[dict], warm: int = WARM) -> tuple[float | None, float | None]:
-    """(tokens/s, MFU) of the log intervals after iteration `warm`, each weighted by its time."""
-    seconds = tokens = 0.0
-    mfu_per_token, previous = None, 0
+def steady(records: list[dict], warm: int = WARM) -> dict:
+    """tokens_per_s, real_tokens_per_s and each MFU of the log intervals after iteration `warm`,
+    each interval weighted by its time; None where there are none, or the records lack the field."""
+    fields = ("tokens_per_s", "real_tokens_per_s") + MFU
+    seconds, sums, previous = 0.0, dict.fromkeys(fields, 0.0), 0
     for r in records:
         if previous >= warm:
             elapsed = r["step_ms"] * (r["iteration"] - previous) / 1000
             seconds += elapsed
-            tokens += r["tokens_per_s"] * elapsed
-            mfu_per_token = r["mfu"] / r["tokens_per_s"] if "mfu" in r else None
+            for k in fields:
+                sums[k] = sums[k] + r[k] * elapsed if sums[k] is not None and k in r else None
         previous = r["iteration"]
-    rate = tokens / seconds if seconds else None
-    return rate, (rate * mfu_per_token if rate and mfu_per_token else None)
+    return {k: v / seconds if seconds and v is not None else None for k, v in sums.items()}
+
+
+def read(path: str) -> tuple[list[dict], dict]:
+    """(the interval records, the machine of the summary line: None for each field it lacks) of a log."""
+    with open(path) as f:
+        lines = list(map(json.loads, f))
+    summary = next((r for r in reversed(lines) if r.get("summary")), {})
+    return [r for r in lines if "loss" in r], {k: summary.get(k) for k in MACHINE}
+
+
+def percent(value: float | None) -> str:
+    return f"{100 * value:.1f}%" if value is not None else "-"
 
 
 def row(path: str) -> dict:
-    with open(path) as f:
-        records = [r for r in map(json.loads, f) if "loss" in r]
-    steady, seconds, tokens, real = [], 0.0, 0.0, 0.0
-    previous = 0
-    for r in records:
-        steps = r["iteration"] - previous
-        if previous >= WARM:
-            elapsed = r["step_ms"] * steps / 1000
-            seconds += elapsed
-            tokens += r["tokens_per_s"] * elapsed
-            real += r["real_tokens_per_s"] * elapsed
-            steady.append(r)
-        previous = r["iteration"]
+    records, where = read(path)
+    rates = steady(records)
     at = {r["iteration"]: r["loss"] for r in records}
-    rate = tokens / seconds if seconds else float("nan")
-    mfu_per_token = steady[-1]["mfu"] / steady[-1]["tokens_per_s"] if steady and "mfu" in steady[-1] else None
     return {
         "run": os.path.basename(path).removeprefix("speed-").removesuffix(".jsonl"),
-        "steps": previous,
-        "tokens/s": f"{rate / 1e3:.1f}k",
-        "real tokens/s": f"{real / seconds / 1e3:.1f}k" if seconds else "-",
-        "MFU": f"{100 * rate * mfu_per_token:.1f}%" if mfu_per_token else "-",
+        "steps": records[-1]["iteration"] if records else 0,
+        "tokens/s": f"{rates['tokens_per_s'] / 1e3:.1f}k" if rates["tokens_per_s"] else "-",
+        "real tokens/s": f"{rates['real_tokens_per_s'] / 1e3:.1f}k" if rates["real_tokens_per_s"] else "-",
+        "MFU (causal)": percent(rates["mfu_causal"]),
+        "MFU (full)": percent(rates["mfu_full"]),
         "peak GiB": f"{max(r.get('max_memory_gib', 0) for r in records):.1f}" if records else "-",
         "loss @1": f"{at[1]:.4f}" if 1 in at else "-",
         "loss @100": f"{at[100]:.4f}" if 100 in at else "-",
+        **{k: "-" if v is None else v for k, v in where.items()},
     }
 
 

@@ -4,8 +4,9 @@
     python3 bench/moe_report.py --out bench/results/gpu/moe.json bench/results/gpu/moe-h200x2 bench/results/gpu/moe-h100
 
 Each run is a moe-NAME.jsonl (the trainer's --log-json) and moe-NAME.log (the command line first), read as
-scale_report reads its runs (steady-state rates per GPU; MFU counts the active parameters, as the trainer
-does), plus the most loaded expert against the mean (expert_load_max, the run's largest). expert_parallel:
+scale_report reads its runs (steady-state rates per GPU; MFU in the trainer's two counts, of the active
+parameters; the machine fields), plus the most loaded expert against the mean (expert_load_max, the run's
+largest). expert_parallel:
 ep2's losses against ep1's step by step (same seed, data and global batch; experts split over the two GPUs
 against replicated on both), from the first folder that holds both. Each run names its folder's machine
 (the first line of moe_device.txt); `device` lists them all.
@@ -19,6 +20,7 @@ import json
 import os
 import sys
 
+from gpu_table import MFU
 from scale_report import card, device_of, markdown, max_rel_diff, records, reports, run
 
 
@@ -40,8 +42,8 @@ def report(folder: str) -> dict:
 
 
 def table(result: dict) -> str:
-    head = ["name", "device", "model", "num_layers", "gpus", "ep", "tokens_per_s_per_gpu", "mfu", "max_memory_gib",
-            "expert_load_max", "loss_at_end", "error"]
+    head = ["name", "device", "model", "num_layers", "gpus", "ep", "tokens_per_s_per_gpu", *MFU, "max_memory_gib",
+            "expert_load_max", "loss_at_end", "error", "power_limit_w", "sm_clock_mhz", "gpu_uuid", "cpu_model"]
     return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(result["expert_parallel"])])
 
 

@@ -6,8 +6,9 @@
     python3 bench/scale_report.py --same-weights HF_A HF_B          # exit 1 unless two HF folders hold equal tensors
 
 Each run is a scale-NAME.jsonl (the trainer's --log-json) and scale-NAME.log (the command line first).
-Rates are steady state (intervals after iteration 10, as bench/gpu_table.py; a run of fewer steps: after
-iteration 1) per GPU; memory the run's peak (the trainer logs the most of any GPU; before 2026-11-26, rank 0's).
+Rates are steady state (intervals after iteration 10, as bench/gpu_table.py, MFU in its two counts; a run
+of fewer steps: after iteration 1) per GPU; the machine fields the log's summary line's (null in logs older than
+them); memory the run's peak (the trainer logs the most of any GPU; before 2026-11-26, rank 0's).
 Each run names its folder's machine (the first line of scale_device.txt). distributed_optimizer: dp2-distopt's losses
 against dp2-plain's, step by step; checkpoint: ckpt-a/b/c (saved at DP=2, resumed at DP=1, then at DP=2)
 against ckpt-ref uninterrupted; sequence_parallel_compiled: sp-layers against sp-swiglu; context_parallel:
@@ -24,7 +25,7 @@ import re
 import shlex
 import sys
 
-from gpu_table import WARM, steady_rate
+from gpu_table import MACHINE, MFU, WARM, read, steady
 
 
 def option(argv: list[str], flag: str, default=None):
@@ -33,21 +34,24 @@ def option(argv: list[str], flag: str, default=None):
 
 
 def records(folder: str, name: str, stage: str = "scale") -> list[dict]:
+    return log(folder, name, stage)[0]
+
+
+def log(folder: str, name: str, stage: str = "scale") -> tuple[list[dict], dict]:
+    """`gpu_table.read` of a run's log; none: no records, no machine."""
     path = os.path.join(folder, f"{stage}-{name}.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [r for r in map(json.loads, f) if "loss" in r]
+    return read(path) if os.path.exists(path) else ([], dict.fromkeys(MACHINE))
 
 
 def run(folder: str, name: str, stage: str = "scale") -> dict:
     text = open(os.path.join(folder, f"{stage}-{name}.log")).read()
     argv = shlex.split(text.splitlines()[0].lstrip("$ "))
-    rows = records(folder, name, stage)
+    rows, where = log(folder, name, stage)
     nproc = int(option(argv, "--nproc-per-node", 1))
     tp, pp, cp = int(option(argv, "--tp", 1)), int(option(argv, "--pp", 1)), int(option(argv, "--cp", 1))
     warm = WARM if rows and rows[-1]["iteration"] > WARM else 1
-    rate, mfu = steady_rate(rows, warm)
+    rates = steady(rows, warm)
+    rate = rates["tokens_per_s"]
     state = re.search(r"([\d.]+) GiB of state a GPU", text)
     return {
         "name": name, "model": option(argv, "--model", "tiny"), "num_layers": option(argv, "--num-layers"),
@@ -61,11 +65,12 @@ def run(folder: str, name: str, stage: str = "scale") -> dict:
         "global_batch": int(option(argv, "--global-batch-size", 8)),
         "steps": rows[-1]["iteration"] if rows else 0,
         "tokens_per_s_per_gpu": round(rate / nproc, 1) if rate else None,
-        "mfu": round(mfu, 4) if mfu else None,
+        **{k: round(rates[k], 4) if rates[k] else None for k in MFU},
         "max_memory_gib": round(max(r.get("max_memory_gib", 0) for r in rows), 2) if rows else None,
         "optimizer_state_gib": float(state.group(1)) if state else None,
         "loss_at_end": round(rows[-1]["loss"], 4) if rows else None,
         "error": None if rows and "exit status 0" in text else failure(text),
+        **where,
     }
 
 
@@ -149,7 +154,8 @@ def markdown(rows: list[dict], head: list[str]) -> list[str]:
 
 def table(result: dict) -> str:
     head = ["name", "device", "model", "tp", "pp", "dp", "global_batch", "distributed_optimizer", "bf16_weights",
-            "recompute", "compile", "tokens_per_s_per_gpu", "mfu", "max_memory_gib", "optimizer_state_gib", "loss_at_end"]
+            "recompute", "compile", "tokens_per_s_per_gpu", *MFU, "max_memory_gib", "optimizer_state_gib",
+            "loss_at_end", "power_limit_w", "sm_clock_mhz", "gpu_uuid", "cpu_model"]
     rest = {k: v for k, v in result.items() if k not in ("runs", "device")}
     return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(rest, indent=1)])
 

@@ -7,7 +7,8 @@ Several folders (runs of several machines): each run names its device, and `devi
 
 Each run is a te-NAME.jsonl (the trainer's --log-json) and te-NAME.log (the command line first,
 dynamo's "Recompiling function" lines among the output). Rates are steady state (the intervals
-after iteration 10, as bench/gpu_table.py); first_step_s is iteration 1's step, compiling included;
+after iteration 10, as bench/gpu_table.py, MFU in its two counts); the machine fields are the log's
+summary line's (null in logs older than them); first_step_s is iteration 1's step, compiling included;
 loss_at_end the last interval's mean loss. auto_picks: what `--attention auto` resolves to on a
 CUDA machine with Transformer Engine as te_device.txt records it; packed_parity: bench/train_gpu.py packed.
 """
@@ -22,7 +23,7 @@ import re
 import shlex
 from typing import Optional
 
-from gpu_table import steady_rate
+from gpu_table import MFU, read, steady
 
 
 def option(argv: list[str], flag: str, default=None):
@@ -36,9 +37,9 @@ def run(jsonl: str) -> dict:
     log = jsonl.removesuffix(".jsonl") + ".log"
     text = open(log).read() if os.path.exists(log) else ""
     argv = shlex.split(text.splitlines()[0].lstrip("$ ")) if text else []
-    with open(jsonl) as f:
-        records = [r for r in map(json.loads, f) if "loss" in r]
-    rate, mfu = steady_rate(records)
+    records, where = read(jsonl)
+    rates = steady(records)
+    rate = rates["tokens_per_s"]
     data = option(argv, "--data", "")
     return {
         "name": name,
@@ -48,11 +49,12 @@ def run(jsonl: str) -> dict:
         "packed": "sft_packed" in data,
         "steps": records[-1]["iteration"] if records else 0,
         "tokens_per_s": round(rate, 1) if rate else None,
-        "mfu": round(mfu, 4) if mfu else None,
+        **{k: round(rates[k], 4) if rates[k] else None for k in MFU},
         "max_memory_gib": round(max(r.get("max_memory_gib", 0) for r in records), 2) if records else None,
         "first_step_s": round(records[0]["step_ms"] / 1000, 1) if records else None,
         "loss_at_end": round(records[-1]["loss"], 4) if records else None,
         "recompiles": len(re.findall(r"Recompiling function", text)),
+        **where,
     }
 
 
@@ -94,8 +96,8 @@ def main() -> None:
         json.dump(report, f, indent=1)
         f.write("\n")
     runs = report["runs"]
-    head = ["name", "device", "model", "attention", "fp8", "packed", "steps", "tokens_per_s", "mfu", "max_memory_gib",
-            "first_step_s", "loss_at_end", "recompiles"]
+    head = ["name", "device", "model", "attention", "fp8", "packed", "steps", "tokens_per_s", *MFU, "max_memory_gib",
+            "first_step_s", "loss_at_end", "recompiles", "power_limit_w", "sm_clock_mhz", "gpu_uuid", "cpu_model"]
     print("| " + " | ".join(head) + " | vs sdpa / bf16 |")
     print("|" + "---|" * (len(head) + 1))
     by_name = {(folder_of[id(r)], r["name"]): r for r in runs}

@@ -44,14 +44,14 @@ def run(command: list[str]) -> str:
 
 def run_train(args, log, nproc=1):
     """`qwen-data train ARGS` (torchrun -m qwen_data_train for several processes); → (the JSON log
-    records, stdout)."""
+    records but the last line's summary, stdout)."""
     if nproc == 1:
         command = [sys.executable, "-m", "qwen_data.cli", "train"]
     else:
         command = torchrun(nproc) + ["-m", "qwen_data_train"]
     stdout = run(command + list(args) + ["--log-json", str(log)])
     with open(log) as f:
-        return [json.loads(line) for line in f], stdout
+        return [r for r in map(json.loads, f) if "summary" not in r], stdout
 
 
 def run_convert(args, nproc=1) -> str:

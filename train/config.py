@@ -272,8 +272,9 @@ class LogConfig(Section):
     GROUP = "checkpoints and logs"
 
     log_interval: int = option("--log-interval", type=COUNT, default=10, help="iterations per log line")
-    log_json: Optional[str] = option("--log-json", help="append one JSON line per log interval here (rank 0; "
-                                                           "none: no JSON)")
+    log_json: Optional[str] = option("--log-json", help="append one JSON line per log interval here, and the "
+                                                           "steady-state summary with the machine last (rank 0; none: "
+                                                           "no JSON)")
     peak_tflops: Optional[float] = option("--peak-tflops", type=bounded(float, above=0),
                                           help="bf16 peak per GPU for MFU (default: by name)")
     tensorboard_dir: Optional[str] = option(

@@ -37,7 +37,7 @@ from .distributed import MegatronDDP, ParallelLayout, data_parallel, distributed
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, make_loader
-from .metrics import ExpertLoad, Metrics, StepStats, Summary
+from .metrics import ExpertLoad, Metrics, StepStats, Summary, document_squares
 from .model import build_model
 from .optimizer import AdamW, DistributedAdamW, Schedule
 from .plan import Environment, RunPlan, pipeline_split
@@ -79,8 +79,8 @@ class Trainer:
                                          global_batch_size=self.layout.global_batch)
         self.iteration, self.consumed = self.checkpointer.load()
         self.batches = self._loader(self.train_ds, self.consumed)
-        self.metrics = Metrics(config.log, device, self.layout, self.shape.train_flops_per_token(config.seq_length),
-                               config.train_iters, run_config=dataclasses.asdict(config),
+        self.metrics = Metrics(config.log, device, self.layout, self.shape, config.train_iters,
+                               run_config=dataclasses.asdict(config),
                                expert_load=ExpertLoad(self.core, self.shape.num_experts, device) if self.shape.moe
                                else None)
         self._announce()
@@ -113,9 +113,12 @@ class Trainer:
         loss = self._forward_backward(micro)
         lr = self.schedule(self.iteration)
         grad_norm = self.optimizer.step(lr)
+        # The rows' shapes and documents, counted from the loader's CPU tensors: no device sync
         return StepStats(loss=loss, tokens=sum(mb["tokens"].numel() for mb in micro),
                          real_tokens=sum(int((mb["tokens"] != self.pad).sum()) for mb in micro),
-                         data_seconds=data_seconds, lr=lr, grad_norm=grad_norm)
+                         data_seconds=data_seconds, lr=lr, grad_norm=grad_norm,
+                         document_squares=sum(document_squares(mb, self.pad) for mb in micro),
+                         row_squares=sum(mb["tokens"].numel() * mb["tokens"].shape[1] for mb in micro))
 
     def _forward_backward(self, micro: list[dict]) -> torch.Tensor:
         """Gradients of the global batch's mean masked loss; → [Σ loss × mask, Σ mask] here."""

@@ -5,6 +5,13 @@ steady-state summary at the end.
 Token counts are the job's (one replica's tokens × data parallel); MFU divides by every GPU's
 peak. The first interval (iteration 1) is reported on its own and left out of the summary: its
 loss is the starting point, its time holds compilation and warm-up.
+
+MFU is given as the two counts peers publish, which differ only in the attention products
+(`ModelShape.attention_flops`); the products with weights count every position fed:
+  mfu_causal  Megatron-LM's and Megatron-Bridge's: half of each score matrix (causal), over each
+              document of a row on its own (Σ sᵢ² of its lengths, pad positions left out)
+  mfu_full    torchtitan's and llm-foundry's: the whole score matrix of every row (rows × s²)
+The summary is also the log's last JSON line ("summary": true), with the machine it ran on.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import contextlib
 import dataclasses
 import json
 import math
+import platform
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -22,6 +31,7 @@ import torch.distributed as dist
 
 from .config import LogConfig
 from .distributed import ParallelLayout, gradient_group, is_rank0, log0
+from .shapes import ModelShape
 
 # Dense bf16 peak of the chips we run on (datasheet), for MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -34,6 +44,50 @@ def peak_flops(device: torch.device, override_tflops: Optional[float]) -> Option
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def document_squares(batch: dict, pad: int) -> int:
+    """Σ over the rows of a micro-batch of each document's length squared, as attention sees the
+    documents (segment_ids, from which the packed-attention masks are built), pad positions left
+    out. A row of one document (pretraining) gives s²."""
+    segments, real = batch["segment_ids"].long(), batch["tokens"] != pad
+    rows, s = segments.shape
+    # segment ids are at most s: (s + 1) apart, each row's ids are keys of their own
+    keys = segments + (s + 1) * torch.arange(rows).unsqueeze(1)
+    lengths = torch.bincount(keys[real], minlength=rows * (s + 1))
+    return int(lengths.square().sum())
+
+
+def machine(device: torch.device) -> dict:
+    """What a run's speed depends on besides the code: the GPU (its name, UUID, power limit and SM
+    clock, read now: at the end of a run, under load) and the host's CPU model. None where unknown
+    (on the CPU, without nvidia-smi)."""
+    fields = {"gpu_name": None, "gpu_uuid": None, "power_limit_w": None, "sm_clock_mhz": None}
+    if device.type == "cuda":
+        fields["gpu_name"] = torch.cuda.get_device_name(device)
+        uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"  # nvidia-smi's numbering may differ
+        fields["gpu_uuid"] = uuid
+        try:
+            answer = subprocess.run(["nvidia-smi", f"--id={uuid}", "--query-gpu=name,uuid,power.limit,clocks.sm",
+                                     "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20,
+                                    check=True).stdout
+            name, uuid, power, clock = (v.strip() for v in answer.strip().split(","))
+            fields.update(gpu_name=name, gpu_uuid=uuid, power_limit_w=_number(power), sm_clock_mhz=_number(clock))
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+    cpu = None
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    return {**fields, "cpu_model": cpu or platform.processor() or platform.machine() or None}
+
+
+def _number(text: str) -> Optional[float]:
+    """nvidia-smi's value, None for "[N/A]" and the like."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 class ScalarSinks:
@@ -82,6 +136,8 @@ class StepStats:
     data_seconds: float  # waiting for the micro-batches
     lr: float
     grad_norm: torch.Tensor
+    document_squares: int  # Σ sᵢ² of the rows' documents (`document_squares`)
+    row_squares: int  # Σ s² of the rows
 
 
 @dataclass
@@ -98,7 +154,8 @@ class StepRecord:
     real_tokens_per_s: float
     data_share: float  # of the interval's time spent waiting for data
     consumed_samples: int
-    mfu: Optional[float] = None
+    mfu_causal: Optional[float] = None  # the module's docstring says how each counts
+    mfu_full: Optional[float] = None
     max_memory_gib: Optional[float] = None
     # Mixture of experts: the busiest expert's tokens over the mean (1 = balanced), and the tokens
     # each expert received in the interval, all layers and ranks together.
@@ -112,8 +169,8 @@ class StepRecord:
         parts = [f"iter {self.iteration:>6}/{total_iters}", f"loss {self.loss:.4f}", f"lr {self.lr:.2e}",
                  f"grad {self.grad_norm:.3f}", f"{self.step_ms:.0f} ms/step",
                  f"{self.tokens_per_s / 1e3:.1f}k tok/s", f"real {self.real_tokens_per_s / 1e3:.1f}k tok/s"]
-        if self.mfu is not None:
-            parts.append(f"MFU {100 * self.mfu:.1f}%")
+        if self.mfu_causal is not None:
+            parts.append(f"MFU {100 * self.mfu_causal:.1f}% (causal) / {100 * self.mfu_full:.1f}% (full)")
         parts.append(f"data {100 * self.data_share:.2f}%")
         if self.max_memory_gib is not None:
             parts.append(f"mem {self.max_memory_gib:.1f} GiB")
@@ -129,7 +186,9 @@ class Summary:
     tokens_per_s: Optional[float] = None  # steady state: after iteration 1
     real_tokens_per_s: Optional[float] = None
     data_share: Optional[float] = None
-    mfu: Optional[float] = None
+    mfu_causal: Optional[float] = None
+    mfu_full: Optional[float] = None
+    machine: dict = field(default_factory=dict)  # `machine`
 
 
 @dataclass
@@ -141,6 +200,8 @@ class _Window:
     tokens: int = 0
     real_tokens: int = 0
     data_seconds: float = 0.0
+    document_squares: int = 0
+    row_squares: int = 0
     steps: int = 0
     last: Optional[StepStats] = None
 
@@ -151,13 +212,17 @@ class _Totals:
 
     tokens: int = 0
     real_tokens: int = 0
+    document_squares: int = 0
+    row_squares: int = 0
     data_seconds: float = 0.0
     seconds: float = 0.0
 
-    def add(self, tokens: int, real_tokens: int, data_seconds: float, seconds: float) -> None:
-        self.tokens += tokens
-        self.real_tokens += real_tokens
-        self.data_seconds += data_seconds
+    def add(self, window: _Window, dp: int, seconds: float) -> None:
+        self.tokens += window.tokens * dp
+        self.real_tokens += window.real_tokens * dp
+        self.document_squares += window.document_squares * dp
+        self.row_squares += window.row_squares * dp
+        self.data_seconds += window.data_seconds
         self.seconds += seconds
 
 
@@ -190,11 +255,11 @@ class ExpertLoad:
 class Metrics:
     """The run's records: steps are added, every `log_interval` iterations an interval is closed."""
 
-    def __init__(self, config: LogConfig, device: torch.device, layout: ParallelLayout, flops_per_token: float,
+    def __init__(self, config: LogConfig, device: torch.device, layout: ParallelLayout, shape: ModelShape,
                  total_iters: int, run_config: Optional[dict] = None,
                  expert_load: Optional[ExpertLoad] = None) -> None:
         self.expert_load = expert_load
-        self.device, self.layout, self.flops_per_token, self.total_iters = device, layout, flops_per_token, total_iters
+        self.device, self.layout, self.shape, self.total_iters = device, layout, shape, total_iters
         self.log_interval, self.json_path = config.log_interval, config.log_json
         self.peak = peak_flops(device, config.peak_tflops)
         self.history: list[StepRecord] = []
@@ -221,6 +286,8 @@ class Metrics:
         w.tokens += step.tokens
         w.real_tokens += step.real_tokens
         w.data_seconds += step.data_seconds
+        w.document_squares += step.document_squares
+        w.row_squares += step.row_squares
         w.steps += 1
         w.last = step
 
@@ -236,7 +303,7 @@ class Metrics:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - w.started
         if self.history:  # not the first interval
-            self.totals.add(w.tokens * self.layout.dp, w.real_tokens * self.layout.dp, w.data_seconds, elapsed)
+            self.totals.add(w, self.layout.dp, elapsed)
         record = self._record(iteration, consumed_samples, loss, elapsed)
         self.history.append(record)
         log0(record.line(self.total_iters))
@@ -268,7 +335,7 @@ class Metrics:
             lr=w.last.lr, grad_norm=w.last.grad_norm.item(), step_ms=1000 * elapsed / w.steps,
             tokens_per_s=w.tokens * dp / elapsed, real_tokens_per_s=w.real_tokens * dp / elapsed,
             data_share=w.data_seconds / elapsed, consumed_samples=consumed_samples,
-            mfu=self._mfu(w.tokens * dp, elapsed),
+            **self._mfu(w.tokens * dp, w.document_squares * dp, w.row_squares * dp, elapsed),
             max_memory_gib=self._peak_memory_gib() if cuda else None,
             expert_load_max=max(experts) * len(experts) / max(1, sum(experts)) if experts else None,
             expert_tokens=experts,
@@ -281,22 +348,28 @@ class Metrics:
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return peak.item() / 2**30
 
-    def _mfu(self, tokens: int, seconds: float) -> Optional[float]:
+    def _mfu(self, tokens: int, document_squares: int, row_squares: int, seconds: float) -> dict:
+        """{mfu_causal, mfu_full} of the job's counts over `seconds`; {} without a peak."""
         if not self.peak:
-            return None
-        return tokens * self.flops_per_token / seconds / self.layout.world / self.peak
+            return {}
+        matmul = tokens * self.shape.matmul_flops_per_token()
+        per_second = seconds * self.layout.world * self.peak
+        return {"mfu_causal": (matmul + self.shape.attention_flops(document_squares, causal=True)) / per_second,
+                "mfu_full": (matmul + self.shape.attention_flops(row_squares, causal=False)) / per_second}
 
     def summary(self, iterations: int) -> Summary:
-        """The steady-state rates (printed) and every record."""
+        """The steady-state rates (printed) and every record; the rates and the machine as the
+        JSON log's last line."""
         t = self.totals
         rates = {}
         if t.seconds > 0:
             rates = {"tokens_per_s": t.tokens / t.seconds, "real_tokens_per_s": t.real_tokens / t.seconds,
-                     "data_share": t.data_seconds / t.seconds}
-            if self.peak:
-                rates["mfu"] = self._mfu(t.tokens, t.seconds)
+                     "data_share": t.data_seconds / t.seconds,
+                     **self._mfu(t.tokens, t.document_squares, t.row_squares, t.seconds)}
             log0("steady state (after iteration 1): " + ", ".join(f"{k} {v:.4g}" for k, v in rates.items()))
+        where = machine(self.device)
         if self.device.type == "cuda":
             log0(f"peak memory {self._peak_memory_gib():.1f} GiB (the most of any GPU)")
+        self._json({"summary": True, "iterations": iterations, **rates, **where})
         self.sinks.close()
-        return Summary(iterations, self.history, **rates)
+        return Summary(iterations, self.history, **rates, machine=where)

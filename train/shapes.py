@@ -71,12 +71,17 @@ class ModelShape:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
         return self.num_layers * per_layer + embeddings + self.hidden_size
 
-    def train_flops_per_token(self, seq_length: int) -> float:
-        """Forward + backward FLOPs per token of a causal row of `seq_length` (no recompute):
-        6 per matmul weight, plus QK^T and AV over on average half the row."""
-        attention = 6 * self.num_layers * seq_length * self.num_attention_heads * self.kv_channels
-        return 6 * self.matmul_params() + attention
+    def matmul_flops_per_token(self) -> float:
+        """Forward + backward FLOPs per token of the products with weights (no recompute): 2 per
+        weight forward, 4 backward."""
+        return 6 * self.matmul_params()
 
+    def attention_flops(self, square_sum: int, causal: bool) -> float:
+        """Forward + backward FLOPs of QK^T and of the scores times V over sequences whose lengths'
+        squares sum to `square_sum`: each product 2·s²·heads·head_dim forward, twice that backward.
+        causal: half of each s × s score matrix (Megatron's count); else all of it (torchtitan's)."""
+        full = 12 * self.num_layers * self.num_attention_heads * self.kv_channels * square_sum
+        return full / 2 if causal else full
 
 def _qwen2(name, layers, hidden, heads, groups, ffn, vocab=EMBEDDING_ROWS_SMALL, tied=True, head_dim=None, max_pos=32_768):
     return ModelShape(name, layers, hidden, heads, groups, head_dim or hidden // heads, ffn, vocab, tied,

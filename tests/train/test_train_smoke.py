@@ -7,9 +7,12 @@ dataset builder.
   - TP=2 × DP=2 (torchrun, gloo) gives the same losses and gradient norms as one process, and so
     do two pipeline stages (PP=2, alone and × DP=2), whose checkpoint resumes in one process;
   - packed SFT rows: every sample's per-token losses equal those of the sample run alone, and the
-    SDPA core attention equals megatron-core's own local attention.
+    SDPA core attention equals megatron-core's own local attention;
+  - the records give MFU in both counts (causal by document, full by row) given a peak, and the
+    log's last line names the machine.
 """
 
+import json
 import os
 import random
 import subprocess
@@ -87,6 +90,47 @@ def test_tensorboard_holds_what_the_log_says(full_run):
     scalars = _scalars(out / "tb")
     for field in ("loss", "lr", "grad_norm", "tokens_per_s", "data_share"):
         assert scalars(f"train/{field}") == [(r["iteration"], pytest.approx(r[field], rel=1e-6)) for r in records]
+
+
+def test_the_log_ends_with_the_summary_and_the_machine(full_run):
+    """Without a peak (--peak-tflops, or a known GPU) there is no MFU; the JSON log's last line is the
+    steady state and the machine: no GPU here, the CPU's model."""
+    records, stdout, out = full_run
+    assert not any(k.startswith("mfu") for r in records for k in r) and "MFU" not in stdout
+    with open(out / "log.jsonl") as f:
+        summary = [json.loads(line) for line in f][-1]
+    assert summary["summary"] is True and summary["iterations"] == 6 and summary["tokens_per_s"] > 0
+    assert not any(k.startswith("mfu") for k in summary)
+    assert all(summary[k] is None for k in ("gpu_name", "gpu_uuid", "power_limit_w", "sm_clock_mhz"))
+    assert isinstance(summary["cpu_model"], str) and summary["cpu_model"]
+
+
+@pytest.mark.parametrize("data,seq_length", [("pretrain_blend.json", 128), ("sft_blend.json", 256)])
+def test_mfu_counts_causal_attention_by_document_and_full_attention_by_row(prefixes, tmp_path, data, seq_length):
+    """Both counts share the products with weights (6 FLOPs a weight a token); the full one adds the
+    attention of whole rows (12·layers·heads·head_dim·s a token), the causal one half of each
+    document's: s a token for pretraining rows (one document), less for packed SFT rows."""
+    log = tmp_path / "log.jsonl"
+    records, stdout = _train(["--data", str(prefixes / data), "--train-iters", "3", *TRAIN, "--seq-length",
+                              str(seq_length), "--peak-tflops", "1"], log)
+    from qwen_data_train.shapes import PRESETS
+
+    shape, peak = PRESETS["tiny"], 1e12
+    weights = 6 * shape.matmul_params()
+    per_position = 6 * shape.num_layers * shape.num_attention_heads * shape.kv_channels
+    assert "% (causal) / " in stdout and "% (full)" in stdout
+    for r in records:
+        flops_per_token = r["mfu_full"] * peak / r["tokens_per_s"]
+        assert flops_per_token == pytest.approx(weights + 2 * per_position * seq_length, rel=1e-9)
+        # the causal count's Σ sᵢ² a token: s for rows of one document, less for rows of several
+        attended = (r["mfu_causal"] * peak / r["tokens_per_s"] - weights) / per_position
+        if data.startswith("pretrain"):
+            assert attended == pytest.approx(seq_length, rel=1e-6)
+        else:
+            assert 1 < attended < 0.9 * seq_length
+    with open(log) as f:
+        summary = [json.loads(line) for line in f][-1]
+    assert 0 < summary["mfu_causal"] <= summary["mfu_full"]
 
 
 def test_validation_loss_is_logged_and_reaches_tensorboard(prefixes, tmp_path):

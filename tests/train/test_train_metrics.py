@@ -1,0 +1,90 @@
+"""MFU as peers count it, and the reports that read it back:
+
+  - a packed row's attention counts each document on its own (Σ sᵢ², pads left out) under
+    Megatron's causal count, the whole row under the full count; the products with weights are
+    the same in both;
+  - the GPU reports still read the logs committed before the two counts and the machine fields
+    existed (bench/results/gpu), giving none for them.
+
+The trainer's own records (a CPU run) are checked in test_train_smoke.py.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from qwen_data_train.data import boundaries
+from qwen_data_train.metrics import document_squares
+from qwen_data_train.shapes import PRESETS
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+RESULTS = os.path.join(BENCH, "results", "gpu")
+PAD = 151643 + 100  # any id the documents do not hold
+
+
+def packed_row(lengths, seq_length):
+    """A one-row micro-batch of documents of `lengths`, padded to seq_length as SFTDataset pads: the
+    padding a segment of its own."""
+    fill = seq_length - sum(lengths)
+    segments = np.repeat(np.arange(len(lengths) + 1), list(lengths) + [fill])
+    batch = {k: v.unsqueeze(0) for k, v in boundaries(segments, seq_length).items()}
+    tokens = np.concatenate([np.arange(1, sum(lengths) + 1), np.full(fill, PAD)])
+    batch["tokens"] = batch["segment_ids"].new_tensor(tokens).long().unsqueeze(0)
+    return batch
+
+
+def test_a_packed_row_counts_the_attention_of_each_document_alone():
+    shape, (a, b), s = PRESETS["qwen2.5-0.5b"], (300, 500), 1024
+    squares = document_squares(packed_row((a, b), s), PAD)
+    assert squares == a * a + b * b  # the padding (224 positions) is no document
+    heads_dims = shape.num_layers * shape.num_attention_heads * shape.kv_channels
+    # QK^T and scores × V: 2 flops a multiply-add, 2 products, ×3 forward + backward; causal: half
+    assert shape.attention_flops(squares, causal=True) == 3 * 2 * 2 * heads_dims * (a * a + b * b) / 2
+    assert shape.attention_flops(squares, causal=True) < shape.attention_flops((a + b) ** 2, causal=True)
+    assert shape.attention_flops(s * s, causal=False) == 3 * 2 * 2 * heads_dims * s * s
+    # A row of one document: s²; Megatron's count of such a row is 6·layers·heads·head_dim·s a token
+    whole = document_squares(packed_row((s,), s), PAD)
+    assert whole == s * s
+    assert shape.attention_flops(whole, causal=True) / s == 6 * heads_dims * s
+
+
+@pytest.mark.parametrize("lengths", [(1,), (7, 1, 120), (128,), (40, 40, 40, 8)])
+def test_full_counts_at_least_twice_causal(lengths):
+    """Σ sᵢ² ≤ s²: the full count is at least the causal one, twice it for a row of one document."""
+    shape, s = PRESETS["tiny"], 128
+    causal = shape.attention_flops(document_squares(packed_row(lengths, s), PAD), causal=True)
+    full = shape.attention_flops(s * s, causal=False)
+    assert causal <= full / 2 and (causal == full / 2) == (lengths == (s,))
+
+
+def test_rows_of_a_micro_batch_are_counted_apart():
+    first, second = packed_row((10, 20), 64), packed_row((64,), 64)
+    batch = {k: torch.cat([first[k], second[k]]) for k in ("segment_ids", "tokens")}
+    assert document_squares(batch, PAD) == 10 * 10 + 20 * 20 + 64 * 64
+
+
+@pytest.fixture
+def reports(monkeypatch):
+    monkeypatch.syspath_prepend(BENCH)
+    import gpu_table
+    import scale_report
+    import te_report
+    yield gpu_table, te_report, scale_report
+    for name in ("gpu_table", "te_report", "scale_report"):
+        sys.modules.pop(name, None)
+
+
+def test_reports_read_logs_older_than_the_two_counts(reports):
+    gpu_table, te_report, scale_report = reports
+    row = gpu_table.row(os.path.join(RESULTS, "speed-0.5b-fast.jsonl"))
+    assert row["tokens/s"] == "109.9k"  # as docs/performance.md records it
+    assert row["MFU (causal)"] == row["MFU (full)"] == row["gpu_uuid"] == row["cpu_model"] == "-"
+    te = te_report.run(os.path.join(RESULTS, "te-h100", "te-pretrain-sdpa.jsonl"))
+    assert te["tokens_per_s"] > 1e5 and te["mfu_causal"] is None and te["mfu_full"] is None
+    assert te["gpu_name"] is None and te["sm_clock_mhz"] is None
+    scale = scale_report.report(os.path.join(RESULTS, "scale-h100x2"))
+    assert scale["runs"] and all(r["mfu_causal"] is None and r["power_limit_w"] is None for r in scale["runs"])
+    assert any(r["tokens_per_s_per_gpu"] for r in scale["runs"])
