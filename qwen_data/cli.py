@@ -221,9 +221,12 @@ def _convert_options(p: argparse.ArgumentParser) -> None:
 def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="output prefixes (PREFIX.bin/.idx/.json)")
     p.add_argument("--certify", type=bounded(int, 1, INT32_MAX), default=None, metavar="N",
-                   help="also encode the first N records of a pretraining prefix's inputs again with today's "
-                        "HF tokenizers and compare with its ids; the outcome is added to its certificate "
-                        "(none: not)")
+                   help="also encode the first N records of a prefix's inputs again with today's reference "
+                        "libraries (HF tokenizers; for SFT transformers' apply_chat_template) and compare with its "
+                        "ids and loss mask; the outcome is added to its certificate (none: not)")
+    p.add_argument("--reference-template", default=None, metavar="FILE",
+                   help="SFT: the template's official Jinja, as sft --reference-template (none: the tokenizer "
+                        "folder's chat template)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     p.set_defaults(func=_run_verify)
 
@@ -609,7 +612,7 @@ def _run_verify(args) -> int:
         if args.certify:
             from .tools.certify import recheck
 
-            problems += recheck(prefix, args.certify)
+            problems += recheck(prefix, args.certify, args.reference_template)
         if problems:
             failed += 1
             print(f"{prefix}: {len(problems)} problem(s)")
@@ -619,8 +622,8 @@ def _run_verify(args) -> int:
             again = ""
             if args.certify:
                 last = m.certificate["rechecks"][-1]
-                again = (f"; {last['records_checked']:,} records encoded again, equal to tokenizers "
-                         f"{last['reference']['tokenizers']}'s ids")
+                libraries = ", ".join(f"{name} {version}" for name, version in last["reference"].items())
+                again = f"; {last['records_checked']:,} records encoded again, equal to the ids of {libraries}"
             print(f"{prefix}: ok ({m.documents:,} documents, {m.tokens:,} tokens){again}")
     return 1 if failed else 0
 

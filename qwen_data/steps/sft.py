@@ -16,7 +16,6 @@ Packing and the Pai layout need every sample: a run stages its samples at PREFIX
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -39,8 +38,9 @@ from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals
 from ..text.conversations import FORMATS, to_conversation
 from ..text.masking import MASK_POLICIES, SampleEncoder
-from ..text.reference import SFT_PICKS, ChatReference, Selection, difference, loaded, template_jinja, versions
-from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template, render_samples
+from ..text.reference import (SFT_PICKS, ChatReference, NotCertified, Selection, difference, loaded, reference_jinja,
+                              reference_samples, versions)
+from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig
 
 
@@ -146,16 +146,14 @@ class ChatSamples:
 
     def certify(self, inputs: list[dict]) -> None:
         config = self.config
-        jinja = template_jinja(self.template, self.tokenizer.directory, config.reference_template)
-        if importlib.util.find_spec("transformers") is None:
-            self.uncertified = "transformers is not installed: its apply_chat_template is the reference"
-        elif jinja is None:
-            self.uncertified = (f"no Jinja text of the template {self.template.name} (sha256 {self.template.sha256}) "
-                                "in the tokenizer folder's chat template, nor given by --reference-template")
-        else:
-            self.selection = Selection(inputs, SFT_PICKS)
-            self.reference = ChatReference(self.tokenizer.directory, self.tokenizer.flavour, jinja,
-                                           config.assistant_span, config.mask, config.enable_thinking)
+        try:
+            jinja = reference_jinja(self.template, self.tokenizer.directory, config.reference_template)
+        except NotCertified as why:
+            self.uncertified = str(why)
+            return
+        self.selection = Selection(inputs, SFT_PICKS)
+        self.reference = ChatReference(self.tokenizer.directory, self.tokenizer.flavour, jinja,
+                                       config.assistant_span, config.mask, config.enable_thinking)
 
     def reference_loaded(self) -> bool:
         return loaded(self.tokenizer.directory, chat=True)
@@ -234,16 +232,11 @@ class ChatSamples:
 
     def _render_conversation(self, conversation, special: str | None) -> list[Sample]:
         """`special`: the first literal in it the special-token policy acts on."""
-        policy, marker = self.config.special_tokens, None
+        policy = self.config.special_tokens
         if special and policy == "reject":
             raise RecordError("special-token", f"literal special token {special!r} in the conversation")
-        if special and policy != "parse":
-            conversation, marker = literals.mark(conversation, self.acted_on)
-        rendered = render_samples(self.template, conversation, self.config.rendered_history,
-                                  enable_thinking=self.config.enable_thinking)
-        if marker:
-            rendered = [literals.unmark(sample, marker) for sample in rendered]
-        return rendered
+        return literals.render(self.template, conversation, self.acted_on if special and policy != "parse" else None,
+                               self.config.rendered_history, self.config.enable_thinking)
 
     def open(self, outputs: AtomicOutputs) -> "SFTWriter":
         return SFTWriter(self, outputs)
@@ -300,16 +293,11 @@ class _Batching:
         if special and self.config.special_tokens != "parse":
             self.to_check.append((number, None))
             return
-        messages, tools, turns = conversation.messages, conversation.tools, conversation.assistant_indices
-        history = self.config.rendered_history
-        if history == "split":
-            parts = [(messages[:i + 1], [i]) for i in turns]
-        else:
-            parts = [(messages, turns if history == "rendered" else turns[-1:])]
+        parts = reference_samples(conversation, self.config.rendered_history)
         if len(parts) != count:
             raise AssertionError(f"{len(parts)} samples by the reference, {count} rendered")
         for k, (part, trained) in enumerate(parts):
-            self.picked[len(self.samples) + k] = (number, part, tools, trained)
+            self.picked[len(self.samples) + k] = (number, part, conversation.tools, trained)
 
     def encoded(self) -> Iterator[_Encoded]:
         encodings = self.step.encoder.encode(self.samples) if self.samples else []
@@ -353,9 +341,10 @@ class _Encoded:
 
     def rejected(self, chunk: Chunk, error: RecordError) -> dict:
         """The record's reject line, naming the sample when the record has several."""
-        if self.n > 1:
-            error = RecordError(error.reason, f"sample {self.k + 1} of {self.n}: {error}")
-        return reject_entry(chunk, self.number, self.raw, error)
+        if self.n == 1:
+            return reject_entry(chunk, self.number, self.raw, error)
+        error = RecordError(error.reason, f"sample {self.k + 1} of {self.n}: {error}")
+        return reject_entry(chunk, self.number, self.raw, error) | {"sample": self.k + 1}
 
 
 def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):

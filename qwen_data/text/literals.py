@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from .conversations import Conversation
-from .templates import Sample, Segment
+from .templates import Sample, Segment, render_samples
 
 # Private-use characters: the first one absent from a conversation is its marker.
 _MARKERS = [chr(c) for c in range(0xE000, 0xF900)]
@@ -28,6 +28,17 @@ def find(conversation: Conversation, pattern: re.Pattern) -> str | None:
         if match:
             return match.group(0)
     return None
+
+
+def render(template, conversation: Conversation, pattern: re.Pattern | None, history: str,
+           enable_thinking) -> list[Sample]:
+    """The samples a conversation makes (`templates.render_samples`), the literals `pattern`
+    matches kept as text (None: every literal the template's text holds becomes an id)."""
+    if pattern is None:
+        return render_samples(template, conversation, history, enable_thinking=enable_thinking)
+    marked, marker = mark(conversation, pattern)
+    return [unmark(sample, marker) for sample in render_samples(template, marked, history,
+                                                                enable_thinking=enable_thinking)]
 
 
 def mark(conversation: Conversation, pattern: re.Pattern) -> tuple[Conversation, str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -37,6 +38,10 @@ SHOWN = 6  # ids shown either side of the first difference
 
 class CertificateError(ValueError):
     """Our ids differ from the reference's for a record: the run stops, nothing is written."""
+
+
+class NotCertified(ValueError):
+    """The reference cannot run here (why): the data is not certified."""
 
 
 class Selection:
@@ -162,6 +167,26 @@ def template_jinja(template, tokenizer_dir: str, given: str | None) -> str | Non
         if hashlib.sha256(text.encode("utf-8")).hexdigest() == template.sha256:
             return text
     return None
+
+
+def reference_jinja(template, tokenizer_dir: str, given: str | None) -> str:
+    """SFT's reference Jinja (`template_jinja`); NotCertified where transformers or the Jinja is missing."""
+    if importlib.util.find_spec("transformers") is None:
+        raise NotCertified("transformers is not installed: its apply_chat_template is the reference")
+    jinja = template_jinja(template, tokenizer_dir, given)
+    if jinja is None:
+        raise NotCertified(f"no Jinja text of the template {template.name} (sha256 {template.sha256}) in the "
+                           "tokenizer folder's chat template, nor given by --reference-template")
+    return jinja
+
+
+def reference_samples(conversation, history: str) -> list[tuple[list, list[int]]]:
+    """(messages rendered, indices of the assistant messages trained) of each sample a conversation
+    makes under the run's rendered history (`SFTConfig.rendered_history`), in order."""
+    messages, turns = conversation.messages, conversation.assistant_indices
+    if history == "split":
+        return [(messages[:i + 1], [i]) for i in turns]
+    return [(messages, turns if history == "rendered" else turns[-1:])]
 
 
 _LOADED: dict[tuple[str, str], object] = {}  # (library, tokenizer.json): this process's reference

@@ -1,12 +1,17 @@
-"""`qwen-data verify --certify N`: the first N records a pretraining prefix was made from, encoded
-again by today's reference library (HF tokenizers, `text.reference`) and compared with the ids the
-prefix holds for them, so an upgrade of the libraries is one command from being known safe.
+"""`qwen-data verify --certify N`: the first N records a prefix was made from, encoded again by
+today's reference libraries (`text.reference`: HF tokenizers for pretraining, transformers'
+apply_chat_template for SFT) and compared with the ids (and loss mask) the prefix holds for them,
+so an upgrade of the libraries is one command from being known safe.
 
-Documents follow the inputs' records in order, less the records set aside (PREFIX.rejects.jsonl),
-so the inputs must still be there and unchanged (their pins in the manifest). The outcome is added
-to the manifest's certificate as a `recheck`; a recheck that found a mismatch makes `qwen-data
-train` refuse the prefix until `--allow-uncertified`. SFT prefixes are not rechecked: their
-documents are packed rows and windows of samples, which this does not map back to records yet.
+Records make documents (pretraining) or samples (SFT, one per record or, with --history split, one
+per assistant turn) in the inputs' order, less those set aside (PREFIX.rejects.jsonl names the
+record, and the sample of a record that made several), so the inputs must still be there and
+unchanged (their pins in the manifest). SFT samples lie in the rows in record order, except that
+best fit packs each window of samples in an order of its own (`packing.next_window`): the rows of
+such a window are put back in record order from the plan of the window's sample lengths, which our
+encoder gives again (checked against the rows' own lengths). The outcome is added to the manifest's
+certificate as a `recheck`; a recheck that found a mismatch makes `qwen-data train` refuse the
+prefix until `--allow-uncertified`.
 """
 
 from __future__ import annotations
@@ -14,49 +19,208 @@ from __future__ import annotations
 import json
 import os
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest, describe_input, input_entry, pins_differ
 from ..formats.outputs import atomic_file
+from ..formats.packing import next_window
 from ..inputs.readers import LineNumbers, expand, read_chunks
-from ..text.reference import TextReference, difference, versions
-from ..text.tokenizer import TokenizerNotFound, directory_of
+from ..text import literals
+from ..text.conversations import to_conversation
+from ..text.masking import SampleEncoder
+from ..text.reference import (ChatReference, NotCertified, TextReference, difference, reference_jinja,
+                              reference_samples, versions)
+from ..text.templates import TEMPLATE_NAMES, get_template
+from ..text.tokenizer import QwenTokenizer, TokenizerConfig, TokenizerNotFound, directory_of
+
+CHAT_LIBRARIES = ("transformers", "tokenizers", "jinja2")
+# Settings of `qwen-data sft` that change how records read and the manifest does not record.
+UNRECORDED = ("--columns", "--dataset-info", "--parse-tool-arguments")
 
 
-def recheck(prefix: str, count: int) -> list[str]:
-    """Problems found (none: the first `count` records equal the reference's ids); the outcome is
-    recorded in PREFIX.json unless the records could not be read."""
+def recheck(prefix: str, count: int, reference_template: str | None = None) -> list[str]:
+    """Problems found (none: the first `count` records equal the reference's); the outcome is
+    recorded in PREFIX.json unless the records could not be read. `reference_template`: SFT's
+    reference Jinja, as `sft --reference-template`."""
     manifest = Manifest.read(prefix)
-    if manifest.kind != "pretrain":
-        return [f"{prefix}: --certify rechecks pretraining prefixes; an SFT prefix's rows do not map back to its "
-                "records here yet (its certificate was taken while it was made)"]
     try:
-        reference = TextReference(directory_of(manifest.tokenizer), manifest.tokenizer["flavour"],
-                                  manifest.special_tokens or "text")
+        directory = directory_of(manifest.tokenizer)
+        if manifest.sft is not None:
+            sft = manifest.sft
+            jinja = reference_jinja(SimpleNamespace(name=sft.template, sha256=sft.template_sha256), directory,
+                                    reference_template)
+            reference = ChatReference(directory, manifest.tokenizer["flavour"], jinja, sft.assistant_span,
+                                      sft.mask_policy, sft.enable_thinking)
+        else:
+            reference = TextReference(directory, manifest.tokenizer["flavour"], manifest.special_tokens or "text")
     except TokenizerNotFound as exc:
         return [f"{prefix}: {exc}"]
+    except NotCertified as why:
+        return [f"{prefix}: --certify: not certified: {why}"]
     problems = _inputs_unchanged(prefix, manifest)
     rejected = _rejected(prefix, manifest, problems)
     if problems:
         return problems
-    documents = layout_of(manifest).open(prefix)
-    checked, found = 0, None
+    compare = _compare_samples if manifest.sft is not None else _compare_documents
     try:
-        for where, number, text in _kept_records(manifest, rejected):
-            if checked == count:
-                break
-            ours = documents.document(number)[0]
-            theirs = reference.encode(text)[0] + [manifest.eod_id]
-            checked += 1
-            if not np.array_equal(ours, theirs):
-                found = f"{where}: {difference(ours, theirs)}"
-                break
+        counts, found = compare(prefix, manifest, directory, reference, rejected, count)
     except ValueError as exc:
         return [f"{prefix}: --certify: {exc}"]
-    _record(prefix, manifest, checked, found)
+    _record(prefix, manifest, counts, found, CHAT_LIBRARIES if manifest.sft is not None else ("tokenizers",))
     return [f"{prefix}: certify: {found}"] if found else []
+
+
+def _compare_documents(prefix, manifest, directory, reference, rejected, count) -> tuple[dict, str | None]:
+    documents = layout_of(manifest).open(prefix)
+    checked = 0
+    for where, record, _ in _records(manifest, rejected, [manifest.text_key]):
+        if checked == count:
+            break
+        text = record.get(manifest.text_key) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise ValueError(f"{where} made a document but cannot be read now")
+        ours, theirs = documents.document(checked)[0], reference.encode(text)[0] + [manifest.eod_id]
+        checked += 1
+        if not np.array_equal(ours, theirs):
+            return {"records_checked": checked}, f"{where}: {difference(ours, theirs)}"
+    return {"records_checked": checked}, None
+
+
+def _compare_samples(prefix, manifest, directory, reference, rejected, count) -> tuple[dict, str | None]:
+    """The samples of the first `count` records kept, against the reference's ids and mask (cut
+    as the run cut over-long samples); records whose literals stay text are counted apart, as the
+    run's certificate counts them."""
+    sft, ours = manifest.sft, _OurSamples(manifest, directory)
+    stored = _stored_in_record_order(prefix, manifest, ours, rejected)
+    counts = dict.fromkeys(("records_checked", "samples_checked", "masks_not_checked",
+                            "records_with_literals_skipped"), 0)
+    first = 1 if sft.layout == "pai" else 0  # Pai's labels cannot train a sample's first token
+    for where, conversation, parts in _kept_samples(manifest, rejected):
+        if counts["records_checked"] + counts["records_with_literals_skipped"] == count:
+            break
+        held = [next(stored, None) for _ in parts]
+        if held and held[-1] is None:
+            raise ValueError(f"{where} made samples the prefix does not hold")
+        if ours.keeps_literals(conversation):
+            counts["records_with_literals_skipped"] += 1
+            continue
+        counts["records_checked"] += 1
+        for (k, messages, trained), (ids, mask) in zip(parts, held):
+            theirs, their_mask = reference.encode(messages, conversation.tools, trained)
+            if sft.overlong == "truncate" and sft.seq_length:
+                theirs, their_mask = theirs[:sft.seq_length], their_mask and their_mask[:sft.seq_length]
+            counts["samples_checked"] += 1
+            counts["masks_not_checked"] += their_mask is None
+            named = f"{where} (sample {k + 1})" if k or len(parts) > 1 else where
+            if not np.array_equal(ids, theirs):
+                return counts, f"{named}: {difference(ids, theirs)}"
+            if their_mask is not None and not np.array_equal(mask[first:], their_mask[first:]):
+                return counts, f"{named}: {difference(mask, their_mask, 'loss mask')}"
+    return counts, None
+
+
+def _kept_samples(manifest: Manifest, rejected: dict):
+    """(file:line, conversation, [(k, messages, trained turns) of each sample kept]) of every record
+    that made a sample kept, in order."""
+    sft = manifest.sft
+    for where, record, aside in _records(manifest, rejected, None):
+        try:
+            conversation = to_conversation(record, sft.format, input_separator=sft.input_separator)
+        except ValueError as exc:
+            raise ValueError(f"{where} made samples but cannot be read now: {exc}") from None
+        parts = [(k, *part) for k, part in enumerate(reference_samples(conversation, sft.history))
+                 if k + 1 not in aside]
+        if parts:
+            yield where, conversation, parts
+
+
+class _OurSamples:
+    """What our own code makes of a record (`_stored_in_record_order` needs the lengths of a best-fit
+    window's samples), and which records' literals stay text."""
+
+    def __init__(self, manifest: Manifest, directory: str) -> None:
+        sft, self.manifest = manifest.sft, manifest
+        used = [flag for flag in UNRECORDED if any(arg.split("=")[0] == flag for arg in manifest.command)]
+        if used:
+            raise ValueError(f"it was made with {used[0]}, which its manifest does not record: its records "
+                             "cannot be read again as the run read them")
+        self.tokenizer = QwenTokenizer.shared(TokenizerConfig(directory, manifest.tokenizer["flavour"],
+                                                              manifest.tokenizer.get("backend", "gigatoken")))
+        self.acted_on = self.tokenizer.acted_on(sft.special_tokens)
+        self.template = get_template(sft.template if sft.template in TEMPLATE_NAMES else "auto", directory)
+
+    def keeps_literals(self, conversation) -> bool:
+        """Whether literals in it stay text: a rendered text cannot tell them from the template's."""
+        return self.manifest.sft.special_tokens != "parse" and literals.find(conversation, self.acted_on) is not None
+
+    def lengths(self, rejected: dict):
+        """The length of every sample kept, record after record, as the run cut it."""
+        sft = self.manifest.sft
+        encoder = SampleEncoder(self.tokenizer, sft.assistant_span, sft.mask_policy)
+        for where, conversation, parts in _kept_samples(self.manifest, rejected):
+            samples = literals.render(self.template, conversation,
+                                      self.acted_on if self.keeps_literals(conversation) else None, sft.history,
+                                      sft.enable_thinking)
+            encoded = encoder.encode([samples[k] for k, _, _ in parts])
+            refused = next((e for e in encoded if isinstance(e, Exception)), None)
+            if refused is not None:
+                raise ValueError(f"{where}: our encoder now refuses a sample the run kept: {refused}")
+            yield np.asarray([min(len(e[0]), sft.seq_length or len(e[0])) if sft.overlong == "truncate"
+                              else len(e[0]) for e in encoded], np.int64)
+
+
+def _stored_samples(prefix: str, manifest: Manifest):
+    """(ids, loss mask) of every sample the prefix holds, row after row, its padding left out."""
+    documents = layout_of(manifest).open(prefix)
+    for d in range(len(documents)):
+        tokens, trained, parts, _ = documents.layout.read_row(*documents.document(d), manifest.pad_id)
+        for end, n in zip(np.cumsum(parts).tolist(), parts.tolist()):
+            yield tokens[end - n:end], trained[end - n:end]
+
+
+def _stored_in_record_order(prefix: str, manifest: Manifest, ours: _OurSamples, rejected: dict):
+    """The prefix's samples in the order of the records that made them: a best-fit window's rows
+    hold its samples in plan order (`PackPlan.order`), put back here."""
+    stored, sft = _stored_samples(prefix, manifest), manifest.sft
+    if not sft.packed or sft.packing != "best-fit":
+        yield from stored
+        return
+    lengths, pending, more = ours.lengths(rejected), np.zeros(0, np.int64), True
+    while more or len(pending):
+        plan = next_window(pending, sft.packing, sft.seq_length, final=not more)
+        if plan is None:
+            step = next(lengths, None)
+            more = step is not None
+            pending = np.concatenate([pending, step]) if more else pending
+            continue
+        window = [None] * len(plan.order)
+        for s in plan.order.tolist():
+            window[s] = next(stored, None)
+            if window[s] is None or len(window[s][0]) != pending[s]:
+                raise ValueError("its packed rows are not the best-fit packing of the samples its records make "
+                                 "today (our own encoder changed, or the rows were edited)")
+        yield from window
+        pending = pending[len(plan.order):]
+
+
+def _records(manifest: Manifest, rejected: dict, columns: list[str] | None):
+    """(file:line, record, numbers of its samples set aside) of every record not set aside whole, in order."""
+    sources = expand([entry["path"] for entry in manifest.inputs])
+    numbers = LineNumbers()
+    for chunk in read_chunks(sources, columns=columns):
+        records = list(chunk.records())
+        shift = numbers.shift(chunk.first, chunk.span is not None, chunk.lines)
+        path = os.path.abspath(chunk.path)
+        for record in records:
+            where, aside = f"{chunk.path}:{record.number + shift}", rejected.get((path, record.number + shift), set())
+            if aside is None:
+                continue
+            if record.error is not None:
+                raise ValueError(f"{where} made data but cannot be read now")
+            yield where, record.value, aside
 
 
 def _inputs_unchanged(prefix: str, manifest: Manifest) -> list[str]:
@@ -71,41 +235,32 @@ def _inputs_unchanged(prefix: str, manifest: Manifest) -> list[str]:
     return problems
 
 
-def _rejected(prefix: str, manifest: Manifest, problems: list[str]) -> set[tuple[str, int]]:
-    """(file, record number) of every record set aside: their records made no document."""
+def _rejected(prefix: str, manifest: Manifest, problems: list[str]) -> dict[tuple[str, int], set | None]:
+    """(file, record number) of every record set aside → None (whole: it made no data), or the
+    numbers (from 1) of its samples set aside."""
     if not manifest.rejects.get("count"):
-        return set()
+        return {}
     path = prefix + ".rejects.jsonl"
     if not os.path.isfile(path):
-        problems.append(f"{prefix}: --certify needs {path} (which records made no document), and it is gone")
-        return set()
+        problems.append(f"{prefix}: --certify needs {path} (which records made no data), and it is gone")
+        return {}
+    rejected: dict[tuple[str, int], set | None] = {}
     with open(path, encoding="utf-8") as f:
-        return {(os.path.abspath(entry["file"]), entry["record"]) for entry in map(json.loads, f)}
+        for entry in map(json.loads, f):
+            key = (os.path.abspath(entry["file"]), entry["record"])
+            if "sample" in entry and rejected.get(key, set()) is not None:
+                rejected.setdefault(key, set()).add(entry["sample"])
+            else:
+                rejected[key] = None
+    return rejected
 
 
-def _kept_records(manifest: Manifest, rejected: set[tuple[str, int]]):
-    """(file:line, document number, text) of every record that made a document, in order."""
-    sources = expand([entry["path"] for entry in manifest.inputs])
-    document, numbers = 0, LineNumbers()
-    for chunk in read_chunks(sources, columns=[manifest.text_key]):
-        records = list(chunk.records())
-        shift = numbers.shift(chunk.first, chunk.span is not None, chunk.lines)
-        path = os.path.abspath(chunk.path)
-        for record in records:
-            if (path, record.number + shift) in rejected:
-                continue
-            if record.error is not None or not isinstance((record.value or {}).get(manifest.text_key), str):
-                raise ValueError(f"{chunk.path}:{record.number + shift} made a document but cannot be read now")
-            yield f"{chunk.path}:{record.number + shift}", document, record.value[manifest.text_key]
-            document += 1
-
-
-def _record(prefix: str, manifest: Manifest, checked: int, found: str | None) -> None:
+def _record(prefix: str, manifest: Manifest, counts: dict, found: str | None, libraries: tuple) -> None:
     """The recheck, added to the manifest's certificate (written whole, atomically)."""
     certificate = dict(manifest.certificate or {})
     certificate.setdefault("rechecks", []).append({
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "records_checked": checked, "mismatches": int(found is not None),
-        "reference": versions("tokenizers"), **({"mismatch": found} if found else {})})
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **counts, "mismatches": int(found is not None),
+        "reference": versions(*libraries), **({"mismatch": found} if found else {})})
     manifest.certificate = certificate
     with atomic_file(prefix + ".json") as f:
         f.write(manifest.text())

@@ -171,7 +171,84 @@ def test_verify_certify_finds_an_edited_id_and_train_would_refuse_it(tmp_path, c
     assert recheck["mismatches"] == 1 and recheck["records_checked"] == 6 and f"{corpus}:7" in recheck["mismatch"]
 
 
-def test_verify_certify_says_sft_prefixes_are_not_rechecked(tmp_path, capsys):
-    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
-    assert main(["verify", str(tmp_path / "s"), "--certify", "5"]) == 1
-    assert "rechecks pretraining prefixes" in capsys.readouterr().out
+REFERENCE = ["--reference-template"]  # the official Jinja follows (`reference_template`)
+ODD_ANSWER = "The odd record is number seven."
+
+
+def reference_template():
+    return str(oracle_dir() / "qwen2.5-instruct.jinja")
+
+
+def sft_recheck_corpus(tmp_path):
+    """The bundled chats three times, with records set aside whole (unreadable; one sample too long)
+    and, under --history split, one sample of a record set aside (its second turn too long)."""
+    chats = [json.loads(line) for line in open(os.path.join(EXAMPLES, "chats.jsonl"), encoding="utf-8")] * 3
+    chats[6] = {"instruction": "Name the odd record.", "output": ODD_ANSWER}  # line 7
+    chats[2] = {"neither": "instruction nor messages"}  # set aside
+    chats[11] = {"messages": [{"role": "user", "content": "short?"}, {"role": "assistant", "content": "yes"},
+                              {"role": "user", "content": "long?"}, {"role": "assistant", "content": "word " * 400}]}
+    return write_jsonl(tmp_path / "chats.jsonl", chats)
+
+
+SFT_LAYOUTS = {"unpacked": [], "best-fit, split history": ["--pack", "--history", "split"],
+               "next-fit": ["--pack", "--packing", "next-fit"], "pai, packed": ["--layout", "pai", "--pack"]}
+
+
+@pytest.mark.parametrize("layout", SFT_LAYOUTS)
+def test_verify_certify_rechecks_sft_samples_in_every_layout(tmp_path, capsys, layout):
+    corpus, prefix = sft_recheck_corpus(tmp_path), str(tmp_path / "s")
+    assert main(["sft", corpus, "-o", prefix, "--quiet", "--seq-length", "256", *SFT_LAYOUTS[layout],
+                 *REFERENCE, reference_template()]) == 0
+    rejects = [json.loads(line) for line in open(prefix + ".rejects.jsonl", encoding="utf-8")]
+    truncates = "pai" in layout  # line 12 is cut to --seq-length, not set aside
+    assert [(r["record"], r.get("sample")) for r in rejects] == [(3, None)] + (
+        [] if truncates else [(12, 2 if "split" in layout else None)])
+    assert main(["verify", prefix, "--certify", "25", *REFERENCE, reference_template()]) == 0
+    recheck = certificate(prefix)["rechecks"][-1]
+    assert recheck["mismatches"] == 0 and recheck["reference"]["transformers"]
+    assert recheck["records_checked"] == 25 and recheck["masks_not_checked"] == 0
+    assert "25 records encoded again" in capsys.readouterr().out
+
+
+@pytest.mark.corrupts_outputs  # one id of one sample edited
+def test_verify_certify_finds_an_edited_id_in_a_packed_sft_row(tmp_path, capsys):
+    from tokenizers import Tokenizer
+    from _oracles import bundled_tokenizer_dir
+
+    corpus, prefix = sft_recheck_corpus(tmp_path), str(tmp_path / "s")
+    assert main(["sft", corpus, "-o", prefix, "--quiet", "--seq-length", "256", "--pack",
+                 *REFERENCE, reference_template()]) == 0
+    answer = Tokenizer.from_file(str(bundled_tokenizer_dir() / "tokenizer.json")).encode(ODD_ANSWER).ids
+    data = np.memmap(prefix + ".bin", np.dtype(Manifest.read(prefix).dtype), "r+")
+    at = next(i for i in range(len(data) - len(answer)) if list(data[i:i + len(answer)]) == answer)
+    data[at + 2] += 1
+    data.flush()
+    assert main(["verify", prefix, "--certify", "25", *REFERENCE, reference_template()]) == 1
+    out = capsys.readouterr().out
+    assert f"{corpus}:7: our ids differ from the reference's" in out and "ours [" in out and "reference [" in out
+    recheck = certificate(prefix)["rechecks"][-1]
+    assert recheck["mismatches"] == 1 and recheck["records_checked"] == 6 and f"{corpus}:7" in recheck["mismatch"]
+
+
+def test_verify_certify_of_sft_says_why_it_cannot(tmp_path, capsys, monkeypatch):
+    corpus, prefix = sft_recheck_corpus(tmp_path), str(tmp_path / "s")
+    assert main(["sft", corpus, "-o", prefix, "--quiet", "--seq-length", "256", *REFERENCE, reference_template()]) == 0
+    # the bundled tokenizer's chat template is not qwen2p5's official Jinja
+    assert main(["verify", prefix, "--certify", "5"]) == 1
+    assert "not certified: no Jinja text of the template qwen2p5" in capsys.readouterr().out
+    with open(corpus, "a", encoding="utf-8") as f:
+        f.write("\n")
+    assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
+    assert f"{corpus} changed (then " in capsys.readouterr().out
+    os.remove(corpus)
+    assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
+    assert f"{corpus} is gone" in capsys.readouterr().out
+    os.remove(prefix + ".rejects.jsonl")
+    assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
+    assert ".rejects.jsonl (which records made no data), and it is gone" in capsys.readouterr().out
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers"
+                        else find_spec(name, *a))
+    assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
+    assert "not certified: transformers is not installed" in capsys.readouterr().out
+    assert "rechecks" not in certificate(prefix)  # nothing was checked: nothing recorded
