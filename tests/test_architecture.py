@@ -121,7 +121,7 @@ TRAIN_FLOORS = {
     "loader": {"config", "data"},
     "step": {"attention", "distributed", "loss", "model"},
     "optimizer": {"config", "model"},
-    "metrics": {"config", "distributed"},
+    "metrics": {"config", "distributed", "shapes"},
     "checkpoint": {"config", "distributed", "hf", "model", "optimizer"},
     "loop": {"checkpoint", "config", "distributed", "hf", "loader", "metrics", "model", "optimizer", "patches", "plan",
              "shapes", "step"},
