@@ -46,9 +46,10 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def sample(pid: int, threads: dict, children: dict, nice: int | None) -> int:
+def sample(pid: int, threads: dict, children: dict, nice: int | None) -> tuple[int, bool]:
     """Update the latest CPU seconds seen of each thread of `pid` and of each of its descendants
-    (a process keeps its last reading once it has ended); the number of descendants running now.
+    (a process keeps its last reading once it has ended); the number of descendants running now,
+    and whether the first one started (a run's side process, started before its workers) runs.
     `nice`: set each new descendant's niceness to it."""
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -56,17 +57,18 @@ def sample(pid: int, threads: dict, children: dict, nice: int | None) -> int:
                 name = f.read().strip()
             threads[int(tid)] = (name, _stat(f"/proc/{pid}/task/{tid}/stat")[1])
     except OSError:
-        return 0
-    running = 0
-    for child in _children(pid):
+        return 0, False
+    running, first = 0, False
+    for child in sorted(_children(pid)):
         try:
             if nice is not None and child not in children:
                 os.setpriority(os.PRIO_PROCESS, child, nice)
             state, children[child] = _stat(f"/proc/{child}/stat")
             running += state == "R"
+            first = first or (child == min(children) and state == "R")
         except OSError:
             pass
-    return running
+    return running, first
 
 
 def main() -> int:
@@ -86,10 +88,10 @@ def main() -> int:
                                stdout=subprocess.DEVNULL)
     threads: dict[int, tuple[str, float]] = {}
     children: dict[int, float] = {}
-    timeline: dict[int, list[int]] = {}  # second of the run: children running at each sample
+    timeline: dict[int, list[tuple[int, bool]]] = {}  # second of the run: what each sample saw running
     while proc.poll() is None:
-        running = sample(proc.pid, threads, children, args.nice_children)
-        timeline.setdefault(int(time.monotonic() - start), []).append(running)
+        seen = sample(proc.pid, threads, children, args.nice_children)
+        timeline.setdefault(int(time.monotonic() - start), []).append(seen)
         time.sleep(args.every)
     wall = time.monotonic() - start
     if spy is not None:
@@ -100,8 +102,11 @@ def main() -> int:
     total = sum(children.values())
     print(f"  children: {len(children)} processes, {total:.2f} s, {total / wall:.2f} cores on average "
           "(seen while sampling)", file=sys.stderr)
-    line = " ".join(f"{sum(v) / len(v):.1f}" for _, v in sorted(timeline.items()))
-    print(f"  children running, each second: {line}", file=sys.stderr)
+    for child, cpu in sorted(children.items(), key=lambda c: -c[1])[:3]:
+        print(f"  child {child:>8} {cpu:7.2f} s", file=sys.stderr)
+    for what, k in (("children running", 0), ("the first child running", 1)):
+        line = " ".join(f"{sum(s[k] for s in v) / len(v):.1f}" for _, v in sorted(timeline.items()))
+        print(f"  {what}, each second: {line}", file=sys.stderr)
     return proc.returncode
 
 

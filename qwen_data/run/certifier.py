@@ -5,11 +5,20 @@ Workers pick records and hand over what they made of them (`ChunkResult.to_check
 ~0.7 s (HF tokenizers) to ~2 s (transformers): a process that has not loaded them checks in a
 process of its own, started with the run, which loads them while the workers work; one that holds
 them already (a second run in the same process, as tests and Ray tasks make) checks here.
+
+The run never waits for that process. Loading holds its interpreter's lock, so the thread there that
+reads what is sent could not drain the pipe, and sending would stall the run (no task handed out, no
+worker started) until the load is done: the records picked meanwhile wait here, and go once it has
+answered that it is loaded. Its answers are read as they come, so it never waits to write one.
 """
 
 from __future__ import annotations
 
+import functools
+
 from ..text.reference import CertificateError
+
+_LOAD = "load"  # the first item the checking process is sent
 
 
 class Certifier:
@@ -18,21 +27,31 @@ class Certifier:
         self.step = step
         self.counts: dict[str, int] = {}
         self.side = None
+        self.waiting: list[list] = []  # items picked while the checking process loads
         if beside and not step.reference_loaded():
             from .workers import SideProcess
 
-            self.side = SideProcess(step.check)
+            self.side = SideProcess(functools.partial(_check, step))
+            self.side.send(_LOAD)
+            self.loading = True
 
     def add(self, items: list) -> None:
-        """`items`: (where, what the worker made of a picked record), where being file:line."""
-        if self.side is not None:
-            self.side.send(items)
-        else:
+        """`items`: (where, what the worker made of a picked record), where being file:line.
+        CertificateError at the first mismatch known."""
+        if self.side is None:
             self._take(self.step.check(items))
+            return
+        self.waiting.append(items)
+        for answer in self.side.arrived():
+            self.loading = False  # the first answer says the reference is loaded
+            self._take(answer)
+        if not self.loading:
+            self._send_waiting()
 
     def finish(self) -> dict[str, int]:
         """The summed counts of every check; CertificateError at the first mismatch."""
         if self.side is not None:
+            self._send_waiting()
             for answer in self.side.answers():
                 self._take(answer)
             self.side.end(kill=False)
@@ -43,6 +62,11 @@ class Certifier:
         if self.side is not None:
             self.side.end(kill=True)
 
+    def _send_waiting(self) -> None:
+        for items in self.waiting:
+            self.side.send(items)
+        self.waiting = []
+
     def _take(self, answer: tuple[dict, str | None]) -> None:
         counts, mismatch = answer
         if mismatch:
@@ -50,3 +74,11 @@ class Certifier:
                                    "uncertified)")
         for name, count in counts.items():
             self.counts[name] = self.counts.get(name, 0) + count
+
+
+def _check(step, items) -> tuple[dict, str | None]:
+    """In the checking process: load the reference libraries first (`_LOAD`), then check."""
+    if items == _LOAD:
+        step.load_reference()
+        return {}, None
+    return step.check(items)

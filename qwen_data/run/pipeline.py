@@ -136,6 +136,9 @@ class Step(Protocol):
     def reference_loaded(self) -> bool:
         """Whether this process holds the reference libraries already (`run.certifier`)."""
 
+    def load_reference(self) -> None:
+        """Load the reference libraries now (the checking process does, before the first check)."""
+
     def check(self, items: list) -> tuple[dict, str | None]:
         """The picked records (file:line, `ChunkResult.to_check` item) against the reference:
         counts to sum, and what differs at the first mismatch."""

@@ -136,8 +136,16 @@ class SideProcess:
     def send(self, item) -> None:
         self._worker.send(self._worker.assigned, 0, item)
 
+    def arrived(self) -> list:
+        """The answers that have come so far, in order, without waiting for more: read as they come,
+        they never fill the pipe back, where the process would wait to write the next one."""
+        answers = []
+        while self._worker.outstanding and self._worker.conn.poll():
+            answers.append(self._worker.result()[2])
+        return answers
+
     def answers(self) -> list:
-        """Every answer, in the order the items were sent; a `fn` that raised raises here."""
+        """Every answer not read yet, in the order the items were sent; a `fn` that raised raises here."""
         answers = [self._worker.result()[2] for _ in range(self._worker.outstanding)]
         self._worker.retire()
         return answers

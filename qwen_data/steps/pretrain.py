@@ -67,6 +67,9 @@ class Tokenize:
     def reference_loaded(self) -> bool:
         return loaded(self.tokenizer.directory, chat=False)
 
+    def load_reference(self) -> None:
+        self.reference.load()
+
     def check(self, items: list) -> tuple[dict, str | None]:
         """Each picked record's documents (one per text key: (text, our ids with the eod)) against
         the reference's ids and the eod."""

@@ -158,6 +158,9 @@ class ChatSamples:
     def reference_loaded(self) -> bool:
         return loaded(self.tokenizer.directory, chat=True)
 
+    def load_reference(self) -> None:
+        self.reference.load()
+
     def check(self, items: list) -> tuple[dict, str | None]:
         """Each picked record's samples (before truncation and packing) against the reference's
         ids and mask; a record whose literals stay text is counted apart (`_Batching.pick`)."""

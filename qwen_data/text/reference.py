@@ -104,6 +104,9 @@ class TextReference:
         self.last_id = FIRST_ADDED_ID + FLAVOUR_ADDED_TOKENS[flavour] - 1
         self.policy = policy
 
+    def load(self) -> None:
+        _hf_tokenizer(self.path)
+
     @property
     def _full(self):
         return _hf_tokenizer(self.path)
@@ -232,6 +235,9 @@ class ChatReference:
         self.directory, self.jinja = directory, jinja
         self.text = TextReference(directory, flavour, "parse")
         self.span, self.mask_policy, self.enable_thinking = span, mask, enable_thinking
+
+    def load(self) -> None:
+        _transformers_tokenizer(os.path.join(self.directory, "tokenizer.json"))
 
     @property
     def _tokenizer(self):
