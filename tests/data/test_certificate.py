@@ -252,3 +252,44 @@ def test_verify_certify_of_sft_says_why_it_cannot(tmp_path, capsys, monkeypatch)
     assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
     assert "not certified: transformers is not installed" in capsys.readouterr().out
     assert "rechecks" not in certificate(prefix)  # nothing was checked: nothing recorded
+
+
+
+class _CountingStep:
+    """A step whose checks leave a line each in `log`, so a test sees them happen."""
+
+    def __init__(self, log) -> None:
+        self.log = str(log)
+
+    def reference_loaded(self) -> bool:
+        return False
+
+    def load_reference(self) -> None:
+        pass
+
+    def check(self, items):
+        with open(self.log, "a") as f:
+            f.write("checked\n")
+        return {"records_checked": len(items)}, None
+
+
+def test_the_checking_process_keeps_checking_while_the_run_goes_on(tmp_path):
+    """Its answers are read as they come: left in the pipe until the end, they fill it after a few
+    hundred, and the process stops checking until the run is over (a tail after the workers)."""
+    import time
+
+    from qwen_data.run.certifier import Certifier
+
+    log = tmp_path / "checks"
+    certifier = Certifier(_CountingStep(log), beside=True)
+    try:
+        for k in range(2000):  # picked records, as a run's results bring them
+            certifier.add([(f"f.jsonl:{k + 1}", "text")])
+            time.sleep(0.001)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 2000):
+            time.sleep(0.05)
+        assert len(log.read_text().splitlines()) == 2000, "the checking process stopped before the run's end"
+        assert certifier.finish() == {"records_checked": 2000}
+    finally:
+        certifier.end()
