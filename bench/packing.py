@@ -7,6 +7,8 @@ was calibrated). Baselines: `next_fit` in input order (concatenate, start a new 
 sample does not fit: what naive packers and Pai-Megatron-Patch do; `--packing next-fit`) on all
 samples, and a plain first-fit-decreasing
 (a numpy scan of all open rows per sample, O(samples x rows)) on a subset, too slow for all.
+Then the rows of one window (`padded_rows`, what a run's main process does for every PACK_WINDOW
+tokens of samples) against a plain copy of the same tokens into the same kept arrays: the floor.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qwen_data.formats.packing import next_fit, pack  # noqa: E402
+from qwen_data.formats.packing import PACK_WINDOW, RowBuffers, next_fit, next_window, pack, padded_rows  # noqa: E402
 
 
 def load_realistic_lengths():
-    spec = importlib.util.spec_from_file_location("test_packing", ROOT / "tests" / "test_packing.py")
+    spec = importlib.util.spec_from_file_location("test_packing", ROOT / "tests" / "data" / "test_packing.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.realistic_sft_lengths
@@ -93,6 +95,26 @@ def main() -> None:
     t_stress, stress_plan = timed(pack, stress, cap)
     print(f"stress, {args.samples:,} lengths uniform in 1..{cap}: pack {t_stress:.3f} s,"
           f" {stress_plan.rows:,} rows, fill {stress_plan.fill:.6f}")
+    lay_out_one_window(lengths, cap)
+
+
+def lay_out_one_window(lengths, cap: int) -> None:
+    window = next_window(lengths, "best-fit", cap, final=True)
+    lengths = lengths[:len(window.order)]
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 151643, int(lengths.sum()), dtype=np.int32)
+    mask = rng.integers(0, 2, len(ids), dtype=np.uint8)
+    buffers = RowBuffers()
+    t_rows, _ = timed(padded_rows, ids, mask, lengths, window, 151654, buffers, repeat=5)
+    out_ids, out_mask = buffers.take(window.rows * cap, ids.dtype)
+
+    def copy() -> None:
+        np.copyto(out_ids[:len(ids)], ids)
+        np.copyto(out_mask[:len(mask)], mask)
+
+    t_copy, _ = timed(copy, repeat=5)
+    print(f"one window ({len(ids):,} tokens of {len(lengths):,} samples, PACK_WINDOW {PACK_WINDOW:,}): rows laid out in"
+          f" {1000 * t_rows:.1f} ms, {t_rows / t_copy:.1f}x a plain copy of its tokens ({1000 * t_copy:.1f} ms)")
 
 
 if __name__ == "__main__":

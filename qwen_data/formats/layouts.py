@@ -28,7 +28,7 @@ from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError
                       check_same_index)
 from .manifest import Manifest, SFTSection, fingerprint
 from .outputs import AtomicOutputs
-from .packing import PackPlan, padded_rows, windows
+from .packing import PackPlan, RowBuffers, padded_rows, windows
 
 CHUNK = 1 << 20  # index entries checked at a time
 
@@ -275,10 +275,11 @@ class _MaskRows:
     def __init__(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> None:
         self.data = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], dtype)
         self.pad_id = pad_id
+        self.buffers = RowBuffers()
 
     def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan) -> int:
         """The rows of `plan` from its samples back to back; how many tokens they train."""
-        rows_ids, rows_mask = padded_rows(ids, mask, lengths, plan, self.pad_id)
+        rows_ids, rows_mask = padded_rows(ids, mask, lengths, plan, self.pad_id, self.buffers)
         self.data.add_batch(rows_ids, rows_mask, *plan.sequence_layout(lengths))
         return int(np.count_nonzero(mask))
 

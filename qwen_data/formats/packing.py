@@ -337,16 +337,39 @@ def windows(lengths: np.ndarray, packing: str | None, capacity: int):
 
 
 def padded_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan,
-                pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+                pad_id: int, buffers: "RowBuffers | None" = None) -> tuple[np.ndarray, np.ndarray]:
     """The rows of `plan` from its samples laid back to back in input order, each padded to
-    exactly its capacity: (ids, mask), rows back to back. Each row's samples are copied into it
-    whole; nothing goes token by token."""
+    exactly its capacity: (ids, mask), rows back to back. Each channel is one concatenation of the
+    samples in row order with each row's padding after them: nothing goes token by token, or row
+    by row. `buffers`: where to put the rows (valid until their next use), instead of new arrays."""
     ends = np.cumsum(lengths)
     starts, ends = (ends - lengths).tolist(), ends.tolist()
-    width = plan.capacity
-    out_ids, out_mask = np.full(plan.rows * width, pad_id, ids.dtype), np.zeros(plan.rows * width, np.uint8)
-    for row, (samples, n) in enumerate(zip(plan, plan.row_tokens.tolist())):
-        at = row * width
-        for source, out in ((ids, out_ids), (mask, out_mask)):
-            np.concatenate([source[starts[s]:ends[s]] for s in samples.tolist()], out=out[at:at + n])
+    width, order = plan.capacity, plan.order.tolist()
+    pads, no_mask = np.full(width, pad_id, ids.dtype), np.zeros(width, np.uint8)
+    id_pieces, mask_pieces, taken = [], [], 0
+    for size, n in zip(plan.row_sizes.tolist(), plan.row_tokens.tolist()):
+        for sample in order[taken:taken + size]:
+            id_pieces.append(ids[starts[sample]:ends[sample]])
+            mask_pieces.append(mask[starts[sample]:ends[sample]])
+        taken += size
+        id_pieces.append(pads[:width - n])
+        mask_pieces.append(no_mask[:width - n])
+    out_ids, out_mask = (buffers or RowBuffers()).take(plan.rows * width, ids.dtype)
+    if id_pieces:
+        np.concatenate(id_pieces, out=out_ids)
+        np.concatenate(mask_pieces, out=out_mask)
     return out_ids, out_mask
+
+
+class RowBuffers:
+    """Arrays a writer keeps from one window's rows to the next: new ones for every window would be
+    tens of megabytes of fresh memory each time, faulted in page by page."""
+
+    def __init__(self) -> None:
+        self._ids: np.ndarray | None = None
+        self._mask: np.ndarray | None = None
+
+    def take(self, size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+        if self._ids is None or len(self._ids) < size or self._ids.dtype != dtype:
+            self._ids, self._mask = np.empty(size, dtype), np.empty(size, np.uint8)
+        return self._ids[:size], self._mask[:size]
