@@ -42,11 +42,25 @@ def make_loader(dataset, consumed: int, micro_batch_size: int, accumulation: int
     pipeline stages, whose GPUs wait for it)."""
     sampler = StepBatches(len(dataset), consumed, micro_batch_size, accumulation,
                           parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
-    steps = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=device.type == "cuda",
+    pin = device.type == "cuda"
+    if pin:
+        same_threads_as_pinning()
+    steps = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin,
                        persistent_workers=num_workers > 0, prefetch_factor=2 if num_workers else None)
     for step in steps:
         for first in range(0, accumulation * micro_batch_size, micro_batch_size):
             yield {k: v[first:first + micro_batch_size] for k, v in step.items()}
+
+
+def same_threads_as_pinning() -> None:
+    """This thread's intra-op thread count set to 1, what torch's pin-memory thread sets.
+
+    torch.set_num_threads sets the calling thread's count and the count every thread started later
+    begins with: once the pin-memory thread has run, autograd's GPU threads start with 1 while this
+    thread keeps its own. Compiled code guards on the count, so code compiled here (the first
+    forward) and run again there (activation recompute in backward) recompiled. The count only
+    sizes this thread's CPU operations, which on a GPU run are small."""
+    torch.set_num_threads(1)
 
 
 def build_splits(config: TrainConfig, global_batch: int):

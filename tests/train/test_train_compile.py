@@ -135,6 +135,83 @@ def test_fp8_layers_compile_around_transformer_engines_linears(megatron_cpu):
     assert compiled_grads == pytest.approx(eager_grads, rel=5e-2)
 
 
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
+def test_attention_around_eager_linears_compiles_rope_once(megatron_cpu, name):
+    """Under --fp8 a compiled layer's linears run eagerly (`fp8_linear`), and so does megatron-core's
+    attention forward that calls them: RoPE, compiled on its own, sees the query and then the key
+    (fewer heads; of Qwen2.5 a strided view). FP8SelfAttention makes the first graph serve both.
+    megatron-core's local linears stand in for Transformer Engine's, run eagerly the same way."""
+    from qwen_data_train.model import build_model
+    from qwen_data_train.model.layers import FP8SelfAttention, outside_graph
+    from qwen_data_train.plan import RunPlan
+    from qwen_data_train.shapes import PRESETS
+    from qwen_data_train.step import ForwardSpec, masked_loss
+
+    s = 64
+    batch = dict(tokens=torch.randint(0, 1000, (2, s)), labels=torch.randint(0, 1000, (2, s)),
+                 position_ids=torch.arange(s).repeat(2, 1), segment_ids=torch.zeros(2, s, dtype=torch.long))
+    spec = ForwardSpec("sdpa", megatron_cpu, autocast=False, cross_entropy="fused", seq_length=s)
+    weights = torch.ones(2, s, device=megatron_cpu)
+    torch.manual_seed(3)
+    model = build_model(PRESETS[name], RunPlan.for_model(PRESETS[name], attention="sdpa", max_sequence_length=s))
+    model = model.to(megatron_cpu)
+    eager = masked_loss(model, batch, weights, spec).item()
+    torch._dynamo.reset()
+    for layer in model.decoder.layers:
+        attention, mlp = layer.self_attention, layer.mlp
+        for linear in (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2):
+            linear.__class__ = outside_graph(type(linear))
+        attention.__class__ = FP8SelfAttention
+        layer.compile(backend="eager")
+    torch._dynamo.config.error_on_recompile = True  # RoPE runs twice in every layer's first call
+    try:
+        for _ in range(2):
+            compiled = masked_loss(model, batch, weights, spec)
+            compiled.backward()
+    finally:
+        torch._dynamo.config.error_on_recompile = False
+        torch._dynamo.reset()
+    assert compiled.item() == pytest.approx(eager, rel=1e-6)
+
+
+def test_pinned_loader_leaves_compiled_code_valid_in_threads_started_later(megatron_cpu):
+    """The loader of a GPU run pins its batches in torch's pin-memory thread, which sets the intra-op
+    thread count to 1, the count every thread started after it begins with (autograd's GPU threads,
+    where activation recompute runs compiled code again in backward). Code compiled in the training
+    thread after the loader started passes its guards there."""
+    import threading
+    import warnings
+
+    from qwen_data_train.loader import make_loader
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # more than the pin-memory thread's 1, on any machine
+    samples = [{"tokens": torch.full((4,), i)} for i in range(4)]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a CPU-only torch warns that it pins nothing
+            next(make_loader(samples, 0, 1, 1, 0, torch.device("cuda")))
+        graphs = []
+
+        def backend(graph, inputs):  # counts the compiles
+            graphs.append(graph)
+            return graph.forward
+
+        swiglu = torch.compile(lambda y: torch.nn.functional.silu(y[:, :2]) * y[:, 2:], backend=backend)
+        swiglu(torch.ones(3, 4))  # the first forward, in this thread
+        # torch's pin-memory loop (torch/utils/data/_utils/pin_memory.py) begins with this
+        pinning = threading.Thread(target=torch.set_num_threads, args=(1,))
+        pinning.start()
+        pinning.join()
+        recompute = threading.Thread(target=swiglu, args=(torch.ones(3, 4),))  # as autograd's GPU thread
+        recompute.start()
+        recompute.join()
+        assert len(graphs) == 1
+    finally:
+        torch._dynamo.reset()
+        torch.set_num_threads(threads)
+
+
 def test_fp8_weights_are_cast_again_each_step_under_torch_ddp(megatron_cpu):
     """Transformer Engine casts an FP8 linear's weights on a step's first micro-batch and reuses
     the casts after; through torch's DDP wrapper (data parallelism) a step after a weight update

@@ -14,7 +14,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..attention import SDPACoreAttention, TECoreAttention
 from .experts import GroupedExperts
-from .layers import GroupedRowParallelLinear, RMSNorm, SeededTransformerLayer, fp8_linear
+from .layers import FP8SelfAttention, GroupedRowParallelLinear, RMSNorm, SeededTransformerLayer, fp8_linear
 
 Converter = Callable[[ModuleSpec], ModuleSpec]
 
@@ -74,7 +74,9 @@ def core_attention(attention: str) -> Converter:
 
 
 def fp8_linears(spec: ModuleSpec) -> ModuleSpec:
-    """Transformer Engine's linear layers, which run under its FP8 autocast (the same parameter names)."""
+    """Transformer Engine's linear layers, which run under its FP8 autocast (the same parameter names),
+    in an attention fit for them (FP8SelfAttention)."""
+    spec.submodules.self_attention = _with_module(spec.submodules.self_attention, FP8SelfAttention)
     attention, mlp = attention_parts(spec), mlp_parts(spec)
     attention.linear_qkv = mlp.linear_fc1 = fp8_linear("TEColumnParallelLinear")
     attention.linear_proj = mlp.linear_fc2 = fp8_linear("TERowParallelLinear")

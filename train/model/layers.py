@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.layers import RowParallelLinear, _initialize_affine_weight_cpu
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import get_pg_rank, get_pg_size
 
@@ -95,7 +96,6 @@ class RMSNorm(torch.nn.Module):
         return out
 
 
-@functools.cache
 def fp8_linear(name: str) -> type:
     """megatron-core's Transformer Engine linear `name`, called outside torch.compile's graphs:
     dynamo cannot trace TE's FP8 tensors ("'Float8Tensor' object has no attribute '_data'", torch
@@ -103,5 +103,34 @@ def fp8_linear(name: str) -> type:
     around the FP8 matrix multiplications, as in bf16."""
     from megatron.core.extensions import transformer_engine
 
-    linear = getattr(transformer_engine, name)
-    return type(name, (linear,), {"forward": torch.compiler.disable(linear.forward), "__module__": __name__})
+    return outside_graph(getattr(transformer_engine, name))
+
+
+@functools.cache
+def outside_graph(linear: type) -> type:
+    """`linear` with its forward run eagerly inside a compiled layer: one class for every layer
+    (the compiled layers guard on their modules' types)."""
+    return type(linear.__name__, (linear,), {"forward": torch.compiler.disable(linear.forward), "__module__": __name__})
+
+
+class FP8SelfAttention(SelfAttention):
+    """megatron-core's SelfAttention around linears that run outside the graph (`fp8_linear`),
+    its query's and key's RoPE compiled once for both.
+
+    megatron-core calls the QKV and output linears inside its activation-offloading context
+    manager, and dynamo cannot resume after a graph break inside a context manager it does not
+    know: it runs this forward eagerly and compiles what the forward calls one by one. RoPE is
+    then compiled for the query and again for the key, which has fewer heads (grouped-query
+    attention) and, a view of the QKV output, other strides. Both handed over contiguous, their
+    head count marked dynamic, share one graph."""
+
+    @torch.compiler.disable(recursive=False)  # eager anyway (above); here the marks can be set
+    def get_query_key_value_tensors(self, *args, **kwargs):
+        qkv = super().get_query_key_value_tensors(*args, **kwargs)
+        if not kwargs.get("split_qkv", True):  # the fused QKV RoPE's one tensor
+            return qkv
+        query, key, *rest = qkv
+        query, key = query.contiguous(), key.contiguous()
+        for heads_first in (query, key):  # [s, b, heads, head dim]
+            torch._dynamo.maybe_mark_dynamic(heads_first, 2)
+        return (query, key, *rest)
