@@ -7,9 +7,9 @@ summed RSS of the tree). Corpora come from bench/corpora.py, repeated to size:
   pretrain     the multilingual text corpus repeated to --corpus-mb (default 1,000 MB)
   sft-chat     the ShareGPT chats repeated to --sft-mb, qwen2p5, seq 4096, packed
   sft-alpaca   the same conversations as alpaca records (first question and answer), same settings
-  megatron     Megatron-LM's own tools/preprocess_data.py (--megatron CHECKOUT) at the most workers, on
-               the text corpus at --megatron-mb (it is ~100x slower), with ours at the most workers on it
-  ray          `--executor ray` with as many shards and CPUs as the most workers (--ray)
+  megatron     Megatron-LM's own tools/preprocess_data.py (--megatron CHECKOUT) at 16 workers (--compare-at),
+               on the text corpus at --megatron-mb (it is ~100x slower), with ours at 16 workers on it
+  ray          `--executor ray` with 16 shards and CPUs (--ray, --compare-at)
 
 raw gigatoken is the ceiling one core reaches: a fresh tokenizer, in this process, over the first
 64 MB of the text corpus (what one of 16 workers meets of a 1 GB corpus), NFC applied beforehand
@@ -23,7 +23,7 @@ the cache effect taken out.
 
     python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
-    python3 bench/cores.py --megatron /path/Megatron-LM --megatron-mb 300 --ray --rss-mb 4000
+    python3 bench/cores.py --megatron /path/Megatron-LM --megatron-mb 300 --ray --rss-mb 1000,4000
 Writes --out (default bench/results/cpu/cores.json).
 """
 
@@ -51,13 +51,23 @@ SFT_ARGS = ["--template", "qwen2p5", "--seq-length", "4096", "--pack"]
 
 
 def host() -> dict:
-    model = platform.processor() or "unknown"
+    """The CPU model, the cores this process may use, and the topology the kernel reports: whether
+    two of the cores are threads of one physical core decides what N workers can give."""
+    info = {"cpu_model": platform.processor() or "unknown", "cores": len(os.sched_getaffinity(0))}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu_model": model, "cores": len(os.sched_getaffinity(0))}
+            processors = f.read().strip().split("\n\n")
+    except OSError:
+        return info
+    fields = [dict(line.split(":", 1) for line in p.splitlines() if ":" in line) for p in processors]
+    fields = [{k.strip(): v.strip() for k, v in p.items()} for p in fields]
+    info["cpu_model"] = fields[0].get("model name", info["cpu_model"])
+    physical = {(p.get("physical id"), p.get("core id")) for p in fields}
+    if all(key != (None, None) for key in physical):
+        info["sockets"] = len({socket for socket, _ in physical})
+        info["physical_cores"] = len(physical)
+        info["threads_per_core"] = round(len(fields) / len(physical), 2)
+    return info
 
 
 def _raw_texts(corpus: str, start: int = 0) -> tuple[list[str], int, object]:
@@ -189,10 +199,13 @@ def main() -> None:
     parser.add_argument("--jobs", default="pretrain,sft-chat,sft-alpaca")
     parser.add_argument("--corpus-mb", type=int, default=1000)
     parser.add_argument("--sft-mb", type=int, default=200)
-    parser.add_argument("--rss-mb", type=int, default=0, help="also pretrain at the most workers on this size")
-    parser.add_argument("--megatron", help="a Megatron-LM checkout: its preprocess_data.py at the most workers")
+    parser.add_argument("--rss-mb", default="", help="also pretrain at --compare-at workers on these sizes (comma-separated): "
+                                                     "whether memory stays flat in the corpus size")
+    parser.add_argument("--megatron", help="a Megatron-LM checkout: its preprocess_data.py at --compare-at workers")
     parser.add_argument("--megatron-mb", type=int, default=300, help="the corpus size Megatron's script runs on")
-    parser.add_argument("--ray", action="store_true", help="also --executor ray at the most workers")
+    parser.add_argument("--ray", action="store_true", help="also --executor ray at --compare-at workers")
+    parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, and ours beside "
+                                                       "them (default 16 where --workers holds it, else the most)")
     parser.add_argument("--also-out", help="also pretrain at the most workers writing under this folder (/dev/shm: "
                                            "whether the output disk limits the run)")
     parser.add_argument("--out", default=os.path.join(measure.REPO_ROOT, "bench", "results", "cpu", "cores.json"))
@@ -205,6 +218,7 @@ def main() -> None:
     else:
         counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= info["cores"]]
     top = max(counts)
+    at = args.compare_at or (16 if 16 in counts else top)
     text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000)
     # Each raw figure is the better of two tries: a fresh GPU host's memory grows as it is first
     # used, which slowed the first try of one host by a third.
@@ -250,9 +264,9 @@ def main() -> None:
                     for path in os.listdir(work):
                         if path.startswith(f"{job}-{n}."):
                             os.remove(os.path.join(work, path))
-        if args.rss_mb:
-            big = corpora.scaled_text_corpus(args.rss_mb * 1_000_000)
-            runs.append(record("pretrain", top, big, ours("pretrain", big, os.path.join(work, "big"), top)))
+        for size in filter(None, args.rss_mb.split(",")):
+            big = corpora.scaled_text_corpus(int(size) * 1_000_000)
+            runs.append(record("pretrain", at, big, ours("pretrain", big, os.path.join(work, "big"), at)))
             write()
         if args.also_out:
             prefix = os.path.join(tempfile.mkdtemp(prefix="cores-", dir=args.also_out), "out")
@@ -263,10 +277,10 @@ def main() -> None:
             write()
         if args.megatron:
             small = corpora.scaled_text_corpus(args.megatron_mb * 1_000_000)
-            ours_run = record("pretrain", top, small, ours("pretrain", small, os.path.join(work, "small"), top),
+            ours_run = record("pretrain", at, small, ours("pretrain", small, os.path.join(work, "small"), at),
                               os.path.join(work, "small"))
             prefix = os.path.join(work, "megatron")
-            theirs = record("megatron", top, small, megatron(args.megatron, small, prefix, top),
+            theirs = record("megatron", at, small, megatron(args.megatron, small, prefix, at),
                             prefix + "_text_document")
             theirs["ours_vs_megatron"] = round(ours_run["mb_per_s"] / theirs["mb_per_s"], 1)
             theirs["idx_identical"] = theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]
@@ -274,7 +288,7 @@ def main() -> None:
             write()
         if args.ray:
             prefix = os.path.join(work, "ray")
-            runs.append(record("ray", top, text, ray(text, prefix, top), prefix))
+            runs.append(record("ray", at, text, ray(text, prefix, at), prefix))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write()

@@ -11,6 +11,11 @@ import dataclasses
 import os
 import sys
 
+# Nothing here does linear algebra: numpy's BLAS would start a thread per core at its import, and
+# they spin for a while (~0.1 s of CPU each), taking cores from the workers as they start. Set
+# before anything imports numpy; workers inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from . import __version__
 from .errors import describe
 from .inputs.readers import DEFAULT_CHUNK_BYTES, Shard

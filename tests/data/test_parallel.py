@@ -5,6 +5,8 @@ the spread, the output is the bytes of one worker and every record keeps its fil
 import json
 import mmap
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -119,3 +121,12 @@ def test_a_file_that_changes_while_workers_read_it_fails_the_run(tmp_path, capsy
 
     with pytest.raises(InputFileError, match="changed while it was read"):
         list(first.records())
+
+
+def test_the_command_starts_no_blas_threads():
+    # numpy's BLAS starts a spinning thread per core at import; the command does no linear algebra,
+    # and on a many-core host those threads take the cores its workers start on
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    script = "import os, qwen_data.cli, numpy; print(len(os.listdir('/proc/self/task')))"
+    threads = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert int(threads.stdout) == 1
