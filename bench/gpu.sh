@@ -39,6 +39,8 @@
 #           text.jsonl and chats.jsonl with their .json, as `tar -C ~/.cache/qwen-data-bench -czf ...`).
 # moe       two GPUs: the Qwen3-30B-A3B shape with fewer layers, EP=2 against EP=1 (losses over 50 steps) and
 #           tokens/s on one GPU and on two with EP=2; then $OUT/moe.json (bench/moe_report.py).
+# After te, scale or moe, with $OUT's files in the checkout: `python3 bench/records.py $OUT --append` adds the
+# stage's runs to bench/results/gpu/records.json (each run's model, GPUs, rates, MFU, loss and machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?stage: data, pretrain, sft, parallel or speed}

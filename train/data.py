@@ -81,6 +81,8 @@ class ManifestTokenizer:
         first = sources[0].manifest
         self.eod, self.pad = first.eod_id, first.pad_id  # never equal: `load_source` refuses that
         self.certificates = [describe_certificate(s) for s in sources]  # the trainer shows them
+        # Rows of several samples (qwen-data sft --pack) from every prefix; the run's log records it
+        self.packed = all(s.manifest.sft is not None and s.manifest.sft.packed for s in sources)
         self.vocab_size = first.vocab_size
         self.identity = first.tokenizer  # QwenTokenizer.identity() of the data
         self.unique_identifiers = {

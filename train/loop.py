@@ -82,7 +82,9 @@ class Trainer:
         self.metrics = Metrics(config.log, device, self.layout, self.shape, config.train_iters,
                                run_config=dataclasses.asdict(config),
                                expert_load=ExpertLoad(self.core, self.shape.num_experts, device) if self.shape.moe
-                               else None)
+                               else None,
+                               run={"model": self.shape.name, "gpus": self.layout.world, "fp8": self.plan.fp8,
+                                    "packed": tokenizer.packed, "ep": self.plan.ep})
         self._announce()
 
     def run(self) -> Summary:

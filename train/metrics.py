@@ -11,7 +11,8 @@ MFU is given as the two counts peers publish, which differ only in the attention
   mfu_causal  Megatron-LM's and Megatron-Bridge's: half of each score matrix (causal), over each
               document of a row on its own (Σ sᵢ² of its lengths, pad positions left out)
   mfu_full    torchtitan's and llm-foundry's: the whole score matrix of every row (rows × s²)
-The summary is also the log's last JSON line ("summary": true), with the machine it ran on.
+The summary is also the log's last JSON line ("summary": true), with what the run was (`Metrics`'
+`run`: model, gpus, fp8, packed, ep) and the machine it ran on.
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ class Summary:
     data_share: Optional[float] = None
     mfu_causal: Optional[float] = None
     mfu_full: Optional[float] = None
+    run: dict = field(default_factory=dict)  # `Metrics`' run
     machine: dict = field(default_factory=dict)  # `machine`
 
 
@@ -253,12 +255,14 @@ class ExpertLoad:
 
 
 class Metrics:
-    """The run's records: steps are added, every `log_interval` iterations an interval is closed."""
+    """The run's records: steps are added, every `log_interval` iterations an interval is closed.
+    `run`: what the run was ({model, gpus, fp8, packed, ep}), for the summary line, so that a log
+    names its run without its command line."""
 
     def __init__(self, config: LogConfig, device: torch.device, layout: ParallelLayout, shape: ModelShape,
                  total_iters: int, run_config: Optional[dict] = None,
-                 expert_load: Optional[ExpertLoad] = None) -> None:
-        self.expert_load = expert_load
+                 expert_load: Optional[ExpertLoad] = None, run: Optional[dict] = None) -> None:
+        self.expert_load, self.run = expert_load, run or {}
         self.device, self.layout, self.shape, self.total_iters = device, layout, shape, total_iters
         self.log_interval, self.json_path = config.log_interval, config.log_json
         self.peak = peak_flops(device, config.peak_tflops)
@@ -370,6 +374,6 @@ class Metrics:
         where = machine(self.device)
         if self.device.type == "cuda":
             log0(f"peak memory {self._peak_memory_gib():.1f} GiB (the most of any GPU)")
-        self._json({"summary": True, "iterations": iterations, **rates, **where})
+        self._json({"summary": True, "iterations": iterations, **self.run, **rates, **where})
         self.sinks.close()
-        return Summary(iterations, self.history, **rates, machine=where)
+        return Summary(iterations, self.history, **rates, run=self.run, machine=where)

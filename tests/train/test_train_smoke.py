@@ -9,13 +9,14 @@ dataset builder.
   - packed SFT rows: every sample's per-token losses equal those of the sample run alone, and the
     SDPA core attention equals megatron-core's own local attention;
   - the records give MFU in both counts (causal by document, full by row) given a peak, and the
-    log's last line names the machine.
+    log's last line names the run (model, gpus, fp8, packed, ep) and the machine.
 """
 
 import json
 import os
 import random
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -103,6 +104,29 @@ def test_the_log_ends_with_the_summary_and_the_machine(full_run):
     assert not any(k.startswith("mfu") for k in summary)
     assert all(summary[k] is None for k in ("gpu_name", "gpu_uuid", "power_limit_w", "sm_clock_mhz"))
     assert isinstance(summary["cpu_model"], str) and summary["cpu_model"]
+    # what the run was, for bench/records.py: without its command line
+    assert {k: summary[k] for k in ("model", "gpus", "fp8", "packed", "ep")} == {
+        "model": "tiny", "gpus": 1, "fp8": None, "packed": False, "ep": 1}
+
+
+def test_bench_records_read_the_log(full_run, monkeypatch):
+    """bench/records.py takes the run and the machine from the log's summary, steps and the last loss
+    from its intervals."""
+    records, _, out = full_run
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    import records as bench_records
+
+    try:
+        found = bench_records.record("cpu", str(out / "log.jsonl"))
+    finally:
+        for name in ("records", "gpu_table"):
+            sys.modules.pop(name, None)
+    with open(out / "log.jsonl") as f:
+        summary = [json.loads(line) for line in f][-1]
+    assert found["steps"] == 6 and found["loss_at_end"] == round(records[-1]["loss"], 4)
+    assert found["tokens_per_s_per_gpu"] == found["tokens_per_s"] > 0  # one process
+    assert {k: found[k] for k in (*bench_records.RUN, *bench_records.MACHINE)} == {
+        k: summary[k] for k in (*bench_records.RUN, *bench_records.MACHINE)}
 
 
 @pytest.mark.parametrize("data,seq_length", [("pretrain_blend.json", 128), ("sft_blend.json", 256)])
@@ -131,6 +155,7 @@ def test_mfu_counts_causal_attention_by_document_and_full_attention_by_row(prefi
     with open(log) as f:
         summary = [json.loads(line) for line in f][-1]
     assert 0 < summary["mfu_causal"] <= summary["mfu_full"]
+    assert summary["packed"] is data.startswith("sft")  # the SFT prefix is packed (sft --pack)
 
 
 def test_validation_loss_is_logged_and_reaches_tensorboard(prefixes, tmp_path):

@@ -1,0 +1,104 @@
+"""bench/records.py, the records of GPU train runs:
+
+  - a run's record takes what the run was and its machine from its log's summary line, its rates
+    steady state as the reports take them, per GPU, and its command from the .log beside it;
+  - a log written before the summary carried them (bench/results/gpu) gives null for each, never
+    a value read off the command line;
+  - --append replaces a run recorded again, keeps the others;
+  - a line that is not the trainer's names its file and line.
+
+A real CPU run's log is read in test_train_smoke.py.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+OLD = os.path.join(BENCH, "results", "gpu", "te-h100", "te-pretrain-sdpa.jsonl")
+
+# A two-GPU run's log as the trainer writes it: intervals at 1, 10, 20, a validation, the summary.
+SAMPLE = [
+    {"iteration": 1, "loss": 12.1, "lr": 3e-5, "grad_norm": 15.7, "step_ms": 15000.0, "tokens_per_s": 2000.0,
+     "real_tokens_per_s": 2000.0, "data_share": 0.003, "consumed_samples": 8, "mfu_causal": 0.01, "mfu_full": 0.02},
+    {"iteration": 10, "loss": 11.2, "lr": 3e-4, "grad_norm": 5.5, "step_ms": 300.0, "tokens_per_s": 100000.0,
+     "real_tokens_per_s": 90000.0, "data_share": 0.001, "consumed_samples": 80, "mfu_causal": 0.30,
+     "mfu_full": 0.35},
+    {"iteration": 20, "loss": 9.87654, "lr": 3e-5, "grad_norm": 1.4, "step_ms": 290.0, "tokens_per_s": 110000.0,
+     "real_tokens_per_s": 99000.0, "data_share": 0.001, "consumed_samples": 160, "mfu_causal": 0.41234,
+     "mfu_full": 0.45678},
+    {"iteration": 20, "valid_loss": 9.9},
+    {"summary": True, "iterations": 20, "model": "qwen2.5-3b", "gpus": 2, "fp8": "tensorwise", "packed": True,
+     "ep": 1, "tokens_per_s": 105000.0, "real_tokens_per_s": 95000.0, "data_share": 0.001, "mfu_causal": 0.4,
+     "mfu_full": 0.45, "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
+     "sm_clock_mhz": 1980.0, "cpu_model": "Intel(R) Xeon(R) Platinum 8480+"},
+]
+COMMAND = "torchrun --nproc-per-node 2 -m train --model qwen2.5-3b --fp8 tensorwise --log-json te-run.jsonl"
+
+
+@pytest.fixture
+def records(monkeypatch):
+    monkeypatch.syspath_prepend(BENCH)
+    import records
+    yield records
+    for name in ("records", "gpu_table"):
+        sys.modules.pop(name, None)
+
+
+def write_run(folder, name, lines, command=COMMAND):
+    path = folder / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    if command:
+        (folder / f"{name}.log").write_text(f"$ {command}\nattention sdpa\nexit status 0 after 90 s\n")
+    return str(path)
+
+
+def test_a_record_holds_the_run_its_rates_and_its_machine(records, tmp_path):
+    path = write_run(tmp_path, "te-run", SAMPLE)
+    assert records.record("te-run", path) == {
+        "name": "te-run", "model": "qwen2.5-3b", "gpus": 2, "fp8": "tensorwise", "packed": True, "ep": 1,
+        "tokens_per_s": 110000.0,  # after iteration 10: the interval of 11-20 alone
+        "tokens_per_s_per_gpu": 55000.0, "steps": 20, "loss_at_end": 9.8765,
+        "mfu_causal": 0.4123, "mfu_full": 0.4568,
+        "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
+        "sm_clock_mhz": 1980.0, "cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "command": COMMAND,
+    }
+
+
+def test_a_log_older_than_the_fields_gives_null_for_them(records):
+    """The committed H100 logs have intervals with a single "mfu" and no summary line."""
+    found = records.record("old", OLD)
+    missing = (*records.RUN, "tokens_per_s_per_gpu", "mfu_causal", "mfu_full", *records.MACHINE)
+    assert {k: found[k] for k in missing} == dict.fromkeys(missing)
+    assert found["steps"] == 40 and found["loss_at_end"] > 0 and found["tokens_per_s"] > 1e5
+    assert found["command"].startswith("timeout ") and "--attention sdpa" in found["command"]
+
+
+def test_append_replaces_a_run_recorded_again(records, tmp_path):
+    out = tmp_path / "records.json"
+    first = write_run(tmp_path, "a", SAMPLE)
+    assert records.main([first, f"old={OLD}", "--out", str(out)]) == 0
+    again = tmp_path / "again"
+    again.mkdir()
+    rerun = [*SAMPLE[:2], {**SAMPLE[2], "loss": 8.5}, *SAMPLE[3:]]
+    assert records.main([str(again), f"a={write_run(again, 'b', rerun, command=None)}", "--out", str(out),
+                         "--append"]) == 0
+    kept = json.loads(out.read_text())
+    assert [r["name"] for r in kept] == ["a", "old", "b"]
+    assert kept[0]["loss_at_end"] == 8.5 and kept[0]["command"] is None
+    assert records.main([first, "--out", str(out)]) == 0  # without --append: these runs only
+    assert [r["name"] for r in json.loads(out.read_text())] == ["a"]
+
+
+def test_a_line_that_is_not_the_trainers_is_named(records, tmp_path, capsys):
+    path = write_run(tmp_path, "bad", [*SAMPLE[:2], {"step": 3}])
+    assert records.main([path, "--out", str(tmp_path / "r.json")]) == 1
+    assert f"{path}:3: not a line of the trainer's --log-json" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+    assert records.main([path, f"bad={OLD}", "--out", str(tmp_path / "r.json")]) == 1
+    assert "two runs named bad" in capsys.readouterr().err
+    path = write_run(tmp_path, "short", [SAMPLE[0], {"iteration": 2, "loss": 11.0}])
+    assert records.main([path, "--out", str(tmp_path / "r.json")]) == 1
+    assert f"{path}:2: a log interval without step_ms, tokens_per_s" in capsys.readouterr().err
