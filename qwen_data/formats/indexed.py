@@ -276,6 +276,35 @@ class _Hashed:
         self.file.write(data)
 
 
+def join_indexes(indexes: list["Index"], idx_path: str, dtype) -> tuple[str, tuple[int, int, int]]:
+    """The index of the indexes' datasets back to back, written at idx_path as `IndexedDatasetWriter.finalize`
+    writes it (a chunk at a time); → its `new_hash` and its (documents, sequences, tokens)."""
+    dtype = np.dtype(dtype)
+    sequences = sum(index.sequences for index in indexes)
+    documents = sum(index.documents for index in indexes)
+    digest = new_hash()
+    with open(idx_path, "wb") as f:
+        out = _Hashed(f, digest)
+        out.write(_HEADER.pack(INDEX_HEADER, INDEX_VERSION, DTYPE_CODES[dtype], sequences, documents + 1))
+        for index in indexes:
+            for lengths in index.length_chunks():
+                out.write(lengths.tobytes())
+        offset = 0  # bytes of the sequences so far
+        for index in indexes:
+            for lengths in index.length_chunks():
+                nbytes = lengths.astype(np.int64) * dtype.itemsize
+                out.write((offset + np.cumsum(nbytes) - nbytes).tobytes())
+                offset += int(nbytes.sum())
+        out.write(np.zeros(1, dtype=np.int64).tobytes())
+        first = 0  # sequences so far
+        for index in indexes:
+            for start in range(1, index.documents + 1, _CHUNK):
+                ends = np.asarray(index.document_indices[start:start + _CHUNK], dtype=np.int64)
+                out.write((first + ends).tobytes())
+            first += index.sequences
+    return digest.hexdigest(), (documents, sequences, offset // dtype.itemsize)
+
+
 def file_digest(path: str) -> str:
     """`new_hash` of a whole file, read in blocks."""
     digest = new_hash()

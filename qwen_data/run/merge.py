@@ -15,20 +15,25 @@ Refused before anything is written (`formats.claims`): an output that is a file 
 existing file that is not an earlier merge's or run's output of this kind at this prefix.
 Refused, naming the file: a part whose index is malformed or disagrees with its manifest, whose
 .bin is not the size its manifest says, or whose files no longer hash to its manifest's fingerprint
-(each part is hashed as it is copied; the merged output is then left unwritten). The counts of the
+(each part is hashed as it lies in the output once copied; the merged output is then left unwritten). The counts of the
 output are the parts' manifests' (trained tokens included): the data they describe is checked.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from ..formats.indexed import (IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, check_same_index,
-                               file_digest, new_hash, read_index)
+from ..formats.indexed import (HASH_BLOCK, IndexFormatError, MaskedWriter, check_same_index, file_digest, join_indexes,
+                               new_hash, read_index)
 from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
@@ -41,7 +46,7 @@ from .progress import Progress
 SETTINGS = merge_fields(Manifest, "same")
 SFT_SETTINGS = merge_fields(SFTSection, "same")
 SFT_COUNTS = merge_fields(SFTSection, "sum")
-BLOCK_TOKENS = 1 << 24  # tokens copied at a time
+COPY_BYTES = 1 << 30  # asked of copy_file_range at a time
 
 
 class MergeError(ValueError):
@@ -63,21 +68,14 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
                   dataset_owner([output], first.kind), remedy="merge into another prefix")
     with AtomicOutputs(files) as outputs:
         progress = Progress(sum(m.tokens for _, m in parts), enabled=not quiet, label="merge ")
-        dtype = np.dtype(first.dtype)
-        if sft:
-            data = MaskedWriter([outputs.tmp(f) for f in MaskedWriter.files(output + (UNPACKED if finishes else ""))],
-                                dtype)
-            writers = [data.ids, data.mask]
-        else:
-            data = IndexedDatasetWriter(outputs.tmp(output + ".bin"), outputs.tmp(output + ".idx"), dtype)
-            writers = [data]
-        lengths = np.concatenate([_copy(prefix, m, writers, progress) for prefix, m in parts])
-        data.finalize()
+        target = output + (UNPACKED if finishes else "")
+        paths = MaskedWriter.files(target) if sft else [target + ".bin", target + ".idx"]
+        channels, lengths = _join(parts, [outputs.tmp(p) for p in paths], np.dtype(first.dtype), progress)
         progress.close()
-        manifest = _manifest(parts, data, lengths)
+        manifest = _manifest(parts, channels)
         if finishes:
             s = manifest.sft
-            counts, manifest.sft = finish(outputs, output, data, lengths, s, s.layout_on_merge or s.layout,
+            counts, manifest.sft = finish(outputs, output, Samples(*channels), lengths, s, s.layout_on_merge or s.layout,
                                           (s.packing or "best-fit") if s.pack_on_merge else None, first.pad_id)
             for name, value in counts.items():
                 setattr(manifest, name, value)
@@ -176,45 +174,134 @@ def _remedy(prefix: str) -> str:
             f"(`qwen-data verify {prefix}` lists its problems)")
 
 
-def _copy(prefix: str, manifest: Manifest, writers: list, progress: Progress) -> np.ndarray:
-    """Append every document of `prefix` to the writers (one per channel of its layout), hashing what
-    is read: MergeError unless it is the data its manifest's fingerprint says. → its sequence lengths."""
-    names = [name for name, _ in layout_of(manifest).channels(prefix, writers[0].dtype)]
-    channels = [(writer, bin_tokens(name + ".bin", writer.dtype), new_hash()) for writer, name in zip(writers, names)]
-    index = read_index(prefix + ".idx")
-    lengths = np.asarray(index.lengths, dtype=np.int64)
-    bounds = np.asarray(index.document_indices)  # each document's first sequence, and the end
-    starts = np.concatenate([[0], np.cumsum(lengths)])[bounds]  # each document's first token, and the end
-    document = 0
-    while document < index.documents:  # whole documents, about BLOCK_TOKENS at a time
-        last = int(np.searchsorted(starts, starts[document] + BLOCK_TOKENS, side="right")) - 1
-        last = min(max(last, document + 1), index.documents)
-        low, high = int(starts[document]), int(starts[last])
-        for writer, tokens, digest in channels:
-            block = tokens[low:high]
-            writer.add_batch(block, lengths[bounds[document]:bounds[last]], np.diff(bounds[document:last + 1]))
-            digest.update(block)
-        progress.update(last - document, 0, high - low, high - low)
-        document = last
-    found = fingerprint([(file_digest(name + ".idx"), digest.hexdigest())
-                         for name, (_, _, digest) in zip(names, channels)])
-    if found != manifest.fingerprint:
-        files = ", ".join(f"{name}.bin/.idx" for name in names)
-        raise MergeError(f"{files} hash to fingerprint {found[:16]}…, but {prefix}.json says "
-                         f"{manifest.fingerprint[:16]}…; {_remedy(prefix)}")
-    # Every channel was copied by the ids' index: the loss mask's must be that very index.
+@dataclass
+class Channel:
+    """One channel (ids, loss mask) of a merge's output: what the manifest and `layouts.finish` read of it."""
+
+    bin_path: str
+    dtype: np.dtype
+    documents: int
+    sequences: int
+    tokens: int
+    digests: tuple[str, str]  # (.idx, .bin) hashes, as `IndexedDatasetWriter.digests`
+
+
+class Samples(NamedTuple):  # SFT samples staged for `layouts.finish`, as a MaskedWriter holds them
+    ids: Channel
+    mask: Channel
+
+
+def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype,
+          progress: Progress) -> tuple[list[Channel], np.ndarray]:
+    """Each channel of the parts joined into `paths` (.bin, .idx per channel): the .bin files copied
+    back to back in the kernel, a thread per part, each part's copy hashed as it lies in the output
+    (MergeError unless the parts' files are the data their manifests' fingerprints say) while one
+    thread hashes the whole output; → the channels and the sequence lengths."""
+    names = [[name for name, _ in layout_of(m).channels(prefix, dtype)] for prefix, m in parts]
+    dtypes = [d for _, d in layout_of(parts[0][1]).channels(parts[0][0], dtype)]
+    with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 1)) as pool:
+        channels, found = [], [[] for _ in parts]
+        for c, channel_dtype in enumerate(dtypes):
+            sources = [part_names[c] for part_names in names]
+            channel, digests = _join_channel(sources, paths[2 * c], paths[2 * c + 1], channel_dtype, pool)
+            channels.append(channel)
+            for k, digest in enumerate(digests):
+                found[k].append(digest)
+    for (prefix, manifest), part_names, digests in zip(parts, names, found):
+        if fingerprint(digests) != manifest.fingerprint:
+            files = ", ".join(f"{name}.bin/.idx" for name in part_names)
+            raise MergeError(f"{files} hash to fingerprint {fingerprint(digests)[:16]}…, but {prefix}.json says "
+                             f"{manifest.fingerprint[:16]}…; {_remedy(prefix)}")
+        index = read_index(part_names[0] + ".idx")
+        try:  # every channel was joined by its own index: the loss mask's must be the ids' very index
+            for name in part_names[1:]:
+                check_same_index(index, read_index(name + ".idx"))
+        except IndexFormatError as exc:
+            raise MergeError(f"{exc}; {_remedy(prefix)}") from None
+        progress.update(manifest.documents, 0, manifest.tokens, manifest.tokens)
+    return channels, np.concatenate([np.asarray(read_index(n[0] + ".idx").lengths, np.int64) for n in names])
+
+
+def _join_channel(sources: list[str], bin_path: str, idx_path: str, dtype: np.dtype,
+                  pool) -> tuple[Channel, list[tuple[str, str]]]:
+    """The parts' `sources` (NAME of NAME.bin/.idx) joined into bin_path/idx_path; → the channel, and
+    each part's (.idx, .bin) hashes, its .bin's as read back from the output."""
+    sizes = [os.path.getsize(name + ".bin") for name in sources]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    copied = [threading.Event() for _ in sources]
+    with open(bin_path, "w+b") as out:  # read back too: each part's hash, and the whole one
+        fd = out.fileno()
+        parts = [pool.submit(_copy_part, name, fd, offset, size, done)
+                 for name, offset, size, done in zip(sources, offsets, sizes, copied)]
+        whole = _follow(fd, list(zip(offsets, sizes, copied)))
+        wait(parts)  # every part ended (each sets its event), so no thread reads the file once it is closed
+        bin_digest = whole.result()
+        bin_digests = [part.result() for part in parts]
+    idx_digest, counts = join_indexes([read_index(name + ".idx") for name in sources], idx_path, dtype)
+    digests = [(file_digest(name + ".idx"), digest) for name, digest in zip(sources, bin_digests)]
+    channel = Channel(bin_path, dtype, *counts, digests=(idx_digest, bin_digest))
+    return channel, digests
+
+
+def _copy_part(source: str, out_fd: int, offset: int, size: int, done: threading.Event) -> str:
+    """SOURCE.bin copied into the output at `offset` (in the kernel where it can); its hash read back from there."""
     try:
-        for name in names[1:]:
-            check_same_index(index, read_index(name + ".idx"))
-    except IndexFormatError as exc:
-        raise MergeError(f"{exc}; {_remedy(prefix)}") from None
-    return lengths
+        with open(source + ".bin", "rb") as f:
+            copied = 0
+            while copied < size:
+                n = _copy_range(f.fileno(), out_fd, size - copied, copied, offset + copied)
+                if n == 0:
+                    raise MergeError(f"{source}.bin ends at byte {copied:,}, {size:,} were expected: "
+                                     f"{_remedy(source)}")
+                copied += n
+    finally:
+        done.set()
+    return _hash_range(out_fd, offset, size)
 
 
-def _manifest(parts: list[tuple[str, Manifest]], data, lengths: np.ndarray) -> Manifest:
+def _copy_range(src: int, dst: int, count: int, src_offset: int, dst_offset: int) -> int:
+    try:
+        return os.copy_file_range(src, dst, min(count, COPY_BYTES), src_offset, dst_offset)
+    except OSError as exc:  # a kernel or file system without it (or across file systems on old kernels)
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    block = os.pread(src, min(count, HASH_BLOCK), src_offset)
+    return os.pwrite(dst, block, dst_offset) if block else 0
+
+
+def _hash_range(fd: int, offset: int, size: int, digest=None):
+    """`new_hash` of `size` bytes of `fd` from `offset` (continuing `digest` when given)."""
+    digest = new_hash() if digest is None else digest
+    end = offset + size
+    while offset < end:
+        block = os.pread(fd, min(end - offset, HASH_BLOCK), offset)
+        if not block:  # (a part whose copy failed: that failure is the one reported)
+            raise MergeError(f"the merged data ends at byte {offset:,}, {end:,} were written")
+        digest.update(block)  # hashlib lets go of the GIL
+        offset += len(block)
+    return digest.hexdigest()
+
+
+def _follow(fd: int, ranges: list[tuple[int, int, threading.Event]]) -> Future:
+    """The hash of the ranges of `fd` in order, each read once its event is set, in a thread of its own:
+    the one pass over the whole output that cannot be split (sha256 chains each block to the ones before)."""
+    def run() -> str:
+        digest = new_hash()
+        for offset, size, done in ranges:
+            done.wait()
+            _hash_range(fd, offset, size, digest)
+        return digest.hexdigest()
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(run)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _manifest(parts: list[tuple[str, Manifest]], channels: list[Channel]) -> Manifest:
     first = parts[0][1]
-    ids = data.ids if isinstance(data, MaskedWriter) else data
-    digests = data.digests if isinstance(data, MaskedWriter) else [data.digests]
+    ids, digests = channels[0], [channel.digests for channel in channels]
     by_reason: dict[str, int] = {}
     for _, m in parts:
         for reason, n in m.rejects.get("by_reason", {}).items():

@@ -1,6 +1,7 @@
 """`qwen-data verify` on prefixes written by the real CLIs: it passes on them, and each kind of damage
 (to the data, the index or the manifest) makes it exit 1 with a problem naming the cause."""
 
+import errno
 import json
 import os
 
@@ -387,3 +388,29 @@ def test_merge_refuses_a_changed_part_by_name(prefixes, tmp_path, capsys, name, 
     assert err.count(part) >= 3 and cause in err, err  # the file named, what is wrong, what to do
     assert not any(os.path.exists(out + suffix) for suffix in (".json", ".bin", ".idx", ".lossmask.bin"))
     assert main(["merge", "--quiet", whole, whole, "-o", out]) == 0  # undamaged, it merges
+
+
+@pytest.mark.parametrize("name", ["web", "unpacked"])
+def test_merge_joins_many_shards_with_or_without_copy_file_range(prefixes, tmp_path, monkeypatch, name):
+    """More shards than this host has cores, copied in the kernel or (a file system without
+    copy_file_range) by reads and writes: the bytes and the fingerprint of the whole run (whose
+    hash is taken apart from the shards' own, by another thread)."""
+    args = {"web": ["pretrain"], "unpacked": ["sft", CHATS]}[name]
+    shards = [str(tmp_path / f"s{k}") for k in range(5)]
+    for k, shard in enumerate(shards):
+        assert main([args[0], "--quiet", "--workers", "1", *args[1:], "--shard", f"{k}/5", "--chunk-mb", "0.0005",
+                     "-o", shard]) == 0
+    assert len({manifest(shard)["fingerprint"] for shard in shards}) == 5, "the shards should differ"
+    whole = prefixes[name]
+    suffixes = [".bin", ".idx"] + ([".lossmask.bin", ".lossmask.idx"] if name == "unpacked" else [])
+    for label, copy in (("kernel", os.copy_file_range), ("plain", None)):
+        if copy is None:
+            def copy(*args):
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+        monkeypatch.setattr(os, "copy_file_range", copy)
+        out = str(tmp_path / label)
+        assert main(["merge", "--quiet", *shards, "-o", out]) == 0
+        for suffix in suffixes:
+            with open(out + suffix, "rb") as f, open(whole + suffix, "rb") as expected:
+                assert f.read() == expected.read(), f"{label}: {out}{suffix}"
+        assert manifest(out)["fingerprint"] == manifest(whole)["fingerprint"], label
