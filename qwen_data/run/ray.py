@@ -30,7 +30,8 @@ from zero, so nothing is counted twice); the driver polls it about once a second
 
 Without an address a local Ray instance starts, with every CPU of the machine (`RAY_OVERRIDE_RESOURCES=
 '{"CPU": 4}'` gives fewer); it takes a few seconds ("ray: started a local instance in X s" on stderr
-unless --quiet) and it is shut down at the end. A joined cluster (`address`, or $RAY_ADDRESS) is only
+unless --quiet) and it is shut down once the shards are done, in a thread, while the driver merges (its
+processes take a second or two to end). A joined cluster (`address`, or $RAY_ADDRESS) is only
 disconnected from, and a Ray this process already started or joined is used as it is.
 """
 
@@ -42,6 +43,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 
 from ..errors import describe
@@ -100,11 +102,15 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
         shards_dir = config.output_prefix + SHARDS_SUFFIX
         shutil.rmtree(shards_dir, ignore_errors=True)  # a killed run's leftovers
         try:  # a failed run leaves no shard behind: there is no resuming one
-            configs, results = _run_shards(type(step), config, sources, address, shards, info)
-            _check_not_empty(config.output_prefix, [r[0] for r in results])
-            t = time.monotonic()
-            manifests = _merge(configs, suffixes, final, outputs, config, start)
-            info["merge_seconds"] = round(time.monotonic() - t, 3)
+            configs, results, stopping = _run_shards(type(step), config, sources, address, shards, info)
+            try:
+                _check_not_empty(config.output_prefix, [r[0] for r in results])
+                t = time.monotonic()
+                manifests = _merge(configs, suffixes, final, outputs, config, start)
+                info["merge_seconds"] = round(time.monotonic() - t, 3)
+            finally:
+                if stopping is not None:
+                    stopping.join()
         finally:
             shutil.rmtree(shards_dir, ignore_errors=True)
     return manifests
@@ -170,9 +176,12 @@ def _inputs(config) -> list:
 
 
 def _run_shards(step_type, config, sources: list, address: str | None, shards: int | None,
-                info: dict) -> tuple[list, list[list[Manifest]]]:
-    """Ray joined (or started), the shards run as its tasks, Ray left: each shard's config and manifests."""
+                info: dict) -> tuple[list, list[list[Manifest]], threading.Thread | None]:
+    """Ray joined (or started), the shards run as its tasks, Ray left: each shard's config and manifests,
+    and the thread stopping the Ray started here once every shard is done (its processes take a second
+    or two to end: the driver merges meanwhile, and joins the thread before returning)."""
     ray, started = _connect(address, config.quiet, info)
+    stopping = None
     try:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         count = shards or default_shards(sources, cpus, config.chunk_bytes)
@@ -189,12 +198,19 @@ def _run_shards(step_type, config, sources: list, address: str | None, shards: i
             retried = sum(n - 1 for n in info.get("attempts", {}).values())
             print(f"ray: {count} shards done in {info['tasks_seconds']:.1f} s"
                   + (f" ({retried} attempts repeated)" if retried else ""), file=sys.stderr)
-        return configs, results
-    finally:
         if started:
-            t = time.monotonic()
-            ray.shutdown()
-            info["ray_stop_seconds"] = round(time.monotonic() - t, 3)
+            stopping = threading.Thread(target=_stop, args=(ray, info), name="ray-shutdown", daemon=True)
+            stopping.start()
+        return configs, results, stopping
+    finally:
+        if started and stopping is None:  # failed or interrupted: stopped before the error goes on
+            _stop(ray, info)
+
+
+def _stop(ray, info: dict) -> None:
+    t = time.monotonic()
+    ray.shutdown()
+    info["ray_stop_seconds"] = round(time.monotonic() - t, 3)
 
 
 def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: dict) -> list[list[Manifest]]:
