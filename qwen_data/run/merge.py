@@ -75,7 +75,8 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
         manifest = _manifest(parts, channels)
         if finishes:
             s = manifest.sft
-            counts, manifest.sft = finish(outputs, output, Samples(*channels), lengths, s, s.layout_on_merge or s.layout,
+            counts, manifest.sft = finish(outputs, output, StagedSamples(*channels), lengths, s,
+                                          s.layout_on_merge or s.layout,
                                           (s.packing or "best-fit") if s.pack_on_merge else None, first.pad_id)
             for name, value in counts.items():
                 setattr(manifest, name, value)
@@ -186,7 +187,7 @@ class Channel:
     digests: tuple[str, str]  # (.idx, .bin) hashes, as `IndexedDatasetWriter.digests`
 
 
-class Samples(NamedTuple):  # SFT samples staged for `layouts.finish`, as a MaskedWriter holds them
+class StagedSamples(NamedTuple):  # SFT samples staged for `layouts.finish`, as a MaskedWriter holds them
     ids: Channel
     mask: Channel
 
