@@ -236,8 +236,8 @@ def _join_channel(sources: list[str], bin_path: str, idx_path: str, dtype: np.dt
                  for name, offset, size, done in zip(sources, offsets, sizes, copied)]
         whole = _follow(fd, list(zip(offsets, sizes, copied)))
         wait(parts)  # every part ended (each sets its event), so no thread reads the file once it is closed
+        bin_digests = [part.result() for part in parts]  # first: a part's own failure is the one to report
         bin_digest = whole.result()
-        bin_digests = [part.result() for part in parts]
     idx_digest, counts = join_indexes([read_index(name + ".idx") for name in sources], idx_path, dtype)
     digests = [(file_digest(name + ".idx"), digest) for name, digest in zip(sources, bin_digests)]
     channel = Channel(bin_path, dtype, *counts, digests=(idx_digest, bin_digest))
