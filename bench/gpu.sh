@@ -253,7 +253,7 @@ scale)
   # Qwen2.5-7B shape (random init), seq 4096, at TP=2 with sequence parallelism; 7b-pp2/7b-dp2: over two pipeline
   # stages (layers compiled; global batch 32, so 32 micro-batches fill the pipeline; 7b-pp2-15-13: the last stage,
   # which runs the output layer too, with 13 layers; -gb128: 128 micro-batches a step, a pipeline bubble of
-  # 1/129 instead of 1/33; -bf16w: --bf16-weights), and data-parallel with the
+  # 1/129 instead of 1/33; -bf16w: --bf16-weights; -sft: the bench chats' packed SFT rows), and data-parallel with the
   # distributed optimizer (107 GiB a GPU: H200 only); 3b-one: Qwen2.5-3B on one GPU (-bf16w: --bf16-weights);
   # cp1/cp2: the same rows of 16384 tokens on one GPU and split over two (--cp 2); cp-long: packed SFT rows of
   # 32768 tokens (the long chats) over two.
@@ -282,6 +282,8 @@ recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
 7b-pp2-gb128-bf16w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
 --bf16-weights;\
 7b-pp2-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1;\
+7b-pp2-sft-gb128-bf16w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
+--bf16-weights --data .gpu/sft_packed.json;\
 7b-pp2-15-13-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
 --global-batch-size 128 --log-interval 1;\
 7b-dp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --distributed-optimizer --global-batch-size 32 --log-interval 1;\
