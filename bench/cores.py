@@ -175,8 +175,8 @@ def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.M
 
 
 def ray(corpus: str, prefix: str, workers: int) -> measure.Measurement:
-    argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--executor", "ray", "--ray-shards", workers,
-                                     "--quiet")
+    """Not --quiet: its "ray: ..." lines (Ray's start, the shards' time) go into the run's record."""
+    argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--executor", "ray", "--ray-shards", workers)
     env = measure.python_env() | {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": workers})}
     env.pop("RAY_ADDRESS", None)
     return measure.run_measured(argv, env=env).check()
@@ -288,7 +288,9 @@ def main() -> None:
             write()
         if args.ray:
             prefix = os.path.join(work, "ray")
-            runs.append(record("ray", at, text, ray(text, prefix, at), prefix))
+            m = ray(text, prefix, at)
+            phases = [line for line in m.stderr.splitlines() if line.startswith("ray: ")]
+            runs.append(record("ray", at, text, m, prefix) | {"ray_log": phases})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write()
