@@ -9,7 +9,8 @@ summed RSS of the tree). Corpora come from bench/corpora.py, repeated to size:
   sft-alpaca   the same conversations as alpaca records (first question and answer), same settings
   megatron     Megatron-LM's own tools/preprocess_data.py (--megatron CHECKOUT) at 16 workers (--compare-at),
                on the text corpus at --megatron-mb (it is ~100x slower), with ours at 16 workers on it
-  ray          `--executor ray` with 16 shards and CPUs (--ray, --compare-at)
+  ray          `--executor ray` with 16 shards and CPUs (--ray, --compare-at), Ray started by the run
+  ray-joined   the same on a cluster of 16 CPUs started beforehand (`ray start --head`), as a multi-node run is
 
 raw gigatoken is the ceiling one core reaches: a fresh tokenizer, in this process, over the first
 64 MB of the text corpus (what one of 16 workers meets of a 1 GB corpus), NFC applied beforehand
@@ -34,6 +35,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -174,12 +176,22 @@ def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.M
     return measure.run_measured(argv, env=env).check()
 
 
-def ray(corpus: str, prefix: str, workers: int) -> measure.Measurement:
-    """Not --quiet: its "ray: ..." lines (Ray's start, the shards' time) go into the run's record."""
+def ray(corpus: str, prefix: str, workers: int, joined: bool) -> measure.Measurement:
+    """`--executor ray` with `workers` shards: Ray started by the run, or (`joined`) a cluster of `workers`
+    CPUs started beforehand (`ray start --head`, as a multi-node cluster is), which the run joins. Not
+    --quiet: its "ray: ..." lines (Ray's start or join, the shards' time) go into the run's record."""
     argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--executor", "ray", "--ray-shards", workers)
-    env = measure.python_env() | {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": workers})}
+    env = measure.python_env()
     env.pop("RAY_ADDRESS", None)
-    return measure.run_measured(argv, env=env).check()
+    if not joined:
+        return measure.run_measured(argv, env=env | {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": workers})}).check()
+    cli = [sys.executable, "-m", "ray.scripts.scripts"]
+    subprocess.run([*cli, "start", "--head", "--num-cpus", str(workers), "--include-dashboard=false",
+                    "--disable-usage-stats"], env=env, check=True, capture_output=True)
+    try:
+        return measure.run_measured(argv, env=env | {"RAY_ADDRESS": "auto"}).check()
+    finally:
+        subprocess.run([*cli, "stop"], env=env, capture_output=True)
 
 
 def efficiencies(runs: list[dict], raw: float) -> None:
@@ -189,7 +201,7 @@ def efficiencies(runs: list[dict], raw: float) -> None:
         if r["job"] in single:
             r["vs_own_1_worker"] = round(r["mb_per_s"] / (r["workers"] * single[r["job"]]), 3)
             r["speedup"] = round(r["mb_per_s"] / single[r["job"]], 2)
-        if r["job"] in ("pretrain", "ray", "megatron"):
+        if r["job"] in ("pretrain", "ray", "ray-joined", "megatron"):
             r["vs_raw"] = round(r["mb_per_s"] / (r["workers"] * raw), 3)
 
 
@@ -286,11 +298,12 @@ def main() -> None:
             theirs["idx_identical"] = theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]
             runs += [ours_run, theirs]
             write()
-        if args.ray:
-            prefix = os.path.join(work, "ray")
-            m = ray(text, prefix, at)
+        for joined in (False, True) if args.ray else ():
+            prefix = os.path.join(work, "ray-joined" if joined else "ray")
+            m = ray(text, prefix, at, joined)
             phases = [line for line in m.stderr.splitlines() if line.startswith("ray: ")]
-            runs.append(record("ray", at, text, m, prefix) | {"ray_log": phases})
+            runs.append(record("ray-joined" if joined else "ray", at, text, m, prefix) | {"ray_log": phases})
+            write()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write()
