@@ -32,8 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..formats.indexed import (HASH_BLOCK, IndexFormatError, MaskedWriter, check_same_index, file_digest, join_indexes,
-                               new_hash, read_index)
+from ..formats.indexed import (HASH_BLOCK, Index, IndexFormatError, MaskedWriter, check_same_index, file_digest,
+                               join_indexes, new_hash, read_index)
 from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
@@ -200,46 +200,47 @@ def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype,
     thread hashes the whole output; → the channels and the sequence lengths."""
     names = [[name for name, _ in layout_of(m).channels(prefix, dtype)] for prefix, m in parts]
     dtypes = [d for _, d in layout_of(parts[0][1]).channels(parts[0][0], dtype)]
+    indexes = [[read_index(name + ".idx") for name in part_names] for part_names in names]
     with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 1)) as pool:
         channels, found = [], [[] for _ in parts]
         for c, channel_dtype in enumerate(dtypes):
-            sources = [part_names[c] for part_names in names]
+            sources = [(part_names[c], part_indexes[c]) for part_names, part_indexes in zip(names, indexes)]
             channel, digests = _join_channel(sources, paths[2 * c], paths[2 * c + 1], channel_dtype, pool)
             channels.append(channel)
             for k, digest in enumerate(digests):
                 found[k].append(digest)
-    for (prefix, manifest), part_names, digests in zip(parts, names, found):
+    for (prefix, manifest), part_names, (index, *others), digests in zip(parts, names, indexes, found):
         if fingerprint(digests) != manifest.fingerprint:
             files = ", ".join(f"{name}.bin/.idx" for name in part_names)
             raise MergeError(f"{files} hash to fingerprint {fingerprint(digests)[:16]}…, but {prefix}.json says "
                              f"{manifest.fingerprint[:16]}…; {_remedy(prefix)}")
-        index = read_index(part_names[0] + ".idx")
         try:  # every channel was joined by its own index: the loss mask's must be the ids' very index
-            for name in part_names[1:]:
-                check_same_index(index, read_index(name + ".idx"))
+            for other in others:
+                check_same_index(index, other)
         except IndexFormatError as exc:
             raise MergeError(f"{exc}; {_remedy(prefix)}") from None
         progress.update(manifest.documents, 0, manifest.tokens, manifest.tokens)
-    return channels, np.concatenate([np.asarray(read_index(n[0] + ".idx").lengths, np.int64) for n in names])
+    return channels, np.concatenate([np.asarray(ids.lengths, np.int64) for ids, *_ in indexes])
 
 
-def _join_channel(sources: list[str], bin_path: str, idx_path: str, dtype: np.dtype,
+def _join_channel(sources: list[tuple[str, Index]], bin_path: str, idx_path: str, dtype: np.dtype,
                   pool) -> tuple[Channel, list[tuple[str, str]]]:
-    """The parts' `sources` (NAME of NAME.bin/.idx) joined into bin_path/idx_path; → the channel, and
-    each part's (.idx, .bin) hashes, its .bin's as read back from the output."""
-    sizes = [os.path.getsize(name + ".bin") for name in sources]
+    """The parts' `sources` (NAME of NAME.bin/.idx, and that index read) joined into bin_path/idx_path;
+    → the channel, and each part's (.idx, .bin) hashes, its .bin's as read back from the output."""
+    names = [name for name, _ in sources]
+    sizes = [os.path.getsize(name + ".bin") for name in names]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     copied = [threading.Event() for _ in sources]
     with open(bin_path, "w+b") as out:  # read back too: each part's hash, and the whole one
         fd = out.fileno()
         parts = [pool.submit(_copy_part, name, fd, offset, size, done)
-                 for name, offset, size, done in zip(sources, offsets, sizes, copied)]
+                 for name, offset, size, done in zip(names, offsets, sizes, copied)]
         whole = _follow(fd, list(zip(offsets, sizes, copied)))
         wait(parts)  # every part ended (each sets its event), so no thread reads the file once it is closed
         bin_digests = [part.result() for part in parts]  # first: a part's own failure is the one to report
         bin_digest = whole.result()
-    idx_digest, counts = join_indexes([read_index(name + ".idx") for name in sources], idx_path, dtype)
-    digests = [(file_digest(name + ".idx"), digest) for name, digest in zip(sources, bin_digests)]
+    idx_digest, counts = join_indexes([index for _, index in sources], idx_path, dtype)
+    digests = [(file_digest(name + ".idx"), digest) for name, digest in zip(names, bin_digests)]
     channel = Channel(bin_path, dtype, *counts, digests=(idx_digest, bin_digest))
     return channel, digests
 
