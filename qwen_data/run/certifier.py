@@ -28,6 +28,7 @@ class Certifier:
         self.step = step
         self.counts: dict[str, int] = {}
         self.side = None
+        self.kept: list | None = None
         self.waiting: list[list] = []  # items picked while the checking process loads
         if beside and not step.reference_loaded():
             from .workers import SideProcess
@@ -36,9 +37,19 @@ class Certifier:
             self.side.send(_LOAD)
             self.loading = True
 
+    @classmethod
+    def keeping(cls, step) -> "Certifier":
+        """One that checks nothing: the items go to `step.picked`, for the caller to check."""
+        certifier = cls(step, beside=False)
+        certifier.kept = step.picked = []
+        return certifier
+
     def add(self, items: list) -> None:
         """`items`: (where, what the worker made of a picked record), where being file:line.
         CertificateError at the first mismatch known."""
+        if self.kept is not None:
+            self.kept += items
+            return
         if self.side is None:
             self._take(self.step.check(items))
             return
@@ -69,12 +80,17 @@ class Certifier:
         self.waiting = []
 
     def _take(self, answer: tuple[dict, str | None]) -> None:
-        counts, mismatch = answer
-        if mismatch:
-            raise CertificateError(f"{mismatch}; nothing was written (--no-certify writes it anyway, recorded as "
-                                   "uncertified)")
-        for name, count in counts.items():
-            self.counts[name] = self.counts.get(name, 0) + count
+        take(self.counts, answer)
+
+
+def take(counts: dict[str, int], answer: tuple[dict, str | None]) -> None:
+    """A check's answer (`Step.check`) added to `counts`; CertificateError where it found a mismatch."""
+    checked, mismatch = answer
+    if mismatch:
+        raise CertificateError(f"{mismatch}; nothing was written (--no-certify writes it anyway, recorded as "
+                               "uncertified)")
+    for name, count in checked.items():
+        counts[name] = counts.get(name, 0) + count
 
 
 def _check(step, items) -> tuple[dict, str | None]:

@@ -44,6 +44,7 @@ WORKER_CACHES = 1536 << 20
 SLOT_BYTES_PER_CHUNK_BYTE = 4
 SLOT_MARGIN = 1 << 20
 UNCERTIFIED = {"certified": False, "why": "--no-certify: no record was checked against the reference libraries"}
+CHECKED_BY_CALLER = {"certified": False, "why": "the records picked were handed to the caller to check"}
 
 
 @dataclass(kw_only=True)
@@ -61,6 +62,9 @@ class RunConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     quiet: bool = False
     certify: bool = True  # check a sample of records against the reference libraries (`text.reference`)
+    # False: the records picked are not checked here but left in `step.picked` for the caller to check
+    # (a Ray task's, checked by the driver with every shard's: `run.ray`); the manifests say so.
+    check_here: bool = True
 
     def __post_init__(self) -> None:
         if self.special_tokens not in SPECIAL_POLICIES:
@@ -173,7 +177,8 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
         manifests = writer.close()
         for prefix, manifest in manifests.items():
             manifest.inputs, manifest.rejects = inputs, rejects.summary()
-            manifest.certificate = step.certificate(checks) if config.certify else UNCERTIFIED
+            manifest.certificate = (UNCERTIFIED if not config.certify else CHECKED_BY_CALLER if not config.check_here
+                                    else step.certificate(checks))
             manifest.shard = None if config.shard is None else {"index": config.shard.index,
                                                                 "count": config.shard.count}
             manifest.wall_seconds = round(time.monotonic() - start, 3)
@@ -213,7 +218,9 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     chunks = itertools.chain(head, chunks)
     in_process = config.workers == 0 or len(head) < 2
     # Started before the workers and any thread (it forks): `run.certifier`.
-    certifier = Certifier(step, beside=not in_process) if step.selection is not None else None
+    certifier = None
+    if step.selection is not None:
+        certifier = Certifier(step, beside=not in_process) if config.check_here else Certifier.keeping(step)
     try:
         results = _results(step, config, chunks, in_process)
         numbers = LineNumbers()

@@ -25,6 +25,12 @@ files are committed only after every merge succeeded) and no `PREFIX.shards/` fo
 no way to resume, so partial shards would only take space). `PREFIX.shards/` belongs to the
 executor: a stale one, left by a killed run, is removed when the next run on PREFIX starts.
 
+The certificate: tasks pick records as a local run does but do not check them (a task would load
+the reference libraries itself, ~0.5-2 s of its CPU); they hand them back with their manifests, and
+the driver checks them in one process of its own, forked before Ray starts, which loads the
+reference while the tasks run and checks each shard's records as the shard ends, beside the merge.
+A mismatch fails the run before anything is committed, as locally.
+
 Progress: tasks report absolute per-shard totals to a small actor (a retried shard starts again
 from zero, so nothing is counted twice); the driver polls it about once a second and shows the sum.
 
@@ -38,6 +44,7 @@ disconnected from, and a Ray this process already started or joined is used as i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -54,6 +61,7 @@ from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import STDIN, Shard, expand
 from ..inputs.records import EmptyOutput
 from . import pipeline
+from .certifier import take
 from .progress import Progress
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
@@ -93,6 +101,7 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     start, config = time.monotonic(), step.config
     info = {} if info is None else info
     sources = _inputs(config)
+    inputs = pipeline.input_list(sources)
     final = step.prefixes()
     suffixes = [_suffix(p, config.output_prefix) for p in final]
     # The final files stay locked for the whole run, as a local run's do: a second run writing
@@ -101,17 +110,22 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         shards_dir = config.output_prefix + SHARDS_SUFFIX
         shutil.rmtree(shards_dir, ignore_errors=True)  # a killed run's leftovers
+        checks = _DriverChecks(type(step)(config), inputs) if config.certify else None  # forks: before Ray
         try:  # a failed run leaves no shard behind: there is no resuming one
-            configs, results, stopping = _run_shards(type(step), config, sources, address, shards, info)
+            configs, results, stopping = _run_shards(type(step), config, sources, address, shards, info, checks)
             try:
                 _check_not_empty(config.output_prefix, [r[0] for r in results])
                 t = time.monotonic()
-                manifests = _merge(configs, suffixes, final, outputs, config, start)
+                manifests = _merge(configs, suffixes, final, outputs, config, start, checks)
                 info["merge_seconds"] = round(time.monotonic() - t, 3)
+                if not config.quiet:
+                    print(f"ray: merged and committed in {info['merge_seconds']:.1f} s", file=sys.stderr)
             finally:
                 if stopping is not None:
                     stopping.join()
         finally:
+            if checks is not None:
+                checks.end()
             shutil.rmtree(shards_dir, ignore_errors=True)
     return manifests
 
@@ -175,8 +189,8 @@ def _inputs(config) -> list:
     return sources
 
 
-def _run_shards(step_type, config, sources: list, address: str | None, shards: int | None,
-                info: dict) -> tuple[list, list[list[Manifest]], threading.Thread | None]:
+def _run_shards(step_type, config, sources: list, address: str | None, shards: int | None, info: dict,
+                checks: "_DriverChecks | None") -> tuple[list, list[list[Manifest]], threading.Thread | None]:
     """Ray joined (or started), the shards run as its tasks, Ray left: each shard's config and manifests,
     and the thread stopping the Ray started here once every shard is done (its processes take a second
     or two to end: the driver merges meanwhile, and joins the thread before returning)."""
@@ -189,14 +203,15 @@ def _run_shards(step_type, config, sources: list, address: str | None, shards: i
         shards_dir = config.output_prefix + SHARDS_SUFFIX
         if not config.quiet:
             print(f"ray: {count} shards on {cpus} CPUs, under {shards_dir}/", file=sys.stderr)
-        configs = [dataclasses.replace(config, shard=Shard(k, count), workers=0, quiet=True,
+        configs = [dataclasses.replace(config, shard=Shard(k, count), workers=0, quiet=True, check_here=False,
                                        output_prefix=os.path.join(shards_dir, str(k))) for k in range(count)]
         t = time.monotonic()
-        results = _run_tasks(ray, step_type, configs, sum(s.size for s in sources), config, info)
+        results = _run_tasks(ray, step_type, configs, sum(s.size for s in sources), config, info, checks)
         info["tasks_seconds"] = round(time.monotonic() - t, 3)
         if not config.quiet:
             retried = sum(n - 1 for n in info.get("attempts", {}).values())
-            print(f"ray: {count} shards done in {info['tasks_seconds']:.1f} s"
+            print(f"ray: {count} shards done in {info['tasks_seconds']:.1f} s (the last task's code began "
+                  f"{info['task_start_seconds']:.1f} s after it was sent)"
                   + (f" ({retried} attempts repeated)" if retried else ""), file=sys.stderr)
         if started:
             stopping = threading.Thread(target=_stop, args=(ray, info), name="ray-shutdown", daemon=True)
@@ -213,13 +228,17 @@ def _stop(ray, info: dict) -> None:
     info["ray_stop_seconds"] = round(time.monotonic() - t, 3)
 
 
-def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: dict) -> list[list[Manifest]]:
-    """Every shard's manifests, in shard order; on the first failure, the others cancelled and a ShardFailed."""
+def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: dict,
+               checks: "_DriverChecks | None") -> list[list[Manifest]]:
+    """Every shard's manifests, in shard order, each shard's picked records handed to `checks` as it
+    ends; on the first failure, the others cancelled and a ShardFailed."""
     tally = ray.remote(num_cpus=0)(_Tally).remote()
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
+    sent = time.time()  # (the tasks' clocks: time.time, not monotonic)
     refs = {task.remote(step_type, c, os.getcwd(), tally): c.shard for c in configs}
     pending = list(refs)
     results: dict[int, list[Manifest]] = {}
+    info["task_start_seconds"] = 0.0
     progress = Progress(total_bytes, enabled=not config.quiet, label="ray")
     polled = time.monotonic()
     try:
@@ -228,7 +247,10 @@ def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: di
             for ref in done:
                 shard = refs[ref]
                 try:
-                    results[shard.index] = ray.get(ref)
+                    results[shard.index], picked, began = ray.get(ref)
+                    info["task_start_seconds"] = round(max(info["task_start_seconds"], began - sent), 3)
+                    if checks is not None:
+                        checks.add(picked)
                 except Exception as exc:
                     _poll(ray, tally, progress, info)
                     attempts = info.get("attempts", {}).get(shard.index, 1)
@@ -288,8 +310,9 @@ def _check_not_empty(output_prefix: str, manifests: list[Manifest]) -> None:
 
 
 def _merge(configs: list, suffixes: list[str], final: list[str], outputs: AtomicOutputs, config,
-           start: float) -> list[Manifest]:
-    """Each output prefix merged from its shards under PREFIX.shards/merged/, then all committed at once."""
+           start: float, checks: "_DriverChecks | None") -> list[Manifest]:
+    """Each output prefix merged from its shards under PREFIX.shards/merged/, then all committed at once
+    with the certificate of `checks` (CertificateError at a mismatch: nothing is committed)."""
     from .merge import merge
 
     staging_dir = os.path.join(config.output_prefix + SHARDS_SUFFIX, STAGING)
@@ -309,7 +332,9 @@ def _merge(configs: list, suffixes: list[str], final: list[str], outputs: Atomic
     # One rejects file per run, as a local run (with several text keys, not one per prefix).
     if _join([c.rejects_path for c in configs], outputs.tmp(config.rejects_path)) == 0:
         outputs.discard(config.rejects_path)
+    certificate = checks.certificate() if checks is not None else pipeline.UNCERTIFIED
     for prefix, manifest in zip(final, manifests):
+        manifest.certificate = certificate
         manifest.write(outputs.tmp(prefix + ".json"))
     outputs.commit(markers=[p + ".json" for p in final])
     return manifests
@@ -327,11 +352,83 @@ def _join(paths: list[str], out_path: str) -> int:
     return written
 
 
+class _DriverChecks:
+    """The certificate of a run on Ray: the shards' picked records checked by the driver, in a
+    process forked before Ray starts (Ray's threads must not be forked beside), which builds the
+    step and loads the reference libraries while the tasks run. Where this process joined Ray
+    already (a test, a notebook), the checks run here instead."""
+
+    def __init__(self, step: pipeline.Step, inputs: list[dict]) -> None:
+        self.counts: dict[str, int] = {}
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            self.step, self.side = _ready(step, inputs), None
+        else:
+            from .workers import SideProcess
+
+            self.side = SideProcess(functools.partial(_check_for_driver, step, inputs, {}))
+            self.side.send(_READY)
+
+    def add(self, picked: list) -> None:
+        """A shard's picked records, as `Certifier.add` takes them: CertificateError at a mismatch."""
+        if not picked:
+            return
+        if self.side is None:
+            take(self.counts, self.step.check(picked))
+        else:
+            self.side.send(picked)
+            for answer in self.side.arrived():
+                take(self.counts, answer)
+
+    def certificate(self) -> dict:
+        """The run's certificate, once every check is in; CertificateError at a mismatch."""
+        if self.side is None:
+            return self.step.certificate(self.counts)
+        self.side.send(_CERTIFICATE)
+        *answers, certificate = self.side.answers()
+        for answer in answers:
+            take(self.counts, answer)
+        return certificate
+
+    def end(self) -> None:
+        if self.side is not None:
+            self.side.end(kill=True)
+            self.side = None
+
+
+_READY, _CERTIFICATE = "ready", "certificate"
+
+
+def _ready(step: pipeline.Step, inputs: list[dict]) -> pipeline.Step:
+    """`step` as a run's checks need it: prepared, its selection made, the reference loaded."""
+    step.prepare()
+    step.certify(inputs)
+    if step.selection is not None:
+        step.load_reference()
+    return step
+
+
+def _check_for_driver(step: pipeline.Step, inputs: list[dict], counts: dict[str, int], item):
+    """In the driver's checking process: `_ready` first, then checks (their counts summed in
+    `counts`), then the certificate."""
+    if item == _READY:
+        _ready(step, inputs)
+        return {}, None
+    if item == _CERTIFICATE:
+        return step.certificate(counts)
+    answer = step.check(item)
+    if answer[1] is None:  # a mismatch is raised by the driver, which reads every answer
+        take(counts, answer)
+    return answer
+
+
 # -- in the tasks ----------------------------------------------------------------------------------
-def _shard_task(step_type, config, cwd: str, tally) -> list[Manifest]:
+def _shard_task(step_type, config, cwd: str, tally) -> tuple[list[Manifest], list, float]:
     """One shard, in a Ray worker: its step built from its config and run in the driver's directory
     (relative paths mean there what they mean to the driver), with a progress that reports to the
-    tally actor."""
+    tally actor. Its manifests, the records it picked for the certificate (`pipeline.Step.check`
+    items) and when its code began (time.time)."""
+    began = time.time()
     import ray
 
     try:
@@ -343,7 +440,9 @@ def _shard_task(step_type, config, cwd: str, tally) -> list[Manifest]:
         attempt = ray.get(tally.begin.remote(config.shard.index), timeout=60)
     except Exception:  # no progress shown for this shard, but the work goes on
         attempt = None
-    return pipeline.run(step_type(config), _Reporter(tally, config.shard.index, attempt))
+    step = step_type(config)
+    manifests = pipeline.run(step, _Reporter(tally, config.shard.index, attempt))
+    return manifests, getattr(step, "picked", []), began
 
 
 class _Reporter:

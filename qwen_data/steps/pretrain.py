@@ -73,11 +73,12 @@ class Tokenize:
     def check(self, items: list) -> tuple[dict, str | None]:
         """Each picked record's documents (one per text key: (text, our ids with the eod)) against
         the reference's ids and the eod."""
-        for where, (_, documents) in items:
-            for text, ours in documents:
-                theirs = self.reference.encode(text)[0] + [self.eod_id]
-                if not np.array_equal(ours, theirs):
-                    return {}, f"{where}: {difference(ours, theirs)}"
+        documents = [(where, text, ours) for where, (_, record) in items for text, ours in record]
+        encoded = self.reference.encode_batch([text for _, text, _ in documents])
+        for (where, _, ours), theirs in zip(documents, encoded):
+            theirs = theirs + [self.eod_id]
+            if not np.array_equal(ours, theirs):
+                return {}, f"{where}: {difference(ours, theirs)}"
         return {"records_checked": len(items)}, None
 
     def certificate(self, checks: dict) -> dict:

@@ -128,6 +128,16 @@ class TextReference:
         self.ids_of = {c: added[c] for c in kept}
         return _pattern(added), _pattern(kept)
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text, as `encode` gives them; the texts without literals in one call
+        of HF's batch encoder (its threads: one text at a time, HF encodes ~1.5 MB/s)."""
+        every, kept = self._patterns
+        plain = [i for i, text in enumerate(texts) if every.pattern == kept.pattern or not every.search(text)]
+        ids: list[list[int] | None] = [None] * len(texts)
+        for i, encoding in zip(plain, self._full.encode_batch([texts[i] for i in plain], add_special_tokens=False)):
+            ids[i] = encoding.ids
+        return [self.encode(text)[0] if found is None else found for text, found in zip(texts, ids)]
+
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """(ids, each id's character span in `text`)."""
         every, kept = self._patterns

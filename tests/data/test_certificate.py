@@ -134,6 +134,49 @@ def test_checks_run_beside_the_workers_and_a_mismatch_there_fails_the_run(tmp_pa
     assert not [name for name in os.listdir(tmp_path) if name.startswith("bad")]
 
 
+def test_records_picked_by_shards_are_checked_in_one_process_of_the_driver(tmp_path, monkeypatch):
+    """What `--executor ray` does with the certificate, here without Ray: shards pick records and hand
+    them over unchecked; the driver's checking process (forked, the reference loaded there only)
+    certifies them as one local run does, and one changed id stops it naming the record."""
+    import dataclasses
+
+    from _helpers import corpus, pretrain
+
+    from qwen_data.inputs.readers import Shard, expand
+    from qwen_data.run import pipeline
+    from qwen_data.run.ray import _DriverChecks
+    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
+
+    data = corpus(tmp_path / "c.jsonl", 3, 400, 40)
+    whole = certificate(pretrain([data], tmp_path / "local"))
+    monkeypatch.setattr(reference, "_LOADED", {})
+    config = PretrainConfig(inputs=[data], output_prefix=str(tmp_path / "ray"), quiet=True)
+    inputs = pipeline.input_list(expand([data]))
+    picked = []
+    checks = _DriverChecks(Tokenize(config), inputs)
+    try:
+        for k in range(2):
+            step = Tokenize(dataclasses.replace(config, shard=Shard(k, 2), workers=0, check_here=False,
+                                                output_prefix=str(tmp_path / f"shard{k}")))
+            assert pipeline.run(step)[0].certificate == pipeline.CHECKED_BY_CALLER
+            picked += step.picked
+            checks.add(step.picked)
+        assert checks.certificate() == whole and whole["records_checked"] == len(picked) >= 100
+    finally:
+        checks.end()
+    assert not reference._LOADED
+    where, (number, [(text, ids)]) = picked[-1]
+    changed = ids.copy()
+    changed[0] += 1
+    checks = _DriverChecks(Tokenize(config), inputs)
+    try:
+        checks.add(picked[:-1] + [(where, (number, [(text, changed)]))])
+        with pytest.raises(reference.CertificateError, match=f"{where}: .*ours \\["):
+            checks.certificate()
+    finally:
+        checks.end()
+
+
 # -- qwen-data verify --certify N ------------------------------------------------------------------
 def recheck_corpus(tmp_path):
     records = [{"text": f"document {k}: caf\u00e9 <think>x</think> \u212b"} for k in range(12)]

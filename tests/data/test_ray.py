@@ -47,6 +47,9 @@ def test_pretrain_matches_local_run(tmp_path, ray_instance):
     local = pretrain([data], tmp_path / "local")
     remote = pretrain([data], tmp_path / "ray", "--executor", "ray", "--ray-shards", SHARDS)
     same_files(local, remote, [".bin", ".idx"])
+    # the records the shards picked, checked by the driver: the certificate of the local run
+    assert manifest(remote)["certificate"] == manifest(local)["certificate"]
+    assert manifest(local)["certificate"]["certified"]
     no_leftovers(remote)
 
 
@@ -71,6 +74,7 @@ def test_sft_pack_matches_local_run(tmp_path, ray_instance):
     local = sft([data], tmp_path / "local", *extra)
     remote = sft([data], tmp_path / "ray", *extra, "--executor", "ray", "--ray-shards", SHARDS)
     same_files(local, remote, [".bin", ".idx", ".lossmask.bin", ".lossmask.idx", ".rejects.jsonl"])
+    assert manifest(remote)["certificate"] == manifest(local)["certificate"]
     no_leftovers(remote)
 
 
@@ -178,7 +182,8 @@ def test_os_error_is_retried(tmp_path, ray_instance):
             import errno
             import os
 
-            if self.config.shard.index == 0 and not os.path.exists(failed):
+            shard = self.config.shard  # None: the driver's step, which checks the records picked
+            if shard is not None and shard.index == 0 and not os.path.exists(failed):
                 open(failed, "w").close()
                 raise OSError(errno.EIO, "input/output error", data)
             super().prepare()
