@@ -38,12 +38,38 @@ def steady(records: list[dict], warm: int = WARM) -> dict:
     return {k: v / seconds if seconds and v is not None else None for k, v in sums.items()}
 
 
+INTERVAL = ("iteration", "loss", "step_ms", "tokens_per_s")  # what every log interval holds
+
+
+class LogError(ValueError):
+    """A file that is not a train run's --log-json."""
+
+
+def read_log(path: str) -> tuple[list[dict], dict]:
+    """(the interval records, the summary line or {}) of a --log-json file."""
+    intervals, summary = [], {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise LogError(f"{path}:{number}: not JSON ({e})") from None
+            if not isinstance(entry, dict) or not ({"summary", "loss", "valid_loss"} & entry.keys()):
+                raise LogError(f"{path}:{number}: not a line of the trainer's --log-json")
+            if entry.get("summary"):
+                summary = entry
+            elif "loss" in entry:
+                lacking = [k for k in INTERVAL if not isinstance(entry.get(k), (int, float))]
+                if lacking:
+                    raise LogError(f"{path}:{number}: a log interval without {', '.join(lacking)}")
+                intervals.append(entry)
+    return intervals, summary
+
+
 def read(path: str) -> tuple[list[dict], dict]:
     """(the interval records, the machine of the summary line: None for each field it lacks) of a log."""
-    with open(path) as f:
-        lines = list(map(json.loads, f))
-    summary = next((r for r in reversed(lines) if r.get("summary")), {})
-    return [r for r in lines if "loss" in r], {k: summary.get(k) for k in MACHINE}
+    intervals, summary = read_log(path)
+    return intervals, {k: summary.get(k) for k in MACHINE}
 
 
 def percent(value: float | None) -> str:

@@ -25,37 +25,15 @@ import json
 import os
 import sys
 
-from gpu_table import MACHINE, MFU, WARM, steady
+from gpu_table import MACHINE, MFU, WARM, LogError, read_log, steady
 
 RUN = ("model", "gpus", "fp8", "packed", "ep")  # what the trainer's summary line says of its run
-INTERVAL = ("iteration", "loss", "step_ms", "tokens_per_s")  # what a record takes of every interval
 FIELDS = ("name", *RUN, "tokens_per_s", "tokens_per_s_per_gpu", "steps", "loss_at_end", *MFU, *MACHINE, "command")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu", "records.json")
 
 
 class RecordError(ValueError):
     """A log that is not a train run's --log-json, or runs that cannot be told apart."""
-
-
-def read_log(path: str) -> tuple[list[dict], dict]:
-    """(the interval records, the summary line or {}) of a --log-json file."""
-    intervals, summary = [], {}
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RecordError(f"{path}:{number}: not JSON ({e})") from None
-            if not isinstance(entry, dict) or not ({"summary", "loss", "valid_loss"} & entry.keys()):
-                raise RecordError(f"{path}:{number}: not a line of the trainer's --log-json")
-            if entry.get("summary"):
-                summary = entry
-            elif "loss" in entry:
-                lacking = [k for k in INTERVAL if not isinstance(entry.get(k), (int, float))]
-                if lacking:
-                    raise RecordError(f"{path}:{number}: a log interval without {', '.join(lacking)}")
-                intervals.append(entry)
-    return intervals, summary
 
 
 def command_of(jsonl: str) -> str | None:
@@ -140,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records = [record(name, path) for name, path in runs(args.logs)]
         old = existing(args.out) if args.append and os.path.exists(args.out) else []
-    except (RecordError, OSError) as e:
+    except (RecordError, LogError, OSError) as e:
         print(f"records.py: {e}", file=sys.stderr)
         return 1
     result = merged(old, records)
