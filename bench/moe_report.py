@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from gpu_table import MFU
+from gpu_table import CARD, MFU
 from scale_report import card, device_of, markdown, max_rel_diff, records, reports, run
 
 
@@ -43,7 +43,7 @@ def report(folder: str) -> dict:
 
 def table(result: dict) -> str:
     head = ["name", "device", "model", "num_layers", "gpus", "ep", "tokens_per_s_per_gpu", *MFU, "max_memory_gib",
-            "expert_load_max", "loss_at_end", "error", "power_limit_w", "sm_clock_mhz", "gpu_uuid", "cpu_model"]
+            "expert_load_max", "loss_at_end", "error", *CARD]
     return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(result["expert_parallel"])])
 
 

@@ -6,8 +6,8 @@
 A run is NAME.jsonl (the trainer's --log-json: a line per log interval, validation lines, and the
 summary line last) and, beside it, NAME.log (bench/gpu.sh's: the command line first, after "$ ").
 Its record's name is NAME, or the one given as NAME=PATH. What the run was (model, gpus, fp8, packed,
-ep) and the machine (gpu_name, gpu_uuid, power_limit_w, sm_clock_mhz, cpu_model) are its summary
-line's; rates are steady state as the reports take them (bench/gpu_table.py: the intervals after
+ep) and the machine (gpu_table.MACHINE: the GPU's name, UUID, power limit, clocks and temperature under
+load, the CPU model) are its summary line's; rates are steady state as the reports take them (bench/gpu_table.py: the intervals after
 iteration 10, or after 1 in runs of 10 steps or fewer): tokens_per_s the job's,
 tokens_per_s_per_gpu that over its gpus; steps the last interval's iteration, loss_at_end that
 interval's mean loss. A field the run did not log is null (logs older than the summary's fields, or

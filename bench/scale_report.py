@@ -25,7 +25,7 @@ import re
 import shlex
 import sys
 
-from gpu_table import MACHINE, MFU, WARM, read, steady
+from gpu_table import CARD, MACHINE, MFU, WARM, read, steady
 
 
 def option(argv: list[str], flag: str, default=None):
@@ -155,7 +155,7 @@ def markdown(rows: list[dict], head: list[str]) -> list[str]:
 def table(result: dict) -> str:
     head = ["name", "device", "model", "tp", "pp", "dp", "global_batch", "distributed_optimizer", "bf16_weights",
             "recompute", "compile", "tokens_per_s_per_gpu", *MFU, "max_memory_gib", "optimizer_state_gib",
-            "loss_at_end", "power_limit_w", "sm_clock_mhz", "gpu_uuid", "cpu_model"]
+            "loss_at_end", *CARD]
     rest = {k: v for k, v in result.items() if k not in ("runs", "device")}
     return "\n".join([str(result["device"]), *markdown(result["runs"], head), json.dumps(rest, indent=1)])
 

@@ -23,7 +23,7 @@ import re
 import shlex
 from typing import Optional
 
-from gpu_table import MFU, read, steady
+from gpu_table import CARD, MFU, read, steady
 
 
 def option(argv: list[str], flag: str, default=None):
@@ -97,7 +97,7 @@ def main() -> None:
         f.write("\n")
     runs = report["runs"]
     head = ["name", "device", "model", "attention", "fp8", "packed", "steps", "tokens_per_s", *MFU, "max_memory_gib",
-            "first_step_s", "loss_at_end", "recompiles", "power_limit_w", "sm_clock_mhz", "gpu_uuid", "cpu_model"]
+            "first_step_s", "loss_at_end", "recompiles", *CARD]
     print("| " + " | ".join(head) + " | vs sdpa / bf16 |")
     print("|" + "---|" * (len(head) + 1))
     by_name = {(folder_of[id(r)], r["name"]): r for r in runs}

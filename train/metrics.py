@@ -59,21 +59,29 @@ def document_squares(batch: dict, pad: int) -> int:
     return int(lengths.square().sum())
 
 
+# nvidia-smi's fields (--query-gpu) behind the numbers `machine` reports
+GPU_QUERY = {"power_limit_w": "power.limit", "sm_clock_mhz": "clocks.sm", "max_sm_clock_mhz": "clocks.max.sm",
+             "mem_clock_mhz": "clocks.mem", "temperature_c": "temperature.gpu"}
+
+
 def machine(device: torch.device) -> dict:
-    """What a run's speed depends on besides the code: the GPU (its name, UUID, power limit and SM
-    clock, read now: at the end of a run, under load) and the host's CPU model. None where unknown
-    (on the CPU, without nvidia-smi)."""
-    fields = {"gpu_name": None, "gpu_uuid": None, "power_limit_w": None, "sm_clock_mhz": None}
+    """What a run's speed depends on besides the code: the GPU (its name, UUID, power limit, SM and
+    memory clocks against the SM's top, temperature: read now, at the end of a run, under load) and
+    the host's CPU model. None where unknown (on the CPU, without nvidia-smi)."""
+    fields = {"gpu_name": None, "gpu_uuid": None, **dict.fromkeys(GPU_QUERY)}
     if device.type == "cuda":
         fields["gpu_name"] = torch.cuda.get_device_name(device)
         uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"  # nvidia-smi's numbering may differ
         fields["gpu_uuid"] = uuid
         try:
-            answer = subprocess.run(["nvidia-smi", f"--id={uuid}", "--query-gpu=name,uuid,power.limit,clocks.sm",
+            query = ",".join(["name", "uuid", *GPU_QUERY.values()])
+            answer = subprocess.run(["nvidia-smi", f"--id={uuid}", f"--query-gpu={query}",
                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20,
                                     check=True).stdout
-            name, uuid, power, clock = (v.strip() for v in answer.strip().split(","))
-            fields.update(gpu_name=name, gpu_uuid=uuid, power_limit_w=_number(power), sm_clock_mhz=_number(clock))
+            name, uuid, *numbers = (v.strip() for v in answer.strip().split(","))
+            if len(numbers) != len(GPU_QUERY):
+                raise ValueError(answer)
+            fields.update(gpu_name=name, gpu_uuid=uuid, **{k: _number(v) for k, v in zip(GPU_QUERY, numbers)})
         except (OSError, subprocess.SubprocessError, ValueError):
             pass
     cpu = None
