@@ -311,15 +311,18 @@ moe)
   # The Qwen3-30B-A3B shape with fewer layers (random init: its 48 layers need ~490 GB of float32 weights,
   # gradients and AdamW). ep1/ep2: 2 layers on two GPUs, experts on both (EP=1) against split over them
   # (EP=2), 50 steps, same seed and data; one/two-ep2: 4 layers on one GPU, and on two with EP=2;
-  # one-sequential: one's experts one after another (--no-moe-grouped-gemm); sft-sdpa/sft-te and
-  # pretrain-te: packed SFT rows and pretraining on each attention path (te: needs Transformer Engine).
+  # one-sequential: one's experts one after another (--no-moe-grouped-gemm); two-ep2-mb4: two-ep2 at
+  # micro batch 4 (global batch 8: no accumulation); eight-ep2-mb2: 8 layers at micro batch 2 (71 GiB a
+  # GPU: the most that fits an 80 GB H100); sft-sdpa/sft-te and pretrain-te: packed SFT rows and
+  # pretraining on each attention path (te: needs Transformer Engine).
   # NAME:PROCESSES:STEPS:ARGS (MOE_ONLY="name ..." runs only those).
   D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
   Q="--model qwen3-30b-a3b --micro-batch-size 1 --attention sdpa"
   QT="--model qwen3-30b-a3b --micro-batch-size 1 --attention te --num-layers 4"
   MOE="ep1:2:50:$Q --num-layers 2 --log-interval 1;ep2:2:50:$Q --num-layers 2 --ep 2 --log-interval 1;\
 one:1:20:$Q --num-layers 4;one-sequential:1:20:$Q --num-layers 4 --no-moe-grouped-gemm;\
-two-ep2:2:20:$Q --num-layers 4 --ep 2;sft-sdpa:1:20:$Q --num-layers 4 --data .gpu/sft_packed.json;\
+two-ep2:2:20:$Q --num-layers 4 --ep 2;two-ep2-mb4:2:20:$Q --num-layers 4 --ep 2 --micro-batch-size 4;\
+eight-ep2-mb2:2:20:$Q --num-layers 8 --ep 2 --micro-batch-size 2;sft-sdpa:1:20:$Q --num-layers 4 --data .gpu/sft_packed.json;\
 sft-te:1:20:$QT --data .gpu/sft_packed.json;pretrain-te:1:20:$QT"
   torchruns moe "${MOE_ONLY:-}" "$MOE"
   python3 bench/moe_report.py "$OUT" | tee "$OUT/moe.md"

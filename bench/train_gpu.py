@@ -7,8 +7,9 @@ packed     Per-token losses of packed SFT rows (--attention sdpa: FlexAttention 
            Transformer Engine's THD) against each of their samples run alone (causal), in bf16
            autocast and (sdpa) in float32. As a control, the same rows with attention leaking
            across samples (plain causal). --json F: the bf16 figures as te.json's packed_parity.
-profile    A few steps of `python -m train` (its arguments after --) under torch.profiler: the
-           kernels with the most GPU time, and each step's time.
+profile    A few steps of `python -m train` (its arguments after --; torchrun alike, rank 0 reports)
+           under torch.profiler: the operations with the most GPU time, each step's time and the
+           share of it the GPU's kernels were busy.
 attention  One attention layer's shapes, forward + backward: SDPA causal, FlexAttention and (where
            installed) Transformer Engine on rows of one document (the same function), then flex
            against SDPA with a dense mask on rows
@@ -139,15 +140,19 @@ def attention(args) -> None:
 
 
 def profile(args) -> None:
+    import torch.distributed as dist
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.distributed import distributed
-    from qwen_data_train.loop import Trainer
+    from qwen_data_train.loop import Trainer, model_of
+    from qwen_data_train.plan import Environment, RunPlan
     from qwen_data_train.patches import megatron_core
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
-    with megatron_core(), distributed(1) as device:
-        trainer = Trainer(TrainConfig.parse(args.train), device)
+    config = TrainConfig.parse(args.train)
+    plan = RunPlan.resolve(config, model_of(config)[0], Environment.current())
+    with megatron_core(), distributed(plan.tp, plan.pp, plan.ep, plan.cp) as device:  # torchrun: every rank
+        trainer = Trainer(config, device, plan)
         if device.type != "cuda":  # a dry run
             torch.cuda.synchronize = lambda: None
         for _ in range(args.warm):
@@ -158,8 +163,17 @@ def profile(args) -> None:
             for _ in range(args.steps):
                 trainer.train_step()
             torch.cuda.synchronize()
-        print(f"{1000 * (time.perf_counter() - started) / args.steps:.0f} ms/step over {args.steps} profiled steps")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows_shown, max_name_column_width=70))
+        step_ms = 1000 * (time.perf_counter() - started) / args.steps
+        if dist.get_rank() != 0:
+            return
+        events = prof.key_averages()
+        # Kernels' own time (streams that overlap count twice): near the step time, the GPU is the bound;
+        # far below it, the host's launches or waits are.
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy_ms = sum(e.self_device_time_total for e in kernels) / 1000 / args.steps
+        print(f"{step_ms:.0f} ms/step over {args.steps} profiled steps; GPU kernels {busy_ms:.0f} ms/step "
+              f"({busy_ms / step_ms:.0%})")
+        print(events.table(sort_by=args.sort, row_limit=args.rows_shown, max_name_column_width=70))
 
 
 def main() -> None:
@@ -168,6 +182,7 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=4, help="profile: steps before the profiled ones")
     p.add_argument("--steps", type=int, default=2, help="profile: steps profiled")
     p.add_argument("--rows-shown", type=int, default=30)
+    p.add_argument("--sort", default="cuda_time_total", help="profile: the table's order (self_cuda_time_total: kernels)")
     p.add_argument("--data", default="out/gpu/sft_packed.json")
     p.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(PRESETS))
     p.add_argument("--seq-length", type=int, default=4096)

@@ -20,6 +20,7 @@ from .attention import context_mask, context_positions, document_mask, thd_mask
 from .distributed import gradient_group, unwrapped
 from .loss import linear_cross_entropy
 from .model import marks
+from .model.experts import weights_shared
 
 
 @dataclass(frozen=True)
@@ -137,10 +138,11 @@ def forward_backward(model, micro: list[dict], masks: list[torch.Tensor], scale:
     config = core.config
     config.grad_scale_func = lambda loss: loss * scale
     try:
-        results = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=zip(micro, masks, trained), model=[model],
-            num_microbatches=len(micro), seq_length=spec.seq_length, micro_batch_size=micro[0]["tokens"].shape[0],
-            forward_only=forward_only)
+        with weights_shared(core):  # the step's micro-batches share its experts' stacked weights
+            results = get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=zip(micro, masks, trained), model=[model],
+                num_microbatches=len(micro), seq_length=spec.seq_length,
+                micro_batch_size=micro[0]["tokens"].shape[0], forward_only=forward_only)
     finally:
         config.grad_scale_func = None
     total = torch.zeros(2, device=spec.device)

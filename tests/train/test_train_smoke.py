@@ -260,8 +260,12 @@ def test_moe_router_trains_under_bf16_autocast(megatron_cpu):
 @pytest.mark.parametrize("autocast", [False, True])
 def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autocast):
     """The experts as two grouped products give the loss and gradients of megatron-core's
-    sequential experts, from the same parameters (float32; bf16 autocast within its rounding)."""
+    sequential experts, from the same parameters (float32; bf16 autocast within its rounding):
+    over two steps of two micro-batches, each step's micro-batches sharing one stack of the
+    weights (experts.weights_shared), and the weights changed between the steps as an optimizer
+    changes them (a stack kept from the first step would compute the second with old weights)."""
     from qwen_data_train.model import build_model
+    from qwen_data_train.model.experts import weights_shared
     from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
     from qwen_data_train.step import ForwardSpec, masked_loss
@@ -271,25 +275,55 @@ def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autoca
                     "(megatron-core's linears have no CPU autocast)")
     b, s = 2, 64
     torch.manual_seed(0)
-    batch = {k: v.to(megatron_cpu) for k, v in dict(
+    batches = [{k: v.to(megatron_cpu) for k, v in dict(
         tokens=torch.randint(0, 1000, (b, s)), labels=torch.randint(0, 1000, (b, s)),
         position_ids=torch.arange(s).repeat(b, 1), segment_ids=torch.zeros(b, s, dtype=torch.long)).items()}
+        for _ in range(2)]
     spec = ForwardSpec("sdpa", megatron_cpu, autocast=autocast, cross_entropy="fused", seq_length=s)
 
     def run(grouped):
         torch.manual_seed(3)
         model = build_model(PRESETS["tiny-qwen3-moe"], RunPlan.for_model(PRESETS["tiny-qwen3-moe"], attention="sdpa", max_sequence_length=128,
                             grouped_experts=grouped)).to(megatron_cpu)
-        loss = masked_loss(model, batch, torch.ones(b, s, device=megatron_cpu), spec)
-        loss.backward()
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-        return type(model.decoder.layers[0].mlp.experts).__name__, loss.item(), grads
+        losses, grads = [], []
+        for step in range(2):
+            with weights_shared(model):
+                losses += [masked_loss(model, batch, torch.ones(b, s, device=megatron_cpu), spec) for batch in batches]
+                sum(losses[-2:]).backward()
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+            with torch.no_grad():  # a step that moves every weight
+                for p in model.parameters():
+                    p -= 0.05 * p.grad.sign()
+                    p.grad = None
+        return type(model.decoder.layers[0].mlp.experts).__name__, torch.stack(losses).detach(), torch.cat(grads)
 
     (grouped, loss, grads), (sequential, reference, reference_grads) = run(True), run(False)
     assert (grouped, sequential) == ("GroupedExperts", "SequentialMLP")
     tolerance = 1e-2 if autocast else 1e-6
-    assert loss == pytest.approx(reference, rel=tolerance / 10)
+    assert abs(loss[2] - loss[0]) > 1e-3 * loss[0]  # the second step's weights differ
+    assert torch.allclose(loss, reference, rtol=tolerance / 10), (loss, reference)
     assert ((grads - reference_grads).norm() / reference_grads.norm()).item() < tolerance
+
+
+def test_moe_tokens_are_dispatched_in_the_autocast_dtype(megatron_cpu):
+    """The tokens a mixture of experts' dispatcher permutes are autocast's dtype under autocast (half
+    the bytes of the float32 residual stream), the stream's own dtype without it."""
+    from qwen_data_train.model import build_model
+    from qwen_data_train.plan import RunPlan
+    from qwen_data_train.shapes import PRESETS
+
+    model = build_model(PRESETS["tiny-qwen3-moe"], RunPlan.for_model(PRESETS["tiny-qwen3-moe"], attention="sdpa",
+                                                                     max_sequence_length=128)).to(megatron_cpu)
+    moe = model.decoder.layers[0].mlp
+    seen = []
+    dispatch_preprocess = moe.token_dispatcher.dispatch_preprocess
+    moe.token_dispatcher.dispatch_preprocess = lambda hidden, *a: (seen.append(hidden.dtype), dispatch_preprocess(hidden, *a))[1]
+    hidden = torch.randn(16, 1, PRESETS["tiny-qwen3-moe"].hidden_size, device=megatron_cpu)
+    probs, routing_map = moe.route(hidden)
+    moe.preprocess(hidden, probs, routing_map)
+    with torch.autocast(megatron_cpu.type, dtype=torch.bfloat16):
+        moe.preprocess(hidden, probs, routing_map)
+    assert seen == [torch.float32, torch.bfloat16]
 
 
 def test_split_float32_is_exact_and_rounds_as_autocast():

@@ -13,7 +13,7 @@ from typing import Callable
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..attention import SDPACoreAttention, TECoreAttention
-from .experts import GroupedExperts
+from .experts import AutocastDispatchMoELayer, GroupedExperts
 from .layers import FP8SelfAttention, GroupedRowParallelLinear, RMSNorm, SeededTransformerLayer, fp8_linear
 
 Converter = Callable[[ModuleSpec], ModuleSpec]
@@ -55,6 +55,12 @@ def grouped_experts(spec: ModuleSpec) -> ModuleSpec:
     """A mixture of experts' experts computed by grouped GEMM (experts.py)."""
     mlp = _submodules(spec.submodules.mlp)
     mlp.experts = _with_module(mlp.experts, GroupedExperts)
+    return spec
+
+
+def autocast_dispatch(spec: ModuleSpec) -> ModuleSpec:
+    """A mixture of experts' tokens dispatched in autocast's dtype (experts.AutocastDispatchMoELayer)."""
+    spec.submodules.mlp = _with_module(spec.submodules.mlp, AutocastDispatchMoELayer)
     return spec
 
 

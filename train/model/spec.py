@@ -9,8 +9,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
 from ..shapes import ModelShape
-from .converters import (Converter, core_attention, fp8_linears, grouped_experts, grouped_row_parallel,
-                         seeded_layers, sequence_parallel_norms)
+from .converters import (Converter, autocast_dispatch, core_attention, fp8_linears, grouped_experts,
+                         grouped_row_parallel, seeded_layers, sequence_parallel_norms)
 from .layers import RMSNorm
 
 
@@ -22,11 +22,12 @@ def local_spec(preset: ModelShape) -> ModuleSpec:
 
 def layer_converters(preset: ModelShape, attention: str, seed: int = 0, sequence_parallel: bool = False,
                      fp8: bool = False, grouped: bool = True) -> list[Converter]:
-    """What changes in the local layer, in order: seeded layers; a mixture of experts' experts by
-    grouped GEMM (or one after another); the row-parallel linears with their group; our core
+    """What changes in the local layer, in order: seeded layers; a mixture of experts' tokens sent in
+    autocast's dtype and its experts by grouped GEMM (or one after another); the row-parallel linears with their group; our core
     attention; under `fp8` Transformer Engine's linears; under sequence parallelism our norms."""
     return [
         seeded_layers(seed),
+        *([autocast_dispatch] if preset.moe else []),
         *([grouped_experts] if preset.moe and grouped else []),
         grouped_row_parallel,
         core_attention(attention),
