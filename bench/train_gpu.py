@@ -182,7 +182,8 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=4, help="profile: steps before the profiled ones")
     p.add_argument("--steps", type=int, default=2, help="profile: steps profiled")
     p.add_argument("--rows-shown", type=int, default=30)
-    p.add_argument("--sort", default="cuda_time_total", help="profile: the table's order (self_cuda_time_total: kernels)")
+    p.add_argument("--sort", default="cuda_time_total",
+                   help="profile: the table's order (self_cuda_time_total: the kernels by their own time)")
     p.add_argument("--data", default="out/gpu/sft_packed.json")
     p.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(PRESETS))
     p.add_argument("--seq-length", type=int, default=4096)

@@ -317,7 +317,12 @@ def test_moe_tokens_are_dispatched_in_the_autocast_dtype(megatron_cpu):
     moe = model.decoder.layers[0].mlp
     seen = []
     dispatch_preprocess = moe.token_dispatcher.dispatch_preprocess
-    moe.token_dispatcher.dispatch_preprocess = lambda hidden, *a: (seen.append(hidden.dtype), dispatch_preprocess(hidden, *a))[1]
+
+    def recorded(hidden, *args):
+        seen.append(hidden.dtype)
+        return dispatch_preprocess(hidden, *args)
+
+    moe.token_dispatcher.dispatch_preprocess = recorded
     hidden = torch.randn(16, 1, PRESETS["tiny-qwen3-moe"].hidden_size, device=megatron_cpu)
     probs, routing_map = moe.route(hidden)
     moe.preprocess(hidden, probs, routing_map)

@@ -11,9 +11,9 @@ grouped GEMM (`torch._grouped_mm`: CUTLASS on Hopper, a loop on the CPU), which 
 padding in bf16.
 
 A token meets 8 of 128 experts, so the experts' weights are 16 times their share of the products:
-casting each expert's float32 weight and stacking the casts took more of the GPU than the grouped
-products themselves, every micro-batch, and again in backward. Inside `weights_shared` (a step's
-schedule) each linear's stack is made once, by one fused copy, and its micro-batches use it.
+casting each expert's float32 weight, every micro-batch, took more GPU time than the grouped
+products themselves (bench/README.md). Inside `weights_shared` (a step's schedule) each linear's
+stack is made once, by one fused copy, and its micro-batches use it.
 
 Under autocast the residual stream is float32, and so were the tokens the dispatcher permutes and
 sends to other expert-parallel ranks, though the experts compute in bf16: AutocastDispatchMoELayer

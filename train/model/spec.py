@@ -23,8 +23,9 @@ def local_spec(preset: ModelShape) -> ModuleSpec:
 def layer_converters(preset: ModelShape, attention: str, seed: int = 0, sequence_parallel: bool = False,
                      fp8: bool = False, grouped: bool = True) -> list[Converter]:
     """What changes in the local layer, in order: seeded layers; a mixture of experts' tokens sent in
-    autocast's dtype and its experts by grouped GEMM (or one after another); the row-parallel linears with their group; our core
-    attention; under `fp8` Transformer Engine's linears; under sequence parallelism our norms."""
+    autocast's dtype and its experts by grouped GEMM (or one after another); the row-parallel linears
+    with their group; our core attention; under `fp8` Transformer Engine's linears; under sequence
+    parallelism our norms."""
     return [
         seeded_layers(seed),
         *([autocast_dispatch] if preset.moe else []),
