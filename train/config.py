@@ -233,7 +233,7 @@ class OptimConfig(Section):
         "--bf16-weights", action=argparse.BooleanOptionalAction, default=False,
         help="keep each dense matrix as the bf16 weight autocast computes with plus the 16 bits that make it the "
              "float32 master again: the same memory and AdamW, no cast of every weight at every use (bf16 on "
-             "CUDA, one data-parallel rank, dense models, no --fp8)")
+             "CUDA, dense models, no --fp8, not with --distributed-optimizer)")
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> OptimConfig:

@@ -154,9 +154,11 @@ def data_parallel(core: torch.nn.Module, kind: str, device: torch.device, parall
         return model
     if kind == "none":
         return core
-    # An expert-parallel rank's experts are its own: `reduce_grads` reduces them over their own group.
+    # `reduce_grads` reduces, after the schedule, what DDP never sees: an expert-parallel rank's experts
+    # (over their own group) and the float32 gradients of bf16 weights split from their masters.
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-        core, [name for name, p in core.named_parameters() if is_expert_parallel(p)])
+        core, [name for name, p in core.named_parameters()
+               if is_expert_parallel(p) or marks.float32_grad(p) is not None])
     model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None,
                                     process_group=gradient_group())
     core.config.no_sync_func = model.no_sync  # megatron-core's schedules hold gradient sync with it
@@ -208,15 +210,15 @@ def all_reduce_grads(grads: list[torch.Tensor], group, divide_by: int = 1) -> No
 
 
 def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
-    """Gradients averaged over `gradient_group`: what torch DDP does during backward, done
-    after a pipeline schedule instead. (DDP prepares its reduction in forward, and 1F1B runs the
+    """Gradients (a split weight's float32 one: marks.gradient) averaged over `gradient_group`: what
+    torch DDP does during backward, done after a pipeline schedule instead. (DDP prepares its reduction in forward, and 1F1B runs the
     last micro-batches' forwards before it lets gradients sync, so under DDP those would never be
     reduced.)"""
     group = gradient_group()
     size = dist.get_world_size(group)
     if size > 1:
-        all_reduce_grads([p.grad for p in params if p.grad is not None and not is_expert_parallel(p)],
-                         group, divide_by=size)
+        all_reduce_grads([marks.gradient(p) for p in params
+                          if marks.gradient(p) is not None and not is_expert_parallel(p)], group, divide_by=size)
 
 
 def average_expert_grads(params: list[torch.nn.Parameter]) -> None:
@@ -257,10 +259,9 @@ def sync_tied_embedding_grads(core) -> None:
 
 def reduce_grads(core, params: list[torch.nn.Parameter], under_ddp: bool) -> None:
     """A step's gradients made whole after the schedule: averaged over data parallelism unless DDP
-    did it during backward (experts over their own group), then the TP-partial and tied-embedding
-    sums."""
-    if not under_ddp:
-        average_data_parallel_grads(params)
+    did it during backward (the split weights' float32 gradients, which DDP never sees, always;
+    experts over their own group), then the TP-partial and tied-embedding sums."""
+    average_data_parallel_grads(params if not under_ddp else [p for p in params if marks.float32_grad(p) is not None])
     average_expert_grads(params)
     sum_partial_grads(core)
     sync_tied_embedding_grads(core)

@@ -68,9 +68,11 @@ class Trainer:
         self.spec = ForwardSpec(self.plan.attention, device, autocast=self.plan.autocast,
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length, pad=self.pad)
         self.core = self._build_model()
+        # AdamW splits its bf16 weights before torch's DDP wraps the model, which leaves them to reduce_grads.
+        whole = None if config.parallel.distributed_optimizer else AdamW(self.core, config.optim,
+                                                                           bf16_weights=config.optim.bf16_weights)
         self.model = data_parallel(self.core, self.plan.data_parallel, device, config.parallel)
-        self.optimizer = (DistributedAdamW(self.model, config.optim) if config.parallel.distributed_optimizer
-                          else AdamW(self.core, config.optim, bf16_weights=config.optim.bf16_weights))
+        self.optimizer = whole if whole is not None else DistributedAdamW(self.model, config.optim)
         self.schedule = Schedule.of(config.optim, config.train_iters)
         export = HFExport(self.shape, hf_config, config_dtype(hf_config),
                           directory_of(tokenizer.identity) if config.checkpoint.save_hf else None, generation)
@@ -185,7 +187,8 @@ class Trainer:
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "
              f"{'bf16 autocast' if spec.autocast else 'float32'}")
         optimizer = "distributed over DP" if c.parallel.distributed_optimizer else "whole on each DP rank"
-        log0(f"optimizer AdamW, {optimizer}: {self.optimizer.state_bytes() / 2**30:.3f} GiB of state a GPU"
+        weights = "bf16 weights split from their float32 masters" if c.optim.bf16_weights else "float32 weights"
+        log0(f"optimizer AdamW, {optimizer}: {self.optimizer.state_bytes() / 2**30:.3f} GiB of state a GPU, {weights}"
              + (f", recompute {c.model.recompute}" + (f" ({c.model.recompute_modules})"
                                                       if c.model.recompute == "selective" else "")
                 if c.model.recompute else ""))

@@ -65,7 +65,7 @@ class AdamW:
         """Clip the gradients (`clip_grad_norm`), step at `lr`, clear them; → the norm before clipping."""
         for group in self.torch.param_groups:
             group["lr"] = lr
-        grads = [p.grad if marks.float32_grad(p) is None else marks.float32_grad(p) for p in self.params]
+        grads = [marks.gradient(p) for p in self.params]
         grad_norm = clip_grad_norm(self.params, grads, self.clip_grad)
         with self.float32_weights():
             for p in self.split:

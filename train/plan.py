@@ -284,16 +284,15 @@ def _cp_distributed_optimizer(p: RunPlan) -> Optional[str]:
 
 def _bf16_weights(p: RunPlan) -> Optional[str]:
     """--bf16-weights where it is built: its gradients are added up beside the weights, outside
-    torch's DDP and megatron-core's optimizer, so on one data-parallel rank; not for a mixture of
-    experts, whose router multiplies outside autocast."""
+    torch's DDP (reduce_grads averages them after the schedule) and megatron-core's optimizer (which
+    keeps its own masters); not for a mixture of experts, whose router multiplies outside autocast."""
     if not p.bf16_weights:
         return None
     why = ("it computes under bf16 autocast: on CUDA, without --fp32" if not p.autocast
            else "it is not built with --fp8" if p.fp8
            else "it is not built for a mixture-of-experts model" if p.shape.moe
            else "megatron-core's distributed optimizer keeps its own masters" if p.data_parallel == "megatron"
-           else f"its gradients stay on their rank: data parallel × context parallel is {p.dp * p.cp} here, not 1"
-           if p.dp * p.cp > 1 else None)
+           else None)
     return f"--bf16-weights: {why}" if why else None
 
 
@@ -311,7 +310,7 @@ RULES: tuple[Rule, ...] = (
     _cp_chunks,                   # --cp's load-balanced chunks
     _cp_attention,
     _cp_distributed_optimizer,
-    _bf16_weights,                # autocast, no FP8, dense, one gradient rank
+    _bf16_weights,                # autocast, no FP8, dense, not megatron-core's optimizer
 )
 
 

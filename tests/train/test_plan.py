@@ -65,11 +65,17 @@ def test_each_case_is_refused_by_its_own_rule(monkeypatch):
 
 @pytest.mark.parametrize("args, env, says", [
     (["--bf16-weights", "--fp8", "tensorwise"], H100, "not built with --fp8"),
-    (["--bf16-weights"], Environment(cuda=True, world_size=2), "data parallel × context parallel is 2"),
     (["--bf16-weights", "--distributed-optimizer"], Environment(cuda=True), "keeps its own masters"),
 ])
 def test_bf16_weights_say_which_of_their_conditions_fails(args, env, says):
     assert says in refusal(*args, env=env)
+
+
+def test_bf16_weights_are_built_beside_data_and_context_parallelism():
+    """Their float32 gradients are averaged over data × context parallel ranks by reduce_grads."""
+    for args in (["--bf16-weights"], ["--bf16-weights", "--cp", "2"]):
+        p = plan(*args, env=Environment(cuda=True, world_size=2))
+        assert p.bf16_weights and p.dp * p.cp == 2 and p.data_parallel == "torch"
 
 
 def test_bf16_weights_on_a_moe_model_are_refused():

@@ -77,6 +77,7 @@ def test_pretrain_blend_trains(full_run):
     assert records[-1]["loss"] < records[0]["loss"] - 2
     assert all(0 <= r["data_share"] < 1 and r["tokens_per_s"] > 0 for r in records)
     assert "tok/s" in stdout and "data" in stdout
+    assert "GiB of state a GPU, float32 weights" in stdout  # the run's second line: no --bf16-weights
 
 
 def _scalars(folder):
@@ -416,6 +417,79 @@ def test_bf16_weights_train_as_float32_weights_under_autocast(megatron_cpu, monk
             torch.testing.assert_close(p, reference[name], rtol=2 ** -23, atol=0, msg=lambda m: f"{name}: {m}")
     for name, p in split_model.named_parameters():  # split again, bit for bit
         assert torch.equal(p, before[name]), name
+
+
+BF16_WEIGHTS_OVER_TWO_RANKS = """
+import contextlib, dataclasses, json
+import torch, torch.distributed as dist
+from megatron.core.tensor_parallel.layers import LinearWithGradAccumulationAndAsyncCommunication as Linear
+from qwen_data_train.config import TrainConfig
+from qwen_data_train.distributed import data_parallel, distributed, reduce_grads
+from qwen_data_train.model import build_model
+from qwen_data_train.optimizer import AdamW
+from qwen_data_train.patches import megatron_core
+from qwen_data_train.plan import RunPlan
+from qwen_data_train.shapes import PRESETS
+
+backward = Linear.backward
+
+def backward_under_autocast(ctx, *grads):  # as torch.amp.custom_bwd does for megatron-core on CUDA only
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return backward(ctx, *grads)
+
+Linear.backward = staticmethod(backward_under_autocast)
+shape = dataclasses.replace(PRESETS["tiny"], vocab_size=1024, tied_embeddings=False)
+config = TrainConfig.parse(["--data", "x", "--lr", "1e-3", "--clip-grad", "0.5"])
+positions = torch.arange(64).expand(2, -1)
+
+def train(bf16_weights, device):
+    torch.manual_seed(0)
+    core = build_model(shape, RunPlan.for_model(shape, attention="sdpa")).train()
+    optimizer = AdamW(core, config.optim, bf16_weights=bf16_weights)  # split before DDP, as the trainer does
+    model = data_parallel(core, "torch", device, config.parallel)
+    norms = []
+    for step in range(3):
+        for micro in range(2):  # two micro-batches a step, DDP's reduction held until the last
+            seed = 100 * dist.get_rank() + 2 * step + micro  # each rank its own rows
+            tokens = torch.randint(0, 1024, (2, 64), generator=torch.Generator().manual_seed(seed))
+            with model.no_sync() if micro == 0 else contextlib.nullcontext():
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(tokens, positions, None, labels=tokens.roll(-1, 1)).float().mean()
+                loss.backward()
+        reduce_grads(core, optimizer.params, under_ddp=True)
+        norms.append(optimizer.step(1e-3).item())
+    with optimizer.float32_weights():
+        weights = torch.cat([p.detach().flatten().float() for p in core.parameters()])
+    return optimizer, norms, weights
+
+with megatron_core(), distributed(1) as device:
+    optimizer, norms, weights = train(False, device)
+    split_optimizer, split_norms, split_weights = train(True, device)
+    other = split_weights.clone()
+    dist.broadcast(other, src=1)
+    if dist.get_rank() == 0:
+        # the same masters but for a tie rounded down (split_float32) now and then: 1 unit apart, which
+        # the next steps may carry to 2 (seen: 1 weight of 205,376 after 3 steps)
+        close = torch.allclose(split_weights, weights, rtol=2 ** -22, atol=0)
+        print(json.dumps({"split": len(split_optimizer.split), "norms": norms, "split_norms": split_norms,
+                          "close": close, "ranks_apart": (split_weights - other).abs().max().item()}))
+"""
+
+
+def test_bf16_weights_train_over_data_parallel_ranks_as_float32_weights(tmp_path):
+    """Over two data-parallel ranks (torch's DDP, each rank its own rows, two micro-batches a step),
+    split weights take the float32 run's steps: the same gradient norms and, to float32's last places, the
+    same masters, equal on both ranks. DDP never sees their float32 gradients; without reduce_grads averaging
+    them, each rank would step by its own rows alone and the ranks would drift apart."""
+    script = tmp_path / "bf16_dp.py"
+    script.write_text(BF16_WEIGHTS_OVER_TWO_RANKS)
+    done = subprocess.run(torchrun(2) + [str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["split"] > 0
+    assert got["split_norms"] == pytest.approx(got["norms"], rel=1e-6)
+    assert got["ranks_apart"] == 0.0 and got["close"], got
 
 
 def test_moe_trains_packed_sft_and_logs_the_tokens_of_each_expert(prefixes, tmp_path):

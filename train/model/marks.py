@@ -33,6 +33,12 @@ def float32_grad(param: torch.Tensor) -> Optional[torch.Tensor]:
     return getattr(param, FLOAT32_GRAD, None)
 
 
+def gradient(param: torch.Tensor) -> Optional[torch.Tensor]:
+    """The gradient `param` is stepped by: a split bf16 weight's float32 one, else its .grad."""
+    grad = float32_grad(param)
+    return param.grad if grad is None else grad
+
+
 def mark_low_bits(param: torch.nn.Parameter, low: Optional[torch.Tensor]) -> None:
     setattr(param, LOW_BITS, low)
 
