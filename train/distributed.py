@@ -211,14 +211,14 @@ def all_reduce_grads(grads: list[torch.Tensor], group, divide_by: int = 1) -> No
 
 def average_data_parallel_grads(params: list[torch.nn.Parameter]) -> None:
     """Gradients (a split weight's float32 one: marks.gradient) averaged over `gradient_group`: what
-    torch DDP does during backward, done after a pipeline schedule instead. (DDP prepares its reduction in forward, and 1F1B runs the
-    last micro-batches' forwards before it lets gradients sync, so under DDP those would never be
-    reduced.)"""
+    torch DDP does during backward, done after a pipeline schedule instead. (DDP prepares its
+    reduction in forward, and 1F1B runs the last micro-batches' forwards before it lets gradients
+    sync, so under DDP those would never be reduced.)"""
     group = gradient_group()
     size = dist.get_world_size(group)
     if size > 1:
-        all_reduce_grads([marks.gradient(p) for p in params
-                          if marks.gradient(p) is not None and not is_expert_parallel(p)], group, divide_by=size)
+        grads = [marks.gradient(p) for p in params if not is_expert_parallel(p)]
+        all_reduce_grads([g for g in grads if g is not None], group, divide_by=size)
 
 
 def average_expert_grads(params: list[torch.nn.Parameter]) -> None:
@@ -261,7 +261,8 @@ def reduce_grads(core, params: list[torch.nn.Parameter], under_ddp: bool) -> Non
     """A step's gradients made whole after the schedule: averaged over data parallelism unless DDP
     did it during backward (the split weights' float32 gradients, which DDP never sees, always;
     experts over their own group), then the TP-partial and tied-embedding sums."""
-    average_data_parallel_grads(params if not under_ddp else [p for p in params if marks.float32_grad(p) is not None])
+    split = [p for p in params if marks.float32_grad(p) is not None]
+    average_data_parallel_grads(split if under_ddp else params)
     average_expert_grads(params)
     sum_partial_grads(core)
     sync_tied_embedding_grads(core)
