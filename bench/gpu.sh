@@ -253,10 +253,9 @@ scale)
   # Qwen2.5-7B shape (random init), seq 4096, at TP=2 with sequence parallelism; 7b-pp2/7b-dp2: over two pipeline
   # stages (layers compiled; global batch 32, so 32 micro-batches fill the pipeline; 7b-pp2-15-13: the last stage,
   # which runs the output layer too, with 13 layers; -gb128: 128 micro-batches a step, a pipeline bubble of
-  # 1/129 instead of 1/33; -bf16w: --bf16-weights; -sft: the bench chats' packed SFT rows), and data-parallel with the
-  # distributed optimizer (107 GiB a GPU: H200 only); 7b-none-bf16w: 7b-none with --bf16-weights (beside TP+SP);
-  # 3b-one: Qwen2.5-3B on one GPU, 3b-dp2 on two by torch's DDP (-bf16w: --bf16-weights, whose float32
-  # gradients are averaged after backward); dp2-plain-bf16w: dp2-plain's losses and speed with --bf16-weights;
+  # 1/129 instead of 1/33; -sft: the bench chats' packed SFT rows), and data-parallel with the distributed optimizer
+  # (107 GiB a GPU: H200 only); 3b-one: Qwen2.5-3B on one GPU, 3b-dp2 on two by torch's DDP; -f32w: float32 weights
+  # (--no-bf16-weights) against the default's bf16 weights split from their masters, beside TP+SP, PP and DP;
   # cp1/cp2: the same rows of 16384 tokens on one GPU and split over two (--cp 2); cp-long: packed SFT rows of
   # 32768 tokens (the long chats) over two.
   D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
@@ -265,7 +264,7 @@ scale)
   K=/tmp/scale-ckpt
   SCALE="sp-swiglu:2:10:$M --tp 2 --sequence-parallel --compile swiglu --log-interval 1;\
 sp-layers:2:10:$M --tp 2 --sequence-parallel --compile layers --log-interval 1;\
-dp2-plain:2:50:$M --log-interval 1;dp2-plain-bf16w:2:50:$M --log-interval 1 --bf16-weights;dp2-distopt:2:50:$M --log-interval 1 --distributed-optimizer;\
+dp2-plain:2:50:$M --log-interval 1;dp2-plain-f32w:2:50:$M --log-interval 1 --no-bf16-weights;dp2-distopt:2:50:$M --log-interval 1 --distributed-optimizer;\
 dp2-distopt-sync:2:30:$M --distributed-optimizer --no-overlap-grad-reduce --no-overlap-param-gather;\
 ckpt-ref:2:8:$C;ckpt-a:2:8:$C --exit-after 3 --save $K;ckpt-b:1:8:$C --exit-after 6 --load $K --save $K;\
 ckpt-c:2:8:$C --load $K --save $K --save-hf /tmp/scale-hf;\
@@ -275,24 +274,23 @@ recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
 7b-none:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel;\
 7b-selective:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute selective;\
 7b-full:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute full;\
-7b-none-bf16w:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --bf16-weights;\
+7b-none-f32w:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --no-bf16-weights;\
 7b-pp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 32 --log-interval 1;\
 7b-pp2-15-13:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
 --global-batch-size 32 --log-interval 1;\
-7b-pp2-bf16w:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 32 --log-interval 1 --bf16-weights;\
-7b-pp2-15-13-gb128-bf16w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
---global-batch-size 128 --log-interval 1 --bf16-weights;\
-7b-pp2-gb128-bf16w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
---bf16-weights;\
+7b-pp2-f32w:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 32 --log-interval 1 \
+--no-bf16-weights;\
 7b-pp2-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1;\
-7b-pp2-sft-gb128-bf16w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
---bf16-weights --data .gpu/sft_packed.json;\
+7b-pp2-gb128-f32w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
+--no-bf16-weights;\
+7b-pp2-sft-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
+--data .gpu/sft_packed.json;\
 7b-pp2-15-13-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
 --global-batch-size 128 --log-interval 1;\
 7b-dp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --distributed-optimizer --global-batch-size 32 --log-interval 1;\
 3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1;\
-3b-one-bf16w:1:20:--model qwen2.5-3b --micro-batch-size 1 --bf16-weights;\
-3b-dp2:2:20:--model qwen2.5-3b --micro-batch-size 1;3b-dp2-bf16w:2:20:--model qwen2.5-3b --micro-batch-size 1 --bf16-weights;\
+3b-one-f32w:1:20:--model qwen2.5-3b --micro-batch-size 1 --no-bf16-weights;\
+3b-dp2:2:20:--model qwen2.5-3b --micro-batch-size 1;3b-dp2-f32w:2:20:--model qwen2.5-3b --micro-batch-size 1 --no-bf16-weights;\
 cp1:1:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384;\
 cp2:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384 --cp 2;\
 cp-long:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 32768 --cp 2 --data .gpu/chat_long \

@@ -6,9 +6,10 @@
 A run is NAME.jsonl (the trainer's --log-json: a line per log interval, validation lines, and the
 summary line last) and, beside it, NAME.log (bench/gpu.sh's: the command line first, after "$ ").
 Its record's name is NAME, or the one given as NAME=PATH. What the run was (model, gpus, fp8, packed,
-ep) and the machine (gpu_table.MACHINE: the GPU's name, UUID, power limit, clocks and temperature under
-load, the CPU model) are its summary line's; rates are steady state as the reports take them (bench/gpu_table.py: the intervals after
-iteration 10, or after 1 in runs of 10 steps or fewer): tokens_per_s the job's,
+ep, bf16_weights) and the machine (gpu_table.MACHINE: the GPU's name, UUID, power limit, clocks and
+temperature under load, the CPU model) are its summary line's; rates are steady state as the reports
+take them (bench/gpu_table.py: the intervals after iteration 10, or after 1 in runs of 10 steps or
+fewer): tokens_per_s the job's,
 tokens_per_s_per_gpu that over its gpus; steps the last interval's iteration, loss_at_end that
 interval's mean loss. A field the run did not log is null (logs older than the summary's fields, or
 than the two MFU counts): never inferred from the command line, which the record carries as
@@ -27,7 +28,7 @@ import sys
 
 from gpu_table import MACHINE, MFU, WARM, LogError, read_log, steady
 
-RUN = ("model", "gpus", "fp8", "packed", "ep")  # what the trainer's summary line says of its run
+RUN = ("model", "gpus", "fp8", "packed", "ep", "bf16_weights")  # what the trainer's summary line says of its run
 FIELDS = ("name", *RUN, "tokens_per_s", "tokens_per_s_per_gpu", "steps", "loss_at_end", *MFU, *MACHINE, "command")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu", "records.json")
 

@@ -57,7 +57,8 @@ def run(folder: str, name: str, stage: str = "scale") -> dict:
         "name": name, "model": option(argv, "--model", "tiny"), "num_layers": option(argv, "--num-layers"),
         "tp": tp, "pp": pp, "dp": nproc // (tp * pp * cp), "cp": cp, "ep": int(option(argv, "--ep", 1)),
         "distributed_optimizer": "--distributed-optimizer" in argv,
-        "bf16_weights": "--bf16-weights" in argv,
+        # the run's first line names its weights (logs before it did: the flag, then off by default)
+        "bf16_weights": "--bf16-weights" in argv or "bf16 weights split from their float32 masters (" in text,
         "recompute": option(argv, "--recompute"),
         "sequence_parallel": "--sequence-parallel" in argv,
         "compile": option(argv, "--compile", "auto"),

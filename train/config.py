@@ -229,11 +229,11 @@ class OptimConfig(Section):
     adam_beta2: float = option("--adam-beta2", type=bounded(float, 0, 1), default=0.95, help="AdamW's beta2")
     adam_eps: float = option("--adam-eps", type=bounded(float, above=0), default=1e-8, help="AdamW's epsilon")
     clip_grad: float = option("--clip-grad", type=bounded(float, 0), default=1.0, help="0 = no clipping")
-    bf16_weights: bool = option(
-        "--bf16-weights", action=argparse.BooleanOptionalAction, default=False,
+    bf16_weights: Optional[bool] = option(
+        "--bf16-weights", action=argparse.BooleanOptionalAction,
         help="keep each dense matrix as the bf16 weight autocast computes with plus the 16 bits that make it the "
-             "float32 master again: the same memory and AdamW, no cast of every weight at every use (bf16 on "
-             "CUDA, dense models, no --fp8, not with --distributed-optimizer)")
+             "float32 master again: the same masters and AdamW, no cast of every weight at every use. Default: "
+             "where it is built (bf16 on CUDA, dense models, no --fp8, not with --distributed-optimizer)")
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> OptimConfig:

@@ -57,8 +57,11 @@ class Trainer:
         self.shape, hf_config, generation = model_of(config)
         self.plan = plan or RunPlan.resolve(config, self.shape, Environment.current())
         self.layout = ParallelLayout.current(config.micro_batch_size, config.global_batch_size)
-        log0(f"attention {self.plan.attention} ({self.plan.attention_why}), compile {self.plan.compile}"
-             + (f", FP8 {self.plan.fp8} (Transformer Engine's linear layers)" if self.plan.fp8 else ""))
+        plan = self.plan
+        weights = "bf16 weights split from their float32 masters" if plan.bf16_weights else "float32 weights"
+        log0(f"attention {plan.attention} ({plan.attention_why}), compile {plan.compile}, "
+             f"{weights} ({plan.bf16_weights_why})"
+             + (f", FP8 {plan.fp8} (Transformer Engine's linear layers)" if plan.fp8 else ""))
         self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
         tokenizer = self.train_ds.config.tokenizer
         for line in tokenizer.certificates:
@@ -70,7 +73,7 @@ class Trainer:
         self.core = self._build_model()
         # AdamW splits its bf16 weights before torch's DDP wraps the model, which leaves them to reduce_grads.
         whole = None if config.parallel.distributed_optimizer else AdamW(self.core, config.optim,
-                                                                           bf16_weights=config.optim.bf16_weights)
+                                                                           bf16_weights=self.plan.bf16_weights)
         self.model = data_parallel(self.core, self.plan.data_parallel, device, config.parallel)
         self.optimizer = whole if whole is not None else DistributedAdamW(self.model, config.optim)
         self.schedule = Schedule.of(config.optim, config.train_iters)
@@ -86,7 +89,8 @@ class Trainer:
                                expert_load=ExpertLoad(self.core, self.shape.num_experts, device) if self.shape.moe
                                else None,
                                run={"model": self.shape.name, "gpus": self.layout.world, "fp8": self.plan.fp8,
-                                    "packed": tokenizer.packed, "ep": self.plan.ep})
+                                    "packed": tokenizer.packed, "ep": self.plan.ep,
+                                    "bf16_weights": self.plan.bf16_weights})
         self._announce()
 
     def run(self) -> Summary:
@@ -139,7 +143,7 @@ class Trainer:
         # Gradients are all-reduced over DP × CP once per step, with the last micro-batch's backward
         # (the schedule holds DDP's no_sync until then: `distributed.data_parallel`).
         total = forward_backward(self.model, micro, masks, scale, self.spec)
-        reduce_grads(self.core, self.optimizer.params, under_ddp=self.model is not self.core)
+        reduce_grads(self.model, self.optimizer.params)
         return total
 
     def evaluate(self) -> Optional[float]:
@@ -187,8 +191,7 @@ class Trainer:
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "
              f"{'bf16 autocast' if spec.autocast else 'float32'}")
         optimizer = "distributed over DP" if c.parallel.distributed_optimizer else "whole on each DP rank"
-        weights = "bf16 weights split from their float32 masters" if c.optim.bf16_weights else "float32 weights"
-        log0(f"optimizer AdamW, {optimizer}: {self.optimizer.state_bytes() / 2**30:.3f} GiB of state a GPU, {weights}"
+        log0(f"optimizer AdamW, {optimizer}: {self.optimizer.state_bytes() / 2**30:.3f} GiB of state a GPU"
              + (f", recompute {c.model.recompute}" + (f" ({c.model.recompute_modules})"
                                                       if c.model.recompute == "selective" else "")
                 if c.model.recompute else ""))

@@ -14,13 +14,14 @@ data-parallel size, resumes with either at any other.
 the 16 bits float32 has besides (`split_float32`): the same memory as a float32 parameter, the same
 float32 master for AdamW, and no cast of every weight at every use. (Under bf16 autocast a float32
 matrix is cast to bf16 in each micro-batch's forward and again in its backward, and its bf16
-gradient converted and added to the float32 one.) Measured: 1.08× at 7B over two H100 pipeline
-stages, no change at 3B on one H100 (bench/results/gpu/scale.json).
+gradient converted and added to the float32 one.) The trainer's default where it is built
+(plan.bf16_weights_unbuilt); measured in docs/performance.md, "bf16 weights by default".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterator
@@ -121,14 +122,30 @@ def split_float32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     One case does not fit: a tie rounded down (the rest would be +0x8000). It is kept 1 unit of
     float32's last place lower (+0x7FFF), a number that rounds to the same bf16: 1 weight in 131,072
     moves by 6e-8 of itself, and the bf16 weight is still the cast of the float32 one."""
+    return (_fused(_split) if x.is_cuda else _split)(x)
+
+
+def join_float32(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    return (_fused(_join) if high.is_cuda else _join)(high, low)
+
+
+def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     bits = x.view(torch.int32)
     high = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     low = (bits - (high << 16)).clamp(max=0x7FFF)
     return high.to(torch.int16).view(torch.bfloat16), low.to(torch.int16)
 
 
-def join_float32(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+def _join(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     return ((high.view(torch.int16).to(torch.int32) << 16) + low.to(torch.int32)).view(torch.float32)
+
+
+@functools.cache
+def _fused(fn):
+    """`fn` compiled to one kernel reading its inputs once and writing its outputs once. Every step
+    joins and splits each split matrix again; eager, each integer step writes its own int32 tensor,
+    ten passes over memory where one does."""
+    return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
 def _add_to_float32_grad(p: torch.nn.Parameter) -> None:

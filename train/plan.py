@@ -12,6 +12,7 @@ machine (`Environment.current`), so the rules are tested without building a mode
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -66,6 +67,7 @@ class RunPlan:
     autocast: bool = False
     data_parallel: str = "none"  # "megatron" (with the distributed optimizer), "torch" (DDP) or "none"
     bf16_weights: bool = False
+    bf16_weights_why: str = "as asked"
     tp: int = 1
     pp: int = 1
     ep: int = 1
@@ -100,7 +102,7 @@ class RunPlan:
             autocast=autocast,
             data_parallel=("megatron" if parallel.distributed_optimizer
                            else "torch" if dp * parallel.cp > 1 and parallel.pp == 1 else "none"),
-            bf16_weights=config.optim.bf16_weights,
+            bf16_weights=bool(config.optim.bf16_weights),
             tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, cp=parallel.cp, dp=dp,
             sequence_parallel=parallel.sequence_parallel,
             first_stage_layers=parallel.first_stage_layers, last_stage_layers=parallel.last_stage_layers,
@@ -112,6 +114,10 @@ class RunPlan:
         if env.world_size % (parallel.tp * parallel.pp * parallel.cp):
             raise ValueError(f"world size {env.world_size} is not a multiple of --tp {parallel.tp} × --pp "
                              f"{parallel.pp} × --cp {parallel.cp}")
+        if config.optim.bf16_weights is None:  # the default: where they are built
+            unbuilt = bf16_weights_unbuilt(plan)
+            plan = dataclasses.replace(plan, bf16_weights=unbuilt is None, bf16_weights_why=(
+                f"split bf16 weights: {unbuilt}" if unbuilt else "the default where they are built"))
         check(plan)
         return plan
 
@@ -282,17 +288,20 @@ def _cp_distributed_optimizer(p: RunPlan) -> Optional[str]:
                 "parallelism")
 
 
+def bf16_weights_unbuilt(p: RunPlan) -> Optional[str]:
+    """Why `p` cannot hold bf16 weights split from their float32 masters; None: it can. Their
+    gradients are added up beside the weights, outside torch's DDP (distributed.SplitGradReduction)
+    and megatron-core's optimizer (which keeps its own masters); not for a mixture of experts, whose
+    router multiplies outside autocast."""
+    return ("it computes under bf16 autocast: on CUDA, without --fp32" if not p.autocast
+            else "it is not built with --fp8" if p.fp8
+            else "it is not built for a mixture-of-experts model" if p.shape.moe
+            else "megatron-core's distributed optimizer keeps its own masters" if p.data_parallel == "megatron"
+            else None)
+
+
 def _bf16_weights(p: RunPlan) -> Optional[str]:
-    """--bf16-weights where it is built: its gradients are added up beside the weights, outside
-    torch's DDP (reduce_grads averages them after the schedule) and megatron-core's optimizer (which
-    keeps its own masters); not for a mixture of experts, whose router multiplies outside autocast."""
-    if not p.bf16_weights:
-        return None
-    why = ("it computes under bf16 autocast: on CUDA, without --fp32" if not p.autocast
-           else "it is not built with --fp8" if p.fp8
-           else "it is not built for a mixture-of-experts model" if p.shape.moe
-           else "megatron-core's distributed optimizer keeps its own masters" if p.data_parallel == "megatron"
-           else None)
+    why = bf16_weights_unbuilt(p) if p.bf16_weights else None
     return f"--bf16-weights: {why}" if why else None
 
 

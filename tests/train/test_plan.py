@@ -78,6 +78,25 @@ def test_bf16_weights_are_built_beside_data_and_context_parallelism():
         assert p.bf16_weights and p.dp * p.cp == 2 and p.data_parallel == "torch"
 
 
+@pytest.mark.parametrize("args, model, env, split, why", [
+    ([], "tiny", Environment(cuda=True), True, "the default where they are built"),
+    ([], "tiny", Environment(cuda=True, world_size=2), True, "the default where they are built"),
+    (["--pp", "2"], "tiny", Environment(cuda=True, world_size=2), True, "the default where they are built"),
+    (["--no-bf16-weights"], "tiny", Environment(cuda=True), False, "as asked"),
+    (["--bf16-weights"], "tiny", Environment(cuda=True), True, "as asked"),
+    ([], "tiny", Environment(), False, "split bf16 weights: it computes under bf16 autocast"),
+    (["--fp32"], "tiny", Environment(cuda=True), False, "under bf16 autocast"),
+    (["--fp8", "tensorwise"], "tiny", H100, False, "not built with --fp8"),
+    ([], "tiny-qwen3-moe", Environment(cuda=True), False, "mixture-of-experts"),
+    (["--distributed-optimizer"], "tiny", Environment(cuda=True), False, "keeps its own masters"),
+])
+def test_bf16_weights_are_the_default_where_they_are_built(args, model, env, split, why):
+    """Measured no slower anywhere they are built (bench/results/gpu/scale-h200x2f/): split by default there,
+    float32 weights elsewhere, and the plan says which and why (the run's first line)."""
+    p = plan(*args, model=model, env=env)
+    assert p.bf16_weights is split and why in p.bf16_weights_why
+
+
 def test_bf16_weights_on_a_moe_model_are_refused():
     assert "mixture-of-experts" in refusal("--bf16-weights", model="tiny-qwen3-moe", env=Environment(cuda=True))
 

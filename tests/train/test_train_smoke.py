@@ -77,7 +77,8 @@ def test_pretrain_blend_trains(full_run):
     assert records[-1]["loss"] < records[0]["loss"] - 2
     assert all(0 <= r["data_share"] < 1 and r["tokens_per_s"] > 0 for r in records)
     assert "tok/s" in stdout and "data" in stdout
-    assert "GiB of state a GPU, float32 weights" in stdout  # the run's second line: no --bf16-weights
+    # the run's first line: on a CPU bf16 weights are not built, so the default holds float32 ones
+    assert "float32 weights (split bf16 weights: it computes under bf16 autocast" in stdout.splitlines()[0]
 
 
 def _scalars(folder):
@@ -108,8 +109,8 @@ def test_the_log_ends_with_the_summary_and_the_machine(full_run):
     assert all(summary[k] is None for k in ("gpu_name", "gpu_uuid", *GPU_QUERY))
     assert isinstance(summary["cpu_model"], str) and summary["cpu_model"]
     # what the run was, for bench/records.py: without its command line
-    assert {k: summary[k] for k in ("model", "gpus", "fp8", "packed", "ep")} == {
-        "model": "tiny", "gpus": 1, "fp8": None, "packed": False, "ep": 1}
+    assert {k: summary[k] for k in ("model", "gpus", "fp8", "packed", "ep", "bf16_weights")} == {
+        "model": "tiny", "gpus": 1, "fp8": None, "packed": False, "ep": 1, "bf16_weights": False}
 
 
 def test_bench_records_read_the_log(full_run, monkeypatch):
@@ -332,19 +333,22 @@ def test_moe_tokens_are_dispatched_in_the_autocast_dtype(megatron_cpu):
     assert seen == [torch.float32, torch.bfloat16]
 
 
-def test_split_float32_is_exact_and_rounds_as_autocast():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the compiled split and join run on CUDA"))])
+def test_split_float32_is_exact_and_rounds_as_autocast(device):
     from qwen_data_train.optimizer import join_float32, split_float32
 
     x = torch.cat([torch.randn(100_000) * 10.0 ** torch.randint(-30, 30, (100_000,)),
                    torch.tensor([0.0, -0.0, 1.0, -1.0, 1e-40, -1e-40, 3.4e38, -3.4e38, float("inf"), float("-inf"),
                                  1.0 + 2 ** -8, -(1.0 + 2 ** -8), 1.0 + 3 * 2 ** -8])])  # the last three: ties
+    x = x.to(device).view(-1, 1)  # a matrix, as the weights split are
     high, low = split_float32(x)
     assert high.dtype == torch.bfloat16 and low.dtype == torch.int16
     assert torch.equal(high, x.to(torch.bfloat16))  # what autocast computes with
     bits, back = x.view(torch.int32), join_float32(high, low).view(torch.int32)
     # a tie rounded down to an even bf16 comes back one unit of the last place lower; all else exactly
     down = ((bits & 0xFFFF) == 0x8000) & (((bits >> 16) & 1) == 0)
-    assert down[-3:].tolist() == [True, True, False]
+    assert down[-3:].flatten().tolist() == [True, True, False]
     assert torch.equal(back[~down], bits[~down]) and torch.equal(back[down], bits[down] - 1)
     assert torch.equal(split_float32(join_float32(high, low))[0], high)
 
@@ -447,7 +451,8 @@ def train(bf16_weights, device):
     core = build_model(shape, RunPlan.for_model(shape, attention="sdpa")).train()
     optimizer = AdamW(core, config.optim, bf16_weights=bf16_weights)  # split before DDP, as the trainer does
     model = data_parallel(core, "torch", device, config.parallel)
-    norms = []
+    norms, started = [], []
+    reduction = model.split_grad_reduction
     for step in range(3):
         for micro in range(2):  # two micro-batches a step, DDP's reduction held until the last
             seed = 100 * dist.get_rank() + 2 * step + micro  # each rank its own rows
@@ -456,22 +461,24 @@ def train(bf16_weights, device):
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     loss = model(tokens, positions, None, labels=tokens.roll(-1, 1)).float().mean()
                 loss.backward()
-        reduce_grads(core, optimizer.params, under_ddp=True)
+            started.append(len(reduction.pending) if reduction else 0)  # reductions backward started
+        reduce_grads(model, optimizer.params)
         norms.append(optimizer.step(1e-3).item())
     with optimizer.float32_weights():
         weights = torch.cat([p.detach().flatten().float() for p in core.parameters()])
-    return optimizer, norms, weights
+    return optimizer, norms, weights, started
 
 with megatron_core(), distributed(1) as device:
-    optimizer, norms, weights = train(False, device)
-    split_optimizer, split_norms, split_weights = train(True, device)
+    optimizer, norms, weights, _ = train(False, device)
+    split_optimizer, split_norms, split_weights, started = train(True, device)
     other = split_weights.clone()
     dist.broadcast(other, src=1)
     if dist.get_rank() == 0:
         # the same masters but for a tie rounded down (split_float32) now and then: 1 unit apart, which
         # the next steps may carry to 2 (seen: 1 weight of 205,376 after 3 steps)
         close = torch.allclose(split_weights, weights, rtol=2 ** -22, atol=0)
-        print(json.dumps({"split": len(split_optimizer.split), "norms": norms, "split_norms": split_norms,
+        print(json.dumps({"split": len(split_optimizer.split), "started": started, "norms": norms,
+                          "split_norms": split_norms,
                           "close": close, "ranks_apart": (split_weights - other).abs().max().item()}))
 """
 
@@ -479,8 +486,10 @@ with megatron_core(), distributed(1) as device:
 def test_bf16_weights_train_over_data_parallel_ranks_as_float32_weights(tmp_path):
     """Over two data-parallel ranks (torch's DDP, each rank its own rows, two micro-batches a step),
     split weights take the float32 run's steps: the same gradient norms and, to float32's last places, the
-    same masters, equal on both ranks. DDP never sees their float32 gradients; without reduce_grads averaging
-    them, each rank would step by its own rows alone and the ranks would drift apart."""
+    same masters, equal on both ranks. DDP never sees their float32 gradients; without their own reduction
+    each rank would step by its own rows alone and the ranks would drift apart. That reduction starts
+    during the last micro-batch's backward, for every split weight (the output layer's too: the loss here
+    is not the fused one), and not in the micro-batches before."""
     script = tmp_path / "bf16_dp.py"
     script.write_text(BF16_WEIGHTS_OVER_TWO_RANKS)
     done = subprocess.run(torchrun(2) + [str(script)], capture_output=True, text=True, timeout=300,
@@ -488,6 +497,7 @@ def test_bf16_weights_train_over_data_parallel_ranks_as_float32_weights(tmp_path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["split"] > 0
+    assert got["started"] == [0, got["split"]] * 3
     assert got["split_norms"] == pytest.approx(got["norms"], rel=1e-6)
     assert got["ranks_apart"] == 0.0 and got["close"], got
 
