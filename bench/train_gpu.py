@@ -10,6 +10,8 @@ packed     Per-token losses of packed SFT rows (--attention sdpa: FlexAttention 
 profile    A few steps of `python -m train` (its arguments after --; torchrun alike, rank 0 reports)
            under torch.profiler: the operations with the most GPU time, each step's time and the
            share of it the GPU's kernels were busy.
+split      AdamW's join and split of each dense matrix of --model (bf16 weights: train/optimizer.py),
+           eager against compiled, twice each: ms for all of them and whether the bits agree.
 attention  One attention layer's shapes, forward + backward: SDPA causal, FlexAttention and (where
            installed) Transformer Engine on rows of one document (the same function), then flex
            against SDPA with a dense mask on rows
@@ -176,9 +178,33 @@ def profile(args) -> None:
         print(events.table(sort_by=args.sort, row_limit=args.rows_shown, max_name_column_width=70))
 
 
+def split_join(args) -> None:
+    from qwen_data_train import optimizer
+
+    shape = PRESETS[args.model]
+    h, q = shape.hidden_size, shape.num_attention_heads * shape.kv_channels
+    kv = shape.num_query_groups * shape.kv_channels
+    layer = [(q + 2 * kv, h), (h, q), (2 * shape.ffn_hidden_size, h), (h, shape.ffn_hidden_size)]
+    weights = [torch.randn(rows, columns, device="cuda") for rows, columns in layer * shape.num_layers]
+    eager = [optimizer._split(w) for w in weights]
+    for name, split_, join in [("eager", optimizer._split, optimizer._join),
+                               ("compiled", optimizer.split_float32, optimizer.join_float32)] * 2:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        parts = [split_(w) for w in weights]
+        joined = [join(high, low) for high, low in parts]
+        torch.cuda.synchronize()
+        same = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) and torch.equal(la, lb)
+                   for (a, la), (b, lb) in zip(parts, eager))
+        same = same and all(torch.equal(j.view(torch.int32), optimizer._join(*e).view(torch.int32))
+                            for j, e in zip(joined, eager))
+        print(f"{name}: split and join of {sum(w.numel() for w in weights) / 1e9:.2f}G elements "
+              f"{1000 * (time.perf_counter() - started):.1f} ms, bits as eager: {same}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("check", choices=["packed", "attention", "profile"])
+    p.add_argument("check", choices=["packed", "attention", "profile", "split"])
     p.add_argument("--warm", type=int, default=4, help="profile: steps before the profiled ones")
     p.add_argument("--steps", type=int, default=2, help="profile: steps profiled")
     p.add_argument("--rows-shown", type=int, default=30)
@@ -196,7 +222,7 @@ def main() -> None:
     split = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:split])
     args.train = argv[split + 1:]  # profile: the train stage's arguments
-    {"packed": packed, "attention": attention, "profile": profile}[args.check](args)
+    {"packed": packed, "attention": attention, "profile": profile, "split": split_join}[args.check](args)
 
 
 if __name__ == "__main__":
