@@ -29,7 +29,8 @@
 #           layer's kernels timed (bench/train_gpu.py attention); FP8 recipes against bf16 at the 0.5B,
 #           1.5B, 3B and 7B shapes (7B: 8 of its layers), and the loss after 200 steps at 1.5B; then
 #           $OUT/te.json (bench/te_report.py). TE_ONLY="name ..." runs only those (a call may hold only
-#           some: te.json takes every te-*.jsonl under $OUT); TE_CHECKS=0 skips the checks.
+#           some: te.json takes every te-*.jsonl under $OUT); TE_CHECKS=0 skips the checks; TE_ROUNDS=2 runs
+#           them twice over, interleaved; TE_PROFILE=1 profiles the FP8 runs and their bf16 ones besides.
 # scale     two GPUs: sequence parallelism with compiled layers, the distributed optimizer against plain DP
 #           (losses over 50 steps, speed with and without overlap, a checkpoint resharded DP=2 → 1 → 2 and
 #           its --save-hf export), recompute none/selective/full, the Qwen2.5-7B shape at TP=2, Qwen2.5-3B on
@@ -232,15 +233,27 @@ fp8-0.5b-200-layers:200:$B --micro-batch-size 4 --fp8 tensorwise --compile layer
 fp8-0.5b-200-swiglu:200:$B --micro-batch-size 4 --fp8 tensorwise --compile swiglu"
   TE_RUNS="pretrain-sdpa:40:$PT --attention sdpa;pretrain-te:40:$PT --attention te;\
 sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te;$FP8"
+  # TE_ROUNDS=N runs the list N times over (names end -r1, -r2, ...: a machine's drift shows between rounds, and
+  # each FP8 run is set against the bf16 run of its round); TE_PROFILE=1 profiles each FP8 run and its bf16 one
+  # of the first round (bench/train_gpu.py profile: GPU-bound or launch-bound) into te-NAME.profile.
   IFS=';' read -ra runs <<< "$TE_RUNS"
-  for spec in "${runs[@]}"; do
-    IFS=':' read -r name steps args <<< "$spec"
-    [ -z "${TE_ONLY:-}" ] || [[ " $TE_ONLY " == *" $name "* ]] || continue
-    rm -f "$OUT/te-$name.jsonl"
-    # shellcheck disable=SC2086  # args are words
-    TORCH_LOGS=recompiles run "te-$name" timeout 400 python3 -m train --model qwen2.5-0.5b --seq-length 4096 \
-      --global-batch-size 8 --num-workers 2 --train-iters "$steps" --warmup-iters 10 --lr 3e-4 --log-interval 10 \
-      $args --log-json "$OUT/te-$name.jsonl"
+  rounds=${TE_ROUNDS:-1}
+  for round in $(seq "$rounds"); do
+    for spec in "${runs[@]}"; do
+      IFS=':' read -r name steps args <<< "$spec"
+      [ -z "${TE_ONLY:-}" ] || [[ " $TE_ONLY " == *" $name "* ]] || continue
+      what=$name && [ "$rounds" = 1 ] || what=$name-r$round
+      rm -f "$OUT/te-$what.jsonl"
+      TRAIN=(--model qwen2.5-0.5b --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 10 --lr 3e-4)
+      # shellcheck disable=SC2086  # args are words
+      TORCH_LOGS=recompiles run "te-$what" timeout 400 python3 -m train "${TRAIN[@]}" --train-iters "$steps" \
+        --log-interval 10 $args --log-json "$OUT/te-$what.jsonl"
+      if [ "${TE_PROFILE:-0}" = 1 ] && [ "$round" = 1 ] && [[ $name == fp8-* ]]; then
+        # shellcheck disable=SC2086
+        timeout 300 python3 bench/train_gpu.py profile --warm 4 --steps 2 -- "${TRAIN[@]}" --train-iters 10 $args \
+          2>&1 | grep -v -i "warn" > "$OUT/te-$what.profile" || true
+      fi
+    done
   done
   python3 bench/te_report.py "$OUT" | tee "$OUT/te.md"
   echo "te stage: $SECONDS s" ;;

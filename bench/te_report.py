@@ -9,7 +9,10 @@ Each run is a te-NAME.jsonl (the trainer's --log-json) and te-NAME.log (the comm
 dynamo's "Recompiling function" lines among the output). Rates are steady state (the intervals
 after iteration 10, as bench/gpu_table.py, MFU in its two counts); the machine fields are the log's
 summary line's (null in logs older than them); first_step_s is iteration 1's step, compiling included;
-loss_at_end the last interval's mean loss. auto_picks: what `--attention auto` resolves to on a
+loss_at_end the last interval's mean loss; gpu_busy_share the share of a step the GPU's kernels were busy
+(te-NAME.profile, bench/train_gpu.py profile's; near 1 the GPU bounds the step, well below it the host's
+launches do; null without one). A run named ...-rN (gpu.sh's TE_ROUNDS) is set against the bf16 run of
+its own round. auto_picks: what `--attention auto` resolves to on a
 CUDA machine with Transformer Engine as te_device.txt records it; packed_parity: bench/train_gpu.py packed.
 """
 
@@ -54,8 +57,23 @@ def run(jsonl: str) -> dict:
         "first_step_s": round(records[0]["step_ms"] / 1000, 1) if records else None,
         "loss_at_end": round(records[-1]["loss"], 4) if records else None,
         "recompiles": len(re.findall(r"Recompiling function", text)),
+        "gpu_busy_share": busy_share(jsonl.removesuffix(".jsonl") + ".profile"),
         **where,
     }
+
+
+def busy_share(profile: str) -> Optional[float]:
+    """The GPU kernels' share of the step in a `train_gpu.py profile` output; None: none there."""
+    if not os.path.exists(profile):
+        return None
+    found = re.search(r"GPU kernels [\d.]+ ms/step \((\d+)%\)", open(profile).read())
+    return int(found.group(1)) / 100 if found else None
+
+
+def baseline_name(name: str) -> str:
+    """The run `name` is measured against: FP8 against bf16, TE's attention against PyTorch's, in its round."""
+    name = re.sub(r"-(tensorwise|delayed|blockwise)((?:-r\d+)?)$", r"-bf16\2", name)
+    return re.sub(r"-te((?:-r\d+)?)$", r"-sdpa\1", name)
 
 
 def folder(out: str) -> tuple[list[dict], Optional[str], Optional[str], Optional[dict], Optional[dict]]:
@@ -97,13 +115,12 @@ def main() -> None:
         f.write("\n")
     runs = report["runs"]
     head = ["name", "device", "model", "attention", "fp8", "packed", "steps", "tokens_per_s", *MFU, "max_memory_gib",
-            "first_step_s", "loss_at_end", "recompiles", *CARD]
+            "first_step_s", "loss_at_end", "recompiles", "gpu_busy_share", *CARD]
     print("| " + " | ".join(head) + " | vs sdpa / bf16 |")
     print("|" + "---|" * (len(head) + 1))
     by_name = {(folder_of[id(r)], r["name"]): r for r in runs}
     for r in runs:
-        base = by_name.get((folder_of[id(r)], re.sub(r"-te$", "-sdpa",
-                                                     re.sub(r"-(tensorwise|delayed|blockwise)$", "-bf16", r["name"]))))
+        base = by_name.get((folder_of[id(r)], baseline_name(r["name"])))
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}x" if base and base is not r and r["tokens_per_s"] \
             and base["tokens_per_s"] else "-"
         cells = [str(r[k]).split(",")[0] for k in head]  # the device's name, not its memory and driver

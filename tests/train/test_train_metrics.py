@@ -77,6 +77,17 @@ def reports(monkeypatch):
         sys.modules.pop(name, None)
 
 
+def test_te_report_sets_each_run_against_its_own_round_and_reads_the_profile(reports, tmp_path):
+    _, te_report, _ = reports
+    assert te_report.baseline_name("fp8-3b-mb2sel-delayed-r2") == "fp8-3b-mb2sel-bf16-r2"
+    assert te_report.baseline_name("fp8-3b-mb2sel-tensorwise") == "fp8-3b-mb2sel-bf16"
+    assert te_report.baseline_name("pretrain-te-r1") == "pretrain-sdpa-r1"
+    profile = tmp_path / "te-fp8.profile"
+    profile.write_text("1902 ms/step over 2 profiled steps; GPU kernels 1815 ms/step (95%)\n| table |\n")
+    assert te_report.busy_share(str(profile)) == 0.95
+    assert te_report.busy_share(str(tmp_path / "none.profile")) is None
+
+
 def test_reports_read_logs_older_than_the_two_counts(reports):
     gpu_table, te_report, scale_report = reports
     row = gpu_table.row(os.path.join(RESULTS, "speed-0.5b-fast.jsonl"))
