@@ -502,19 +502,17 @@ def test_bf16_weights_train_over_data_parallel_ranks_as_float32_weights(tmp_path
     assert got["ranks_apart"] == 0.0 and got["close"], got
 
 
-def test_split_weights_save_and_resume_as_their_float32_masters(tmp_path):
+def test_split_weights_save_and_resume_as_their_float32_masters(megatron_cpu, tmp_path):
     """bf16 weights split from their masters (the default on CUDA) are saved as the float32 masters and
     resumed as the same split: every bit of the masters, the bf16 weights and AdamW's moments comes back in
     a model drawn from another seed. (Loaded into the split model as it computes, the masters would lose
     their low 16 bits.)"""
     from qwen_data_train.checkpoint import Checkpointer
     from qwen_data_train.config import CheckpointConfig, TrainConfig
-    from qwen_data_train.distributed import distributed
     from qwen_data_train.hf.checkpoint import HFExport
     from qwen_data_train.loop import model_of
     from qwen_data_train.model import build_model, marks
     from qwen_data_train.optimizer import AdamW
-    from qwen_data_train.patches import megatron_core
     from qwen_data_train.plan import RunPlan
 
     config = TrainConfig.parse(["--data", "x"])
@@ -532,22 +530,21 @@ def test_split_weights_save_and_resume_as_their_float32_masters(tmp_path):
         split = [(p.detach().clone(), marks.low_bits(p).clone()) for p in optimizer.split]
         return masters, split, optimizer.moments()
 
-    with megatron_core(), distributed(1):
-        core, optimizer = made(0)
-        for p in optimizer.params:  # a step, so that the moments and the masters' low bits are not zeros
-            if marks.float32_grad(p) is not None:
-                marks.float32_grad(p).normal_()
-            else:
-                p.grad = torch.randn(p.shape)
-        optimizer.step(1e-3)
-        saved = state(core, optimizer)
-        Checkpointer(CheckpointConfig(save=str(tmp_path), save_interval=0, load=None, save_hf=None), core, optimizer,
-                     export).save(1, 8)
-        other, resumed = made(1)
-        assert not torch.equal(state(other, resumed)[0][0], saved[0][0])
-        assert Checkpointer(CheckpointConfig(save=None, save_interval=0, load=str(tmp_path), save_hf=None), other,
-                            resumed, export).load() == (1, 8)
-        masters, split, moments = state(other, resumed)
+    core, optimizer = made(0)
+    for p in optimizer.params:  # a step, so that the moments and the masters' low bits are not zeros
+        if marks.float32_grad(p) is not None:
+            marks.float32_grad(p).normal_()
+        else:
+            p.grad = torch.randn(p.shape)
+    optimizer.step(1e-3)
+    saved = state(core, optimizer)
+    Checkpointer(CheckpointConfig(save=str(tmp_path), save_interval=0, load=None, save_hf=None), core, optimizer,
+                 export).save(1, 8)
+    other, resumed = made(1)
+    assert not torch.equal(state(other, resumed)[0][0], saved[0][0])
+    assert Checkpointer(CheckpointConfig(save=None, save_interval=0, load=str(tmp_path), save_hf=None), other,
+                        resumed, export).load() == (1, 8)
+    masters, split, moments = state(other, resumed)
     assert optimizer.split and all(torch.equal(a, b) for a, b in zip(masters, saved[0]))
     assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) and torch.equal(la, lb)
                for (a, la), (b, lb) in zip(split, saved[1]))
