@@ -170,9 +170,9 @@ def data_parallel(core: torch.nn.Module, kind: str, device: torch.device, parall
 class SplitGradReduction:
     """Under torch's DDP, the float32 gradients of split bf16 weights averaged over `gradient_group`
     during the backward of the step's last micro-batch, each as soon as it is whole, as DDP overlaps
-    its own reduction (averaged after backward instead, Qwen2.5-3B over two H200s ran at 0.93× its
-    float32 weights). A gradient backward does not make (the output weight's, which the fused cross-
-    entropy adds to itself) is left to `finish`'s caller."""
+    its own reduction (averaged after backward, Qwen2.5-3B over two H200s ran 2% slower:
+    docs/performance.md, "bf16 weights by default"). A gradient backward does not make (the output
+    weight's, which the fused cross-entropy adds to itself) is left to `finish`'s caller."""
 
     def __init__(self, ddp: DistributedDataParallel, params: list[torch.nn.Parameter]) -> None:
         self.ddp = ddp
