@@ -71,7 +71,8 @@ class Trainer:
         self.spec = ForwardSpec(self.plan.attention, device, autocast=self.plan.autocast,
                                 cross_entropy=config.model.cross_entropy, seq_length=config.seq_length, pad=self.pad)
         self.core = self._build_model()
-        # AdamW splits its bf16 weights before torch's DDP wraps the model, which leaves them to reduce_grads.
+        # AdamW splits its bf16 weights before torch's DDP wraps the model, which leaves them to the
+        # SplitGradReduction data_parallel installs.
         whole = None if config.parallel.distributed_optimizer else AdamW(self.core, config.optim,
                                                                            bf16_weights=self.plan.bf16_weights)
         self.model = data_parallel(self.core, self.plan.data_parallel, device, config.parallel)
