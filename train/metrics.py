@@ -23,6 +23,7 @@ import json
 import math
 import platform
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -66,9 +67,9 @@ GPU_QUERY = {"power_limit_w": "power.limit", "sm_clock_mhz": "clocks.sm", "max_s
 
 def machine(device: torch.device) -> dict:
     """What a run's speed depends on besides the code: the GPU (its name, UUID, power limit, SM and
-    memory clocks against the SM's top, temperature: read now, at the end of a run, under load) and
-    the host's CPU model. None where unknown (on the CPU, without nvidia-smi)."""
-    fields = {"gpu_name": None, "gpu_uuid": None, **dict.fromkeys(GPU_QUERY)}
+    memory clocks against the SM's top, temperature: read now) and the host's CPU model. None where
+    unknown (on the CPU, without nvidia-smi). The summary's SM clock is `ClockWatch`'s, the steps'."""
+    fields = {"gpu_name": None, "gpu_uuid": None, **dict.fromkeys(GPU_QUERY), **dict.fromkeys(SAMPLED)}
     if device.type == "cuda":
         fields["gpu_name"] = torch.cuda.get_device_name(device)
         uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"  # nvidia-smi's numbering may differ
@@ -89,6 +90,66 @@ def machine(device: torch.device) -> dict:
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     return {**fields, "cpu_model": cpu or platform.processor() or platform.machine() or None}
+
+
+# NVML's clock event reasons (nvidia-smi's clocks_event_reasons.active, a bit mask)
+IDLE, POWER_CAP = 0x1, 0x4
+SLOWDOWN = 0x8 | 0x20 | 0x40 | 0x80  # hardware slowdown, software and hardware thermal, power brake
+SAMPLED = ("power_draw_w", "power_capped_share", "slowdown_share")  # `clock_report`'s, besides the SM clock
+
+
+class ClockWatch:
+    """nvidia-smi sampling one GPU's SM clock, power draw and what holds the clock down every
+    `period_ms` until `stop`. An FP8 product draws more power than a bf16 one: a card at its power
+    limit lowers its clock, and FP8's gain with it. One reading at the end of a run, when the GPU
+    has stopped, does not show that; the steps' samples do."""
+
+    def __init__(self, device: torch.device, period_ms: int = 200) -> None:
+        self.samples: list[str] = []
+        self.process: Optional[subprocess.Popen] = None
+        uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+        for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):  # newer, older drivers
+            command = ["nvidia-smi", f"--id={uuid}", f"--query-gpu=clocks.sm,power.draw,{reasons}",
+                       "--format=csv,noheader,nounits"]
+            try:
+                if subprocess.run(command, capture_output=True, timeout=20).returncode == 0:
+                    self.process = subprocess.Popen([*command, f"--loop-ms={period_ms}"], text=True,
+                                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                    break
+            except (OSError, subprocess.SubprocessError):
+                return
+        if self.process:
+            self.reader = threading.Thread(target=lambda: self.samples.extend(self.process.stdout), daemon=True)
+            self.reader.start()
+
+    def stop(self) -> dict:
+        """`clock_report` of the samples taken; {} without nvidia-smi."""
+        if not self.process:
+            return {}
+        self.process.terminate()
+        with contextlib.suppress(subprocess.SubprocessError):
+            self.process.wait(timeout=20)
+        self.reader.join(timeout=20)
+        return clock_report(self.samples)
+
+
+def clock_report(lines: list[str]) -> dict:
+    """Over nvidia-smi's busy samples ("clock, power, reasons"; idle ones left out): the mean SM
+    clock and power draw, and the share of samples whose clock the power limit held down
+    (`power_capped_share`) or a thermal or hardware slowdown (`slowdown_share`). {} without any."""
+    rows = []
+    for line in lines:
+        fields = [v.strip() for v in line.split(",")]
+        with contextlib.suppress(ValueError):
+            if len(fields) == 3 and not int(fields[2], 16) & IDLE:
+                rows.append((float(fields[0]), _number(fields[1]), int(fields[2], 16)))
+    if not rows:
+        return {}
+    powers = [power for _, power, _ in rows if power is not None]
+    return {"sm_clock_mhz": sum(clock for clock, _, _ in rows) / len(rows),
+            "power_draw_w": sum(powers) / len(powers) if powers else None,
+            "power_capped_share": sum(bool(r & POWER_CAP) for *_, r in rows) / len(rows),
+            "slowdown_share": sum(bool(r & SLOWDOWN) for *_, r in rows) / len(rows)}
 
 
 def _number(text: str) -> Optional[float]:
@@ -277,6 +338,7 @@ class Metrics:
         self.history: list[StepRecord] = []
         self.totals = _Totals()
         self.sinks = ScalarSinks(config, run_config)
+        self.watch: Optional[ClockWatch] = None
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -322,6 +384,8 @@ class Metrics:
         self._json(record.as_dict())
         self.sinks.scalars(iteration, {f"train/{k}": v for k, v in record.as_dict().items()
                                        if k not in ("iteration", "expert_tokens")})
+        if len(self.history) == 1 and self.device.type == "cuda" and is_rank0():
+            self.watch = ClockWatch(self.device)  # over the steady state, as the summary's rates
         self.restart_clock()
         return record
 
@@ -379,7 +443,7 @@ class Metrics:
                      "data_share": t.data_seconds / t.seconds,
                      **self._mfu(t.tokens, t.document_squares, t.row_squares, t.seconds)}
             log0("steady state (after iteration 1): " + ", ".join(f"{k} {v:.4g}" for k, v in rates.items()))
-        where = machine(self.device)
+        where = {**machine(self.device), **(self.watch.stop() if self.watch else {})}
         if self.device.type == "cuda":
             log0(f"peak memory {self._peak_memory_gib():.1f} GiB (the most of any GPU)")
         self._json({"summary": True, "iterations": iterations, **self.run, **rates, **where})

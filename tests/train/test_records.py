@@ -33,7 +33,8 @@ SAMPLE = [
     {"summary": True, "iterations": 20, "model": "qwen2.5-3b", "gpus": 2, "fp8": "tensorwise", "packed": True,
      "ep": 1, "bf16_weights": False, "tokens_per_s": 105000.0, "real_tokens_per_s": 95000.0, "data_share": 0.001,
      "mfu_causal": 0.4, "mfu_full": 0.45, "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
-     "sm_clock_mhz": 1980.0, "max_sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
+     "sm_clock_mhz": 1712.5, "max_sm_clock_mhz": 1980.0, "power_draw_w": 688.0, "power_capped_share": 0.75,
+     "slowdown_share": 0.0, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
      "cpu_model": "Intel(R) Xeon(R) Platinum 8480+"},
 ]
 COMMAND = "torchrun --nproc-per-node 2 -m train --model qwen2.5-3b --fp8 tensorwise --log-json te-run.jsonl"
@@ -64,7 +65,8 @@ def test_a_record_holds_the_run_its_rates_and_its_machine(records, tmp_path):
         "tokens_per_s_per_gpu": 55000.0, "steps": 20, "loss_at_end": 9.8765,
         "mfu_causal": 0.4123, "mfu_full": 0.4568,
         "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
-        "sm_clock_mhz": 1980.0, "max_sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
+        "sm_clock_mhz": 1712.5, "max_sm_clock_mhz": 1980.0, "power_draw_w": 688.0, "power_capped_share": 0.75,
+        "slowdown_share": 0.0, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
         "cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "command": COMMAND,
     }
 

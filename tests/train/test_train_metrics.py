@@ -4,7 +4,9 @@
     Megatron's causal count, the whole row under the full count; the products with weights are
     the same in both;
   - the GPU reports still read the logs committed before the two counts and the machine fields
-    existed (bench/results/gpu), giving none for them.
+    existed (bench/results/gpu), giving none for them;
+  - the SM clock and power of a run are nvidia-smi's samples over its steps, idle ones left out,
+    with the share the power limit held the clock down.
 
 The trainer's own records (a CPU run) are checked in test_train_smoke.py.
 """
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 from qwen_data_train.data import boundaries
-from qwen_data_train.metrics import document_squares
+from qwen_data_train.metrics import clock_report, document_squares
 from qwen_data_train.shapes import PRESETS
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
@@ -99,3 +101,18 @@ def test_reports_read_logs_older_than_the_two_counts(reports):
     scale = scale_report.report(os.path.join(RESULTS, "scale-h100x2"))
     assert scale["runs"] and all(r["mfu_causal"] is None and r["power_limit_w"] is None for r in scale["runs"])
     assert any(r["tokens_per_s_per_gpu"] for r in scale["runs"])
+
+
+def test_the_clock_is_the_mean_of_the_busy_samples_and_the_power_cap_their_share():
+    """nvidia-smi's lines (clocks.sm, power.draw, clocks_event_reasons.active) as --loop-ms prints them."""
+    lines = ["1980, 512.40, 0x0000000000000000\n",
+             "1755, 699.80, 0x0000000000000004\n",  # held by the power limit
+             "1605, 700.10, 0x0000000000000004\n",
+             "1410, [N/A], 0x0000000000000024\n",  # power limit and software thermal slowdown
+             "345, 80.00, 0x0000000000000001\n",  # idle: not the steps'
+             "garbled\n", "1980, 500.0\n"]
+    report = clock_report(lines)
+    assert report == pytest.approx({"sm_clock_mhz": (1980 + 1755 + 1605 + 1410) / 4,
+                                    "power_draw_w": (512.4 + 699.8 + 700.1) / 3,
+                                    "power_capped_share": 0.75, "slowdown_share": 0.25})
+    assert clock_report(["345, 80.00, 0x0000000000000001\n"]) == {}  # only idle

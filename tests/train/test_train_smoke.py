@@ -104,9 +104,9 @@ def test_the_log_ends_with_the_summary_and_the_machine(full_run):
         summary = [json.loads(line) for line in f][-1]
     assert summary["summary"] is True and summary["iterations"] == 6 and summary["tokens_per_s"] > 0
     assert not any(k.startswith("mfu") for k in summary)
-    from train.metrics import GPU_QUERY
+    from train.metrics import GPU_QUERY, SAMPLED
 
-    assert all(summary[k] is None for k in ("gpu_name", "gpu_uuid", *GPU_QUERY))
+    assert all(summary[k] is None for k in ("gpu_name", "gpu_uuid", *GPU_QUERY, *SAMPLED))
     assert isinstance(summary["cpu_model"], str) and summary["cpu_model"]
     # what the run was, for bench/records.py: without its command line
     assert {k: summary[k] for k in ("model", "gpus", "fp8", "packed", "ep", "bf16_weights")} == {
