@@ -21,9 +21,10 @@ import os
 WARM = 10  # iterations left out of the rates
 MFU = ("mfu_causal", "mfu_full")
 # The machine a run's summary names (train/metrics.py `machine` and `clock_report`: the SM clock, power
-# draw and what held the clock down over the steps); CARD: the columns reports show of it
+# draw and what held the clock down over the steps) and the share of a step its GPU's kernels ran
+# (`Metrics.measure`: GPU-bound or launch-bound); CARD: the columns reports show of it
 MACHINE = ("gpu_name", "gpu_uuid", "power_limit_w", "sm_clock_mhz", "max_sm_clock_mhz", "power_draw_w",
-           "power_capped_share", "slowdown_share", "mem_clock_mhz", "temperature_c", "cpu_model")
+           "power_capped_share", "slowdown_share", "gpu_busy_share", "mem_clock_mhz", "temperature_c", "cpu_model")
 CARD = MACHINE[1:]
 
 

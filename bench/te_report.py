@@ -10,8 +10,8 @@ dynamo's "Recompiling function" lines among the output). Rates are steady state 
 after iteration 10, as bench/gpu_table.py, MFU in its two counts); the machine fields are the log's
 summary line's (null in logs older than them); first_step_s is iteration 1's step, compiling included;
 loss_at_end the last interval's mean loss; gpu_busy_share the share of a step the GPU's kernels were busy
-(te-NAME.profile, bench/train_gpu.py profile's; near 1 the GPU bounds the step, well below it the host's
-launches do; null without one). A run named ...-rN (gpu.sh's TE_ROUNDS) is set against the bf16 run of
+(the summary's; in older logs te-NAME.profile's, bench/train_gpu.py profile's, which its recording of the
+CPU's ops lowers; near 1 the GPU bounds the step, well below it the host's launches do; null without one). A run named ...-rN (gpu.sh's TE_ROUNDS) is set against the bf16 run of
 its own round. auto_picks: what `--attention auto` resolves to on a
 CUDA machine with Transformer Engine as te_device.txt records it; packed_parity: bench/train_gpu.py packed.
 """
@@ -57,8 +57,9 @@ def run(jsonl: str) -> dict:
         "first_step_s": round(records[0]["step_ms"] / 1000, 1) if records else None,
         "loss_at_end": round(records[-1]["loss"], 4) if records else None,
         "recompiles": len(re.findall(r"Recompiling function", text)),
-        "gpu_busy_share": busy_share(jsonl.removesuffix(".jsonl") + ".profile"),
         **where,
+        # the run's own (against its unprofiled steps), else a profile's from before the runs measured it
+        "gpu_busy_share": where["gpu_busy_share"] or busy_share(jsonl.removesuffix(".jsonl") + ".profile"),
     }
 
 
@@ -115,7 +116,7 @@ def main() -> None:
         f.write("\n")
     runs = report["runs"]
     head = ["name", "device", "model", "attention", "fp8", "packed", "steps", "tokens_per_s", *MFU, "max_memory_gib",
-            "first_step_s", "loss_at_end", "recompiles", "gpu_busy_share", *CARD]
+            "first_step_s", "loss_at_end", "recompiles", *CARD]
     print("| " + " | ".join(head) + " | vs sdpa / bf16 |")
     print("|" + "---|" * (len(head) + 1))
     by_name = {(folder_of[id(r)], r["name"]): r for r in runs}

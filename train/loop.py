@@ -98,7 +98,7 @@ class Trainer:
         config = self.config
         self.metrics.restart_clock()
         while self.iteration < config.train_iters:
-            self.metrics.add(self.train_step())
+            self.metrics.add(self.metrics.measure(self.iteration + 1, self.train_step))
             self.iteration += 1
             self.consumed += self.layout.global_batch
             if self.metrics.due(self.iteration):

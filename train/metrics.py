@@ -12,7 +12,8 @@ MFU is given as the two counts peers publish, which differ only in the attention
               document of a row on its own (Σ sᵢ² of its lengths, pad positions left out)
   mfu_full    torchtitan's and llm-foundry's: the whole score matrix of every row (rows × s²)
 The summary is also the log's last JSON line ("summary": true), with what the run was (`Metrics`'
-`run`: model, gpus, fp8, packed, ep) and the machine it ran on.
+`run`: model, gpus, fp8, packed, ep), the share of a step the GPU's kernels ran (`gpu_busy_share`,
+on a GPU: `Metrics.measure`) and the machine it ran on.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,8 @@ import torch.distributed as dist
 from .config import LogConfig
 from .distributed import ParallelLayout, gradient_group, is_rank0, log0
 from .shapes import ModelShape
+
+T = TypeVar("T")
 
 # Dense bf16 peak of the chips we run on (datasheet), for MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -90,6 +93,36 @@ def machine(device: torch.device) -> dict:
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     return {**fields, "cpu_model": cpu or platform.processor() or platform.machine() or None}
+
+
+PROFILED_ITERATION = 5  # past compilation and the recompiles of the first steps
+LAUNCH_BOUND = 0.85  # a GPU busy less of the step than this waits on the host's launches
+
+
+def kernel_seconds(run: Callable[[], T]) -> tuple[T, float]:
+    """`run()` under torch's profiler recording the CUDA kernels alone (recording the CPU's ops too
+    would slow the host this judges): its result and the seconds its kernels ran, summed (those of
+    streams that overlap count twice)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return result, sum(e.self_device_time_total for e in kernels) / 1e6
+
+
+def busy_lines(share: float, fp8: Optional[str]) -> list[str]:
+    """What the log says of a step whose GPU kernels ran `share` of its time; with --fp8 on a
+    launch-bound step, a warning: FP8 shortens the GPU's work only."""
+    bound = "GPU-bound" if share >= LAUNCH_BOUND else "launch-bound: the host's CPU sets the pace"
+    lines = [f"GPU kernels busy {share:.0%} of step {PROFILED_ITERATION}'s time (its interval's mean; {bound})"]
+    if fp8 and share < LAUNCH_BOUND:
+        lines.append(f"warning: --fp8 {fp8}: the GPU waits on kernel launches for {1 - share:.0%} of each step. "
+                     "FP8 shortens the GPU's products, not the host's work (Transformer Engine's linear layers "
+                     "cost the CPU more than bf16's), so on this host it gains less than the GPU allows; a larger "
+                     "micro batch launches fewer kernels a token (docs/performance.md, \"FP8 and the host\").")
+    return lines
 
 
 # NVML's clock event reasons (nvidia-smi's clocks_event_reasons.active, a bit mask)
@@ -339,6 +372,8 @@ class Metrics:
         self.totals = _Totals()
         self.sinks = ScalarSinks(config, run_config)
         self.watch: Optional[ClockWatch] = None
+        self.kernel_s: Optional[float] = None  # of the profiled step, until its interval is logged
+        self.gpu_busy_share: Optional[float] = None
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -353,6 +388,15 @@ class Metrics:
             yield
         finally:
             self.window.started += time.perf_counter() - started
+
+    def measure(self, iteration: int, step: Callable[[], StepStats]) -> StepStats:
+        """`step()`, iteration `iteration`'s; on a GPU, PROFILED_ITERATION's kernels are timed
+        (`kernel_seconds`): their share of its interval's step time says whether the GPU or the
+        host's kernel launches set the pace (FP8 saves GPU time only)."""
+        if iteration != PROFILED_ITERATION or self.device.type != "cuda":
+            return step()
+        stats, self.kernel_s = kernel_seconds(step)
+        return stats
 
     def add(self, step: StepStats) -> None:
         w = self.window
@@ -384,10 +428,17 @@ class Metrics:
         self._json(record.as_dict())
         self.sinks.scalars(iteration, {f"train/{k}": v for k, v in record.as_dict().items()
                                        if k not in ("iteration", "expert_tokens")})
+        if self.kernel_s is not None:
+            self._busy(iteration, self.kernel_s / (record.step_ms / 1000))
         if len(self.history) == 1 and self.device.type == "cuda" and is_rank0():
             self.watch = ClockWatch(self.device)  # over the steady state, as the summary's rates
         self.restart_clock()
         return record
+
+    def _busy(self, iteration: int, share: float) -> None:
+        self.kernel_s, self.gpu_busy_share = None, share
+        for line in busy_lines(share, self.run.get("fp8")):
+            log0(line)
 
     def validation(self, iteration: int, loss: Optional[float]) -> None:
         """Report a validation loss (None: its batches held no trained token); JSON: {iteration, valid_loss}."""
@@ -446,6 +497,7 @@ class Metrics:
         where = {**machine(self.device), **(self.watch.stop() if self.watch else {})}
         if self.device.type == "cuda":
             log0(f"peak memory {self._peak_memory_gib():.1f} GiB (the most of any GPU)")
-        self._json({"summary": True, "iterations": iterations, **self.run, **rates, **where})
+        self._json({"summary": True, "iterations": iterations, **self.run, **rates,
+                    "gpu_busy_share": self.gpu_busy_share, **where})
         self.sinks.close()
         return Summary(iterations, self.history, **rates, run=self.run, machine=where)

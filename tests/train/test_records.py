@@ -34,7 +34,7 @@ SAMPLE = [
      "ep": 1, "bf16_weights": False, "tokens_per_s": 105000.0, "real_tokens_per_s": 95000.0, "data_share": 0.001,
      "mfu_causal": 0.4, "mfu_full": 0.45, "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
      "sm_clock_mhz": 1712.5, "max_sm_clock_mhz": 1980.0, "power_draw_w": 688.0, "power_capped_share": 0.75,
-     "slowdown_share": 0.0, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
+     "slowdown_share": 0.0, "gpu_busy_share": 0.71, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
      "cpu_model": "Intel(R) Xeon(R) Platinum 8480+"},
 ]
 COMMAND = "torchrun --nproc-per-node 2 -m train --model qwen2.5-3b --fp8 tensorwise --log-json te-run.jsonl"
@@ -66,7 +66,7 @@ def test_a_record_holds_the_run_its_rates_and_its_machine(records, tmp_path):
         "mfu_causal": 0.4123, "mfu_full": 0.4568,
         "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
         "sm_clock_mhz": 1712.5, "max_sm_clock_mhz": 1980.0, "power_draw_w": 688.0, "power_capped_share": 0.75,
-        "slowdown_share": 0.0, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
+        "slowdown_share": 0.0, "gpu_busy_share": 0.71, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
         "cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "command": COMMAND,
     }
 

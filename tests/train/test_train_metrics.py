@@ -6,7 +6,9 @@
   - the GPU reports still read the logs committed before the two counts and the machine fields
     existed (bench/results/gpu), giving none for them;
   - the SM clock and power of a run are nvidia-smi's samples over its steps, idle ones left out,
-    with the share the power limit held the clock down.
+    with the share the power limit held the clock down;
+  - a step whose GPU idles waiting on the host's launches is called launch-bound, and with --fp8
+    warned of (FP8 shortens the GPU's work only).
 
 The trainer's own records (a CPU run) are checked in test_train_smoke.py.
 """
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 from qwen_data_train.data import boundaries
-from qwen_data_train.metrics import clock_report, document_squares
+from qwen_data_train.metrics import busy_lines, clock_report, document_squares
 from qwen_data_train.shapes import PRESETS
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
@@ -116,3 +118,14 @@ def test_the_clock_is_the_mean_of_the_busy_samples_and_the_power_cap_their_share
                                     "power_draw_w": (512.4 + 699.8 + 700.1) / 3,
                                     "power_capped_share": 0.75, "slowdown_share": 0.25})
     assert clock_report(["345, 80.00, 0x0000000000000001\n"]) == {}  # only idle
+
+
+@pytest.mark.parametrize("share, fp8, bound, warned", [
+    (0.71, "tensorwise", "launch-bound", True), (0.71, None, "launch-bound", False),
+    (0.97, "delayed", "GPU-bound", False), (1.02, None, "GPU-bound", False)])  # overlapping streams: past 1
+def test_a_launch_bound_step_is_named_and_warned_of_under_fp8(share, fp8, bound, warned):
+    lines = busy_lines(share, fp8)
+    assert f"busy {share:.0%}" in lines[0] and bound in lines[0]
+    assert len(lines) == 1 + warned
+    if warned:
+        assert lines[1].startswith(f"warning: --fp8 {fp8}") and f"{1 - share:.0%} of each step" in lines[1]
