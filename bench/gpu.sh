@@ -62,7 +62,9 @@ COMMON=(--model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 1 --global-bat
 run() {  # run NAME ARGS...: the command and its output, both kept; a failure does not stop the stage
   local name=$1 started=$SECONDS; shift
   echo "\$ $*" | tee "$OUT/$name.log"
-  { "$@" 2>&1; echo "exit status $? after $((SECONDS - started)) s"; } | grep -v -i "warn" | tee -a "$OUT/$name.log" || true
+  # Python's and torch's warnings left out (the trainer's own "warning: ..." lines kept)
+  { "$@" 2>&1; echo "exit status $? after $((SECONDS - started)) s"; } | grep -v -E "Warning|warnings\.warn|\]:\[W" \
+    | tee -a "$OUT/$name.log" || true
 }
 
 device() {  # device FILE: the GPUs, then the software the stage runs on
@@ -220,6 +222,8 @@ fp8-3b-mb2-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 2 --fp8 tensor
 fp8-3b-mb2sel-bf16:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective;\
 fp8-3b-mb2sel-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective --fp8 tensorwise;\
 fp8-3b-mb2sel-delayed:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective --fp8 delayed;\
+fp8-3b-mb2sel-swiglu-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective --compile swiglu \
+--fp8 tensorwise;\
 fp8-3b18l-mb4-bf16:20:$B --model qwen2.5-3b --num-layers 18 --micro-batch-size 4 --global-batch-size 16;\
 fp8-3b18l-mb4-tensorwise:20:$B --model qwen2.5-3b --num-layers 18 --micro-batch-size 4 --global-batch-size 16 --fp8 tensorwise;\
 fp8-7b8l-bf16:20:$B --model qwen2.5-7b --num-layers 8 --micro-batch-size 1;\
