@@ -99,24 +99,28 @@ PROFILED_ITERATION = 5  # past compilation and the recompiles of the first steps
 LAUNCH_BOUND = 0.85  # a GPU busy less of the step than this waits on the host's launches
 
 
-def kernel_seconds(run: Callable[[], T]) -> tuple[T, float]:
+def kernel_seconds(run: Callable[[], T]) -> tuple[T, float, float]:
     """`run()` under torch's profiler recording the CUDA kernels alone (recording the CPU's ops too
-    would slow the host this judges): its result and the seconds its kernels ran, summed (those of
-    streams that overlap count twice)."""
+    would slow the host this judges): its result, the seconds its kernels ran, summed (those of
+    streams that overlap count twice), and the seconds it took, from an idle GPU until the GPU is
+    done."""
     from torch.profiler import ProfilerActivity, profile
 
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
         result = run()
         torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
     kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return result, sum(e.self_device_time_total for e in kernels) / 1e6
+    return result, sum(e.self_device_time_total for e in kernels) / 1e6, seconds
 
 
 def busy_lines(share: float, fp8: Optional[str]) -> list[str]:
     """What the log says of a step whose GPU kernels ran `share` of its time; with --fp8 on a
     launch-bound step, a warning: FP8 shortens the GPU's work only."""
     bound = "GPU-bound" if share >= LAUNCH_BOUND else "launch-bound: the host's CPU sets the pace"
-    lines = [f"GPU kernels busy {share:.0%} of step {PROFILED_ITERATION}'s time (its interval's mean; {bound})"]
+    lines = [f"GPU kernels busy {share:.0%} of step {PROFILED_ITERATION}'s time ({bound})"]
     if fp8 and share < LAUNCH_BOUND:
         lines.append(f"warning: --fp8 {fp8}: the GPU waits on kernel launches for {1 - share:.0%} of each step. "
                      "FP8 shortens the GPU's products, not the host's work (Transformer Engine's linear layers "
@@ -372,8 +376,7 @@ class Metrics:
         self.totals = _Totals()
         self.sinks = ScalarSinks(config, run_config)
         self.watch: Optional[ClockWatch] = None
-        self.kernel_s: Optional[float] = None  # of the profiled step, until its interval is logged
-        self.gpu_busy_share: Optional[float] = None
+        self.gpu_busy_share: Optional[float] = None  # `measure`'s
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -391,11 +394,14 @@ class Metrics:
 
     def measure(self, iteration: int, step: Callable[[], StepStats]) -> StepStats:
         """`step()`, iteration `iteration`'s; on a GPU, PROFILED_ITERATION's kernels are timed
-        (`kernel_seconds`): their share of its interval's step time says whether the GPU or the
-        host's kernel launches set the pace (FP8 saves GPU time only)."""
+        (`kernel_seconds`): their share of the step's time says whether the GPU or the host's
+        kernel launches set the pace (FP8 saves GPU time only)."""
         if iteration != PROFILED_ITERATION or self.device.type != "cuda":
             return step()
-        stats, self.kernel_s = kernel_seconds(step)
+        stats, kernels, seconds = kernel_seconds(step)
+        self.gpu_busy_share = kernels / seconds
+        for line in busy_lines(self.gpu_busy_share, self.run.get("fp8")):
+            log0(line)
         return stats
 
     def add(self, step: StepStats) -> None:
@@ -428,17 +434,10 @@ class Metrics:
         self._json(record.as_dict())
         self.sinks.scalars(iteration, {f"train/{k}": v for k, v in record.as_dict().items()
                                        if k not in ("iteration", "expert_tokens")})
-        if self.kernel_s is not None:
-            self._busy(iteration, self.kernel_s / (record.step_ms / 1000))
         if len(self.history) == 1 and self.device.type == "cuda" and is_rank0():
             self.watch = ClockWatch(self.device)  # over the steady state, as the summary's rates
         self.restart_clock()
         return record
-
-    def _busy(self, iteration: int, share: float) -> None:
-        self.kernel_s, self.gpu_busy_share = None, share
-        for line in busy_lines(share, self.run.get("fp8")):
-            log0(line)
 
     def validation(self, iteration: int, loss: Optional[float]) -> None:
         """Report a validation loss (None: its batches held no trained token); JSON: {iteration, valid_loss}."""
