@@ -124,8 +124,9 @@ def busy_lines(share: float, fp8: Optional[str]) -> list[str]:
     if fp8 and share < LAUNCH_BOUND:
         lines.append(f"warning: --fp8 {fp8}: the GPU waits on kernel launches for {1 - share:.0%} of each step. "
                      "FP8 shortens the GPU's products, not the host's work (Transformer Engine's linear layers "
-                     "cost the CPU more than bf16's), so on this host it gains less than the GPU allows; a larger "
-                     "micro batch launches fewer kernels a token (docs/performance.md, \"FP8 and the host\").")
+                     "cost the CPU more than bf16's), so on this host it gains less than the GPU allows. Fewer "
+                     "launches a token help: a larger micro batch, --compile swiglu (docs/performance.md, "
+                     "\"FP8 and the host\").")
     return lines
 
 
