@@ -25,8 +25,8 @@
 # te        Transformer Engine against PyTorch's attention (needs TE: ../shared/tools/device-te.sh), 0.5B at
 #           seq 4096, micro batch 4, global batch 8, layers compiled: pretraining and packed SFT under
 #           each, dynamo's recompiles counted (TORCH_LOGS=recompiles); packed rows through TE's THD
-#           against their samples alone; the GPU tests of tests/train/test_train_compile.py; one attention
-#           layer's kernels timed (bench/train_gpu.py attention); FP8 recipes against bf16 at the 0.5B,
+#           against their samples alone; the GPU tests of tests/train/test_train_compile.py and
+#           test_train_metrics.py; one attention layer's kernels timed (bench/train_gpu.py attention); FP8 recipes against bf16 at the 0.5B,
 #           1.5B, 3B and 7B shapes (7B: 8 of its layers), and the loss after 200 steps at 1.5B; then
 #           $OUT/te.json (bench/te_report.py). TE_ONLY="name ..." runs only those (a call may hold only
 #           some: te.json takes every te-*.jsonl under $OUT); TE_CHECKS=0 skips the checks; TE_ROUNDS=2 runs
@@ -197,7 +197,7 @@ md.version('transformer_engine') if __import__('importlib.util').util.find_spec(
   if [ "${TE_CHECKS:-1}" = 1 ]; then
     run te_packed_check python3 bench/train_gpu.py packed --data .gpu/sft_packed.json --model qwen2.5-0.5b \
       --rows 4 --attention te --json "$OUT/te_packed_parity.json"
-    run te_tests python3 -m pytest -q -p no:cacheprovider tests/train/test_train_compile.py
+    run te_tests python3 -m pytest -q -p no:cacheprovider tests/train/test_train_compile.py tests/train/test_train_metrics.py
     run te_attention python3 bench/train_gpu.py attention --model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 4
   fi
   FAST="--cross-entropy fused --compile layers --micro-batch-size 4"

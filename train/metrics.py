@@ -142,10 +142,9 @@ class ClockWatch:
     limit lowers its clock, and FP8's gain with it. One reading at the end of a run, when the GPU
     has stopped, does not show that; the steps' samples do."""
 
-    def __init__(self, device: torch.device, period_ms: int = 200) -> None:
+    def __init__(self, uuid: str, period_ms: int = 200) -> None:
         self.samples: list[str] = []
         self.process: Optional[subprocess.Popen] = None
-        uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
         for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):  # newer, older drivers
             command = ["nvidia-smi", f"--id={uuid}", f"--query-gpu=clocks.sm,power.draw,{reasons}",
                        "--format=csv,noheader,nounits"]
@@ -436,7 +435,8 @@ class Metrics:
         self.sinks.scalars(iteration, {f"train/{k}": v for k, v in record.as_dict().items()
                                        if k not in ("iteration", "expert_tokens")})
         if len(self.history) == 1 and self.device.type == "cuda" and is_rank0():
-            self.watch = ClockWatch(self.device)  # over the steady state, as the summary's rates
+            # over the steady state, as the summary's rates
+            self.watch = ClockWatch(f"GPU-{torch.cuda.get_device_properties(self.device).uuid}")
         self.restart_clock()
         return record
 

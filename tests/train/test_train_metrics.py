@@ -15,13 +15,14 @@ The trainer's own records (a CPU run) are checked in test_train_smoke.py.
 
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from qwen_data_train.data import boundaries
-from qwen_data_train.metrics import busy_lines, clock_report, document_squares
+from qwen_data_train.metrics import ClockWatch, busy_lines, clock_report, document_squares, kernel_seconds
 from qwen_data_train.shapes import PRESETS
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
@@ -129,3 +130,43 @@ def test_a_launch_bound_step_is_named_and_warned_of_under_fp8(share, fp8, bound,
     assert len(lines) == 1 + warned
     if warned:
         assert lines[1].startswith(f"warning: --fp8 {fp8}") and f"{1 - share:.0%} of each step" in lines[1]
+
+
+FAKE_SMI = """#!/bin/sh
+# nvidia-smi of an older driver: no clocks_event_reasons, only clocks_throttle_reasons; --loop-ms prints on
+case "$*" in *clocks_event_reasons*) echo "Field clocks_event_reasons.active is not a valid field" >&2; exit 2;; esac
+case "$*" in *--loop-ms*) while :; do echo "1755, 699.80, 0x0000000000000004"; sleep 0.05; done;; esac
+echo "1980, 80.00, 0x0000000000000001"
+"""
+
+
+def test_the_clock_watch_samples_until_stopped_and_takes_an_older_drivers_field(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    watch = ClockWatch("GPU-0", period_ms=50)
+    time.sleep(0.5)
+    started = time.perf_counter()
+    report = watch.stop()
+    assert time.perf_counter() - started < 5 and watch.process.poll() is not None
+    assert len(watch.samples) >= 3
+    assert report == pytest.approx({"sm_clock_mhz": 1755, "power_draw_w": 699.8, "power_capped_share": 1.0,
+                                    "slowdown_share": 0.0})
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))  # no nvidia-smi at all
+    assert ClockWatch("GPU-0").stop() == {}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA kernels")
+def test_kernel_seconds_tell_a_busy_gpu_from_one_waiting_on_the_host():
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def products(pause: float) -> None:
+        for _ in range(50):
+            x @ x
+            time.sleep(pause)
+
+    _, kernels, seconds = kernel_seconds(lambda: products(0))  # launches queue up faster than they run
+    assert 0.85 < kernels / seconds <= 1.05
+    _, kernels, seconds = kernel_seconds(lambda: products(0.01))  # each product waits on the host
+    assert kernels / seconds < 0.5
