@@ -59,12 +59,14 @@ fi
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 COMMON=(--model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --num-workers 2)
 
+quiet() {  # Python's and torch's warnings left out (the trainer's own "warning: ..." lines kept)
+  grep -v -E "Warning|warnings\.warn|\]:\[W"
+}
+
 run() {  # run NAME ARGS...: the command and its output, both kept; a failure does not stop the stage
   local name=$1 started=$SECONDS; shift
   echo "\$ $*" | tee "$OUT/$name.log"
-  # Python's and torch's warnings left out (the trainer's own "warning: ..." lines kept)
-  { "$@" 2>&1; echo "exit status $? after $((SECONDS - started)) s"; } | grep -v -E "Warning|warnings\.warn|\]:\[W" \
-    | tee -a "$OUT/$name.log" || true
+  { "$@" 2>&1; echo "exit status $? after $((SECONDS - started)) s"; } | quiet | tee -a "$OUT/$name.log" || true
 }
 
 device() {  # device FILE: the GPUs, then the software the stage runs on
@@ -255,7 +257,7 @@ sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te;$FP8"
       if [ "${TE_PROFILE:-0}" = 1 ] && [ "$round" = 1 ] && [[ $name == fp8-* ]]; then
         # shellcheck disable=SC2086
         timeout 300 python3 bench/train_gpu.py profile --warm 4 --steps 2 -- "${TRAIN[@]}" --train-iters 10 $args \
-          2>&1 | grep -v -i "warn" > "$OUT/te-$what.profile" || true
+          2>&1 | quiet > "$OUT/te-$what.profile" || true
       fi
     done
   done

@@ -176,10 +176,11 @@ def clock_report(lines: list[str]) -> dict:
     (`power_capped_share`) or a thermal or hardware slowdown (`slowdown_share`). {} without any."""
     rows = []
     for line in lines:
-        fields = [v.strip() for v in line.split(",")]
-        with contextlib.suppress(ValueError):
-            if len(fields) == 3 and not int(fields[2], 16) & IDLE:
-                rows.append((float(fields[0]), _number(fields[1]), int(fields[2], 16)))
+        with contextlib.suppress(ValueError):  # not three fields, or not numbers
+            clock, power, reasons = (v.strip() for v in line.split(","))
+            bits = int(reasons, 16)
+            if not bits & IDLE:
+                rows.append((float(clock), _number(power), bits))
     if not rows:
         return {}
     powers = [power for _, power, _ in rows if power is not None]
