@@ -452,7 +452,10 @@ def _certificate_line(certificate: dict) -> str:
     if not certificate.get("certified"):
         return f"not certified: {certificate.get('why')}"
     libraries = ", ".join(f"{name} {version}" for name, version in certificate["reference"].items())
-    return f"certified: {certificate['records_checked']:,} records encoded again by {libraries}, equal"
+    return (f"certified: all {certificate['records_spelled']:,} records' ids spell their text; "
+            f"{certificate['records_checked']:,} picked records encoded again by {libraries}, equal "
+            f"(a fault in 0.1% of records would have been found with a chance of "
+            f"{certificate['detection']['0.1%']:.0%})")
 
 
 def _run_merge(args) -> int:
@@ -615,7 +618,7 @@ def _run_verify(args) -> int:
     for prefix in map(strip_suffix, args.prefixes):
         problems = verify(prefix)
         if args.certify:
-            from .tools.certify import recheck
+            from .certify.recheck import recheck
 
             problems += recheck(prefix, args.certify, args.reference_template)
         if problems:

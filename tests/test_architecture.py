@@ -83,8 +83,8 @@ def test_the_package_imports_form_no_circle():
 # a prefix's inputs again), the on-disk formats under everything that writes or reads them, the blend
 # contract under the tools and the train stage, the CLI over all.
 DATA_SIDE = {"qwen_data", "qwen_data.qwen", "qwen_data.errors", "qwen_data.options", "qwen_data.formats",
-             "qwen_data.inputs", "qwen_data.text", "qwen_data.run", "qwen_data.steps", "qwen_data.blend",
-             "qwen_data.tools"}
+             "qwen_data.inputs", "qwen_data.text", "qwen_data.certify", "qwen_data.run", "qwen_data.steps",
+             "qwen_data.blend", "qwen_data.tools"}
 MAY_IMPORT = {
     "qwen_data": set(),
     "qwen_data.qwen": set(),
@@ -93,12 +93,17 @@ MAY_IMPORT = {
     "qwen_data.formats": {"qwen_data", "qwen_data.qwen"},
     "qwen_data.inputs": {"qwen_data.errors"},
     "qwen_data.text": {"qwen_data.errors", "qwen_data.qwen"},
-    "qwen_data.run": {"qwen_data.errors", "qwen_data.formats", "qwen_data.inputs", "qwen_data.text"},
+    # The certificate: what a run checks and proves, over what it reads and writes; the pipeline,
+    # the steps' workers and the tools call it.
+    "qwen_data.certify": {"qwen_data.errors", "qwen_data.qwen", "qwen_data.formats", "qwen_data.inputs",
+                          "qwen_data.text"},
+    "qwen_data.run": {"qwen_data.errors", "qwen_data.formats", "qwen_data.inputs", "qwen_data.text",
+                      "qwen_data.certify"},
     "qwen_data.steps": {"qwen_data.errors", "qwen_data.qwen", "qwen_data.formats", "qwen_data.inputs",
-                        "qwen_data.text", "qwen_data.run"},
+                        "qwen_data.text", "qwen_data.certify", "qwen_data.run"},
     "qwen_data.blend": {"qwen_data", "qwen_data.formats"},
     "qwen_data.tools": {"qwen_data", "qwen_data.qwen", "qwen_data.formats", "qwen_data.inputs", "qwen_data.text",
-                        "qwen_data.blend"},
+                        "qwen_data.certify", "qwen_data.blend"},
     "qwen_data.cli": DATA_SIDE | {"qwen_data_train.commands"},
     "qwen_data_train": set(),
 }

@@ -65,6 +65,12 @@ class AtomicOutputs:
         self._files.append(final_path)
         return final_path + TMP_SUFFIX
 
+    def staged(self, final_path: str) -> str:
+        """Where a file this run is writing (through `tmp`) lies until the commit."""
+        if final_path not in self._files:
+            raise ValueError(f"{final_path} is not being written")
+        return final_path + TMP_SUFFIX
+
     def discard(self, final_path: str) -> None:
         """Drop a tmp file this run turned out not to need; an old `final_path` goes at commit."""
         self._files.remove(final_path)

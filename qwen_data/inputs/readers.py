@@ -42,6 +42,7 @@ from __future__ import annotations
 import bz2
 import glob
 import gzip
+import itertools
 import json
 import lzma
 import os
@@ -816,3 +817,35 @@ def _slices(table, chunk_bytes: int):
 
 
 _READERS = {"jsonl": _jsonl_chunks, "json": _json_array_chunks, "parquet": _parquet_chunks, "arrow": _arrow_chunks}
+
+
+# -- how many records ---------------------------------------------------------------------------
+PROBE_BYTES = 1 << 20
+
+
+def estimated_records(source: InputFile) -> int | None:
+    """About how many records `source` holds: exact for parquet and Arrow (their metadata), from the
+    records in its first PROBE_BYTES (decompressed) for jsonl and .json; None for standard input.
+    The certificate sizes its sample by it (`certify.sample`): deterministic, read in milliseconds."""
+    if source.path == STDIN:
+        return None
+    try:
+        if source.kind == "parquet":
+            return _parquet(source.path).metadata.num_rows
+        if source.kind == "arrow":
+            import pyarrow as pa
+
+            with pa.OSFile(source.path) as f:
+                return sum(batch.num_rows for batch, _ in itertools.islice(_arrow_batches(pa, f, source.size), 1, None))
+        stream, counter = _open_stream(source)
+        with stream:
+            if source.kind == "json":
+                elements = json_array_elements(stream.read, 1 << 16)
+                found = sum(1 for _ in itertools.takewhile(lambda _: counter.count < PROBE_BYTES, elements))
+                found += counter.count < PROBE_BYTES  # the element that ended the count, if any
+            else:
+                data = stream.read(PROBE_BYTES)
+                found = data.count(b"\n") + (bool(data) and not data.endswith(b"\n"))
+            return max(1, round(found * source.size / max(1, counter.count)))
+    except Exception:  # an unreadable file: the run itself says why, naming it
+        return None

@@ -1,6 +1,6 @@
-"""The parity check of a run's picked records (`text.reference`), beside the run.
+"""The reference's checks of a run's picked records (`certify.checks`), beside the run.
 
-Workers pick records and hand over what they made of them (`ChunkResult.to_check`); the step's
+Workers pick records and hand over what they made of them (`ChunkResult.to_check`); the checker's
 `check` encodes them again with the reference libraries and compares. Loading those libraries takes
 ~0.7 s (HF tokenizers) to ~2 s (transformers): a process that has not loaded them checks in a
 process of its own, started with the run, which loads them while the workers work; one that holds
@@ -17,30 +17,31 @@ from __future__ import annotations
 
 import functools
 
-from ..text.reference import CertificateError
+from ..certify.checks import CertificateError, add_counts
 
 _LOAD = "load"  # the first item the checking process is sent
+NOTHING_WRITTEN = "nothing was written (--no-certify writes it anyway, recorded as uncertified)"
 
 
 class Certifier:
-    def __init__(self, step, beside: bool) -> None:
+    def __init__(self, checks, beside: bool) -> None:
         """`beside`: check in a process of its own (else here)."""
-        self.step = step
-        self.counts: dict[str, int] = {}
+        self.checks = checks
+        self.counts: dict = {}
         self.side = None
         self.kept: list | None = None
         self.waiting: list[list] = []  # items picked while the checking process loads
-        if beside and not step.reference_loaded():
+        if beside and not checks.reference_loaded():
             from .workers import SideProcess
 
-            self.side = SideProcess(functools.partial(_check, step))
+            self.side = SideProcess(functools.partial(_check, checks))
             self.side.send(_LOAD)
             self.loading = True
 
     @classmethod
     def keeping(cls, step) -> "Certifier":
         """One that checks nothing: the items go to `step.picked`, for the caller to check."""
-        certifier = cls(step, beside=False)
+        certifier = cls(step.checks, beside=False)
         certifier.kept = step.picked = []
         return certifier
 
@@ -51,21 +52,21 @@ class Certifier:
             self.kept += items
             return
         if self.side is None:
-            self._take(self.step.check(items))
+            take(self.counts, self.checks.check(items))
             return
         self.waiting.append(items)
         for answer in self.side.arrived():
             self.loading = False  # the first answer says the reference is loaded
-            self._take(answer)
+            take(self.counts, answer)
         if not self.loading:
             self._send_waiting()
 
-    def finish(self) -> dict[str, int]:
+    def finish(self) -> dict:
         """The summed counts of every check; CertificateError at the first mismatch."""
         if self.side is not None:
             self._send_waiting()
             for answer in self.side.answers():
-                self._take(answer)
+                take(self.counts, answer)
             self.side.end(kill=False)
             self.side = None
         return self.counts
@@ -79,23 +80,18 @@ class Certifier:
             self.side.send(items)
         self.waiting = []
 
-    def _take(self, answer: tuple[dict, str | None]) -> None:
-        take(self.counts, answer)
 
-
-def take(counts: dict[str, int], answer: tuple[dict, str | None]) -> None:
-    """A check's answer (`Step.check`) added to `counts`; CertificateError where it found a mismatch."""
+def take(counts: dict, answer: tuple[dict, str | None]) -> None:
+    """A check's answer (`checks.check`) added to `counts`; CertificateError where it found a mismatch."""
     checked, mismatch = answer
     if mismatch:
-        raise CertificateError(f"{mismatch}; nothing was written (--no-certify writes it anyway, recorded as "
-                               "uncertified)")
-    for name, count in checked.items():
-        counts[name] = counts.get(name, 0) + count
+        raise CertificateError(f"{mismatch}; {NOTHING_WRITTEN}")
+    add_counts(counts, checked)
 
 
-def _check(step, items) -> tuple[dict, str | None]:
+def _check(checks, items) -> tuple[dict, str | None]:
     """In the checking process: load the reference libraries first (`_LOAD`), then check."""
     if items == _LOAD:
-        step.load_reference()
+        checks.load()
         return {}, None
-    return step.check(items)
+    return checks.check(items)

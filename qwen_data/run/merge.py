@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..certify.checks import join_certificates
 from ..formats.indexed import (HASH_BLOCK, Index, IndexFormatError, MaskedWriter, check_same_index, file_digest,
                                join_indexes, new_hash, read_index)
 from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
@@ -58,6 +59,10 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
     parts = _ordered([(p, Manifest.read(p)) for p in prefixes])
     first = parts[0][1]
     _check_alike(parts)
+    try:  # a part's recorded mismatch is refused before anything is written
+        join_certificates([(p, m.certificate) for p, m in parts], "")
+    except ValueError as exc:
+        raise MergeError(str(exc)) from None
     sft = first.sft is not None
     finishes = sft and bool(first.sft.pack_on_merge or first.sft.layout_on_merge)
     files = (MaskedWriter.files(output) + (MaskedWriter.files(output + UNPACKED) if finishes else [])
@@ -80,6 +85,7 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
                                           (s.packing or "best-fit") if s.pack_on_merge else None, first.pad_id)
             for name, value in counts.items():
                 setattr(manifest, name, value)
+        manifest.certificate = join_certificates([(p, m.certificate) for p, m in parts], manifest.fingerprint)
         rejected = _join_rejects([p for p, _ in parts], outputs.tmp(rejects_path))
         if not rejected:
             outputs.discard(rejects_path)
@@ -319,23 +325,7 @@ def _manifest(parts: list[tuple[str, Manifest]], channels: list[Channel]) -> Man
         pad_id=first.pad_id, text_key=first.text_key, special_tokens=first.special_tokens,
         special_token_records=special, **counts_of(ids, digests), sft=sft, inputs=inputs,
         rejects={"count": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items()))},
-        certificate=_certificate([m.certificate for _, m in parts]),
     )
-
-
-def _certificate(parts: list[dict | None]) -> dict | None:
-    """The parts' certificates joined: their counts summed, certified only if every part is, by
-    the same reference libraries (else the first reason why not)."""
-    if all(part is None for part in parts):
-        return None
-    for part in parts:
-        if not part or not part.get("certified"):
-            return part or {"certified": False, "why": "a part was made before certificates were recorded"}
-    base = parts[0]
-    if any(part.get("reference") != base.get("reference") for part in parts):
-        return {"certified": False, "why": "the parts were checked by different versions of the reference libraries"}
-    return base | {name: sum(part.get(name, 0) for part in parts) for name, value in base.items()
-                   if isinstance(value, int) and not isinstance(value, bool)}
 
 
 def _join_rejects(prefixes: list[str], out_path: str) -> bool:

@@ -21,16 +21,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
+from ..certify.checks import CertificateError, add_counts, checks_for, read_back
 from ..errors import InputFileError
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
 from ..formats.indexed import pause_hashing
 from ..formats.manifest import Manifest, input_entry
 from ..formats.outputs import AtomicOutputs
-from ..inputs.readers import DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, LineNumbers, Shard, expand, read_chunks
+from ..inputs.readers import (DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, LineNumbers, Shard, estimated_records,
+                              expand, read_chunks)
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
-from .certifier import Certifier
+from .certifier import NOTHING_WRITTEN, Certifier
 from .progress import Progress
 
 # A worker is replaced once its resident memory has grown this much (its share of this budget, at
@@ -61,7 +63,7 @@ class RunConfig:
     max_rejects: int | None = None
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     quiet: bool = False
-    certify: bool = True  # check a sample of records against the reference libraries (`text.reference`)
+    certify: bool = True  # the certificate: every document spelled, a sample against the reference (`certify`)
     # False: the records picked are not checked here but left in `step.picked` for the caller to check
     # (a Ray task's, checked by the driver with every shard's: `run.ray`); the manifests say so.
     check_here: bool = True
@@ -89,8 +91,11 @@ class ChunkResult:
     tokens: int
     special_records: int  # records holding literals the special-token policy acts on
     lines: int = field(init=False, default=0)  # the chunk's records, kept or not (set by `run`)
-    # What the step made of the chunk's records picked for the parity check (`text.reference`), each
-    # an item whose first value is the record's number as the chunk numbers it (`Step.check`).
+    # The certificate's part (`certify.checks`): the records whose documents were all spelled again,
+    # (record number, why) of the first that was not, and what the step made of the records picked
+    # for the reference, each an item whose first value is the record's number as the chunk numbers it.
+    spelled: int = field(init=False, default=0)
+    misspelled: tuple[int, str] | None = field(init=False, default=None)
     to_check: list = field(init=False, default_factory=list)
 
 
@@ -114,7 +119,9 @@ class Step(Protocol):
     # Fields of the step's results that hold its bulk numpy arrays (or lists of them): workers hand
     # them over in shared memory, read in place until the next result (a writer copies what it keeps).
     shared_fields: tuple[str, ...]
-    selection: object | None  # which records the parity check takes (`certify`); None: none
+    # The certificate's checker (`certify.checks.checks_for`), set by `run` before the workers fork
+    # (None: --no-certify); `process` spells every document with it and hands over picked records.
+    checks: object | None
 
     def __init__(self, config: RunConfig) -> None: ...
 
@@ -133,23 +140,6 @@ class Step(Protocol):
     def process(self, chunk: Chunk) -> ChunkResult:
         """Runs in a worker process. A bad record goes through `Rejects.sift` into the result's rejects."""
 
-    def certify(self, inputs: list[dict]) -> None:
-        """Pick a sample of records, chosen from these inputs' pins, as `process` goes (before the
-        fork); `selection` stays None where the reference cannot run (`certificate` says why)."""
-
-    def reference_loaded(self) -> bool:
-        """Whether this process holds the reference libraries already (`run.certifier`)."""
-
-    def load_reference(self) -> None:
-        """Load the reference libraries now (the checking process does, before the first check)."""
-
-    def check(self, items: list) -> tuple[dict, str | None]:
-        """The picked records (file:line, `ChunkResult.to_check` item) against the reference:
-        counts to sum, and what differs at the first mismatch."""
-
-    def certificate(self, checks: dict) -> dict:
-        """The manifest's certificate, from the summed counts of `check`."""
-
     def open(self, outputs: AtomicOutputs) -> Writer: ...
 
 
@@ -160,8 +150,7 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     step.prepare()
     sources = expand(config.inputs, config.hf_split)
     inputs = input_list(sources)
-    if config.certify:
-        step.certify(inputs)
+    step.checks = checks_for(step, inputs, [estimated_records(s) for s in sources]) if config.certify else None
     check_outputs(step.files() + [config.rejects_path], [s.path for s in sources if s.path != STDIN],
                   dataset_owner(step.prefixes(), step.kind))
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
@@ -171,14 +160,19 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
         if progress is None:
             progress = Progress(total if config.shard is None else total // config.shard.count,
                                 enabled=not config.quiet)
-        checks = _consume(step, config, sources, writer, rejects, progress)
+        checked = _consume(step, config, sources, writer, rejects, progress)
         if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
             raise empty_output(config.output_prefix, rejects)
         manifests = writer.close()
+        if step.checks is not None:  # the picked documents as written, before anything is committed
+            read_back(checked.read_back, [(outputs.staged(p + ".bin"), outputs.staged(p + ".idx")) for p in manifests])
         for prefix, manifest in manifests.items():
             manifest.inputs, manifest.rejects = inputs, rejects.summary()
-            manifest.certificate = (UNCERTIFIED if not config.certify else CHECKED_BY_CALLER if not config.check_here
-                                    else step.certificate(checks))
+            manifest.certificate = (
+                UNCERTIFIED if not config.certify
+                else {**CHECKED_BY_CALLER, "records_spelled": checked.counts.get("records_spelled", 0),
+                      "records_kept": checked.records}
+                if not config.check_here else step.checks.certificate(checked.counts, checked.records, manifest.fingerprint))
             manifest.shard = None if config.shard is None else {"index": config.shard.index,
                                                                 "count": config.shard.count}
             manifest.wall_seconds = round(time.monotonic() - start, 3)
@@ -201,9 +195,18 @@ def input_list(sources: list[InputFile]) -> list[dict]:
     return entries
 
 
+@dataclass
+class Checked:
+    """What a run's certificate checked as it went (`_consume`)."""
+
+    counts: dict = field(default_factory=dict)  # summed as `certify.checks.add_counts` sums them
+    records: int = 0  # records kept
+    read_back: list = field(default_factory=list)  # `certify.checks.read_back`'s entries
+
+
 def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
-             progress: Progress) -> dict:
-    """Every chunk processed and written; the parity checks' counts, summed."""
+             progress: Progress) -> Checked:
+    """Every chunk processed and written; what the certificate checked."""
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
     # per chunk handed out: (input bytes, first, span, path)
     handed: deque[tuple[int, int | None, bool, str]] = deque()
@@ -217,10 +220,11 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     head = list(itertools.islice(chunks, 2))
     chunks = itertools.chain(head, chunks)
     in_process = config.workers == 0 or len(head) < 2
+    checks, checked = step.checks, Checked()
     # Started before the workers and any thread (it forks): `run.certifier`.
     certifier = None
-    if step.selection is not None:
-        certifier = Certifier(step, beside=not in_process) if config.check_here else Certifier.keeping(step)
+    if checks is not None and not checks.uncertified:  # (without a reference, nothing is picked)
+        certifier = Certifier(checks, beside=not in_process) if config.check_here else Certifier.keeping(step)
     try:
         results = _results(step, config, chunks, in_process)
         numbers = LineNumbers()
@@ -229,18 +233,34 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
             shift = numbers.shift(first, span, result.lines)  # a worker numbered a span's lines from 1
             for entry in result.rejects:
                 entry["record"] += shift
-            if certifier is not None and result.to_check:
-                certifier.add([(f"{path}:{item[0] + shift}", item) for item in result.to_check])
+            if checks is not None:
+                _take_checks(checks, certifier, checked, result, f"{path}:", shift, writer.documents)
             writer.add(result)
             rejects.add(result.rejects)
             progress.update(result.records, result.text_bytes, result.tokens, input_bytes)
         progress.close()
         rejects.close()
         # A mismatch raises here, before anything is committed: the run leaves no output.
-        return certifier.finish() if certifier is not None else {}
+        if certifier is not None:
+            add_counts(checked.counts, certifier.finish())
+        return checked
     finally:
         if certifier is not None:
             certifier.end()
+
+
+def _take_checks(checks, certifier: Certifier, checked: Checked, result: ChunkResult, path: str, shift: int,
+                 documents: int) -> None:
+    """A result's part of the certificate: a document that did not spell its text stops the run."""
+    if result.misspelled is not None:
+        number, why = result.misspelled
+        raise CertificateError(f"{path}{number + shift}: {why}; {NOTHING_WRITTEN}")
+    checked.counts["records_spelled"] = checked.counts.get("records_spelled", 0) + result.spelled
+    checked.records += result.records
+    if result.to_check:
+        items = [(f"{path}{item[0] + shift}", item) for item in result.to_check]
+        checked.read_back += [entry for where, item in items for entry in checks.to_read_back(where, item, documents)]
+        certifier.add(items)
 
 
 def _results(step: Step, config: RunConfig, chunks: Iterator[Chunk], in_process: bool) -> Iterator[ChunkResult]:

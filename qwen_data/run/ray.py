@@ -53,12 +53,13 @@ import sys
 import threading
 import time
 
+from ..certify.checks import checks_for
 from ..errors import describe
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
-from ..inputs.readers import STDIN, Shard, expand
+from ..inputs.readers import STDIN, Shard, estimated_records, expand
 from ..inputs.records import EmptyOutput
 from . import pipeline
 from .certifier import take
@@ -110,7 +111,7 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
         shards_dir = config.output_prefix + SHARDS_SUFFIX
         shutil.rmtree(shards_dir, ignore_errors=True)  # a killed run's leftovers
-        checks = _DriverChecks(type(step)(config), inputs) if config.certify else None  # forks: before Ray
+        checks = _DriverChecks(type(step)(config), inputs, sources) if config.certify else None  # forks: before Ray
         try:  # a failed run leaves no shard behind: there is no resuming one
             configs, results, stopping = _run_shards(type(step), config, sources, address, shards, info, checks)
             try:
@@ -332,9 +333,9 @@ def _merge(configs: list, suffixes: list[str], final: list[str], outputs: Atomic
     # One rejects file per run, as a local run (with several text keys, not one per prefix).
     if _join([c.rejects_path for c in configs], outputs.tmp(config.rejects_path)) == 0:
         outputs.discard(config.rejects_path)
-    certificate = checks.certificate() if checks is not None else pipeline.UNCERTIFIED
     for prefix, manifest in zip(final, manifests):
-        manifest.certificate = certificate
+        manifest.certificate = (pipeline.UNCERTIFIED if checks is None else
+                                checks.certificate(manifest.certificate, manifest.fingerprint))
         manifest.write(outputs.tmp(prefix + ".json"))
     outputs.commit(markers=[p + ".json" for p in final])
     return manifests
@@ -355,18 +356,19 @@ def _join(paths: list[str], out_path: str) -> int:
 class _DriverChecks:
     """The certificate of a run on Ray: the shards' picked records checked by the driver, in a
     process forked before Ray starts (Ray's threads must not be forked beside), which builds the
-    step and loads the reference libraries while the tasks run. Where this process joined Ray
-    already (a test, a notebook), the checks run here instead."""
+    step's checker and loads the reference libraries while the tasks run. Where this process joined
+    Ray already (a test, a notebook), the checks run here instead."""
 
-    def __init__(self, step: pipeline.Step, inputs: list[dict]) -> None:
-        self.counts: dict[str, int] = {}
+    def __init__(self, step: pipeline.Step, inputs: list[dict], sources: list) -> None:
+        self.counts: dict = {}
+        estimates = [estimated_records(s) for s in sources]
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():
-            self.step, self.side = _ready(step, inputs), None
+            self.checks, self.side = _ready(step, inputs, estimates), None
         else:
             from .workers import SideProcess
 
-            self.side = SideProcess(functools.partial(_check_for_driver, step, inputs, {}))
+            self.side = SideProcess(functools.partial(_check_for_driver, step, inputs, estimates))
             self.side.send(_READY)
 
     def add(self, picked: list) -> None:
@@ -374,21 +376,24 @@ class _DriverChecks:
         if not picked:
             return
         if self.side is None:
-            take(self.counts, self.step.check(picked))
+            take(self.counts, self.checks.check(picked))
         else:
             self.side.send(picked)
             for answer in self.side.arrived():
                 take(self.counts, answer)
 
-    def certificate(self) -> dict:
-        """The run's certificate, once every check is in; CertificateError at a mismatch."""
-        if self.side is None:
-            return self.step.certificate(self.counts)
-        self.side.send(_CERTIFICATE)
-        *answers, certificate = self.side.answers()
-        for answer in answers:
-            take(self.counts, answer)
-        return certificate
+    def certificate(self, merged: dict | None, fingerprint: str) -> dict:
+        """A merged prefix's certificate, once every check is in (`merged`: what the merge made of its
+        shards' certificates, which counted the records they spelled); CertificateError at a mismatch."""
+        if self.side is not None:  # its last answer is its checker, which writes the certificate here
+            self.side.send(_DONE)
+            *answers, self.checks = self.side.answers()
+            for answer in answers:
+                take(self.counts, answer)
+            self.side.end(kill=False)
+            self.side = None
+        counts = {**self.counts, "records_spelled": (merged or {}).get("records_spelled", 0)}
+        return self.checks.certificate(counts, (merged or {}).get("records_kept", 0), fingerprint)
 
     def end(self) -> None:
         if self.side is not None:
@@ -396,31 +401,30 @@ class _DriverChecks:
             self.side = None
 
 
-_READY, _CERTIFICATE = "ready", "certificate"
+_READY, _DONE = "ready", "done"
 
 
-def _ready(step: pipeline.Step, inputs: list[dict]) -> pipeline.Step:
-    """`step` as a run's checks need it: prepared, its selection made, the reference loaded."""
+def _ready(step: pipeline.Step, inputs: list[dict], estimates: list):
+    """The checker of `step`, as a run's checks need it: prepared, the reference loaded."""
     step.prepare()
-    step.certify(inputs)
-    if step.selection is not None:
-        step.load_reference()
-    return step
+    checks = checks_for(step, inputs, estimates)
+    if not checks.uncertified:
+        checks.load()
+    return checks
 
 
-def _check_for_driver(step: pipeline.Step, inputs: list[dict], counts: dict[str, int], item):
-    """In the driver's checking process: `_ready` first, then checks (their counts summed in
-    `counts`), then the certificate."""
+def _check_for_driver(step: pipeline.Step, inputs: list[dict], estimates: list, item):
+    """In the driver's checking process: `_ready` first, then checks."""
+    global _CHECKS
     if item == _READY:
-        _ready(step, inputs)
+        _CHECKS = _ready(step, inputs, estimates)
         return {}, None
-    if item == _CERTIFICATE:
-        return step.certificate(counts)
-    answer = step.check(item)
-    if answer[1] is None:  # a mismatch is raised by the driver, which reads every answer
-        take(counts, answer)
-    return answer
+    if item == _DONE:
+        return _CHECKS
+    return _CHECKS.check(item)
 
+
+_CHECKS = None  # the driver's checking process's checker
 
 # -- in the tasks ----------------------------------------------------------------------------------
 def _shard_task(step_type, config, cwd: str, tally) -> tuple[list[Manifest], list, float]:

@@ -24,7 +24,7 @@ from ..inputs.records import Record, Rejects, check_unicode
 from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..run import pipeline
 from ..run.pipeline import ChunkResult, RunConfig
-from ..text.reference import PRETRAIN_PICKS, Selection, TextReference, difference, loaded, versions
+from ..certify.spelling import SpellingError
 from ..text.tokenizer import QwenTokenizer
 
 
@@ -58,32 +58,7 @@ class Tokenize:
 
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
-        self.selection: Selection | None = None  # set by `certify`
-
-    def certify(self, inputs: list[dict]) -> None:
-        self.selection = Selection(inputs, PRETRAIN_PICKS)
-        self.reference = TextReference(self.tokenizer.directory, self.tokenizer.flavour, self.config.special_tokens)
-
-    def reference_loaded(self) -> bool:
-        return loaded(self.tokenizer.directory, chat=False)
-
-    def load_reference(self) -> None:
-        self.reference.load()
-
-    def check(self, items: list) -> tuple[dict, str | None]:
-        """Each picked record's documents (one per text key: (text, our ids with the eod)) against
-        the reference's ids and the eod."""
-        documents = [(where, text, ours) for where, (_, record) in items for text, ours in record]
-        encoded = self.reference.encode_batch([text for _, text, _ in documents])
-        for (where, _, ours), theirs in zip(documents, encoded):
-            theirs = theirs + [self.eod_id]
-            if not np.array_equal(ours, theirs):
-                return {}, f"{where}: {difference(ours, theirs)}"
-        return {"records_checked": len(items)}, None
-
-    def certificate(self, checks: dict) -> dict:
-        return {"certified": True, "records_checked": checks.get("records_checked", 0), "mismatches": 0,
-                "reference": versions("tokenizers"), "tokenizer_sha256": self.tokenizer.sha256}
+        self.checks = None  # the certificate's checker (`certify.checks`), set by the pipeline
 
     def prepare(self) -> None:
         config = self.config
@@ -109,21 +84,33 @@ class Tokenize:
     def process(self, chunk: Chunk) -> Documents:
         texts, rejects = _Texts(self, chunk), Rejects(chunk)
         rejects.sift(chunk.records(), texts.add)
-        ids, lengths = [], []
+        ids, lengths, misspelled = [], [], None
         for bucket in texts.by_key:
             flat, counts = self.tokenizer.encode_batch(bucket, special=self.config.special_tokens)
+            if self.checks is not None and misspelled is None:
+                misspelled = self._spell(texts, bucket, flat, counts)
             doc_ids, doc_lengths = append_eod(flat, counts, self.eod_id)
             ids.append(doc_ids)
             lengths.append(doc_lengths)
         records = len(texts.by_key[0])
         result = Documents(rejects.entries, records, texts.text_bytes, sum(map(len, ids)), texts.special_records,
                            ids, lengths)
-        if texts.picked:  # (number, [(text, its ids with the eod) per key]) of each picked record
+        if self.checks is not None:
+            result.misspelled, result.spelled = misspelled, 0 if misspelled else records
             ends = [np.cumsum(n) for n in lengths]
-            result.to_check = [(number, [(bucket[k], doc_ids[end[k] - n[k]:end[k]].copy())
-                                         for bucket, doc_ids, n, end in zip(texts.by_key, ids, lengths, ends)])
+            result.to_check = [self.checks.item(number, k, [(bucket[k], doc_ids[end[k] - n[k]:end[k]]) for
+                                                            bucket, doc_ids, n, end in zip(texts.by_key, ids, lengths, ends)])
                                for number, k in texts.picked]
         return result
+
+    def _spell(self, texts: "_Texts", bucket: list[str], flat: np.ndarray, counts: np.ndarray):
+        """The certificate's first layer (`certify.spelling`): (record number, why) of the first
+        document whose ids do not spell its text, or None."""
+        try:
+            self.checks.speller.check_texts(bucket, flat, counts)
+        except SpellingError as wrong:
+            return texts.numbers[wrong.index], str(wrong)
+        return None
 
     def open(self, outputs: AtomicOutputs) -> "PretrainWriter":
         return PretrainWriter(self, outputs)
@@ -171,8 +158,9 @@ class _Texts:
         self.find_special = step.tokenizer.find_special
         self.by_key: list[list[str]] = [[] for _ in self.keys]
         self.text_bytes = self.special_records = 0
-        self.chunk, self.selection = chunk, step.selection
-        self.picked: list[tuple[int, int]] = []  # records the parity check takes: (number, position)
+        self.chunk, self.checks = chunk, step.checks
+        self.numbers: list[int] = []  # each kept record's number in the chunk
+        self.picked: list[tuple[int, int]] = []  # records the reference checks: (number, position)
 
     def add(self, record: Record) -> None:
         """Raises RecordError for a record without a usable text under every key."""
@@ -185,8 +173,9 @@ class _Texts:
                     raise RecordError("special-token", f"literal special token {special!r} in text")
                 break
         self.text_bytes += record.size
-        if self.selection and self.selection.picks(self.chunk, record):
+        if self.checks is not None and self.checks.picks(self.chunk, record):
             self.picked.append((record.number, len(self.by_key[0])))
+        self.numbers.append(record.number)
         for bucket, value in zip(self.by_key, values):
             bucket.append(value)
 

@@ -21,6 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..certify.spelling import SpellingError
 from ..errors import RecordError
 from ..formats.indexed import MaskedWriter, token_dtype
 from ..formats.layouts import DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
@@ -38,8 +39,6 @@ from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals
 from ..text.conversations import FORMATS, to_conversation
 from ..text.masking import MASK_POLICIES, SampleEncoder
-from ..text.reference import (SFT_PICKS, ChatReference, NotCertified, Selection, difference, loaded, reference_jinja,
-                              reference_samples, versions)
 from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig
 
@@ -141,57 +140,7 @@ class ChatSamples:
 
     def __init__(self, config: SFTConfig) -> None:
         self.config = config
-        self.selection: Selection | None = None  # set by `certify` where the reference can run
-        self.uncertified: str | None = None  # why not
-
-    def certify(self, inputs: list[dict]) -> None:
-        config = self.config
-        try:
-            jinja = reference_jinja(self.template, self.tokenizer.directory, config.reference_template)
-        except NotCertified as why:
-            self.uncertified = str(why)
-            return
-        self.selection = Selection(inputs, SFT_PICKS)
-        self.reference = ChatReference(self.tokenizer.directory, self.tokenizer.flavour, jinja,
-                                       config.assistant_span, config.mask, config.enable_thinking)
-
-    def reference_loaded(self) -> bool:
-        return loaded(self.tokenizer.directory, chat=True)
-
-    def load_reference(self) -> None:
-        self.reference.load()
-
-    def check(self, items: list) -> tuple[dict, str | None]:
-        """Each picked record's samples (before truncation and packing) against the reference's
-        ids and mask; a record whose literals stay text is counted apart (`_Batching.pick`)."""
-        counts = {"records_checked": 0, "samples_checked": 0, "masks_not_checked": 0,
-                  "records_with_literals_skipped": 0}
-        for where, (_, samples) in items:
-            if samples is None:
-                counts["records_with_literals_skipped"] += 1
-                continue
-            counts["records_checked"] += 1
-            for part, tools, trained, ours_ids, ours_mask in samples:
-                ids, mask = self.reference.encode(part, tools, trained)
-                counts["samples_checked"] += 1
-                counts["masks_not_checked"] += mask is None
-                if not np.array_equal(ours_ids, ids):
-                    return counts, f"{where}: {difference(ours_ids, ids)}"
-                if mask is not None and not np.array_equal(ours_mask, mask):
-                    return counts, f"{where}: {difference(ours_mask, mask, 'loss mask')}"
-        return counts, None
-
-    def certificate(self, checks: dict) -> dict:
-        if self.uncertified:
-            return {"certified": False, "why": self.uncertified}
-        return {"certified": True, "records_checked": checks.get("records_checked", 0),
-                "samples_checked": checks.get("samples_checked", 0), "mismatches": 0,
-                # samples whose ids were checked but not their mask, and records not checked because
-                # literals in their content stay text, which a rendered text cannot tell from the template's
-                "masks_not_checked": checks.get("masks_not_checked", 0),
-                "records_with_literals_skipped": checks.get("records_with_literals_skipped", 0),
-                "reference": versions("transformers", "tokenizers", "jinja2"),
-                "tokenizer_sha256": self.tokenizer.sha256, "template_sha256": self.template.sha256}
+        self.checks = None  # the certificate's checker (`certify.checks`), set by the pipeline
 
     def prepare(self) -> None:
         config = self.config
@@ -230,7 +179,9 @@ class ChatSamples:
         # record's samples stay in order).
         rejects.entries.sort(key=lambda r: r["record"])
         result = batch.result(rejects.entries)
-        result.to_check = batch.to_check
+        if self.checks is not None:
+            result.misspelled, result.to_check = batch.misspelled, batch.to_check
+            result.spelled = 0 if batch.misspelled else batch.records
         return result
 
     def _render_conversation(self, conversation, special: str | None) -> list[Sample]:
@@ -265,6 +216,8 @@ class _Batching:
         # reference renders; then (number, [what the reference renders + our ids and mask]) per record.
         self.picked: dict[int, tuple] = {}
         self.to_check: list[tuple[int, list | None]] = []
+        self.free: list[bool] = []  # per sample: literals made control ids, where the template's may stand
+        self.misspelled: tuple[int, str] | None = None
 
     def render(self, record: Record) -> None:
         """Raises RecordError for a record that makes no conversation, or one the templates refuse."""
@@ -283,10 +236,11 @@ class _Batching:
         rendered = self.step._render_conversation(conversation, special)
         self.records += 1
         self.text_bytes += record.size
-        selection = self.step.selection
-        if selection and selection.picks(self.chunk, record):
+        checks = self.step.checks
+        if checks is not None and checks.picks(self.chunk, record):
             self.pick(record.number, conversation, special, len(rendered))
         self.samples.extend(rendered)
+        self.free.extend([bool(special) and config.special_tokens == "parse"] * len(rendered))
         self.origins.extend((record.number, record.raw, k, len(rendered)) for k in range(len(rendered)))
 
     def pick(self, number: int, conversation, special: str | None, count: int) -> None:
@@ -296,7 +250,7 @@ class _Batching:
         if special and self.config.special_tokens != "parse":
             self.to_check.append((number, None))
             return
-        parts = reference_samples(conversation, self.config.rendered_history)
+        parts = self.step.checks.parts(conversation)
         if len(parts) != count:
             raise AssertionError(f"{len(parts)} samples by the reference, {count} rendered")
         for k, (part, trained) in enumerate(parts):
@@ -304,6 +258,8 @@ class _Batching:
 
     def encoded(self) -> Iterator[_Encoded]:
         encodings = self.step.encoder.encode(self.samples) if self.samples else []
+        if self.step.checks is not None:
+            self._spell(encodings)
         checked: dict[int, list] = {}
         for position, ((number, raw, k, n), encoded) in enumerate(zip(self.origins, encodings)):
             if position in self.picked and not isinstance(encoded, RecordError):
@@ -312,6 +268,18 @@ class _Batching:
             yield _Encoded(number, raw, k, n, encoded)
         self.to_check += checked.items()
         self.to_check.sort(key=lambda item: item[0])
+
+    def _spell(self, encodings: list) -> None:
+        """The certificate's first layer (`certify.spelling`) over every sample encoded."""
+        kept = [k for k, e in enumerate(encodings) if not isinstance(e, RecordError)]
+        checks = self.step.checks
+        try:
+            checks.speller.check_samples([self.samples[k].text for k in kept], [encodings[k] for k in kept],
+                                         [self.free[k] for k in kept], checks.structure)
+        except SpellingError as wrong:
+            origin = self.origins[kept[wrong.index]]
+            sample = f"sample {origin[2] + 1} of {origin[3]}: " if origin[3] > 1 else ""
+            self.misspelled = (origin[0], sample + str(wrong))
 
     def fit(self, sample: _Encoded) -> None:
         """Raises RecordError for a sample that does not fit the run's settings."""

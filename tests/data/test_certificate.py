@@ -4,6 +4,7 @@ against HF tokenizers / transformers, and a record whose ids differ stops the ru
 import importlib.util
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from _oracles import oracle_dir
 from qwen_data.cli import main
 from qwen_data.formats.layouts import layout_of
 from qwen_data.formats.manifest import Manifest
-from qwen_data.text import reference
+from qwen_data.certify import reference
+from qwen_data.certify.checks import CertificateError
 from qwen_data.text.masking import SampleEncoder
 from qwen_data.text.tokenizer import QwenTokenizer
 
@@ -67,7 +69,7 @@ def test_a_changed_id_fails_the_run_naming_the_record(tmp_path, monkeypatch, cap
     monkeypatch.setattr(QwenTokenizer, "encode_batch", broken)
     assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 2
     error = capsys.readouterr().err
-    assert f"{corpus}:3:" in error and "ours [" in error and "reference [" in error
+    assert f"{corpus}:3: its ids spell other bytes than its text" in error
     assert not [name for name in os.listdir(tmp_path) if name.startswith("p")]  # nothing left
     # --no-certify writes it, recorded as uncertified
     assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet", "--no-certify"]) == 0
@@ -151,28 +153,34 @@ def test_records_picked_by_shards_are_checked_in_one_process_of_the_driver(tmp_p
     whole = certificate(pretrain([data], tmp_path / "local"))
     monkeypatch.setattr(reference, "_LOADED", {})
     config = PretrainConfig(inputs=[data], output_prefix=str(tmp_path / "ray"), quiet=True)
-    inputs = pipeline.input_list(expand([data]))
-    picked = []
-    checks = _DriverChecks(Tokenize(config), inputs)
+    sources = expand([data])
+    inputs = pipeline.input_list(sources)
+    picked, spelled = [], 0
+    checks = _DriverChecks(Tokenize(config), inputs, sources)
     try:
         for k in range(2):
             step = Tokenize(dataclasses.replace(config, shard=Shard(k, 2), workers=0, check_here=False,
                                                 output_prefix=str(tmp_path / f"shard{k}")))
-            assert pipeline.run(step)[0].certificate == pipeline.CHECKED_BY_CALLER
+            shard = pipeline.run(step)[0].certificate
+            assert shard["certified"] is False and shard["why"] == pipeline.CHECKED_BY_CALLER["why"]
+            spelled += shard["records_spelled"]
             picked += step.picked
             checks.add(step.picked)
-        assert checks.certificate() == whole and whole["records_checked"] == len(picked) >= 100
+        again = checks.certificate({"records_spelled": spelled, "records_kept": whole["records_kept"]},
+                                           whole["fingerprint"])
+        assert again == whole and whole["records_checked"] == len(picked) >= 100
     finally:
         checks.end()
     assert not reference._LOADED
-    where, (number, [(text, ids)]) = picked[-1]
+    where, (number, position, [(text, ids, a, b)]) = picked[-1]
     changed = ids.copy()
     changed[0] += 1
-    checks = _DriverChecks(Tokenize(config), inputs)
+    checks = _DriverChecks(Tokenize(config), inputs, sources)
     try:
-        checks.add(picked[:-1] + [(where, (number, [(text, changed)]))])
-        with pytest.raises(reference.CertificateError, match=f"{where}: .*ours \\["):
-            checks.certificate()
+        checks.add(picked[:-1] + [(where, (number, position, [(text, changed, a, b)]))])
+        with pytest.raises(CertificateError, match=f"{where}: .*ours \\["):
+            checks.certificate({"records_spelled": spelled, "records_kept": whole["records_kept"]},
+                                           whole["fingerprint"])
     finally:
         checks.end()
 
@@ -298,8 +306,8 @@ def test_verify_certify_of_sft_says_why_it_cannot(tmp_path, capsys, monkeypatch)
 
 
 
-class _CountingStep:
-    """A step whose checks leave a line each in `log`, so a test sees them happen."""
+class _CountingChecks:
+    """A checker whose checks leave a line each in `log`, so a test sees them happen."""
 
     def __init__(self, log) -> None:
         self.log = str(log)
@@ -307,7 +315,7 @@ class _CountingStep:
     def reference_loaded(self) -> bool:
         return False
 
-    def load_reference(self) -> None:
+    def load(self) -> None:
         pass
 
     def check(self, items):
@@ -324,7 +332,7 @@ def test_the_checking_process_keeps_checking_while_the_run_goes_on(tmp_path):
     from qwen_data.run.certifier import Certifier
 
     log = tmp_path / "checks"
-    certifier = Certifier(_CountingStep(log), beside=True)
+    certifier = Certifier(_CountingChecks(log), beside=True)
     try:
         for k in range(2000):  # picked records, as a run's results bring them
             certifier.add([(f"f.jsonl:{k + 1}", "text")])
@@ -336,3 +344,149 @@ def test_the_checking_process_keeps_checking_while_the_run_goes_on(tmp_path):
         assert certifier.finish() == {"records_checked": 2000}
     finally:
         certifier.end()
+
+
+# -- faults injected at the encoder's, the mask's and the writer's seams ---------------------------
+def _ten_thousand(tmp_path):
+    return write_jsonl(tmp_path / "many.jsonl", [{"text": f"record {k} says hello to you"} for k in range(10_000)])
+
+
+def test_an_id_changed_in_one_record_in_a_thousand_fails_the_run_naming_it(tmp_path, monkeypatch, capsys):
+    """Every document is spelled again in its worker: each changed id is found, not a sample of them."""
+    corpus = _ten_thousand(tmp_path)
+    encode_batch = QwenTokenizer.encode_batch
+
+    def broken(self, texts, special="parse"):
+        ids, lengths = encode_batch(self, texts, special)
+        ends = np.cumsum(lengths)
+        for k, text in enumerate(texts):
+            if text.startswith("record ") and int(text.split()[1]) % 1000 == 999:
+                ids = ids.copy()
+                ids[ends[k] - 1] += 1
+        return ids, lengths
+
+    monkeypatch.setattr(QwenTokenizer, "encode_batch", broken)
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 2
+    assert f"{corpus}:1000: its ids spell other bytes than its text" in capsys.readouterr().err
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("p")]
+
+
+def test_ids_that_spell_the_same_bytes_in_other_pieces_are_found_by_the_reference_sample(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """" hello" encoded as " hel" + "lo" in 1% of 10,000 records spells the same text: the reference
+    sample (about 4,096 records) finds it, naming one of them."""
+    corpus = _ten_thousand(tmp_path)
+    tokenizer = QwenTokenizer.shared()
+    [hello], pieces = tokenizer.encode(" hello").tolist(), np.concatenate([tokenizer.encode(" hel"),
+                                                                           tokenizer.encode("lo")])
+    encode_batch = QwenTokenizer.encode_batch
+
+    def resegmented(self, texts, special="parse"):
+        ids, lengths = encode_batch(self, texts, special)
+        out, counts, ends = [], [], np.cumsum(lengths)
+        for k, text in enumerate(texts):
+            own = ids[ends[k] - lengths[k]:ends[k]]
+            if text.startswith("record ") and int(text.split()[1]) % 100 == 7:
+                at = int(np.flatnonzero(own == hello)[0])
+                own = np.concatenate([own[:at], pieces, own[at + 1:]]).astype(np.int32)
+            out.append(own)
+            counts.append(len(own))
+        return (np.concatenate(out) if out else ids), np.asarray(counts, dtype=np.int64)
+
+    monkeypatch.setattr(QwenTokenizer, "encode_batch", resegmented)
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert re.search(rf"{re.escape(corpus)}:\d*08: our ids differ from the reference's", error), error
+    monkeypatch.undo()
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 0
+    found = certificate(tmp_path / "p")
+    assert 3000 <= found["records_checked"] <= 5000 and found["detection"]["0.1%"] >= 0.95
+    assert found["records_spelled"] == found["records_kept"] == 10_000
+
+
+def test_a_one_token_shift_of_a_qwen3_multi_turn_mask_fails_the_run(tmp_path, monkeypatch, capsys):
+    """Under the default --history rendered, Qwen3 strips earlier reasoning, so the reference cannot
+    derive those masks; the structure check of every sample does."""
+    chats = [{"messages": [{"role": "user", "content": f"q{k}"},
+                           {"role": "assistant", "content": f"<think>r{k}</think>a{k}"},
+                           {"role": "user", "content": "again"}, {"role": "assistant", "content": "done"}]}
+             for k in range(20)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    encode = SampleEncoder.encode
+
+    def shifted(self, samples):
+        encoded = encode(self, samples)
+        return [(ids, np.roll(mask, 1)) if "q13" in sample.text else (ids, mask)
+                for sample, (ids, mask) in zip(samples, encoded)]
+
+    monkeypatch.setattr(SampleEncoder, "encode", shifted)
+    assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--template", "qwen3", "--quiet", "--workers", "1"]) == 2
+    error = capsys.readouterr().err
+    assert f"{corpus}:14: its loss mask differs from the one the template's structure gives" in error
+
+
+def test_a_document_the_writer_corrupts_is_found_in_the_written_files(tmp_path, monkeypatch, capsys):
+    """The picked documents are read back from the staged files before the commit."""
+    from qwen_data.formats.indexed import IndexedDatasetWriter
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"document {k}"} for k in range(50)])
+    add_batch = IndexedDatasetWriter.add_batch
+
+    def corrupting(self, tokens, *args, **kwargs):
+        tokens = np.array(tokens)
+        tokens[len(tokens) // 2] ^= 1
+        return add_batch(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(IndexedDatasetWriter, "add_batch", corrupting)
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 2
+    assert "the written document differs from what was encoded" in capsys.readouterr().err
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("p")]
+
+
+# -- what a certificate claims is true -------------------------------------------------------------
+def test_no_record_checked_is_never_certified(tmp_path):
+    """SFT records whose literals stay text are not checked by the reference: a run of only those
+    says so instead of claiming a certificate over nothing."""
+    chats = [{"instruction": f"say <|im_end|> {k}", "output": "ok"} for k in range(5)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--quiet", "--template", "qwen2p5",
+                 "--reference-template", str(oracle_dir() / "qwen2.5-instruct.jinja")]) == 0
+    found = certificate(tmp_path / "s")
+    assert found["records_checked"] == 0 and found["certified"] is False and "no record" in found["why"]
+
+
+def test_an_empty_first_file_and_every_shard_pick_their_own_records(tmp_path):
+    import gzip
+
+    empty = tmp_path / "e.jsonl.gz"
+    with gzip.open(empty, "wb"):
+        pass
+    corpus = write_jsonl(tmp_path / "two.jsonl", [{"text": f"document {k}"} for k in range(30)])
+    assert main(["pretrain", str(empty), corpus, "-o", str(tmp_path / "e4"), "--quiet"]) == 0
+    assert certificate(tmp_path / "e4")["records_checked"] == 30
+    checked = 0
+    for k in range(3):
+        assert main(["pretrain", corpus, "-o", str(tmp_path / f"cs.{k}"), "--shard", f"{k}/3", "--quiet"]) == 0
+        found = certificate(tmp_path / f"cs.{k}")
+        assert found["certified"] and found["records_checked"] == found["records_kept"] > 0
+        checked += found["records_checked"]
+    assert checked == 30
+
+
+def test_a_merge_refuses_a_part_whose_recheck_found_a_mismatch(tmp_path, capsys):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"document {k}"} for k in range(30)])
+    for k in range(3):
+        assert main(["pretrain", corpus, "-o", str(tmp_path / f"pc.{k}"), "--shard", f"{k}/3", "--quiet"]) == 0
+    parts = [str(tmp_path / f"pc.{k}") for k in range(3)]
+    assert main(["merge", *parts, "-o", str(tmp_path / "good"), "--quiet"]) == 0
+    merged = certificate(tmp_path / "good")
+    assert merged["certified"] and merged["records_checked"] == 30 and len(merged["parts"]) == 3
+    assert merged["fingerprint"] == json.load(open(tmp_path / "good.json"))["fingerprint"]
+    with open(parts[1] + ".json", encoding="utf-8") as f:
+        manifest = json.load(f)
+    manifest["certificate"]["rechecks"] = [{"records_checked": 5, "mismatches": 1, "mismatch": "c.jsonl:12: ..."}]
+    with open(parts[1] + ".json", "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    assert main(["merge", *parts, "-o", str(tmp_path / "bad"), "--quiet"]) == 2
+    assert f"{parts[1]}: its certificate records ids that differ" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "bad.json")

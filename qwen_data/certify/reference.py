@@ -7,8 +7,8 @@ file `--reference-template` names; either only when its sha256 is the template's
 by the same HF tokenizer, and the trained spans found by rendering the conversation up to each
 trained assistant turn with and without the generation prompt (never by our masking code).
 
-Workers pick the records (`Selection`) and hand over what they made of them; the checks run in
-`run.certifier`. The reference libraries load once per process (`loaded`): ~0.7 s for HF's
+Workers pick the records (`certify.sample`) and hand over what they made of them; the checks run
+in `run.certifier`. The reference libraries load once per process (`loaded`): ~0.7 s for HF's
 tokenizer, ~2 s with transformers. A mismatch stops the run (`CertificateError`, naming the record
 and both id sequences); the manifest's `certificate` records what was checked and by which
 libraries (docs/outputs.md).
@@ -22,52 +22,15 @@ import importlib.util
 import json
 import os
 import re
-import zlib
 from importlib import metadata
 
 from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 
-# How many records a run checks: every one of its first records (a small run: all of them), then
-# one in `rate`, picked by hash. The checks run beside the workers (`run.certifier`) and must end
-# with the run: HF tokenizers encodes ~1.5 MB/s on one core (gigatoken 50-140), and rendering a
-# chat's turns with transformers takes ~10 ms a record.
-PRETRAIN_PICKS = (100, 1024)  # (first records, rate)
-SFT_PICKS = (100, 4096)
 SHOWN = 6  # ids shown either side of the first difference
-
-
-class CertificateError(ValueError):
-    """Our ids differ from the reference's for a record: the run stops, nothing is written."""
 
 
 class NotCertified(ValueError):
     """The reference cannot run here (why): the data is not certified."""
-
-
-class Selection:
-    """Which records a run checks: the same whatever --workers and --chunk-mb.
-
-    Keyed by the inputs' pins (`manifest.input_entry`): a rerun on the same files checks the same
-    records, and a changed file other ones. A jsonl line is picked by a hash of its bytes (a worker
-    reading a span of a file does not know its lines' numbers in the file), a row by its number.
-    """
-
-    def __init__(self, inputs: list[dict], picks: tuple[int, int]) -> None:
-        pins = json.dumps(inputs, sort_keys=True).encode()
-        self.seed = int.from_bytes(hashlib.sha256(pins).digest()[:4], "little")
-        self.first_path = inputs[0]["path"] if inputs else None
-        self.first, self.rate = picks
-
-    def picks(self, chunk, record) -> bool:
-        numbered = chunk.table is not None or chunk.span is None or chunk.span[0] == 0  # numbers in the file
-        if numbered and record.number <= self.first and _same_path(chunk.path, self.first_path):
-            return True
-        key = record.raw if isinstance(record.raw, bytes) else f"{chunk.path}:{record.number}".encode()
-        return zlib.crc32(key, self.seed) % self.rate == 0
-
-
-def _same_path(path: str, entry_path: str | None) -> bool:
-    return entry_path is not None and (path == entry_path or os.path.abspath(path) == entry_path)
 
 
 def versions(*libraries: str) -> dict:

@@ -31,7 +31,7 @@ from ..inputs.readers import LineNumbers, expand, read_chunks
 from ..text import literals
 from ..text.conversations import to_conversation
 from ..text.masking import SampleEncoder
-from ..text.reference import (ChatReference, NotCertified, TextReference, difference, reference_jinja,
+from .reference import (ChatReference, NotCertified, TextReference, difference, reference_jinja,
                               reference_samples, versions)
 from ..text.templates import TEMPLATE_NAMES, get_template
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig, TokenizerNotFound, directory_of

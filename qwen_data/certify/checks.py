@@ -1,0 +1,270 @@
+"""What a run checks, and the certificate it writes: one checker per kind of data, built once per
+run before the workers fork (`checks_for`), which the step's workers and the pipeline call.
+
+  worker:   `spell_*` every document (or sample) it made (`spelling`), `picks` records (`sample`)
+            and `item` hands over what it made of them;
+  checking process (`run.certifier`): `load`, then `check` items against the reference libraries;
+  main:     `read_back` the picked documents from the staged files before the commit, and
+            `certificate` says what was checked, by what, and what it proves.
+
+`certified` is true only when every document spelled its text, at least one record was checked
+against the reference, and none differed.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+
+import numpy as np
+
+from ..formats.indexed import bin_tokens, read_index
+from .reference import ChatReference, NotCertified, TextReference, difference, loaded, reference_jinja
+from .reference import reference_samples, versions
+from .sample import Sampling, detection, numbers, ranges, window
+from .spelling import Speller, normalized
+
+
+class CertificateError(ValueError):
+    """Our ids differ from the reference's (or from their text) for a record: the run stops."""
+
+
+def checks_for(step, inputs: list[dict], estimates: list[int | None]):
+    """The checker of a step (`steps.pretrain.Tokenize`, `steps.sft.ChatSamples`), prepared."""
+    return ChatChecks(step, inputs, estimates) if step.kind == "sft" else TextChecks(step, inputs, estimates)
+
+
+class _Checks:
+    """What both kinds share: the sample, the checking process's side, the certificate."""
+
+    libraries: tuple[str, ...]
+
+    def __init__(self, step, inputs: list[dict], estimates: list[int | None]) -> None:
+        self.tokenizer = step.tokenizer
+        self.sampling = Sampling(inputs, estimates)
+        self.uncertified: str | None = None
+
+    def picks(self, chunk, record) -> bool:
+        return self.sampling.picks(chunk, record)
+
+    def to_read_back(self, where: str, item: tuple, documents: int) -> list:
+        """`read_back`'s entries for a picked record, its chunk's documents following `documents`."""
+        return []
+
+    def certificate(self, counts: dict, records: int, fingerprint: str) -> dict:
+        """What the run proved: `counts` summed over the run, and `records` it kept."""
+        spelled, checked = counts.get("records_spelled", 0), counts.get("records_checked", 0)
+        found = {"records_spelled": spelled, "records_checked": checked, "mismatches": 0,
+                 **{k: v for k, v in counts.items() if k not in ("records_spelled", "records_checked", "lines")},
+                 "records_kept": records, "sample": self.sampling.describe(), "detection": detection(checked, records),
+                 "lines_checked": {path: ranges(lines) for path, lines in counts.get("lines", {}).items()},
+                 "reference": versions(*self.libraries), "encoder": self._encoder(),
+                 "tokenizer_sha256": self.tokenizer.sha256, "fingerprint": fingerprint, **self._own()}
+        why = (self.uncertified or (f"{records - spelled:,} of {records:,} records were not spelled again"
+                                    if spelled < records else None)
+               or (None if checked else "no record was picked for the reference (a run of few records picks all; "
+                                        "a shard may pick none: its merge can be certified)"))
+        return {"certified": why is None, **({"why": why} if why else {}), **found}
+
+    def _encoder(self) -> dict:
+        backend = self.tokenizer.config.backend
+        return {"qwen-data": metadata.version("qwen-data"), "backend": backend,
+                backend: metadata.version("gigatoken" if backend == "gigatoken" else "tokenizers")}
+
+    def _own(self) -> dict:
+        return {}
+
+
+class TextChecks(_Checks):
+    """Pretraining: each document's ids spell its text; picked records' ids (or a window of a long
+    one's) equal HF tokenizers' on the same text, under the run's special-token policy."""
+
+    libraries = ("tokenizers",)
+
+    def __init__(self, step, inputs, estimates) -> None:
+        super().__init__(step, inputs, estimates)
+        policy = step.config.special_tokens
+        self.speller = Speller(self.tokenizer, policy)
+        self.reference = TextReference(self.tokenizer.directory, self.tokenizer.flavour, policy)
+        self.eod_id = step.eod_id
+
+    def item(self, number: int, position: int, documents: list[tuple[str, np.ndarray]]) -> tuple:
+        """What the checking process takes of a picked record: per text key, the text checked
+        (the whole text, or a window of a long one), our ids for it and where they lie in the
+        document (`read_back`); eod included for a whole text."""
+        parts = []
+        for text, ours in documents:
+            data = normalized(text).encode("utf-8")
+            cut = window(data, self.sampling.seed)
+            if cut is None:
+                parts.append((text, ours.copy(), 0, len(ours)))
+                continue
+            starts = np.concatenate([[0], np.cumsum(self.speller.table.lengths[ours[:-1].astype(np.intp)])])
+            a, b = np.searchsorted(starts, cut)
+            a, b = int(a), int(b)
+            if starts[a] != cut[0] or (b < len(starts) and starts[b] != cut[1]):
+                b = a  # our tokens cross a cut the tokenizer never crosses: the comparison fails
+            parts.append((data[cut[0]:cut[1]].decode("utf-8"), ours[a:b].copy(), a, b))
+        return number, position, parts
+
+    def to_read_back(self, where: str, item: tuple, documents: int) -> list:
+        number, position, parts = item
+        return [(where, k, documents + position, a, b, ours) for k, (_, ours, a, b) in enumerate(parts)]
+
+    def reference_loaded(self) -> bool:
+        return loaded(self.tokenizer.directory, chat=False)
+
+    def load(self) -> None:
+        self.reference.load()
+
+    def check(self, items: list) -> tuple[dict, str | None]:
+        parts = [(where, *part) for where, (_, _, record) in items for part in record]
+        encoded = self.reference.encode_batch([text for _, text, *_ in parts])
+        for (where, _, ours, a, b), theirs in zip(parts, encoded):
+            whole = a == 0 and b == len(ours)
+            theirs = theirs + [self.eod_id] if whole else theirs
+            if not np.array_equal(ours, theirs):
+                span = "" if whole else f" (the window of tokens {a:,}..{b:,})"
+                return {}, f"{where}{span}: {difference(ours, theirs)}"
+        return {"records_checked": len(items), "lines": _lines(items)}, None
+
+
+class ChatChecks(_Checks):
+    """SFT: each sample's ids spell its rendered text and its mask is its structure's; picked
+    records' samples equal transformers' apply_chat_template with the template's own Jinja."""
+
+    libraries = ("transformers", "tokenizers", "jinja2")
+
+    def __init__(self, step, inputs, estimates) -> None:
+        super().__init__(step, inputs, estimates)
+        config = self.config = step.config
+        self.template = step.template
+        self.speller = Speller(self.tokenizer, "parse")
+        self.structure = None if config.mask == "all" else {
+            "span": config.assistant_span, "last_only": config.rendered_history != "rendered",
+            "empty_think_is_prompt": config.enable_thinking is False}
+        try:
+            jinja = reference_jinja(self.template, self.tokenizer.directory, config.reference_template)
+        except NotCertified as why:
+            self.uncertified, self.reference = str(why), None
+            return
+        self.reference = ChatReference(self.tokenizer.directory, self.tokenizer.flavour, jinja,
+                                       config.assistant_span, config.mask, config.enable_thinking)
+
+    def picks(self, chunk, record) -> bool:
+        return self.reference is not None and super().picks(chunk, record)
+
+    def parts(self, conversation) -> list:
+        """(messages, trained turns) the reference renders for each sample of a conversation."""
+        return reference_samples(conversation, self.config.rendered_history)
+
+    def reference_loaded(self) -> bool:
+        return loaded(self.tokenizer.directory, chat=True)
+
+    def load(self) -> None:
+        self.reference.load()
+
+    def check(self, items: list) -> tuple[dict, str | None]:
+        """Each picked record's samples (before truncation and packing) against the reference's
+        ids and mask; a record whose literals stay text is counted apart."""
+        counts = {"records_checked": 0, "samples_checked": 0, "masks_not_checked": 0,
+                  "records_with_literals_skipped": 0}
+        for where, (_, samples) in items:
+            if samples is None:
+                counts["records_with_literals_skipped"] += 1
+                continue
+            counts["records_checked"] += 1
+            for part, tools, trained, ours_ids, ours_mask in samples:
+                ids, mask = self.reference.encode(part, tools, trained)
+                counts["samples_checked"] += 1
+                counts["masks_not_checked"] += mask is None
+                if not np.array_equal(ours_ids, ids):
+                    return counts, f"{where}: {difference(ours_ids, ids)}"
+                if mask is not None and not np.array_equal(ours_mask, mask):
+                    return counts, f"{where}: {difference(ours_mask, mask, 'loss mask')}"
+        checked = [item for item in items if item[1][1] is not None]
+        return {**counts, "lines": _lines(checked)}, None
+
+    def _own(self) -> dict:
+        return {"template_sha256": self.template.sha256}
+
+
+def _lines(items: list) -> dict[str, list[int]]:
+    """The records of `items` ("file:line", ...), by file."""
+    lines: dict[str, list[int]] = {}
+    for where, _ in items:
+        path, _, line = where.rpartition(":")
+        lines.setdefault(path, []).append(int(line))
+    return lines
+
+
+def add_counts(counts: dict, checked: dict) -> None:
+    """`checked` (a `check`'s counts) added to `counts`."""
+    for name, value in checked.items():
+        if name == "lines":
+            for path, lines in value.items():
+                counts.setdefault("lines", {}).setdefault(path, []).extend(lines)
+        else:
+            counts[name] = counts.get(name, 0) + value
+
+
+def read_back(picked: list[tuple[str, int, int, int, int, np.ndarray]], files: list[tuple[str, str]]) -> None:
+    """CertificateError unless each picked document's tokens, as the staged files hold them, are the
+    ones its worker made: (where, dataset, document, first token, stop, ours) against `files`,
+    each dataset's (.bin, .idx), read through the index as a reader would."""
+    opened: dict[int, tuple] = {}
+    for where, dataset, document, a, b, ours in picked:
+        if dataset not in opened:
+            index = read_index(files[dataset][1])
+            opened[dataset] = (index, bin_tokens(files[dataset][0], index.dtype))
+        index, tokens = opened[dataset]
+        start = int(index.pointers[document]) // index.dtype.itemsize
+        written = tokens[start + a:start + min(b, int(index.lengths[document]))]
+        if not np.array_equal(written, ours):
+            raise CertificateError(f"{where}: the written document differs from what was encoded: "
+                                   f"{difference(written, ours)}")
+
+
+def join_certificates(parts: list[tuple[str, dict | None]], fingerprint: str) -> dict | None:
+    """The certificate of parts merged into the data `fingerprint` names: every part's checks
+    carried (`parts`), their counts summed; certified when every part spelled all its records, was
+    checked by the same reference libraries, and at least one record was checked in all. ValueError
+    naming a part whose certificate, or a recheck of it, records a mismatch: a merge never carries
+    wrong data on under a clean certificate."""
+    for prefix, part in parts:
+        for found in [part or {}] + list((part or {}).get("rechecks", [])):
+            if found.get("mismatches"):
+                raise ValueError(f"{prefix}: its certificate records ids that differ from the reference's "
+                                 f"({found.get('mismatch', 'a mismatch')}): make that part again")
+    if all(part is None for _, part in parts):
+        return None
+    why = next((f"{prefix}: {part.get('why') if part else 'made before certificates were recorded'}"
+                for prefix, part in parts if not _joinable(part)), None)
+    counted = [part for _, part in parts if part]
+    sums = {name: sum(part.get(name, 0) for part in counted) for name in counted[0]
+            if isinstance(counted[0][name], int) and not isinstance(counted[0][name], bool)}
+    lines: dict[str, list[int]] = {}
+    for part in counted:
+        for path, text in part.get("lines_checked", {}).items():
+            lines.setdefault(path, []).extend(numbers(text))
+    references = {json.dumps(part["reference"], sort_keys=True) for part in counted if part.get("records_checked")}
+    if why is None and len(references) > 1:
+        why = "the parts were checked by different versions of the reference libraries"
+    if why is None and not sums.get("records_checked"):
+        why = "no record of any part was picked for the reference"
+    base = next((part for part in counted if part.get("records_checked")), counted[0])
+    return {**base, "certified": why is None, **({"why": why} if why else {}), **sums,
+            "lines_checked": {path: ranges(found) for path, found in lines.items()},
+            "detection": detection(sums.get("records_checked", 0), sums.get("records_kept", 0)),
+            "fingerprint": fingerprint,
+            "parts": [{"prefix": prefix, **{k: (part or {}).get(k) for k in ("certified", "records_checked",
+                                                                              "records_spelled", "fingerprint")},
+                       "rechecks": len((part or {}).get("rechecks", []))} for prefix, part in parts]}
+
+
+def _joinable(part: dict | None) -> bool:
+    """Whether a part's certificate can join a certified merge: certified, or not only because
+    none of its records was picked (a shard of few records)."""
+    if not part or "records_spelled" not in part or "sample" not in part:
+        return False
+    return part.get("certified") or (part.get("records_checked") == 0 and part["why"].startswith("no record"))

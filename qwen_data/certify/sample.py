@@ -1,0 +1,97 @@
+"""The certificate's second layer: which records the reference libraries encode again.
+
+The rule, stated in every certificate: a record is picked when the CRC-32 of its key, seeded by a
+hash of the inputs' pins, falls below `rate` × 2³²; its key is its jsonl line (or .json element)
+as bytes, or `file:row` for a parquet or Arrow row. So the pick depends on the record alone: every
+input file and every shard picks from its own records, whatever --workers and --chunk-mb, and a
+sharded run picks what one run would. `rate` is TARGET over the records the inputs are estimated
+to hold (`readers.estimated_records`, deterministic), or 1 where they are fewer: about TARGET
+records, and at least MIN_RECORDS in all but a one-in-a-million case, so that a fault hitting
+0.1% of records is in the sample with a chance of at least 95% (`detection`).
+
+A long record is checked on a window of WINDOW_BYTES (`window`), cut where the tokenizer itself
+must cut, so the reference's cost grows with the bytes checked, never with a record's length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+
+TARGET = 4096  # records the reference is meant to check
+MIN_RECORDS = 3000  # 1 - 0.999 ** 3000 = 0.95
+UNKNOWN_RECORDS = 1_000_000  # standard input's guess: it cannot be looked at before it is read
+WINDOW_BYTES = 4096  # of a record above LONG_BYTES, in bytes of its normalized text
+LONG_BYTES = 3 * WINDOW_BYTES
+# A line start followed by an ASCII letter: no piece of Qwen's pre-tokenizer holds both the newline
+# and the letter, and NFC composes nothing across a newline, so the ids of the text before and
+# after such a cut are the ids of the whole text on either side of it.
+CUT = re.compile(rb"\n(?=[A-Za-z])")
+
+
+class Sampling:
+    def __init__(self, inputs: list[dict], estimates: list[int | None]) -> None:
+        pins = json.dumps(inputs, sort_keys=True).encode()
+        self.seed = int.from_bytes(hashlib.sha256(pins).digest()[:4], "little")
+        self.estimated = sum(UNKNOWN_RECORDS if e is None else e for e in estimates)
+        self.rate = min(1.0, TARGET / max(1, self.estimated))
+        self.below = int(self.rate * (1 << 32))
+
+    def picks(self, chunk, record) -> bool:
+        if self.rate >= 1.0:
+            return True
+        key = record.raw if isinstance(record.raw, bytes) else f"{chunk.path}:{record.number}".encode()
+        return zlib.crc32(key, self.seed) < self.below
+
+    def describe(self) -> dict:
+        return {"rule": "crc32(record, seed) < rate * 2**32; a record is its jsonl line or .json element "
+                        "as bytes, a parquet or Arrow row file:row",
+                "seed": self.seed, "rate": self.rate, "estimated_records": self.estimated,
+                "window_bytes": WINDOW_BYTES, "long_bytes": LONG_BYTES}
+
+
+def window(data: bytes, seed: int) -> tuple[int, int] | None:
+    """The bytes [start, stop) of a long normalized text that the reference checks: WINDOW_BYTES
+    or a little more from the first cut (`CUT`) at or after a point the seed picks, to the first cut
+    after that (or the end); None where the text is short, or has no cut (checked whole)."""
+    if len(data) <= LONG_BYTES:
+        return None
+    first = CUT.search(data, seed % (len(data) - WINDOW_BYTES))
+    if first is None:
+        return None
+    start = first.start() + 1
+    last = CUT.search(data, start + WINDOW_BYTES)
+    return start, last.start() + 1 if last else len(data)
+
+
+def detection(checked: int, records: int) -> dict[str, float]:
+    """The chance that a fault hitting this share of the `records` is among the `checked` ones
+    picked at random: what the sample's size proves (1 where every record was checked)."""
+    if records and checked >= records:
+        return dict.fromkeys(SHARES, 1.0)
+    return {share: round(1 - (1 - float(share[:-1]) / 100) ** checked, 4) for share in SHARES}
+
+
+SHARES = ("1%", "0.1%", "0.01%")
+
+
+def ranges(numbers: list[int]) -> str:
+    """Record numbers as `1-30,45,47-50`."""
+    out, numbers = [], sorted(set(numbers))
+    for k, n in enumerate(numbers):
+        if k and n == numbers[k - 1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def numbers(text: str) -> list[int]:
+    """`ranges`' text back as numbers."""
+    found = []
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        found += range(int(a), int(b or a) + 1)
+    return found

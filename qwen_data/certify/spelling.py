@@ -1,0 +1,272 @@
+"""The certificate's first layer: every document, in the worker that made it, spells its text.
+
+Byte-level BPE gives every id one fixed byte string, so ids decode by table lookup and must give
+back exactly the bytes of the text they were made from, as the tokenizer normalizes it (NFC). The
+table is read from tokenizer.json's own vocabulary, never from the rank file the encoder runs on:
+a corrupt derived file cannot vouch for itself. What spelling cannot see (ids that spell the same
+bytes in other pieces, a BPE merge order gone wrong) is the reference sample's to find
+(`certify.sample`).
+
+SFT samples also keep the template's structure: their loss mask is derived again from the ids
+alone (`structure_mask`: each `<|im_start|>assistant\\n` control token opens a span that ends
+on the next `<|im_end|>` control token, cut as the run's --assistant-span says) and must equal the
+mask the run made from its labelled segments.
+
+Costs: one table lookup and one comparison of bytes per chunk (~0.7 CPU s per 100 MB); where a
+chunk fails, the first document that differs is found one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+
+import numpy as np
+
+from ..qwen import FIRST_ADDED_ID, IM_END, IM_END_ID, IM_START_ID
+
+BLOCK_TOKENS = 1 << 22  # ids decoded at a time: a 58 MB record is spelled in bounded memory
+HEADER = b"<|im_start|>assistant\n"
+EMPTY_THINK = b"<think>\n\n</think>\n\n"
+
+
+class SpellingError(ValueError):
+    """A document's ids do not spell its text; `index` is its position in the batch checked."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def _byte_of_char() -> dict[str, int]:
+    """Byte-level BPE's alphabet: each byte spelled as one printable character (the printable
+    Latin-1 bytes as themselves, the others as 256 + their order)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class Spelling:
+    """Per id its bytes: `flat[starts[i]:starts[i + 1]]`; added tokens spell their literal."""
+
+    def __init__(self, starts: np.ndarray, flat: np.ndarray) -> None:
+        self.starts, self.flat = starts, flat
+        self.lengths = np.diff(starts)
+        # Each id's first 8 bytes as one little-endian word, and the mask of the bytes it has:
+        # comparing a word per token instead of a byte per byte is what makes checking every
+        # document cheap (`matches`).
+        padded = np.zeros((len(self.lengths), 8), dtype=np.uint8)
+        short = np.minimum(self.lengths, 8)
+        rows = np.repeat(np.arange(len(short)), short)
+        padded[rows, np.arange(len(rows)) - np.repeat(np.cumsum(short) - short, short)] = \
+            flat[np.repeat(starts[:-1] - (np.cumsum(short) - short), short) + np.arange(len(rows))]
+        self.words = padded.view("<u8")[:, 0].copy()
+        bits = short.astype(np.uint64) * np.uint64(8)
+        self.masks = np.where(short == 8, np.uint64(~np.uint64(0)), (np.uint64(1) << (bits % np.uint64(64))) - np.uint64(1))
+
+    @classmethod
+    def of(cls, tokenizer) -> "Spelling":
+        """The table of a `QwenTokenizer`, kept in its cache folder under the files' hash."""
+        path = tokenizer._cache_path("spelling.npy")
+        try:
+            packed = np.load(path, allow_pickle=False)
+            n = tokenizer.vocab_size + 1
+            starts = packed[:8 * n].view(np.int64)
+            if len(packed) >= 8 * n and starts[-1] == len(packed) - 8 * n and bool((np.diff(starts) >= 0).all()):
+                return cls(starts.copy(), packed[8 * n:].copy())
+        except (OSError, ValueError, EOFError):
+            pass
+        table = cls.from_json(tokenizer._json_text, tokenizer.added_tokens, tokenizer.vocab_size)
+        from ..text.tokenizer import _store
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.save(f, np.concatenate([table.starts.view(np.uint8), table.flat]))
+
+        _store(path, write)
+        return table
+
+    @classmethod
+    def from_json(cls, text: str, added: dict[str, int], vocab_size: int) -> "Spelling":
+        vocab = json.loads(text)["model"]["vocab"]
+        alphabet = _byte_of_char()
+        pieces: list[bytes] = [b""] * vocab_size
+        for piece, i in vocab.items():
+            if i < vocab_size:
+                pieces[i] = bytes(alphabet[c] for c in piece)
+        for content, i in added.items():
+            pieces[i] = content.encode("utf-8")
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=vocab_size)
+        starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        return cls(starts, np.frombuffer(b"".join(pieces), dtype=np.uint8).copy())
+
+    def matches(self, ids: np.ndarray, expected: bytes) -> bool:
+        """Whether `ids` spell exactly `expected`."""
+        ids = ids.astype(np.intp)
+        lengths = self.lengths[ids]
+        ends = np.cumsum(lengths)
+        if (int(ends[-1]) if len(ends) else 0) != len(expected):
+            return False
+        starts = ends - lengths
+        text = np.frombuffer(expected + bytes(8), dtype=np.uint8)
+        # every position's next 8 bytes, read as one word (a view: nothing is copied)
+        words = np.ndarray((len(expected) + 1,), dtype="<u8", buffer=text, strides=(1,))
+        if not np.array_equal(words[starts] & self.masks[ids], self.words[ids]):
+            return False
+        long = np.flatnonzero(lengths > 8)  # their bytes after the 8th, one by one
+        if not len(long):
+            return True
+        rest = lengths[long] - 8
+        offsets = np.arange(int(rest.sum())) - np.repeat(np.cumsum(rest) - rest, rest)
+        ours = self.flat[np.repeat(self.starts[ids[long]] + 8, rest) + offsets]
+        return np.array_equal(text[np.repeat(starts[long] + 8, rest) + offsets], ours)
+
+    def spell(self, ids: np.ndarray) -> bytes:
+        """The bytes `ids` stand for."""
+        out = []
+        for k in range(0, len(ids), BLOCK_TOKENS):
+            block = ids[k:k + BLOCK_TOKENS].astype(np.intp)
+            lengths = self.lengths[block]
+            ends = np.cumsum(lengths)
+            # each output byte: its token's first byte in the table, plus its place inside the token
+            index = np.repeat(self.starts[block] - (ends - lengths), lengths) + np.arange(int(ends[-1]) if len(ends) else 0)
+            out.append(self.flat[index].tobytes())
+        return b"".join(out)
+
+
+def normalized(text: str, literals: re.Pattern | None = None) -> str:
+    """`text` as the tokenizer normalizes it before encoding (NFC); with `literals`, the pieces
+    between them one by one, as HF normalizes the text between the added tokens it splits out."""
+    if text.isascii() or unicodedata.is_normalized("NFC", text):
+        return text
+    if literals is None:
+        return unicodedata.normalize("NFC", text)
+    pieces = literals.split(text)
+    return "".join(p if k % 2 else unicodedata.normalize("NFC", p) for k, p in enumerate(pieces))
+
+
+class Speller:
+    """What a worker checks of every document it made (built before the fork, shared)."""
+
+    def __init__(self, tokenizer, policy: str) -> None:
+        self.tokenizer = tokenizer
+        self.table = Spelling.of(tokenizer)
+        self.literals = tokenizer.special_re
+        kept = tokenizer.kept_tokens(policy)
+        # added ids a text may hold under the policy (the rest are plain text there)
+        self.allowed = np.asarray(sorted(tokenizer.added_tokens[c] for c in kept), dtype=np.int32)
+
+    def check_texts(self, texts: list[str], ids: np.ndarray, counts: np.ndarray) -> None:
+        """SpellingError for the first text whose ids (`counts[k]` of `ids` each) do not spell it,
+        or hold an added id the special-token policy keeps as text."""
+        added = ids >= FIRST_ADDED_ID
+        if added.any() and not np.isin(ids[added], self.allowed).all():
+            self._first_wrong(texts, ids, counts)
+        if not self.table.matches(ids, "".join([normalized(t) for t in texts]).encode("utf-8")):
+            self._first_wrong(texts, ids, counts)
+
+    def _first_wrong(self, texts, ids, counts) -> None:
+        ends = np.cumsum(counts)
+        for k, text in enumerate(texts):
+            own = ids[ends[k] - counts[k]:ends[k]]
+            added = own[own >= FIRST_ADDED_ID]
+            if len(added) and not np.isin(added, self.allowed).all():
+                raise SpellingError(k, f"holds the control id {int(added[~np.isin(added, self.allowed)][0])}, "
+                                       "which its special-token policy keeps as text")
+            why = self.differs(text, own)
+            if why:
+                raise SpellingError(k, why)
+        raise AssertionError("a batch failed its spelling check and none of its documents did")
+
+    def check_samples(self, texts: list[str], encoded: list[tuple[np.ndarray, np.ndarray]], free: list[bool],
+                      structure: dict) -> None:
+        """SpellingError for the first sample whose ids do not spell its rendered text, or whose loss
+        mask is not the one its structure gives (`structure_mask`, with `structure`'s span, last_only
+        and empty_think_is_prompt; None: every token trained). `free[k]`: sample k holds literals
+        made control tokens (--special-tokens parse), which may stand where the template's do: its
+        mask is not derived again."""
+        if not texts:
+            return
+        ids = np.concatenate([e[0] for e in encoded])
+        counts = np.fromiter((len(e[0]) for e in encoded), dtype=np.int64, count=len(encoded))
+        spelled = self.table.spell(ids)
+        if spelled != b"".join(normalized(t).encode("utf-8") for t in texts):
+            for k, (text, (own, _)) in enumerate(zip(texts, encoded)):
+                if why := self.differs(text, own):
+                    raise SpellingError(k, why)
+        ours = np.concatenate([e[1] for e in encoded])
+        if structure is None:
+            derived = np.ones(len(ids), dtype=np.uint8)
+        else:
+            derived = structure_mask(spelled, ids, bytes_before(self.table, ids), np.cumsum(counts), **structure)
+        if np.array_equal(derived, ours) or all(free):
+            return
+        ends = np.cumsum(counts)
+        for k in range(len(texts)):
+            a, b = ends[k] - counts[k], ends[k]
+            if not free[k] and not np.array_equal(derived[a:b], ours[a:b]):
+                at = int(np.flatnonzero(derived[a:b] != ours[a:b])[0])
+                raise SpellingError(k, f"its loss mask differs from the one the template's structure gives at token "
+                                       f"{at} (ours {int(ours[a + at])}, the structure's {int(derived[a + at])})")
+
+    def differs(self, text: str, ids: np.ndarray) -> str | None:
+        """Why `ids` do not spell `text` (None: they do), under every normalization HF may apply."""
+        spelled = self.table.spell(ids)
+        candidates = (lambda: normalized(text), lambda: normalized(text, self.literals),
+                      lambda: self.tokenizer.normalize(text))
+        for candidate in candidates:
+            if spelled == candidate().encode("utf-8"):
+                return None
+        wanted = normalized(text).encode("utf-8")
+        at = next((i for i, (a, b) in enumerate(zip(spelled, wanted)) if a != b), min(len(spelled), len(wanted)))
+        return (f"its ids spell other bytes than its text from byte {at:,} ({len(spelled):,} spelled, "
+                f"{len(wanted):,} in the text): {spelled[max(0, at - 20):at + 20]!r} where the text has "
+                f"{wanted[max(0, at - 20):at + 20]!r}")
+
+
+def structure_mask(spelled: bytes, ids: np.ndarray, token_starts: np.ndarray, sample_ends: np.ndarray,
+                   span: str, last_only: bool, empty_think_is_prompt: bool) -> np.ndarray:
+    """The loss mask the template's structure gives samples laid end to end (`sample_ends`: each
+    one's end, in tokens), from their ids alone: in a sample, each `<|im_start|>` control token
+    spelling `<|im_start|>assistant\\n` opens a span that the sample's next `<|im_end|>` control
+    token closes; `span` cuts it as --assistant-span does (im_end_nl: the content, `<|im_end|>` and
+    the newline; im_end: without the newline; trl: with the newline before; turn: the whole turn);
+    `last_only`: a sample's last span only; `empty_think_is_prompt`: an empty think block opening
+    the content is left out. A token is trained when any of its bytes falls in a span."""
+    ends = np.flatnonzero(ids == IM_END_ID)
+    by_sample: dict[int, list] = {}
+    for h in np.flatnonzero(ids == IM_START_ID).tolist():
+        start = int(token_starts[h])
+        k, s = int(np.searchsorted(ends, h)), int(np.searchsorted(sample_ends, h, side="right"))
+        if spelled[start:start + len(HEADER)] != HEADER or k == len(ends) or ends[k] >= sample_ends[s]:
+            continue
+        content, close = start + len(HEADER), int(token_starts[ends[k]]) + len(IM_END)
+        stop = close + (spelled[close:close + 1] == b"\n")
+        first = {"im_end_nl": content, "im_end": content, "trl": content - 1, "turn": start}[span]
+        last = close if span == "im_end" else stop
+        turn = [(first, last)]
+        if empty_think_is_prompt and spelled.startswith(EMPTY_THINK, content):
+            turn = [(first, content), (content + len(EMPTY_THINK), last)]
+        by_sample.setdefault(s, []).append(turn)
+    covered = np.zeros(len(spelled) + 1, dtype=np.int32)
+    for turns in by_sample.values():
+        for a, b in (piece for turn in (turns[-1:] if last_only else turns) for piece in turn):
+            if b > a:
+                covered[a] += 1
+                covered[b] -= 1
+    inside = np.concatenate([[0], np.cumsum(np.cumsum(covered)[:-1] > 0)])
+    token_ends = np.append(token_starts[1:], len(spelled)).astype(np.int64)
+    return (inside[token_ends] > inside[token_starts]).astype(np.uint8)
+
+
+def bytes_before(table: Spelling, ids: np.ndarray) -> np.ndarray:
+    """Each token's first byte in the bytes `ids` spell."""
+    lengths = table.lengths[ids.astype(np.intp)]
+    return np.cumsum(lengths) - lengths
