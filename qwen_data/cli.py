@@ -7,9 +7,12 @@ its arguments to the train stage (`qwen_data_train`, the repo's train/)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 
 # Nothing here does linear algebra: numpy's BLAS would start a thread per core at its import, and
 # they spin for a while (~0.1 s of CPU each), taking cores from the workers as they start. Set
@@ -644,6 +647,29 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a scheduler ending the job), taken as Ctrl-C is: the run unwinds, so its
+    temporary files and locks go (`AtomicOutputs`) and its workers are ended."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises `Terminated` inside (SIGTERM's default would end the process where it stands,
+    leaving .tmp and .lock files beside the outputs); put back on leaving, for a caller of `main`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set a handler
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The first word is the command: the options before it (--version, --help) take no value.
@@ -657,7 +683,13 @@ def _main(argv: list[str] | None) -> int:
         return exc.code
     args.train_args = rest
     try:
-        return args.func(args)
+        if args.command in ("train", "convert"):  # the train stage's processes handle their own signals
+            return args.func(args)
+        with _sigterm_as_interrupt():
+            return args.func(args)
+    except Terminated:
+        print("terminated (SIGTERM): no output was committed", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted: no output was committed", file=sys.stderr)
         return 130
