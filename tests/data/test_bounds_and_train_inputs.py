@@ -126,6 +126,32 @@ def test_hand_written_blend_weights_are_refused_naming_the_file(data, tmp_path, 
         read_train_blend([weight, data["web"], "1", data["code"]])
 
 
+@pytest.mark.parametrize("fields, says", [
+    ("0.7 {web} 0.3", "3 fields (0.7 {web} 0.3) do not pair as `weight prefix`: a weight without its prefix"),
+    ("0.7 {web} {code} 0.3", "4 fields (0.7 {web} {code} 0.3) do not pair as `weight prefix`: '{code} 0.3' is "
+                             "no such pair"),
+])
+def test_hand_written_blend_fields_that_do_not_pair_are_refused_naming_the_file(data, tmp_path, capsys, fields,
+                                                                                 says):
+    """Megatron reads a list that does not pair as prefixes alone: the weight was taken for a prefix
+    and the refusal was 'no manifest 0.3.json'."""
+    txt = tmp_path / "odd.txt"
+    txt.write_text(fields.format(**data) + "\n")
+    says = says.format(**data)
+    with pytest.raises(BlendError) as info:
+        read_train_blend(str(txt))
+    assert str(info.value) == f"{txt}: {says}"
+    assert error_of(capsys, ["stats", txt]) == f"qwen-data stats: error: {txt}: {says}"
+    with pytest.raises(BlendError, match="do not pair as `weight prefix`"):
+        read_train_blend(fields.format(**data).split())
+
+
+def test_a_prefix_named_like_a_number_is_still_a_prefix(data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    copy_prefix(data["web"], "7")
+    assert read_train_blend(["7", data["code"], data["web"]]).blend == (["7", data["code"], data["web"]], None)
+
+
 # -- an index checked whole before anything relies on it -------------------------------------------
 def _corrupt(prefix, kind):
     """Damage PREFIX.idx (or .bin) one way; the header stays valid."""
