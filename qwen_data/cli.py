@@ -7,9 +7,12 @@ its arguments to the train stage (`qwen_data_train`, the repo's train/)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 
 # Nothing here does linear algebra: numpy's BLAS would start a thread per core at its import, and
 # they spin for a while (~0.1 s of CPU each), taking cores from the workers as they start. Set
@@ -20,7 +23,7 @@ from . import __version__
 from .errors import describe
 from .inputs.readers import DEFAULT_CHUNK_BYTES, Shard
 from .options import INT32_MAX, DefaultsHelpFormatter, bounded
-from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END
+from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END, LONGEST_CONTEXT, MAX_SEQ_LENGTH
 from .text.tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
@@ -158,9 +161,10 @@ def _sft_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template", default="qwen2p5", choices=TEMPLATE_NAMES + ("auto",),
                    help="chat template: qwen2, qwen2p5, qwen3, or auto (the --tokenizer directory's chat_template)")
     p.add_argument("--format", default="auto", choices=FORMATS, help="record format (auto: detected per record)")
-    p.add_argument("--seq-length", type=bounded(int, 2, INT32_MAX), default=None,
-                   help="longest sample / packed row length in tokens, at most an .idx length's int32 (with --layout "
-                        "pai half that: a row holds 2 x --seq-length values) (none: no limit)")
+    p.add_argument("--seq-length", type=bounded(int, 2, MAX_SEQ_LENGTH), default=None,
+                   help=f"longest sample / packed row length in tokens, at most {MAX_SEQ_LENGTH:,} (four times the "
+                        f"longest Qwen context, Qwen2.5-1M's {LONGEST_CONTEXT:,}; with --layout pai a row holds 2 x "
+                        "--seq-length values) (none: no limit)")
     p.add_argument("--pack", action="store_true", help="pack samples into rows of exactly --seq-length tokens")
     p.add_argument("--packing", default="best-fit", choices=sorted(PACKINGS),
                    help="how --pack fills rows: best-fit (fewest rows) or next-fit (input order, as Pai-Megatron-Patch)")
@@ -428,9 +432,6 @@ def _run_sft(args) -> int:
     from .formats.indexed import MASK_SUFFIX
     from .steps.sft import ChatSamples, SFTConfig
 
-    if args.layout == "pai" and args.seq_length is not None and 2 * args.seq_length > INT32_MAX:
-        raise ValueError(f"--seq-length {args.seq_length:,}: --layout pai rows hold 2 x --seq-length values, an .idx "
-                         f"length is int32: at most {INT32_MAX // 2:,}")
     columns, named = _column_map(args)
     if named and not args.inputs:
         args.inputs = named
@@ -649,6 +650,29 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a scheduler ending the job), taken as Ctrl-C is: the run unwinds, so its
+    temporary files and locks go (`AtomicOutputs`) and its workers are ended."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises `Terminated` inside (SIGTERM's default would end the process where it stands,
+    leaving .tmp and .lock files beside the outputs); put back on leaving, for a caller of `main`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set a handler
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The first word is the command: the options before it (--version, --help) take no value.
@@ -662,7 +686,13 @@ def _main(argv: list[str] | None) -> int:
         return exc.code
     args.train_args = rest
     try:
-        return args.func(args)
+        if args.command in ("train", "convert"):  # the train stage's processes handle their own signals
+            return args.func(args)
+        with _sigterm_as_interrupt():
+            return args.func(args)
+    except Terminated:
+        print("terminated (SIGTERM): no output was committed", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted: no output was committed", file=sys.stderr)
         return 130

@@ -27,6 +27,13 @@ CONTENT_TOKENS = frozenset({"<tool_call>", "</tool_call>", "<think>", "</think>"
 # Tokens the chat templates themselves write: a pad among them would collide with real data.
 TEMPLATE_TOKENS = (EOD_TOKEN, IM_START, IM_END) + tuple(sorted(CONTENT_TOKENS))
 
+# The longest sample or packed row qwen-data writes: 4 Mi tokens, four times the longest Qwen context
+# (Qwen2.5-1M's 1,010,000 positions). What is beyond it is a typo, not a model: a row is allocated
+# whole, so --seq-length 2,000,000,000 held 17.7 GB and wrote 10 GB of padding for 17 KB of tokens.
+# A Pai row of 2 x this still fits an .idx length (int32).
+LONGEST_CONTEXT = 1_010_000
+MAX_SEQ_LENGTH = 1 << 22
+
 # Embedding rows (the padded vocabulary): Qwen2.5 0.5B-3B and every Qwen3; Qwen2/2.5 7B-72B.
 EMBEDDING_ROWS_SMALL = 151_936
 EMBEDDING_ROWS_LARGE = 152_064

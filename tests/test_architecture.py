@@ -136,6 +136,8 @@ TRAIN_FLOORS = {
 }
 MAY_IMPORT.update({f"qwen_data_train.{name}": TRAIN_MAY_IMPORT | {f"qwen_data_train.{r}" for r in below}
                    for name, below in TRAIN_FLOORS.items()})
+# The commands tell a refusal as `qwen-data` does (`errors.describe`): torchrun runs them without the CLI.
+MAY_IMPORT["qwen_data_train.commands"].add("qwen_data.errors")
 
 
 def room(module: str) -> str:

@@ -1,5 +1,5 @@
 import sys
 
-from .commands import train
+from .commands import main
 
-sys.exit(train())
+sys.exit(main())

@@ -75,7 +75,7 @@ def distributed(tp: int, pp: int = 1, ep: int = 1, cp: int = 1) -> Iterator[torc
 
 def _end_now(exc: BaseException) -> None:
     """End this rank of a job of several processes at once, saying why: a refusal (ValueError) in
-    one line, as `qwen-data` says it, anything else with its traceback."""
+    one line and exit status 2, as `qwen-data` says it, anything else with its traceback."""
     rank = dist.get_rank()
     if isinstance(exc, KeyboardInterrupt):
         print(f"rank {rank}: interrupted", file=sys.stderr)
@@ -86,7 +86,7 @@ def _end_now(exc: BaseException) -> None:
         traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+    os._exit(130 if isinstance(exc, KeyboardInterrupt) else 2 if isinstance(exc, ValueError) else 1)
 
 
 def is_rank0() -> bool:

@@ -459,7 +459,34 @@ def blend_from_list(items, origin: str = "the blend") -> MegatronBlend | None:
             prefixes = [p.strip() for p in items[1::2]]
             _check_weights(prefixes, weights, origin)
             return prefixes, weights
+    _check_unpaired(items, origin)
     return [p.strip() for p in items], None
+
+
+def _check_unpaired(items: list[str], origin: str) -> None:
+    """A list Megatron would read as prefixes alone, since it does not pair as `weight prefix`,
+    yet holding a number that names no prefix: a weight whose prefix is missing or out of place
+    (otherwise the refusal would be that the weight has no manifest)."""
+    def stray(item: str) -> bool:  # a prefix named like a number is still one
+        return _is_number(item) and not os.path.isfile(item + ".json")
+
+    if not any(map(stray, items)):
+        return
+    shown = " ".join(items) if len(items) <= 8 else " ".join(items[:8]) + " ..."
+    if len(items) % 2:
+        why = "a weight without its prefix"
+    else:  # the first pair that is not a number and then a prefix
+        weight, prefix = next((w, p) for w, p in zip(items[0::2], items[1::2]) if stray(p) or not _is_number(w))
+        why = f"'{weight} {prefix}' is no such pair"
+    raise BlendError(f"{origin}: {len(items)} fields ({shown}) do not pair as `weight prefix`: {why}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_weights(prefixes: list[str], weights: list, origin: str) -> None:

@@ -748,7 +748,25 @@ def _string_end(buf: bytes, i: int) -> int:
 def _parquet(path: str):
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(path)
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:
+        if not _pyarrow_error(exc):
+            raise
+        raise InputFileError(f"{path}: not readable as parquet ({_one_line(exc)})") from None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())  # pyarrow's reasons may span lines (thrift's)
+
+
+def _pyarrow_error(exc: Exception) -> bool:
+    """Whether `exc` is pyarrow's own word on the data (a corrupt page, a file cut short): its IO
+    errors are OSErrors of no errno, which would be told as '[Errno None] None'; a real OS error
+    (a disk failing, a file removed) has an errno and is told as such."""
+    import pyarrow as pa
+
+    return isinstance(exc, pa.ArrowException) or (isinstance(exc, OSError) and exc.errno is None)
 
 
 def _parquet_chunks(source: InputFile, groups, chunk_bytes: int, columns: list[str] | None) -> Iterator[Chunk]:
@@ -760,7 +778,13 @@ def _parquet_chunks(source: InputFile, groups, chunk_bytes: int, columns: list[s
     if columns is not None:  # a column the file lacks is every record lacking that key
         columns = [c for c in columns if c in pf.schema_arrow.names]
     for g in range(metadata.num_row_groups) if groups is None else groups:
-        table = pf.read_row_group(g, columns=columns)
+        try:
+            table = pf.read_row_group(g, columns=columns)
+        except Exception as exc:
+            if not _pyarrow_error(exc):
+                raise
+            raise InputFileError(f"{source.path}: row group {g} (counting from 0; rows {firsts[g]:,} to "
+                                 f"{firsts[g + 1] - 1:,}): not readable as parquet ({_one_line(exc)})") from None
         group = metadata.row_group(g)
         on_disk = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
         for first, piece in _slices(table, chunk_bytes):
@@ -774,7 +798,7 @@ def _arrow_chunks(source: InputFile, part, chunk_bytes: int, columns: list[str] 
     # Read, not memory-mapped: a mapped file cut short while read would end the process (SIGBUS)
     # where a read gives an error naming the file.
     with pa.OSFile(source.path) as f:
-        batches = _arrow_batches(pa, f, source.size)
+        batches = _told(source.path, _arrow_batches(pa, f, source.size))
         names = next(batches).names
         keep = None if columns is None else [c for c in columns if c in names]
         first, pieces, size, done = 1, [], 0, 0
@@ -806,6 +830,20 @@ def _arrow_batches(pa, f, size: int):
     yield reader.schema
     for batch in reader:
         yield batch, f.tell()
+
+
+def _told(path: str, batches):
+    """`_arrow_batches`, pyarrow's errors told as the file's and the batch's (`_pyarrow_error`)."""
+    read = -1  # the schema comes first
+    try:
+        for item in batches:
+            yield item
+            read += 1
+    except Exception as exc:
+        if not _pyarrow_error(exc):
+            raise
+        where = f"record batch {read} (counting from 0): " if read >= 0 else ""
+        raise InputFileError(f"{path}: {where}not readable as arrow ({_one_line(exc)})") from None
 
 
 def _slices(table, chunk_bytes: int):

@@ -27,7 +27,9 @@ Stopping: workers end with the main process, at once and quietly.
   to a parent already gone ends through SIGPIPE, without a BrokenPipeError traceback.
 - Ctrl-C reaches the whole process group: workers ignore it; the main process gets
   KeyboardInterrupt and kills the workers. SIGINT is held back while a worker is forked and while
-  the workers are ended, so an interrupt there cannot leave one running.
+  the workers are ended, so an interrupt there cannot leave one running. SIGTERM (`timeout`, a
+  scheduler: often the whole group too) is treated the same: workers ignore it, it is held back
+  likewise, and the main process does what its handler says (`qwen-data` raises, as for Ctrl-C).
 - A worker that dies (out of memory, killed) fails the map with an error naming it.
 """
 
@@ -50,6 +52,7 @@ from multiprocess.connection import wait
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STOP = None  # sent instead of a task: finish what is queued, then exit
+STOPPING = (signal.SIGINT, signal.SIGTERM)  # what the main process acts on for its workers
 QUEUED = 2  # tasks a worker holds at once: one running, one ready to start when it ends
 SLOTS = 4  # per worker position: its queued tasks, and two finished ones waiting for their turn
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -88,7 +91,7 @@ def ordered_map(
                 if worker is None or worker.retired:
                     if before_fork is not None:
                         before_fork()
-                    with _sigint_held():  # a worker started is a worker in `live`
+                    with _stops_held():  # a worker started is a worker in `live`
                         worker = position.worker = _Worker(*start, position, slot_bytes)
                         live.add(worker)
                 worker.send(sent, position.slots.pop(), item)
@@ -111,14 +114,14 @@ def ordered_map(
                 if worker_growth is not None and worker.grown > worker_growth:
                     worker.retire()
                 if worker.retired and not worker.outstanding:
-                    with _sigint_held():
+                    with _stops_held():
                         worker.end(kill=False)
                         live.discard(worker)
         for worker in live:
             worker.retire()  # each exits once it reads this: nothing is queued any more
         finished = True
     finally:
-        with _sigint_held():
+        with _stops_held():
             for worker in live:
                 worker.end(kill=not finished)
 
@@ -130,7 +133,7 @@ class SideProcess:
     any thread, and `end` it in a `finally`."""
 
     def __init__(self, fn: Callable) -> None:
-        with _sigint_held():
+        with _stops_held():
             self._worker = _Worker(fn, None, (), (), _Position(0, 0), 0)
 
     def send(self, item) -> None:
@@ -151,7 +154,7 @@ class SideProcess:
         return answers
 
     def end(self, kill: bool = True) -> None:
-        with _sigint_held():
+        with _stops_held():
             self._worker.end(kill)
 
 
@@ -313,7 +316,8 @@ def _view(arena: mmap.mmap, spot: _InSlot) -> np.ndarray:
 # -- the worker process ---------------------------------------------------------------------------
 def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initargs: tuple, shared_fields: tuple,
            arena: mmap.mmap | None, slot_bytes: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides, then kills us
+    for signum in STOPPING:  # the main process decides, then kills us
+        signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: end silently, no BrokenPipeError
     _die_with(parent)
     # A thread drains the pipe at once, so the main process never waits to send a task while this
@@ -365,19 +369,23 @@ def _rss() -> int:
 
 
 @contextlib.contextmanager
-def _sigint_held():
-    """Inside, Ctrl-C is only noted; it takes effect (KeyboardInterrupt) on leaving."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield  # only the main thread runs signal handlers; None: a handler Python cannot put back
+def _stops_held():
+    """Inside, Ctrl-C and SIGTERM are only noted; each takes effect (its handler: KeyboardInterrupt
+    for Ctrl-C) on leaving."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread runs signal handlers
         return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    # None: a handler Python cannot put back, left as it is
+    held = [signum for signum in STOPPING if signal.getsignal(signum) is not None]
+    caught: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: caught.append(signum)) for signum in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            signal.raise_signal(signal.SIGINT)  # now handled as it would have been
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)  # now handled as it would have been
 
 
 def _die_with(parent: int) -> None:

@@ -33,7 +33,7 @@ from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
 from ..qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN
 from ..qwen import EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS
-from ..qwen import FIRST_ADDED_ID, TEMPLATE_FLAVOURS, TEMPLATE_TOKENS
+from ..qwen import FIRST_ADDED_ID, MAX_SEQ_LENGTH, TEMPLATE_FLAVOURS, TEMPLATE_TOKENS
 from ..run import pipeline
 from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals
@@ -79,8 +79,8 @@ class SFTConfig(RunConfig):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}")
         if self.data_layout.needs_seq_length and not self.seq_length:
             raise ValueError(self.data_layout.needs_seq_length)
-        if self.seq_length is not None and self.seq_length < 2:
-            raise ValueError("--seq-length must be at least 2")
+        if self.seq_length is not None and not 2 <= self.seq_length <= MAX_SEQ_LENGTH:
+            raise ValueError(f"--seq-length must be at least 2 and at most {MAX_SEQ_LENGTH:,}")
         if self.pad_id is not None and self.pad_token is not None:
             raise ValueError("give --pad-id or --pad-token, not both")
 

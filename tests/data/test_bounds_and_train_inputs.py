@@ -16,6 +16,7 @@ from qwen_data.blend.read import read_train_blend
 from qwen_data.cli import COMMANDS, build_parser, main
 from qwen_data.formats.indexed import IndexFormatError, check
 from qwen_data.options import INT32_MAX
+from qwen_data.qwen import MAX_SEQ_LENGTH
 from qwen_data_train.config import TrainConfig, build_parser as train_parser, check_seq_length, convert_parser
 
 HEADER = struct.calcsize("<9sQBQQ")
@@ -64,7 +65,8 @@ def test_no_option_takes_an_unbounded_number():
 
 
 @pytest.mark.parametrize("argv, option, says", [
-    (["sft", "--pack", "--seq-length", 3_000_000_000], "--seq-length", f"at most {INT32_MAX:,}"),
+    (["sft", "--pack", "--seq-length", 3_000_000_000], "--seq-length", f"at most {MAX_SEQ_LENGTH:,}"),
+    (["sft", "--pack", "--seq-length", 2_000_000_000], "--seq-length", f"at most {MAX_SEQ_LENGTH:,}"),
     (["sft", "--seq-length", 1], "--seq-length", "at least 2"),
     (["pretrain", "--chunk-mb", 100_000], "--chunk-mb", "at most 1,024"),
     (["pretrain", "--chunk-mb", "nan"], "--chunk-mb", "not a finite number"),
@@ -88,9 +90,17 @@ def test_numbers_out_of_range_are_one_line_naming_the_option(capsys, argv, optio
     assert f"argument {option}:" in line and says in line, line
 
 
-def test_a_pai_row_must_fit_an_idx_length(capsys):
-    line = error_of(capsys, ["sft", "--layout", "pai", "--seq-length", INT32_MAX // 2 + 1, "-o", "nowhere"])
-    assert f"at most {INT32_MAX // 2:,}" in line
+def test_sft_seq_length_admits_every_qwen_context_and_says_its_bound():
+    """Rows of billions of tokens are refused while parsing (a 2e9 --pack took 17.7 GB of memory and
+    wrote 10 GB for 17 KB of tokens); Qwen2.5-1M's 1,010,000 positions are admitted, in every layout,
+    and a pai row of 2 x the bound still fits an .idx length."""
+    sft_parser = build_parser("sft")
+    for layout in ("mask", "pai"):
+        args = sft_parser.parse_args(["sft", "--pack", "--layout", layout, "--seq-length", str(MAX_SEQ_LENGTH)])
+        assert args.seq_length == MAX_SEQ_LENGTH
+    assert 1_010_000 <= MAX_SEQ_LENGTH and 2 * MAX_SEQ_LENGTH <= INT32_MAX
+    assert f"at most {MAX_SEQ_LENGTH:,}" in " ".join(sft_parser._subparsers._group_actions[0].choices["sft"]
+                                                      .format_help().split())
 
 
 def test_train_seq_length_within_the_models_positions():
@@ -114,6 +124,32 @@ def test_hand_written_blend_weights_are_refused_naming_the_file(data, tmp_path, 
     assert f"{txt}" in error_of(capsys, ["stats", txt])
     with pytest.raises(BlendError, match="finite number above 0"):
         read_train_blend([weight, data["web"], "1", data["code"]])
+
+
+@pytest.mark.parametrize("fields, says", [
+    ("0.7 {web} 0.3", "3 fields (0.7 {web} 0.3) do not pair as `weight prefix`: a weight without its prefix"),
+    ("0.7 {web} {code} 0.3", "4 fields (0.7 {web} {code} 0.3) do not pair as `weight prefix`: '{code} 0.3' is "
+                             "no such pair"),
+])
+def test_hand_written_blend_fields_that_do_not_pair_are_refused_naming_the_file(data, tmp_path, capsys, fields,
+                                                                                 says):
+    """Megatron reads a list that does not pair as prefixes alone: the weight was taken for a prefix
+    and the refusal was 'no manifest 0.3.json'."""
+    txt = tmp_path / "odd.txt"
+    txt.write_text(fields.format(**data) + "\n")
+    says = says.format(**data)
+    with pytest.raises(BlendError) as info:
+        read_train_blend(str(txt))
+    assert str(info.value) == f"{txt}: {says}"
+    assert error_of(capsys, ["stats", txt]) == f"qwen-data stats: error: {txt}: {says}"
+    with pytest.raises(BlendError, match="do not pair as `weight prefix`"):
+        read_train_blend(fields.format(**data).split())
+
+
+def test_a_prefix_named_like_a_number_is_still_a_prefix(data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    copy_prefix(data["web"], "7")
+    assert read_train_blend(["7", data["code"], data["web"]]).blend == (["7", data["code"], data["web"]], None)
 
 
 # -- an index checked whole before anything relies on it -------------------------------------------

@@ -223,3 +223,36 @@ def test_an_input_that_changes_while_read_stops_the_run(tmp_path, name):
         f.write(b"\n")
     with pytest.raises(InputFileError, match=re.escape(f"{path}: changed while it was read")):
         list(read_chunks(sources, 1 << 12))
+
+
+def corrupt_columnar(path, kind):
+    """A parquet file whose second row group's data page has bytes flipped (its snappy data no longer
+    decodes), or an Arrow stream or file cut in the middle of a record batch."""
+    records = [{"text": f"record {i} " * 20} for i in range(2000)]
+    if kind == "parquet":
+        pq.write_table(arrow_table(records), path, row_group_size=500, compression="snappy")
+        column = pq.ParquetFile(path).metadata.row_group(1).column(0)
+        start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+        middle = start + column.total_compressed_size // 2
+        data = bytearray(path.read_bytes())
+        data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+        path.write_bytes(bytes(data))
+    else:
+        path.write_bytes(open(write_arrow(path, records, file_format=kind == "arrow-file"), "rb").read()[:30000])
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow-stream", "arrow-file"])
+def test_a_corrupt_columnar_file_is_one_line_naming_it(tmp_path, capsys, kind):
+    """pyarrow's errors (an OSError of no errno) name the file, the row group and pyarrow's reason,
+    not the outputs ('[Errno None] None'); nothing is written."""
+    from qwen_data.cli import main
+
+    path = tmp_path / ("bad.parquet" if kind == "parquet" else "bad.arrow")
+    corrupt_columnar(path, kind)
+    assert main(["pretrain", "--quiet", "--workers", "1", "--no-certify", str(path), "-o",
+                 str(tmp_path / "o" / "X")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "Errno" not in error and error.startswith(f"qwen-data pretrain: error: {path}: "), error
+    if kind == "parquet":
+        assert "row group 1" in error and "Corrupt snappy compressed data" in error, error
+    assert not (tmp_path / "o").exists() or not os.listdir(tmp_path / "o")

@@ -1,4 +1,5 @@
-"""Workers end with the main process, at once and quietly: killed (SIGKILL) or interrupted (Ctrl-C)."""
+"""Workers end with the main process, at once and quietly: killed (SIGKILL), interrupted (Ctrl-C) or
+terminated (SIGTERM)."""
 
 import json
 import os
@@ -16,6 +17,7 @@ from qwen_data.run.workers import WorkerError, ordered_map
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INTERRUPTED = "interrupted: no output was committed"
+TERMINATED = "terminated (SIGTERM): no output was committed"
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +126,31 @@ def test_ctrl_c_ends_everything_quietly(tmp_path, corpus):
             end_group(proc.pid)
     for ext in (".json", ".bin", ".idx"):
         assert not os.path.exists(f"{tmp_path / 'out'}{ext}")
+
+
+@pytest.mark.parametrize("to", ["main", "group"])
+def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, corpus, to):
+    """SIGTERM, from `kill` (the main process) or from `timeout` or a scheduler (the whole group),
+    ends the run as Ctrl-C does: workers gone, no temporary file or lock left, one line, status 143
+    (128 + SIGTERM). It used to end the process where it stood, .tmp and .lock files left behind."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(tmp_path / "stderr", "w+") as err:
+        proc, workers = start_pretrain(corpus, out / "web", err, chunk_mb=0.05)
+        try:
+            assert any(name.endswith(".tmp") for name in os.listdir(out)), os.listdir(out)
+            if to == "main":
+                os.kill(proc.pid, signal.SIGTERM)
+            else:
+                os.killpg(proc.pid, signal.SIGTERM)
+            assert proc.wait(timeout=10) == 143
+            assert wait_gone(workers, 1.0) == []
+            assert group(proc.pid) == []
+            err.seek(0)
+            assert err.read().splitlines() == [TERMINATED]
+        finally:
+            end_group(proc.pid)
+    assert os.listdir(out) == []
 
 
 STRESS = textwrap.dedent(

@@ -680,6 +680,32 @@ def test_a_rank_that_refuses_says_so_in_one_line(tmp_path):
     assert "rank 1: error: --pp 3 does not divide 28 layers\n" in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.parametrize("damage", ["nan weight", pytest.param("corrupt idx", marks=pytest.mark.corrupts_outputs)])
+def test_the_module_entry_refuses_in_one_line_as_qwen_data_train_does(tmp_path, damage):
+    """`python -m qwen_data_train` (what torchrun runs) said a refusal of its data inside a [rank0]
+    traceback; it says the one line `qwen-data train` says, exit status 2. Refused before a model."""
+    from _helpers import copy_prefix, pretrain
+
+    web = pretrain([write_jsonl(tmp_path / "c.jsonl", [{"text": f"text {i} " * 9} for i in range(8)])], tmp_path / "web")
+    if damage == "nan weight":
+        data = tmp_path / "nan.txt"
+        data.write_text(f"nan {web} 1 {web}\n")
+    else:
+        data = copy_prefix(web, str(tmp_path / "cut"))
+        with open(data + ".idx", "r+b") as f:
+            f.truncate(40)
+    args = ["--data", str(data), *TRAIN, "--train-iters", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    runs = {entry: subprocess.run([sys.executable, "-m", *entry, *args], capture_output=True, text=True, timeout=120,
+                                  env=env) for entry in (("qwen_data.cli", "train"), ("qwen_data_train",))}
+    lines = {entry: [line for line in run.stderr.splitlines() if "error" in line.lower()] for entry, run in runs.items()}
+    said = lines["qwen_data.cli", "train"]
+    assert len(said) == 1 and said[0].startswith("qwen-data train: error: ") and str(data) in said[0], said
+    done = runs["qwen_data_train",]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines["qwen_data_train",] == said
+
+
 def test_pipeline_parallel_matches_one_process(prefixes, full_run, tmp_path):
     """Two pipelines of two stages each (tied embeddings split between the stages, the pipelines
     as data parallelism) take the same steps as one process: first loss, gradient norms, and the
