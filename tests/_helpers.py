@@ -54,6 +54,28 @@ def copy_prefix(prefix, new, edit=None):
     return new
 
 
+def edit_value(prefix, position, value, channel=""):
+    """Value `position` of PREFIX.bin (int32 ids) or PREFIX.lossmask.bin (channel ".lossmask") set to `value`."""
+    import numpy as np
+
+    values = np.memmap(prefix + channel + ".bin", np.uint8 if channel else np.int32, "r+")
+    values[position] = value
+    values.flush()
+
+
+def refingerprint(prefix):
+    """The manifest's fingerprint made that of the files as they are now (an edit that hides itself)."""
+    from qwen_data.formats.indexed import file_digest
+    from qwen_data.formats.manifest import fingerprint
+
+    channels = [c for c in ("", ".lossmask") if os.path.exists(prefix + c + ".bin")]
+    m = manifest(prefix)
+    m["fingerprint"] = fingerprint([(file_digest(prefix + c + ".idx"), file_digest(prefix + c + ".bin"))
+                                    for c in channels])
+    with open(prefix + ".json", "w", encoding="utf-8") as f:
+        json.dump(m, f)
+
+
 # -- small generated corpora and the CLI runs over them --------------------------------------------
 WORDS = ("data model token river stone light cloud number garden window paper music "
          "北京 数据 模型 Grüße café naïve 東京 δεδομένα данные").split()

@@ -87,7 +87,13 @@ class DataConfig(Section):
                               help="DataLoader workers per rank")
     allow_uncertified: bool = option("--allow-uncertified", action="store_true",
                                      help="train on prefixes whose certificate records ids that differ from the "
-                                          "reference's (a `qwen-data verify --certify` recheck)")
+                                          "reference's (a `qwen-data verify --certify` recheck), or vouches for "
+                                          "other data than the manifest's")
+    data_check: bool = option(
+        "--data-check", action=argparse.BooleanOptionalAction, default=True,
+        help="read every byte of the data before anything is built: each prefix's files hashed against its "
+             "manifest's fingerprint, its ids checked to be in its vocabulary (~1 GB/s a core, files side by side; "
+             "once per node); --no-data-check saves that time, on data `qwen-data verify` checked where it lies")
     reset_position_ids: bool = option("--reset-position-ids", action="store_true",
                                       help="pretraining: positions restart after EOD")
     reset_attention_mask: bool = option(

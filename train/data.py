@@ -40,6 +40,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -55,6 +56,7 @@ from megatron.core.datasets.utils import Split
 from qwen_data.blend.files import SPLITS, BlendError, Source
 from qwen_data.blend.read import TrainBlend, read_train_blend
 from qwen_data.blend.weights import parse_split
+from qwen_data.formats.integrity import check_prefixes
 from qwen_data.formats.layouts import StoredDocuments, layout_of
 from qwen_data.formats.manifest import Manifest
 from qwen_data.formats.outputs import atomic_file
@@ -121,11 +123,14 @@ def describe_certificate(source: Source) -> str:
     for recheck in found.get("rechecks", []):
         line += (f"; rechecked {recheck['when'][:10]}: {recheck['records_checked']:,} records, "
                  + ("a mismatch" if recheck["mismatches"] else "equal"))
+    if found.get("fingerprint") is None:
+        line += "; it does not name the data it vouches for (no fingerprint in it)"
     return line
 
 
 def refuse_mismatches(sources: list[Source]) -> None:
-    """ValueError for a prefix whose certificate records ids that differ from the reference's."""
+    """ValueError for a prefix whose certificate records ids that differ from the reference's, or
+    vouches for other data than its manifest's (a certificate names its data by fingerprint)."""
     for source in sources:
         found = source.manifest.certificate or {}
         recheck = next((r for r in found.get("rechecks", []) if r.get("mismatches")), None)
@@ -133,6 +138,28 @@ def refuse_mismatches(sources: list[Source]) -> None:
             raise ValueError(f"{source.prefix}: its certificate records ids that differ from the reference's"
                              + (f" ({recheck.get('mismatch')})" if recheck else "")
                              + ": make the data again, or --allow-uncertified to train on it anyway")
+        named = found.get("fingerprint")
+        if found.get("certified") and named is not None and named != source.manifest.fingerprint:
+            raise ValueError(f"{source.prefix}: its certificate vouches for other data (fingerprint "
+                             f"{str(named)[:16]}…, the manifest's {source.manifest.fingerprint[:16]}…): make the data "
+                             "again, or --allow-uncertified to train on it anyway")
+
+
+def check_data(sources: list[Source]) -> str:
+    """Each prefix's files against its manifest (`formats.integrity`: the fingerprint, ids in the
+    vocabulary), whatever its certificate says: ValueError naming the first prefix refused; → the line
+    saying what was read, in how long."""
+    started = time.perf_counter()
+    checked = check_prefixes([(s.prefix, s.manifest) for s in sources])
+    refused = [c for c in checked if c.problem]
+    if refused:
+        raise ValueError(refused[0].problem + (f" (and {len(refused) - 1} more of the {len(checked)} prefixes refused)"
+                                               if len(refused) > 1 else ""))
+    size = sum(c.bytes for c in checked)
+    amount = f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+    several = len(checked) > 1
+    return (f"data: {len(checked)} prefix{'es' * several}, {amount} checked against "
+            f"{'their manifests' if several else 'its manifest'} in {time.perf_counter() - started:.2f} s")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import torch
 from megatron.core import parallel_state
 from torch.utils.data import DataLoader
 
-from .config import TrainConfig
-from .data import build_datasets
+from qwen_data.blend.read import read_train_blend
+
+from .config import DataConfig, TrainConfig
+from .data import build_datasets, check_data
 
 
 class StepBatches(torch.utils.data.Sampler):
@@ -77,3 +80,15 @@ def build_splits(config: TrainConfig, global_batch: int):
         eod_mask_loss=data.eod_mask_loss, allow_uncertified=data.allow_uncertified,
     )
     return train, valid
+
+
+def check_inputs(data: DataConfig) -> None:
+    """The data's bytes against their manifests (`data.check_data`), before a process group or a model
+    exists. Once per node: by its local rank 0 (torchrun's LOCAL_RANK), as a node's ranks read the same
+    files; the other ranks wait for every node's at megatron-core's barrier after rank 0 builds the
+    datasets, before any of them builds a model. Rank 0 states the cost; a refusal ends the job."""
+    if not data.data_check or int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        return
+    line = check_data(read_train_blend(data.path, data.split).sources)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(line, flush=True)

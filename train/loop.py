@@ -36,7 +36,7 @@ from .config import TrainConfig
 from .distributed import MegatronDDP, ParallelLayout, data_parallel, distributed, log0, reduce_grads, whole_parameters
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
-from .loader import build_splits, make_loader
+from .loader import build_splits, check_inputs, make_loader
 from .metrics import ExpertLoad, Metrics, StepStats, Summary, document_squares
 from .model import build_model
 from .optimizer import AdamW, DistributedAdamW, Schedule
@@ -219,6 +219,7 @@ def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:
 def train(config: TrainConfig) -> int:
     # Every refusal before a process group exists (torchrun's WORLD_SIZE tells the ranks).
     plan = RunPlan.resolve(config, model_of(config)[0], Environment.current())
+    check_inputs(config.data)
     with megatron_core(), distributed(plan.tp, plan.pp, plan.ep, plan.cp) as device:
         Trainer(config, device, plan).run()
     return 0

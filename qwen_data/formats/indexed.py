@@ -305,6 +305,17 @@ def join_indexes(indexes: list["Index"], idx_path: str, dtype) -> tuple[str, tup
     return digest.hexdigest(), (documents, sequences, offset // dtype.itemsize)
 
 
+def fill(f, view) -> int:
+    """Read into `view` until it is full or the file ends; bytes read."""
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
+            break
+        done += n
+    return done
+
+
 def file_digest(path: str) -> str:
     """`new_hash` of a whole file, read in blocks."""
     digest = new_hash()

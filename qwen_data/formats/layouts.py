@@ -113,6 +113,17 @@ class DataLayout:
     def check_block(self, block: Block, found, stats) -> None:
         """Every value of one block of the data (`found.add(key, where, values)` records offences)."""
 
+    def first_outside(self, values: np.ndarray, vocab: int, pad: int) -> tuple[int, int] | None:
+        """(position among `values`, id) of the first id a model would read from these whole rows of
+        stored values that is neither below `vocab` nor the pad id; None where there is none."""
+        if not len(values) or (values.min() >= 0 and values.max() < vocab):  # the usual case, two fast passes
+            return None
+        bad = ((values < 0) | (values >= vocab)) & (values != pad)
+        if not bad.any():
+            return None
+        first = int(np.argmax(bad))
+        return first, int(values[first])
+
     def expected(self, index: Index, stats) -> dict:
         """The sft section's counts the data must agree with, by field name."""
         return {}
@@ -245,6 +256,17 @@ class PaiLayout(DataLayout):
     def check_block(self, block: Block, found, stats) -> None:
         if block.sound:
             _check_pai_rows(block, self, found, stats)
+
+    def first_outside(self, values: np.ndarray, vocab: int, pad: int) -> tuple[int, int] | None:
+        """A model reads the ids of each row's first half, each sample's last one stored as -1 - id
+        (`pai.split_row`); its labels are those ids again, or IGNORE."""
+        stored = values.reshape(-1, self.row_values)[:, : self.seq_length]
+        tokens = np.where(stored < 0, -1 - stored, stored)
+        bad = (tokens >= vocab) & (tokens != pad)
+        if not bad.any():
+            return None
+        row, column = divmod(int(np.argmax(bad)), self.seq_length)
+        return row * self.row_values + column, int(tokens[row, column])
 
     def expected(self, index: Index, stats) -> dict:
         rows = dict(rows=index.documents) if self.packed else {}

@@ -249,6 +249,27 @@ def fingerprint(channels: list[tuple[str, str]]) -> str:
     return digest.hexdigest()
 
 
+def fingerprint_problem(prefix: str, manifest: Manifest, digests: list[tuple[str, str]],
+                        channels: list[str]) -> str | None:
+    """The sentence saying that the files of `channels` (NAME of NAME.bin/.idx), whose content hashes
+    are `digests`, are not the data the manifest's fingerprint names; None when they are."""
+    recomputed = fingerprint(digests)
+    if recomputed == manifest.fingerprint:
+        return None
+    files = ", ".join(f"{name}.bin/.idx" for name in channels)
+    return (f"{prefix}.json: fingerprint {manifest.fingerprint[:16]}… is not the data's "
+            f"{recomputed[:16]}…: {files} changed after the manifest was written, or the manifest was edited"
+            + (" (or it was written by qwen-data < 0.2, whose fingerprints did not cover the .bin "
+               "contents: rewrite it)" if _version(manifest) < (0, 2) else ""))
+
+
+def _version(manifest: Manifest) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in str(manifest.qwen_data_version).split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
 # Inputs are pinned: the manifest records what each input file was when the run began to read it, so
 # that shards read from another version of a file are refused by `merge` (and shown by `verify`).
 # The content pin hashes the size and the first and last PIN_BYTES: cheap for any size, it sees

@@ -25,9 +25,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import re
+import sys
 import tempfile
 import unicodedata
 from dataclasses import dataclass
@@ -238,11 +240,12 @@ class QwenTokenizer:
         decodes the whole file, which the rest of a run with a rank file (`_rank_file`) never needs.
         A file is decoded, and refused if broken, the first time only: its hash is then known good."""
         path = os.path.join(cache_dir(), f"{self.sha256}.added_tokens.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            pass
+        cached = _cached(path, self._file())
+        if cached is not None:
+            try:
+                return json.loads(cached)
+            except ValueError:  # (recorded as written: only a build that wrote no JSON gives one)
+                pass
         tokens = _find_added_tokens(self._json_text)[1]
 
         def write(tmp: str) -> None:
@@ -435,15 +438,17 @@ class QwenTokenizer:
         """`build()`, an array of vocab_size entries that follows from the tokenizer's files alone,
         kept in `cache_dir()` under their hash (building it loops over the vocabulary in Python,
         ~0.5 s, which every process, Ray task and command would pay). Written atomically, so
-        concurrent processes read a whole file or none; a cache that cannot be written or read
-        only costs the build."""
+        concurrent processes read a whole file or none, and checked against its recorded sha256
+        (`_cached`); a cache that cannot be written or read only costs the build."""
         path = self._cache_path(name + ".npy")
-        try:
-            array = np.load(path, allow_pickle=False)
-            if array.shape == (self.vocab_size,):
-                return array
-        except (OSError, ValueError, EOFError):
-            pass
+        cached = _cached(path, self._file())
+        if cached is not None:
+            try:
+                array = np.load(io.BytesIO(cached), allow_pickle=False)
+                if array.shape == (self.vocab_size,):
+                    return array
+            except (ValueError, EOFError):
+                pass
         array = build()
 
         def write(tmp: str) -> None:
@@ -469,9 +474,12 @@ class QwenTokenizer:
         """
         if not hasattr(self, "_ranks"):
             path = self._cache_path("bpe.tiktoken")
-            if not os.path.exists(path):
-                _store(path, self._write_ranks)
-            self._ranks = path if os.path.exists(path) and os.path.getsize(path) else None
+            cached = _cached(path, self._file())
+            if cached is None:  # built now; None where the cache cannot be written, empty where there is no rank file
+                ranks = _store(path, self._write_ranks) not in (None, hashlib.sha256(b"").hexdigest())
+            else:
+                ranks = bool(cached)
+            self._ranks = path if ranks else None
         return self._ranks
 
     def _write_ranks(self, tmp: str) -> None:
@@ -576,23 +584,66 @@ def _literal_pattern(contents) -> re.Pattern:
     return re.compile(f"({alternatives or '(?!)'})")
 
 
-def _store(path: str, write) -> None:
-    """`write(tmp)` to a file beside `path`, then moved onto it: concurrent processes read a whole
-    file or none. A cache that cannot be written only costs the build."""
+# Beside each derived file, the sha256 of its bytes as built (PATH.sha256): a cache file edited,
+# truncated or damaged on disk after its build would give wrong ids to every later run (`verify`
+# reads only the data), so it is rebuilt, never used (`_cached`). Reading and hashing what a run
+# reads (~2.7 MB for Qwen's: the rank file, an array, the added tokens) takes ~4 ms.
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def _cached(path: str, source: str) -> bytes | None:
+    """The bytes of the derived file `path` if they are the ones its build recorded; None where the
+    file or its record is missing (never built, a build under way elsewhere, an older qwen-data's
+    cache): the caller builds it. A file that is not what was recorded is named on stderr."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path + CHECKSUM_SUFFIX, encoding="ascii") as f:
+            recorded = f.read().strip()
+    except (OSError, ValueError):
+        return None
+    if hashlib.sha256(data).hexdigest() == recorded:
+        return data
+    print(f"qwen-data: the cached {path} did not match the sha256 recorded when it was derived from {source}; "
+          "rebuilt", file=sys.stderr)
+    return None
+
+
+def _store(path: str, write) -> str | None:
+    """`write(tmp)` to a file beside `path`, then moved onto it, and the sha256 of its bytes
+    recorded beside it (`_cached`), after it: concurrent processes read a whole file or none, and a
+    file read before its record is only rebuilt. A cache that cannot be written only costs the build.
+    → the sha256 of what is now at `path`, None where nothing could be written."""
+    digest = _replace(path, write)
+    if digest is not None:
+        _replace(path + CHECKSUM_SUFFIX, lambda tmp: _write_text(tmp, digest + "\n"))
+    return digest
+
+
+def _replace(path: str, write) -> str | None:
+    """`write(tmp)`, then tmp moved onto `path`; the sha256 of what was written, None where it could not be."""
     tmp = None
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path), suffix=".tmp")
         os.close(fd)
         write(tmp)
+        with open(tmp, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users' runs
         os.replace(tmp, path)
         tmp = None
+        return digest
     except OSError:
-        pass
+        return None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="ascii") as f:
+        f.write(text)
 
 
 def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:

@@ -34,11 +34,11 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..formats.indexed import IndexFormatError, check_same_index, file_digest, new_hash, read_index
+from ..formats.indexed import IndexFormatError, check_same_index, file_digest, fill, new_hash, read_index
 from ..formats.layouts import Block, check_offsets
 from ..formats.layouts import index_tokens as _tokens
 from ..formats.layouts import layout_of
-from ..formats.manifest import Manifest, describe_input, fingerprint, input_entry, load, pins_differ
+from ..formats.manifest import Manifest, describe_input, fingerprint_problem, input_entry, load, pins_differ
 from ..formats.manifest import problems as manifest_problems
 from ..formats.manifest import train_problems
 from ..formats.pai import IGNORE
@@ -148,17 +148,6 @@ class _Stats:
         self.document_ends = None  # pretraining: each document's end, handed out block by block
 
 
-def _fill(f, view) -> int:
-    """Read into `view` until it is full or the file ends; bytes read."""
-    done = 0
-    while done < len(view):
-        n = f.readinto(view[done:])
-        if not n:
-            break
-        done += n
-    return done
-
-
 def _stream(indexes, manifest: Manifest, layout, sound: bool, problems: list[str]) -> _Stats:
     """Hash the .bin files and have the layout check every value, block by block (whole rows when
     its rows have one size). Layout checks that locate rows need `sound` indexes."""
@@ -176,8 +165,8 @@ def _stream(indexes, manifest: Manifest, layout, sound: bool, problems: list[str
     position = 0  # tokens before this block
     with open(ids_path, "rb") as ids_f, (open(mask_path, "rb") if mask_path else nullcontext()) as mask_f:
         while True:
-            got = _fill(ids_f, memoryview(ids_buf).cast("B"))
-            got_mask = _fill(mask_f, memoryview(mask_buf)) if mask_path else 0
+            got = fill(ids_f, memoryview(ids_buf).cast("B"))
+            got_mask = fill(mask_f, memoryview(mask_buf)) if mask_path else 0
             if not got and not got_mask:
                 break
             hashes[0].update(memoryview(ids_buf).cast("B")[:got])
@@ -243,20 +232,9 @@ class _Found:
 
 def _check_fingerprint(prefix: str, indexes, stats: _Stats, manifest: Manifest, problems: list[str]) -> None:
     digests = [(file_digest(index.path), bin_digest) for index, bin_digest in zip(indexes, stats.bin_digests)]
-    recomputed = fingerprint(digests)
-    if recomputed != manifest.fingerprint:
-        files = ", ".join(f"{i.path[:-4]}.bin/.idx" for i in indexes)
-        problems.append(f"{prefix}.json: fingerprint {manifest.fingerprint[:16]}… is not the data's "
-                        f"{recomputed[:16]}…: {files} changed after the manifest was written, or the manifest was edited"
-                        + (" (or it was written by qwen-data < 0.2, whose fingerprints did not cover the .bin "
-                           "contents: rewrite it)" if _version(manifest) < (0, 2) else ""))
-
-
-def _version(manifest: Manifest) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in str(manifest.qwen_data_version).split(".")[:2])
-    except ValueError:
-        return (0,)
+    problem = fingerprint_problem(prefix, manifest, digests, [index.path[:-4] for index in indexes])
+    if problem:
+        problems.append(problem)
 
 
 def _check_sft_stats(prefix: str, expected: dict, manifest: Manifest, problems: list[str]) -> None:

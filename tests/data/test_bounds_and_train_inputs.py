@@ -8,8 +8,9 @@ import json
 import os
 import struct
 
+import numpy as np
 import pytest
-from _helpers import copy_prefix, pretrain, sft, write_jsonl
+from _helpers import copy_prefix, edit_value, manifest, pretrain, refingerprint, sft, write_jsonl
 
 from qwen_data.blend.files import BlendError, load_source
 from qwen_data.blend.read import read_train_blend
@@ -17,6 +18,7 @@ from qwen_data.cli import COMMANDS, build_parser, main
 from qwen_data.formats.indexed import IndexFormatError, check
 from qwen_data.options import INT32_MAX
 from qwen_data.qwen import MAX_SEQ_LENGTH
+from qwen_data.tools.verify import verify as verify_problems
 from qwen_data_train.config import TrainConfig, build_parser as train_parser, check_seq_length, convert_parser
 
 HEADER = struct.calcsize("<9sQBQQ")
@@ -31,7 +33,8 @@ def data(tmp_path_factory):
     web = pretrain([corpus], d / "web")
     code = pretrain([corpus], d / "code")
     chat = sft([chats], d / "chat", "--seq-length", 64, "--pack")
-    return {"dir": d, "web": web, "code": code, "chat": chat}
+    pai = sft([chats], d / "pai", "--seq-length", 64, "--layout", "pai")
+    return {"dir": d, "web": web, "code": code, "chat": chat, "pai": pai}
 
 
 def error_of(capsys, argv) -> str:
@@ -192,6 +195,71 @@ def test_a_corrupt_index_is_one_clear_error_everywhere(data, tmp_path, capsys, k
         load_source(prefix)
     with pytest.raises(BlendError, match=says):
         read_train_blend(prefix)
+
+
+# -- the train stage's check of every byte it will read (formats.integrity) --------------------------
+def _checked(*prefixes):
+    from qwen_data.formats.integrity import check_prefixes
+    from qwen_data.formats.manifest import Manifest
+
+    return check_prefixes([(p, Manifest.read(p)) for p in prefixes])
+
+
+@pytest.mark.corrupts_outputs
+def test_every_byte_is_checked_against_the_manifests_fingerprint(data, tmp_path):
+    """One id changed (still in the vocabulary), one loss-mask byte flipped: the prefix is refused in
+    one sentence naming it; the others, every byte of them read, are their manifests' data."""
+    names = ("web", "chat", "pai")
+    clean = _checked(*(data[n] for n in names))
+    assert [c.problem for c in clean] == [None] * 3
+    for checked, name in zip(clean, names):
+        files = [f for f in os.listdir(data["dir"]) if f.startswith(name + ".") and f.endswith((".bin", ".idx"))]
+        assert checked.bytes == sum(os.path.getsize(data["dir"] / f) for f in files) and len(files) in (2, 4)
+    web, chat = copy_prefix(data["web"], str(tmp_path / "web")), copy_prefix(data["chat"], str(tmp_path / "chat"))
+    edit_value(web, 5, int(np.memmap(web + ".bin", np.int32, "r")[5]) ^ 1)
+    edit_value(chat, 3, 1 - int(np.memmap(chat + ".lossmask.bin", np.uint8, "r")[3]), channel=".lossmask")
+    found = _checked(data["code"], web, chat)
+    assert found[0].problem is None
+    assert found[1].problem.startswith(f"{web}.json: fingerprint ") and "changed after the manifest" in found[1].problem
+    assert f"{chat}.lossmask.bin/.idx" in found[2].problem
+
+
+@pytest.mark.corrupts_outputs
+@pytest.mark.parametrize("name, stored", [("web", 151_700), ("chat", 151_700), ("pai", -1 - 151_700), ("pai", -5)])
+def test_an_id_outside_the_vocabulary_is_refused_naming_its_document(data, tmp_path, name, stored):
+    """An id at or above the tokenizer's vocabulary size (a model's 151,936 embedding rows would take it
+    silently) in document 3, its fingerprint made to match: refused naming the document. Packed rows:
+    in the row's second sample; pai rows: stored as a sample's last id (-1 - id), or a value the model
+    would read as id 4."""
+    from qwen_data.formats.indexed import read_index
+
+    prefix = copy_prefix(data[name], str(tmp_path / name))
+    index = read_index(prefix + ".idx")
+    sequence = index.document_indices[3] + (1 if name == "chat" else 0)
+    position = int(index.pointers[sequence]) // 4 + 1
+    edit_value(prefix, position, stored)
+    refingerprint(prefix)
+    problem = _checked(prefix)[0].problem
+    if stored == -5:  # -1 - 4: id 4 with an end mark, a value a pai row may hold
+        assert problem is None
+        return
+    m = manifest(prefix)
+    vocab = m["tokenizer"]["vocab_size"]
+    assert problem == (f"{prefix}: document 3 (counting from 0) holds id 151700, which its manifest does not allow "
+                       f"(ids below its vocabulary size {vocab:,}, and the pad id {m['pad_id']}): "
+                       f"`qwen-data verify {prefix}` lists every one")
+    assert any(p for p in verify_problems(prefix))  # verify agrees
+
+
+@pytest.mark.corrupts_outputs
+def test_a_pad_id_is_allowed_where_the_layout_stores_it(data, tmp_path):
+    """Packed rows end in pad ids; a pai row's pad (the vocabulary size, Pai's first free id) fills
+    it: both pass, and a pad id beyond the vocabulary is only allowed as the pad."""
+    assert _checked(data["chat"], data["pai"])[0].problem is None
+    prefix = copy_prefix(data["pai"], str(tmp_path / "pai"), lambda m: m.update(pad_id=151_700))
+    refingerprint(prefix)
+    vocab = manifest(prefix)["tokenizer"]["vocab_size"]
+    assert f"document 0 (counting from 0) holds id {vocab}," in _checked(prefix)[0].problem
 
 
 # -- one spelling of a name for every command -------------------------------------------------------

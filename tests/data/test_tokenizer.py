@@ -138,6 +138,67 @@ def test_derived_arrays_are_cached_by_content(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("**/*.tmp"))
 
 
+def _poisoned(tmp_path, monkeypatch, damage):
+    """A tokenizer built on a cache in tmp_path whose files `damage(cache folder)` altered after
+    their build; → (its ids of a text, the ids of a tokenizer without any cache file)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    text = "hello world, tokenizers."
+    clean = QwenTokenizer()
+    want = clean.encode(text).tolist()
+    clean.token_byte_lengths()
+    damage(tmp_path / "cache" / "qwen-data" / f"{clean.sha256}-{clean.vocab_size}")
+    return QwenTokenizer(), text, want
+
+
+def test_a_rank_file_with_two_pieces_swapped_is_rebuilt(tmp_path, monkeypatch, capsys):
+    """Two pieces swapped in the derived rank file would give every later run wrong ids (verify,
+    which reads only the data, says ok): its bytes are checked against their sha256 recorded at
+    build time, and the file is rebuilt, named on stderr."""
+    ids = QwenTokenizer().encode("hello world").tolist()
+
+    def swap(folder):
+        lines = (folder / "bpe.tiktoken").read_text().splitlines(keepends=True)
+        (a, i), (b, j) = (lines[k].split() for k in ids[:2])
+        lines[ids[0]], lines[ids[1]] = f"{b} {i}\n", f"{a} {j}\n"
+        (folder / "bpe.tiktoken").write_text("".join(lines))
+
+    tok, text, want = _poisoned(tmp_path, monkeypatch, swap)
+    capsys.readouterr()
+    assert tok.encode(text).tolist() == want
+    err = capsys.readouterr().err
+    assert "bpe.tiktoken did not match" in err and "tokenizer.json; rebuilt" in err and len(err.splitlines()) == 1
+    assert QwenTokenizer().encode(text).tolist() == want and not capsys.readouterr().err  # rebuilt for good
+
+
+def test_a_truncated_rank_file_and_a_flipped_array_byte_are_rebuilt(tmp_path, monkeypatch, capsys):
+    def damage(folder):
+        ranks = folder / "bpe.tiktoken"
+        ranks.write_bytes(ranks.read_bytes()[: ranks.stat().st_size // 2])
+        array = next(folder.glob("byte_lengths*.npy"))
+        data = bytearray(array.read_bytes())
+        data[-3] ^= 0x01  # (a length of the last ids: still an array of the right shape)
+        array.write_bytes(bytes(data))
+
+    tok, text, want = _poisoned(tmp_path, monkeypatch, damage)
+    fresh = QwenTokenizer(TokenizerConfig(backend="hf"))._token_byte_lengths()
+    capsys.readouterr()
+    assert tok.encode(text).tolist() == want
+    assert np.array_equal(tok.token_byte_lengths(), fresh)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "bpe.tiktoken did not match" in err[0] and "byte_lengths.npy did not match" in err[1]
+
+
+def test_cached_added_tokens_are_checked(tmp_path, monkeypatch, capsys):
+    """The added tokens (their ids decide what a literal becomes) are a derived file too."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    want = QwenTokenizer().added_tokens
+    path = tmp_path / "cache" / "qwen-data" / f"{QwenTokenizer().sha256}.added_tokens.json"
+    path.write_text(path.read_text().replace('"id": 151645', '"id": 151643'))
+    capsys.readouterr()
+    assert QwenTokenizer().added_tokens == want
+    assert "added_tokens.json did not match" in capsys.readouterr().err
+
+
 def test_flavour_decides_what_is_special():
     text = "a<think>b</think><|im_end|>"
     q3 = QwenTokenizer(TokenizerConfig(flavour="qwen3")).encode(text).tolist()

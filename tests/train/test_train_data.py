@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft
+from _helpers import chats, copy_prefix, corpus, edit_value, manifest, pretrain, refingerprint, sft
 from _train import docs_of, raw_documents, stream_check
 
 from qwen_data.blend.build import BlendError
@@ -338,6 +338,78 @@ def test_a_certificate_recording_a_mismatch_is_refused_unless_allowed(prefixes, 
     lines = train.config.tokenizer.certificates
     assert lines[0].startswith(f"data {prefixes['web']}: certified, ") and "tokenizers" in lines[0]
     assert lines[1].startswith(f"data {edited}: certified") and "a mismatch" in lines[1]
+
+
+@pytest.mark.corrupts_outputs  # manifests' certificates edited
+def test_a_certificate_must_name_the_data_it_vouches_for(prefixes, tmp_path):
+    """A certificate names its data by fingerprint: one naming other data is refused (its claim is about
+    other bytes) until --allow-uncertified; one naming none is shown as such."""
+    web = prefixes["web"]
+    unnamed = copy_prefix(web, str(tmp_path / "unnamed"), lambda m: m["certificate"].pop("fingerprint", None))
+    named = copy_prefix(web, str(tmp_path / "named"), lambda m: m["certificate"].update(fingerprint=m["fingerprint"]))
+    other = copy_prefix(web, str(tmp_path / "other"), lambda m: m["certificate"].update(fingerprint="0" * 64))
+    assert data.describe_certificate(load_source(unnamed)).endswith(
+        "; it does not name the data it vouches for (no fingerprint in it)")
+    assert "does not name" not in data.describe_certificate(load_source(named))
+    data.build_datasets([named], 16, 10, 1, 1, split="80,10,10")
+    with pytest.raises(ValueError, match=f"^{other}: its certificate vouches for other data .*--allow-uncertified"):
+        data.build_datasets([other], 16, 10, 1, 1, split="80,10,10")
+    data.build_datasets([other], 16, 10, 1, 1, split="80,10,10", allow_uncertified=True)
+
+
+def _refused(args) -> str:
+    """`qwen-data train ARGS`, refused: → its one line, after checking nothing was built (no line on stdout)."""
+    done = subprocess.run([sys.executable, "-m", "qwen_data.cli", "train", *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 2 and not done.stdout, done.stdout + done.stderr[-3000:]
+    assert len(done.stderr.splitlines()) == 1, done.stderr[-3000:]
+    return done.stderr
+
+
+@pytest.mark.corrupts_outputs  # ids of copies edited
+def test_train_checks_every_byte_before_building_anything(prefixes, tmp_path):
+    """Flipped ids (the fingerprint no longer the data's) trained silently, and an id beyond the model's
+    embedding ended in an IndexError's traceback: both are refused in one line naming the prefix (and the
+    document), before the model is built, whatever --allow-uncertified says."""
+    flipped = copy_prefix(prefixes["web"], str(tmp_path / "flipped"))
+    edit_value(flipped, 7, int(np.memmap(flipped + ".bin", np.int32, "r")[7]) ^ 4)
+    beyond = copy_prefix(prefixes["web"], str(tmp_path / "beyond"))
+    documents = raw_documents(beyond)
+    edit_value(beyond, sum(len(d[0]) for d in documents[:2]) + 1, 200_000)  # document 2's second id
+    refingerprint(beyond)
+    run = ["--seq-length", "16", "--train-iters", "1", "--num-workers", "0", "--split", "90,10,0",
+           "--allow-uncertified"]
+    said = _refused(["--data", flipped, *run])
+    assert said.startswith(f"qwen-data train: error: {flipped}.json: fingerprint ") and "changed after" in said
+    said = _refused(["--data", beyond, *run])
+    assert said.startswith(f"qwen-data train: error: {beyond}: document 2 (counting from 0) holds id 200000, ")
+
+
+@pytest.mark.corrupts_outputs  # an id of a copy edited
+def test_the_data_check_runs_once_a_node_and_states_its_cost(prefixes, tmp_path, monkeypatch, capsys):
+    """Local rank 0 of each node checks (a node's ranks read the same files), global rank 0 says so;
+    --no-data-check skips it."""
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.loader import check_inputs
+
+    flipped = copy_prefix(prefixes["web"], str(tmp_path / "flipped"))
+    edit_value(flipped, 7, int(np.memmap(flipped + ".bin", np.int32, "r")[7]) ^ 4)
+
+    def config(prefix, check=True):
+        return TrainConfig.parse(["--data", prefix, "--split", "90,10,0"] + ([] if check else ["--no-data-check"])).data
+
+    check_inputs(config(prefixes["web"]))
+    assert re.fullmatch(r"data: 1 prefix, \d+\.\d MB checked against its manifest in \d+\.\d\d s\n",
+                        capsys.readouterr().out)
+    check_inputs(config(flipped, check=False))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    check_inputs(config(flipped))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("RANK", "8")  # the second node's first rank: checks, says nothing
+    with pytest.raises(ValueError, match="fingerprint"):
+        check_inputs(config(flipped))
+    check_inputs(config(prefixes["web"]))
+    assert capsys.readouterr().out == ""
 
 
 @pytest.mark.corrupts_outputs

@@ -15,6 +15,7 @@ dataset builder.
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -77,8 +78,11 @@ def test_pretrain_blend_trains(full_run):
     assert records[-1]["loss"] < records[0]["loss"] - 2
     assert all(0 <= r["data_share"] < 1 and r["tokens_per_s"] > 0 for r in records)
     assert "tok/s" in stdout and "data" in stdout
-    # the run's first line: on a CPU bf16 weights are not built, so the default holds float32 ones
-    assert "float32 weights (split bf16 weights: it computes under bf16 autocast" in stdout.splitlines()[0]
+    # the run's first lines: what its data check read (before anything is built); then, on a CPU, bf16
+    # weights are not built, so the default holds float32 ones
+    first, second = stdout.splitlines()[:2]
+    assert re.fullmatch(r"data: 2 prefixes, [\d.]+ MB checked against their manifests in [\d.]+ s", first), first
+    assert "float32 weights (split bf16 weights: it computes under bf16 autocast" in second
 
 
 def _scalars(folder):
