@@ -18,6 +18,7 @@ chunk fails, the first document that differs is found one by one.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import unicodedata
@@ -74,17 +75,17 @@ class Spelling:
     @classmethod
     def of(cls, tokenizer) -> "Spelling":
         """The table of a `QwenTokenizer`, kept in its cache folder under the files' hash."""
-        path = tokenizer._cache_path("spelling.npy")
+        from ..text.tokenizer import _cached, _store  # the tokenizer's checked cache (sha256 beside)
+
+        path, n = tokenizer._cache_path("spelling.npy"), tokenizer.vocab_size + 1
+        cached = _cached(path, tokenizer._file())
         try:
-            packed = np.load(path, allow_pickle=False)
-            n = tokenizer.vocab_size + 1
-            starts = packed[:8 * n].view(np.int64)
-            if len(packed) >= 8 * n and starts[-1] == len(packed) - 8 * n and bool((np.diff(starts) >= 0).all()):
-                return cls(starts.copy(), packed[8 * n:].copy())
-        except (OSError, ValueError, EOFError):
-            pass
+            packed = np.load(io.BytesIO(cached), allow_pickle=False) if cached is not None else np.zeros(0, np.uint8)
+        except (ValueError, EOFError):
+            packed = np.zeros(0, np.uint8)
+        if len(packed) >= 8 * n:
+            return cls(packed[:8 * n].view(np.int64).copy(), packed[8 * n:].copy())
         table = cls.from_json(tokenizer._json_text, tokenizer.added_tokens, tokenizer.vocab_size)
-        from ..text.tokenizer import _store
 
         def write(tmp: str) -> None:
             with open(tmp, "wb") as f:
