@@ -617,11 +617,12 @@ def _run_verify(args) -> int:
 
     failed = 0
     for prefix in map(strip_suffix, args.prefixes):
-        problems = verify(prefix)
+        problems, last = verify(prefix), None
         if args.certify:
             from .certify.recheck import recheck
 
-            problems += recheck(prefix, args.certify, args.reference_template)
+            found, last = recheck(prefix, args.certify, args.reference_template)
+            problems += found
         if problems:
             failed += 1
             print(f"{prefix}: {len(problems)} problem(s)")
@@ -629,11 +630,13 @@ def _run_verify(args) -> int:
         else:
             m = Manifest.read(prefix)
             again = ""
-            if args.certify:
-                last = m.certificate["rechecks"][-1]
+            if last is not None:
                 libraries = ", ".join(f"{name} {version}" for name, version in last["reference"].items())
-                again = f"; {last['records_checked']:,} records encoded again, equal to the ids of {libraries}"
+                again = (f"; {last['records_checked']:,} records picked across it encoded again, equal to the ids "
+                         f"of {libraries}")
             print(f"{prefix}: ok ({m.documents:,} documents, {m.tokens:,} tokens){again}")
+        if last is not None and not last["recorded"]:
+            print(f"{prefix}: the recheck is not recorded: {last['why']}")
     return 1 if failed else 0
 
 

@@ -92,20 +92,8 @@ class TextChecks(_Checks):
         """What the checking process takes of a picked record: per text key, the text checked
         (the whole text, or a window of a long one), our ids for it and where they lie in the
         document (`read_back`); eod included for a whole text."""
-        parts = []
-        for text, ours in documents:
-            data = normalized(text).encode("utf-8")
-            cut = window(data, self.sampling.seed)
-            if cut is None:
-                parts.append((text, ours.copy(), 0, len(ours)))
-                continue
-            starts = np.concatenate([[0], np.cumsum(self.speller.table.lengths[ours[:-1].astype(np.intp)])])
-            a, b = np.searchsorted(starts, cut)
-            a, b = int(a), int(b)
-            if starts[a] != cut[0] or (b < len(starts) and starts[b] != cut[1]):
-                b = a  # our tokens cross a cut the tokenizer never crosses: the comparison fails
-            parts.append((data[cut[0]:cut[1]].decode("utf-8"), ours[a:b].copy(), a, b))
-        return number, position, parts
+        return number, position, [checked_part(text, ours, self.sampling.seed, self.speller.table)
+                                  for text, ours in documents]
 
     def to_read_back(self, where: str, item: tuple, documents: int) -> list:
         number, position, parts = item
@@ -118,14 +106,11 @@ class TextChecks(_Checks):
         self.reference.load()
 
     def check(self, items: list) -> tuple[dict, str | None]:
-        parts = [(where, *part) for where, (_, _, record) in items for part in record]
-        encoded = self.reference.encode_batch([text for _, text, *_ in parts])
-        for (where, _, ours, a, b), theirs in zip(parts, encoded):
-            whole = a == 0 and b == len(ours)
-            theirs = theirs + [self.eod_id] if whole else theirs
-            if not np.array_equal(ours, theirs):
-                span = "" if whole else f" (the window of tokens {a:,}..{b:,})"
-                return {}, f"{where}{span}: {difference(ours, theirs)}"
+        parts = [(where, part) for where, (_, _, record) in items for part in record]
+        encoded = self.reference.encode_batch([part[0] for _, part in parts])
+        for (where, part), theirs in zip(parts, encoded):
+            if found := compare_part(where, part, theirs, self.eod_id):
+                return {}, found
         return {"records_checked": len(items), "lines": _lines(items)}, None
 
 
@@ -187,6 +172,32 @@ class ChatChecks(_Checks):
 
     def _own(self) -> dict:
         return {"template_sha256": self.template.sha256}
+
+
+def checked_part(text: str, ours: np.ndarray, seed: int, table) -> tuple[str, np.ndarray, int, int]:
+    """(text checked, our ids for it, where they lie in the document) of a document: the whole text
+    (ids with the eod), or a window of a long one (`sample.window`), whose ids are found by the bytes
+    each id spells (`table`: `spelling.Spelling`)."""
+    data = normalized(text).encode("utf-8")
+    cut = window(data, seed)
+    if cut is None:
+        return text, np.array(ours), 0, len(ours)
+    starts = np.concatenate([[0], np.cumsum(table.lengths[ours[:-1].astype(np.intp)])])
+    a, b = (int(k) for k in np.searchsorted(starts, cut))
+    if starts[a] != cut[0] or (b < len(starts) and starts[b] != cut[1]):
+        b = a  # our tokens cross a cut the tokenizer never crosses: the comparison fails
+    return data[cut[0]:cut[1]].decode("utf-8"), np.array(ours[a:b]), a, b
+
+
+def compare_part(where: str, part: tuple, theirs: list[int], eod_id: int) -> str | None:
+    """What differs between our ids of a checked part (`checked_part`) and the reference's."""
+    _, ours, a, b = part
+    whole = a == 0  # a window starts after a line's first byte, never at the document's start
+    theirs = theirs + [eod_id] if whole else theirs
+    if np.array_equal(ours, theirs):
+        return None
+    span = "" if whole else f" (the window of tokens {a:,}..{b:,})"
+    return f"{where}{span}: {difference(ours, theirs)}"
 
 
 def _lines(items: list) -> dict[str, list[int]]:

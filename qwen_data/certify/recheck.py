@@ -1,7 +1,8 @@
-"""`qwen-data verify --certify N`: the first N records a prefix was made from, encoded again by
-today's reference libraries (`text.reference`: HF tokenizers for pretraining, transformers'
-apply_chat_template for SFT) and compared with the ids (and loss mask) the prefix holds for them,
-so an upgrade of the libraries is one command from being known safe.
+"""`qwen-data verify --certify N`: about N records a prefix was made from, picked across all of it
+under a new seed (a shard's own records for a shard), encoded again by today's reference libraries
+(`certify.reference`: HF tokenizers for pretraining, the template's Jinja for SFT) and compared
+with the ids (and loss mask) the prefix holds for them, so an upgrade of the libraries is one
+command from being known safe.
 
 Records make documents (pretraining) or samples (SFT, one per record or, with --history split, one
 per assistant turn) in the inputs' order, less those set aside (PREFIX.rejects.jsonl names the
@@ -16,6 +17,8 @@ prefix until `--allow-uncertified`.
 
 from __future__ import annotations
 
+import fcntl
+import heapq
 import json
 import os
 import time
@@ -27,24 +30,30 @@ from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest, describe_input, input_entry, pins_differ
 from ..formats.outputs import atomic_file
 from ..formats.packing import next_window
-from ..inputs.readers import LineNumbers, expand, read_chunks
+from ..inputs.readers import LineNumbers, Shard, expand, read_chunks
 from ..text import literals
 from ..text.conversations import to_conversation
 from ..text.masking import SampleEncoder
-from .reference import (ChatReference, NotCertified, TextReference, difference, reference_jinja,
-                              reference_samples, versions)
 from ..text.templates import TEMPLATE_NAMES, get_template
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig, TokenizerNotFound, directory_of
+from .checks import checked_part, compare_part
+from .reference import (ChatReference, NotCertified, TextReference, difference, reference_jinja, reference_samples,
+                        versions)
+from .sample import ranges, record_hash
+from .spelling import Spelling
 
 CHAT_LIBRARIES = ("transformers", "tokenizers", "jinja2")
 # Settings of `qwen-data sft` that change how records read and the manifest does not record.
 UNRECORDED = ("--columns", "--dataset-info", "--parse-tool-arguments")
 
 
-def recheck(prefix: str, count: int, reference_template: str | None = None) -> list[str]:
-    """Problems found (none: the first `count` records equal the reference's); the outcome is
-    recorded in PREFIX.json unless the records could not be read. `reference_template`: SFT's
-    reference Jinja, as `sft --reference-template`."""
+def recheck(prefix: str, count: int, reference_template: str | None = None,
+            seed: int | None = None) -> tuple[list[str], dict | None]:
+    """(problems found, the recheck): none where about `count` records picked across the whole
+    prefix equal the reference's. The recheck is recorded in PREFIX.json unless the records could not
+    be read (None) or the prefix cannot be written (read-only storage: `recorded` false).
+    `reference_template`: SFT's reference Jinja, as `sft --reference-template`. `seed`: which
+    records (default: new ones each time)."""
     manifest = Manifest.read(prefix)
     try:
         directory = directory_of(manifest.tokenizer)
@@ -57,40 +66,69 @@ def recheck(prefix: str, count: int, reference_template: str | None = None) -> l
         else:
             reference = TextReference(directory, manifest.tokenizer["flavour"], manifest.special_tokens or "text")
     except TokenizerNotFound as exc:
-        return [f"{prefix}: {exc}"]
+        return [f"{prefix}: {exc}"], None
     except NotCertified as why:
-        return [f"{prefix}: --certify: not certified: {why}"]
+        return [f"{prefix}: --certify: not certified: {why}"], None
     problems = _inputs_unchanged(prefix, manifest)
     rejected = _rejected(prefix, manifest, problems)
     if problems:
-        return problems
+        return problems, None
     compare = _compare_samples if manifest.sft is not None else _compare_documents
+    picker = _Picker(count, seed)
     try:
-        counts, found = compare(prefix, manifest, directory, reference, rejected, count)
+        counts, found = compare(prefix, manifest, directory, reference, rejected, picker)
     except ValueError as exc:
-        return [f"{prefix}: --certify: {exc}"]
-    _record(prefix, manifest, counts, found, CHAT_LIBRARIES if manifest.sft is not None else ("tokenizers",))
-    return [f"{prefix}: certify: {found}"] if found else []
+        return [f"{prefix}: --certify: {exc}"], None
+    counts |= {"seed": picker.seed, "rule": "the records whose record_hash(record, seed) is smallest"}
+    done = _record(prefix, counts, found, CHAT_LIBRARIES if manifest.sft is not None else ("tokenizers",))
+    return [f"{prefix}: certify: {found}"] if found else [], done
 
 
-def _compare_documents(prefix, manifest, directory, reference, rejected, count) -> tuple[dict, str | None]:
+class _Picker:
+    """Which records a recheck encodes again: the `count` whose hash under a seed of their own
+    (`sample.record_hash`) is smallest (all of them where fewer), so they spread over the whole prefix (every input file;
+    a shard's own records only) and a recheck checks exactly as many as asked."""
+
+    def __init__(self, count: int, seed: int | None) -> None:
+        self.count = count
+        self.seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+        self.kept: list[tuple[int, int, tuple]] = []  # a heap of (-hash, position, what to check)
+
+    def offer(self, path: str, record, position: int, what: tuple) -> None:
+        entry = (-record_hash(path, record, self.seed), position, what)
+        if len(self.kept) < self.count:
+            heapq.heappush(self.kept, entry)
+        elif entry[0] > self.kept[0][0]:
+            heapq.heapreplace(self.kept, entry)
+
+    def picked(self) -> list[tuple]:
+        """What to check of each record picked, in the prefix's order."""
+        return [what for _, _, what in sorted(self.kept, key=lambda entry: entry[1])]
+
+
+def _compare_documents(prefix, manifest, directory, reference, rejected, picker) -> tuple[dict, str | None]:
     documents = layout_of(manifest).open(prefix)
-    checked = 0
-    for where, record, _ in _records(manifest, rejected, [manifest.text_key]):
-        if checked == count:
-            break
-        text = record.get(manifest.text_key) if isinstance(record, dict) else None
+    for k, (where, record, _) in enumerate(_records(manifest, rejected, [manifest.text_key])):
+        picker.offer(where.rpartition(":")[0], record, k, (where, record, k))
+    table = Spelling.of(QwenTokenizer.shared(TokenizerConfig(directory, manifest.tokenizer["flavour"])))
+    checked, lines = 0, {}
+    for where, record, k in picker.picked():
+        text = record.value.get(manifest.text_key) if isinstance(record.value, dict) else None
         if not isinstance(text, str):
             raise ValueError(f"{where} made a document but cannot be read now")
-        ours, theirs = documents.document(checked)[0], reference.encode(text)[0] + [manifest.eod_id]
+        if k >= len(documents):
+            raise ValueError(f"{where} made a document the prefix does not hold")
+        part = checked_part(text, documents.document(k)[0], picker.seed, table)
         checked += 1
-        if not np.array_equal(ours, theirs):
-            return {"records_checked": checked}, f"{where}: {difference(ours, theirs)}"
-    return {"records_checked": checked}, None
+        path, _, line = where.rpartition(":")
+        lines.setdefault(path, []).append(int(line))
+        if found := compare_part(where, part, reference.encode(part[0])[0], manifest.eod_id):
+            return {"records_checked": checked}, found
+    return {"records_checked": checked, "lines_checked": {p: ranges(n) for p, n in lines.items()}}, None
 
 
-def _compare_samples(prefix, manifest, directory, reference, rejected, count) -> tuple[dict, str | None]:
-    """The samples of the first `count` records kept, against the reference's ids and mask (cut
+def _compare_samples(prefix, manifest, directory, reference, rejected, picker) -> tuple[dict, str | None]:
+    """The samples of the records `picker` picks, against the reference's ids and mask (cut
     as the run cut over-long samples); records whose literals stay text are counted apart, as the
     run's certificate counts them."""
     sft, ours = manifest.sft, _OurSamples(manifest, directory)
@@ -98,12 +136,15 @@ def _compare_samples(prefix, manifest, directory, reference, rejected, count) ->
     counts = dict.fromkeys(("records_checked", "samples_checked", "masks_not_checked",
                             "records_with_literals_skipped"), 0)
     first = 1 if sft.layout == "pai" else 0  # Pai's labels cannot train a sample's first token
-    for where, conversation, parts in _kept_samples(manifest, rejected):
-        if counts["records_checked"] + counts["records_with_literals_skipped"] == count:
-            break
+    for position, (where, record, conversation, parts) in enumerate(_kept_samples(manifest, rejected)):
         held = [next(stored, None) for _ in parts]
         if held and held[-1] is None:
             raise ValueError(f"{where} made samples the prefix does not hold")
+        picker.offer(where.rpartition(":")[0], record, position, (where, conversation, parts, held))
+    lines: dict[str, list[int]] = {}
+    for where, conversation, parts, held in picker.picked():
+        path, _, line = where.rpartition(":")
+        lines.setdefault(path, []).append(int(line))
         if ours.keeps_literals(conversation):
             counts["records_with_literals_skipped"] += 1
             continue
@@ -119,22 +160,22 @@ def _compare_samples(prefix, manifest, directory, reference, rejected, count) ->
                 return counts, f"{named}: {difference(ids, theirs)}"
             if their_mask is not None and not np.array_equal(mask[first:], their_mask[first:]):
                 return counts, f"{named}: {difference(mask, their_mask, 'loss mask')}"
-    return counts, None
+    return {**counts, "lines_checked": {p: ranges(n) for p, n in lines.items()}}, None
 
 
 def _kept_samples(manifest: Manifest, rejected: dict):
-    """(file:line, conversation, [(k, messages, trained turns) of each sample kept]) of every record
-    that made a sample kept, in order."""
+    """(file:line, record, conversation, [(k, messages, trained turns) of each sample kept]) of every
+    record that made a sample kept, in order."""
     sft = manifest.sft
     for where, record, aside in _records(manifest, rejected, None):
         try:
-            conversation = to_conversation(record, sft.format, input_separator=sft.input_separator)
+            conversation = to_conversation(record.value, sft.format, input_separator=sft.input_separator)
         except ValueError as exc:
             raise ValueError(f"{where} made samples but cannot be read now: {exc}") from None
         parts = [(k, *part) for k, part in enumerate(reference_samples(conversation, sft.history))
                  if k + 1 not in aside]
         if parts:
-            yield where, conversation, parts
+            yield where, record, conversation, parts
 
 
 class _OurSamples:
@@ -160,7 +201,7 @@ class _OurSamples:
         """The length of every sample kept, record after record, as the run cut it."""
         sft = self.manifest.sft
         encoder = SampleEncoder(self.tokenizer, sft.assistant_span, sft.mask_policy)
-        for where, conversation, parts in _kept_samples(self.manifest, rejected):
+        for where, _, conversation, parts in _kept_samples(self.manifest, rejected):
             samples = literals.render(self.template, conversation,
                                       self.acted_on if self.keeps_literals(conversation) else None, sft.history,
                                       sft.enable_thinking)
@@ -207,10 +248,12 @@ def _stored_in_record_order(prefix: str, manifest: Manifest, ours: _OurSamples, 
 
 
 def _records(manifest: Manifest, rejected: dict, columns: list[str] | None):
-    """(file:line, record, numbers of its samples set aside) of every record not set aside whole, in order."""
+    """(file:line, record, numbers of its samples set aside) of every record not set aside whole, in
+    order: of a shard's own records only, for a shard's prefix."""
     sources = expand([entry["path"] for entry in manifest.inputs])
     numbers = LineNumbers()
-    for chunk in read_chunks(sources, columns=columns):
+    shard = Shard(**manifest.shard) if manifest.shard else None
+    for chunk in read_chunks(sources, shard=shard, columns=columns):
         records = list(chunk.records())
         shift = numbers.shift(chunk.first, chunk.span is not None, chunk.lines)
         path = os.path.abspath(chunk.path)
@@ -220,7 +263,7 @@ def _records(manifest: Manifest, rejected: dict, columns: list[str] | None):
                 continue
             if record.error is not None:
                 raise ValueError(f"{where} made data but cannot be read now")
-            yield where, record.value, aside
+            yield where, record, aside
 
 
 def _inputs_unchanged(prefix: str, manifest: Manifest) -> list[str]:
@@ -241,6 +284,9 @@ def _rejected(prefix: str, manifest: Manifest, problems: list[str]) -> dict[tupl
     if not manifest.rejects.get("count"):
         return {}
     path = prefix + ".rejects.jsonl"
+    key = manifest.text_key
+    if not os.path.isfile(path) and key and prefix.endswith("_" + key):
+        path = prefix[:-len(key) - 1] + ".rejects.jsonl"  # a run of several --text-key keeps one file
     if not os.path.isfile(path):
         problems.append(f"{prefix}: --certify needs {path} (which records made no data), and it is gone")
         return {}
@@ -255,12 +301,20 @@ def _rejected(prefix: str, manifest: Manifest, problems: list[str]) -> dict[tupl
     return rejected
 
 
-def _record(prefix: str, manifest: Manifest, counts: dict, found: str | None, libraries: tuple) -> None:
-    """The recheck, added to the manifest's certificate (written whole, atomically)."""
-    certificate = dict(manifest.certificate or {})
-    certificate.setdefault("rechecks", []).append({
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **counts, "mismatches": int(found is not None),
-        "reference": versions(*libraries), **({"mismatch": found} if found else {})})
-    manifest.certificate = certificate
-    with atomic_file(prefix + ".json") as f:
-        f.write(manifest.text())
+def _record(prefix: str, counts: dict, found: str | None, libraries: tuple) -> dict:
+    """The recheck, added to the manifest's certificate (written whole, atomically), under a lock
+    and from the manifest read again inside it, so that concurrent rechecks lose none; where the
+    prefix cannot be written (read-only storage), what would have been recorded is said instead."""
+    recheck = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **counts, "mismatches": int(found is not None),
+               "reference": versions(*libraries), **({"mismatch": found} if found else {})}
+    try:
+        with open(prefix + ".json.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            manifest = Manifest.read(prefix)
+            manifest.certificate = dict(manifest.certificate or {})
+            manifest.certificate.setdefault("rechecks", []).append(recheck)
+            with atomic_file(prefix + ".json") as f:
+                f.write(manifest.text())
+    except OSError as exc:
+        return {**recheck, "recorded": False, "why": f"{prefix}.json cannot be written ({exc.strerror or exc})"}
+    return {**recheck, "recorded": True}

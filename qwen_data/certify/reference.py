@@ -17,6 +17,7 @@ libraries (docs/outputs.md).
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import importlib.util
 import json
@@ -126,23 +127,54 @@ def _pattern(contents) -> re.Pattern:
     return re.compile(f"({alternatives or '(?!)'})")
 
 
+# Where each built-in template's official Jinja is published: its instruct model's tokenizer_config.json.
+OFFICIAL = {"qwen2": "Qwen/Qwen2-7B-Instruct", "qwen2p5": "Qwen/Qwen2.5-7B-Instruct", "qwen3": "Qwen/Qwen3-8B"}
+
+
 def template_jinja(template, tokenizer_dir: str, given: str | None) -> str | None:
-    """The Jinja text whose sha256 is the template's: the file `given` (--reference-template), or the
-    tokenizer folder's own chat_template; None when neither is."""
-    candidates = []
+    """The Jinja text whose sha256 is the template's: the file `given` (--reference-template: the
+    Jinja itself, or a tokenizer_config.json holding it), else the tokenizer folder's own
+    chat_template, else that of a Qwen model's tokenizer_config.json in the local Hugging Face cache;
+    None when none is. A file given that is not the template's official Jinja is a ValueError naming
+    it: the user asked for a check that cannot be made."""
     if given:
-        with open(given, encoding="utf-8") as f:
-            candidates.append(f.read())
-    config = os.path.join(tokenizer_dir, "tokenizer_config.json")
-    if os.path.isfile(config):
+        text = _given_jinja(given)
+        found = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if found != template.sha256:
+            raise ValueError(f"{given}: --reference-template is not the official Jinja of the template "
+                             f"{template.name} (its sha256 {found[:16]}…, the template's {template.sha256[:16]}…)")
+        return text
+    cached = glob.glob(os.path.join(_hub_cache(), "models--Qwen--*", "snapshots", "*", "tokenizer_config.json"))
+    for config in [os.path.join(tokenizer_dir, "tokenizer_config.json"), *sorted(cached)]:
+        own = _chat_template(config)
+        if own is not None and hashlib.sha256(own.encode("utf-8")).hexdigest() == template.sha256:
+            return own
+    return None
+
+
+def _given_jinja(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: --reference-template is not UTF-8 text ({exc.reason} at byte {exc.start:,}): "
+                         "give the template's official Jinja, or the tokenizer_config.json holding it") from None
+    own = _chat_template(path) if path.endswith(".json") else None
+    return text if own is None else own
+
+
+def _chat_template(config: str) -> str | None:
+    try:
         with open(config, encoding="utf-8") as f:
             own = json.load(f).get("chat_template")
-        if isinstance(own, str):
-            candidates.append(own)
-    for text in candidates:
-        if hashlib.sha256(text.encode("utf-8")).hexdigest() == template.sha256:
-            return text
-    return None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return own if isinstance(own, str) else None
+
+
+def _hub_cache() -> str:
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
 
 
 def reference_jinja(template, tokenizer_dir: str, given: str | None) -> str:
@@ -151,8 +183,11 @@ def reference_jinja(template, tokenizer_dir: str, given: str | None) -> str:
         raise NotCertified("transformers is not installed: its apply_chat_template is the reference")
     jinja = template_jinja(template, tokenizer_dir, given)
     if jinja is None:
-        raise NotCertified(f"no Jinja text of the template {template.name} (sha256 {template.sha256}) in the "
-                           "tokenizer folder's chat template, nor given by --reference-template")
+        source = OFFICIAL.get(template.name)
+        where = (f": pass --reference-template with {source}'s tokenizer_config.json (`huggingface-cli download "
+                 f"{source} tokenizer_config.json`), which holds it" if source else "")
+        raise NotCertified(f"no official Jinja of the template {template.name} (sha256 {template.sha256[:16]}…) "
+                           f"in the tokenizer folder, the local Hugging Face cache or --reference-template{where}")
     return jinja
 
 

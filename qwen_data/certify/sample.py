@@ -1,7 +1,7 @@
 """The certificate's second layer: which records the reference libraries encode again.
 
-The rule, stated in every certificate: a record is picked when the CRC-32 of its key, seeded by a
-hash of the inputs' pins, falls below `rate` × 2³²; its key is its jsonl line (or .json element)
+The rule, stated in every certificate: a record is picked when its hash (`record_hash`), seeded by
+a hash of the inputs' pins, falls below `rate` × 2³²; its key is its jsonl line (or .json element)
 as bytes, or `file:row` for a parquet or Arrow row. So the pick depends on the record alone: every
 input file and every shard picks from its own records, whatever --workers and --chunk-mb, and a
 sharded run picks what one run would. `rate` is TARGET over the records the inputs are estimated
@@ -40,16 +40,24 @@ class Sampling:
         self.below = int(self.rate * (1 << 32))
 
     def picks(self, chunk, record) -> bool:
-        if self.rate >= 1.0:
-            return True
-        key = record.raw if isinstance(record.raw, bytes) else f"{chunk.path}:{record.number}".encode()
-        return zlib.crc32(key, self.seed) < self.below
+        return self.rate >= 1.0 or record_hash(chunk.path, record, self.seed) < self.below
 
     def describe(self) -> dict:
-        return {"rule": "crc32(record, seed) < rate * 2**32; a record is its jsonl line or .json element "
-                        "as bytes, a parquet or Arrow row file:row",
+        return {"rule": "fmix32(crc32(record, seed) ^ seed) < rate * 2**32; a record is its jsonl line or .json "
+                        "element as bytes, a parquet or Arrow row file:row",
                 "seed": self.seed, "rate": self.rate, "estimated_records": self.estimated,
                 "window_bytes": WINDOW_BYTES, "long_bytes": LONG_BYTES}
+
+
+def record_hash(path: str, record, seed: int) -> int:
+    """A record's 32-bit hash under `seed`: CRC-32 (GB/s, so every record can be hashed), whose
+    values for records alike (lines that differ in a digit) lie close together, spread by
+    MurmurHash3's finalizer, so that the records picked do not cluster."""
+    key = record.raw if isinstance(record.raw, bytes) else f"{path}:{record.number}".encode()
+    h = zlib.crc32(key, seed) ^ seed
+    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
 
 def window(data: bytes, seed: int) -> tuple[int, int] | None:

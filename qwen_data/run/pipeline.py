@@ -196,7 +196,7 @@ def input_list(sources: list[InputFile]) -> list[dict]:
 
 
 @dataclass
-class Checked:
+class RunChecks:
     """What a run's certificate checked as it went (`_consume`)."""
 
     counts: dict = field(default_factory=dict)  # summed as `certify.checks.add_counts` sums them
@@ -205,7 +205,7 @@ class Checked:
 
 
 def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
-             progress: Progress) -> Checked:
+             progress: Progress) -> RunChecks:
     """Every chunk processed and written; what the certificate checked."""
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
     # per chunk handed out: (input bytes, first, span, path)
@@ -220,7 +220,7 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     head = list(itertools.islice(chunks, 2))
     chunks = itertools.chain(head, chunks)
     in_process = config.workers == 0 or len(head) < 2
-    checks, checked = step.checks, Checked()
+    checks, checked = step.checks, RunChecks()
     # Started before the workers and any thread (it forks): `run.certifier`.
     certifier = None
     if checks is not None and not checks.uncertified:  # (without a reference, nothing is picked)
@@ -249,7 +249,7 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
             certifier.end()
 
 
-def _take_checks(checks, certifier: Certifier, checked: Checked, result: ChunkResult, path: str, shift: int,
+def _take_checks(checks, certifier: Certifier, checked: RunChecks, result: ChunkResult, path: str, shift: int,
                  documents: int) -> None:
     """A result's part of the certificate: a document that did not spell its text stops the run."""
     if result.misspelled is not None:

@@ -196,10 +196,10 @@ def test_verify_certify_rechecks_records_against_todays_reference(tmp_path, caps
     corpus = recheck_corpus(tmp_path)
     prefix = str(tmp_path / "p")
     assert main(["pretrain", corpus, "-o", prefix, "--quiet"]) == 0
-    assert main(["verify", prefix, "--certify", "8"]) == 0
+    assert main(["verify", prefix, "--certify", "100"]) == 0  # more than it holds: every record
     recheck = certificate(prefix)["rechecks"][-1]
-    assert recheck["records_checked"] == 8 and recheck["mismatches"] == 0 and recheck["reference"]["tokenizers"]
-    assert "8 records" in capsys.readouterr().out
+    assert recheck["records_checked"] == 11 and recheck["mismatches"] == 0 and recheck["reference"]["tokenizers"]
+    assert "11 records picked across it" in capsys.readouterr().out
     os.remove(corpus)
     assert main(["verify", prefix, "--certify", "8"]) == 1
     assert f"{corpus} is gone" in capsys.readouterr().out
@@ -254,11 +254,13 @@ def test_verify_certify_rechecks_sft_samples_in_every_layout(tmp_path, capsys, l
     truncates = "pai" in layout  # line 12 is cut to --seq-length, not set aside
     assert [(r["record"], r.get("sample")) for r in rejects] == [(3, None)] + (
         [] if truncates else [(12, 2 if "split" in layout else None)])
-    assert main(["verify", prefix, "--certify", "25", *REFERENCE, reference_template()]) == 0
-    recheck = certificate(prefix)["rechecks"][-1]
+    assert main(["verify", prefix, "--certify", "100", *REFERENCE, reference_template()]) == 0
+    recheck, made = certificate(prefix)["rechecks"][-1], certificate(prefix)
     assert recheck["mismatches"] == 0 and recheck["reference"]["transformers"]
-    assert recheck["records_checked"] == 25 and recheck["masks_not_checked"] == 0
-    assert "25 records encoded again" in capsys.readouterr().out
+    # the run also checked line 12, which it set aside whole in the unpacked and next-fit layouts
+    assert made["records_checked"] - 1 <= recheck["records_checked"] <= made["records_checked"]
+    assert recheck["masks_not_checked"] == 0
+    assert f"{recheck['records_checked']} records picked across it encoded again" in capsys.readouterr().out
 
 
 @pytest.mark.corrupts_outputs  # one id of one sample edited
@@ -274,7 +276,7 @@ def test_verify_certify_finds_an_edited_id_in_a_packed_sft_row(tmp_path, capsys)
     at = next(i for i in range(len(data) - len(answer)) if list(data[i:i + len(answer)]) == answer)
     data[at + 2] += 1
     data.flush()
-    assert main(["verify", prefix, "--certify", "25", *REFERENCE, reference_template()]) == 1
+    assert main(["verify", prefix, "--certify", "100", *REFERENCE, reference_template()]) == 1
     out = capsys.readouterr().out
     assert f"{corpus}:7: our ids differ from the reference's" in out and "ours [" in out and "reference [" in out
     recheck = certificate(prefix)["rechecks"][-1]
@@ -286,7 +288,7 @@ def test_verify_certify_of_sft_says_why_it_cannot(tmp_path, capsys, monkeypatch)
     assert main(["sft", corpus, "-o", prefix, "--quiet", "--seq-length", "256", *REFERENCE, reference_template()]) == 0
     # the bundled tokenizer's chat template is not qwen2p5's official Jinja
     assert main(["verify", prefix, "--certify", "5"]) == 1
-    assert "not certified: no Jinja text of the template qwen2p5" in capsys.readouterr().out
+    assert "not certified: no official Jinja of the template qwen2p5" in capsys.readouterr().out
     with open(corpus, "a", encoding="utf-8") as f:
         f.write("\n")
     assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
@@ -396,7 +398,8 @@ def test_ids_that_spell_the_same_bytes_in_other_pieces_are_found_by_the_referenc
     monkeypatch.setattr(QwenTokenizer, "encode_batch", resegmented)
     assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 2
     error = capsys.readouterr().err
-    assert re.search(rf"{re.escape(corpus)}:\d*08: our ids differ from the reference's", error), error
+    line = re.search(rf"{re.escape(corpus)}:(\d+): our ids differ from the reference's", error)
+    assert line and int(line.group(1)) % 100 == 8, error
     monkeypatch.undo()
     assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 0
     found = certificate(tmp_path / "p")
@@ -490,3 +493,85 @@ def test_a_merge_refuses_a_part_whose_recheck_found_a_mismatch(tmp_path, capsys)
     assert main(["merge", *parts, "-o", str(tmp_path / "bad"), "--quiet"]) == 2
     assert f"{parts[1]}: its certificate records ids that differ" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "bad.json")
+
+
+def test_verify_certify_of_a_shard_maps_its_own_records(tmp_path, capsys):
+    """Shard 1's first document is its own first record, not the file's: no false mismatch."""
+    corpus = write_jsonl(tmp_path / "plain.jsonl", [{"text": f"document number {k}"} for k in range(30)])
+    for k in range(3):
+        assert main(["pretrain", corpus, "-o", str(tmp_path / f"cs.{k}"), "--shard", f"{k}/3", "--quiet"]) == 0
+        assert main(["verify", str(tmp_path / f"cs.{k}"), "--certify", "5"]) == 0, capsys.readouterr().out
+        recheck = certificate(tmp_path / f"cs.{k}")["rechecks"][-1]
+        assert recheck["mismatches"] == 0 and recheck["records_checked"] > 0
+
+
+def test_verify_certify_picks_across_the_whole_prefix(tmp_path):
+    from qwen_data.certify.recheck import recheck
+    from qwen_data.certify.sample import numbers
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"document number {k}"} for k in range(300)])
+    prefix = str(tmp_path / "p")
+    assert main(["pretrain", corpus, "-o", prefix, "--quiet"]) == 0
+    problems, done = recheck(prefix, 30, seed=7)
+    lines = numbers(done["lines_checked"][corpus])
+    assert not problems and 10 <= len(lines) <= 60 and max(lines) > 200 and done["seed"] == 7
+    again = recheck(prefix, 30, seed=8)[1]
+    assert numbers(again["lines_checked"][corpus]) != lines  # another seed, other records
+
+
+def test_verify_certify_on_read_only_storage_reports_and_concurrent_rechecks_lose_none(tmp_path, capsys,
+                                                                                     monkeypatch):
+    import errno
+    import subprocess
+    import sys
+
+    from qwen_data.certify import recheck
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"document number {k}"} for k in range(40)])
+    prefix = str(tmp_path / "p")
+    assert main(["pretrain", corpus, "-o", prefix, "--quiet"]) == 0
+    command = [sys.executable, "-m", "qwen_data.cli", "verify", prefix, "--certify", "100"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE) for _ in range(4)]
+    assert [run.wait() for run in runs] == [0, 0, 0, 0]
+    assert len(certificate(prefix)["rechecks"]) == 4
+    before = open(prefix + ".json", encoding="utf-8").read()
+
+    def read_only(path, *args, **kwargs):  # as a read-only mount answers
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+
+    monkeypatch.setattr(recheck, "atomic_file", read_only)
+    capsys.readouterr()
+    assert main(["verify", prefix, "--certify", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "40 records picked across it encoded again" in out and "the recheck is not recorded" in out
+    assert open(prefix + ".json", encoding="utf-8").read() == before
+
+
+def test_a_reference_template_that_is_not_the_official_jinja_is_refused_naming_it(tmp_path, capsys):
+    chats = os.path.join(EXAMPLES, "chats.jsonl")
+    noise = tmp_path / "noise.jinja"
+    noise.write_bytes(bytes(range(128, 256)) * 3)
+    assert main(["sft", chats, "-o", str(tmp_path / "s"), "--quiet", "--reference-template", str(noise)]) == 2
+    assert f"{noise}: --reference-template is not UTF-8 text" in capsys.readouterr().err
+    other = str(oracle_dir() / "qwen3.jinja")
+    assert main(["sft", chats, "-o", str(tmp_path / "s"), "--quiet", "--reference-template", other]) == 2
+    assert f"{other}: --reference-template is not the official Jinja of the template qwen2p5" in capsys.readouterr().err
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("s")]
+
+
+def test_the_official_jinja_is_found_in_a_tokenizer_config_and_in_the_local_hub_cache(tmp_path, monkeypatch, capsys):
+    """The Quick start's `sft` (qwen2p5 on the bundled Qwen3 tokenizer) names the file to pass; given
+    the model's tokenizer_config.json, or with that model in the local Hub cache, it is certified."""
+    chats = os.path.join(EXAMPLES, "chats.jsonl")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["sft", chats, "-o", str(tmp_path / "s")]) == 0
+    assert "pass --reference-template with Qwen/Qwen2.5-7B-Instruct's tokenizer_config.json" in capsys.readouterr().out
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": (oracle_dir() / "qwen2.5-instruct.jinja").read_text()}))
+    assert main(["sft", chats, "-o", str(tmp_path / "s"), "--quiet", "--reference-template", str(config)]) == 0
+    assert certificate(tmp_path / "s")["certified"]
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-7B-Instruct" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "tokenizer_config.json").write_text(config.read_text())
+    assert main(["sft", chats, "-o", str(tmp_path / "s")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("certified: ")
