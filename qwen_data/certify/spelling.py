@@ -60,6 +60,7 @@ class Spelling:
     def __init__(self, starts: np.ndarray, flat: np.ndarray) -> None:
         self.starts, self.flat = starts, flat
         self.lengths = np.diff(starts)
+        self.lengths32 = self.lengths.astype(np.int32)  # half the memory traffic of the hot path
         # Each id's first 8 bytes as one little-endian word, and the mask of the bytes it has:
         # comparing a word per token instead of a byte per byte is what makes checking every
         # document cheap (`matches`).
@@ -110,12 +111,14 @@ class Spelling:
 
     def matches(self, ids: np.ndarray, expected: bytes) -> bool:
         """Whether `ids` spell exactly `expected`."""
+        if len(expected) >= 1 << 31:  # (int32 offsets)
+            return all(self.matches(part, data) for part, data in self._halves(ids, expected))
         ids = ids.astype(np.intp)
-        lengths = self.lengths[ids]
-        ends = np.cumsum(lengths)
-        if (int(ends[-1]) if len(ends) else 0) != len(expected):
+        lengths = self.lengths32[ids]
+        starts = np.cumsum(lengths, dtype=np.int32)
+        if (int(starts[-1]) if len(starts) else 0) != len(expected):
             return False
-        starts = ends - lengths
+        starts -= lengths
         text = np.frombuffer(expected + bytes(8), dtype=np.uint8)
         # every position's next 8 bytes, read as one word (a view: nothing is copied)
         words = np.ndarray((len(expected) + 1,), dtype="<u8", buffer=text, strides=(1,))
@@ -128,6 +131,13 @@ class Spelling:
         offsets = np.arange(int(rest.sum())) - np.repeat(np.cumsum(rest) - rest, rest)
         ours = self.flat[np.repeat(self.starts[ids[long]] + 8, rest) + offsets]
         return np.array_equal(text[np.repeat(starts[long] + 8, rest) + offsets], ours)
+
+    def _halves(self, ids: np.ndarray, expected: bytes):
+        """`ids` cut in two where their bytes reach half of `expected` (None where they do not fit)."""
+        ends = np.cumsum(self.lengths[ids.astype(np.intp)])
+        k = int(np.searchsorted(ends, len(expected) // 2))
+        cut = int(ends[k]) if k < len(ends) else len(expected)
+        return [(ids[:k + 1], expected[:cut]), (ids[k + 1:], expected[cut:])]
 
     def spell(self, ids: np.ndarray) -> bytes:
         """The bytes `ids` stand for."""
@@ -164,13 +174,16 @@ class Speller:
         # added ids a text may hold under the policy (the rest are plain text there)
         self.allowed = np.asarray(sorted(tokenizer.added_tokens[c] for c in kept), dtype=np.int32)
 
-    def check_texts(self, texts: list[str], ids: np.ndarray, counts: np.ndarray) -> None:
+    def check_texts(self, texts: list[str], ids: np.ndarray, counts: np.ndarray,
+                    as_encoded: list[str] | None = None) -> None:
         """SpellingError for the first text whose ids (`counts[k]` of `ids` each) do not spell it,
-        or hold an added id the special-token policy keeps as text."""
+        or hold an added id the special-token policy keeps as text. `as_encoded`: the texts as the
+        tokenizer normalized them for encoding, where it did (`QwenTokenizer.as_encoded`)."""
         added = ids >= FIRST_ADDED_ID
         if added.any() and not np.isin(ids[added], self.allowed).all():
             self._first_wrong(texts, ids, counts)
-        if not self.table.matches(ids, "".join([normalized(t) for t in texts]).encode("utf-8")):
+        spelled = as_encoded if as_encoded is not None else [normalized(t) for t in texts]
+        if not self.table.matches(ids, "".join(spelled).encode("utf-8")):
             self._first_wrong(texts, ids, counts)
 
     def _first_wrong(self, texts, ids, counts) -> None:

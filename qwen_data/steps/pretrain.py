@@ -107,7 +107,7 @@ class Tokenize:
         """The certificate's first layer (`certify.spelling`): (record number, why) of the first
         document whose ids do not spell its text, or None."""
         try:
-            self.checks.speller.check_texts(bucket, flat, counts)
+            self.checks.speller.check_texts(bucket, flat, counts, self.tokenizer.as_encoded)
         except SpellingError as wrong:
             return texts.numbers[wrong.index], str(wrong)
         return None

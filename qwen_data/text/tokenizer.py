@@ -219,6 +219,7 @@ class QwenTokenizer:
         self.encoded = 0  # characters encoded by this object (see `shared`)
         self.texts = 0  # texts encoded by this object (see BATCH_AFTER)
         self._starts: np.ndarray | None = None  # see _spelling_starts
+        self.as_encoded: list[str] | None = None  # see encode_batch
 
     def _file(self) -> str:
         return os.path.join(self.directory, "tokenizer.json")
@@ -341,6 +342,9 @@ class QwenTokenizer:
         self.texts += len(texts)
         if self.config.backend == "gigatoken":
             raw, texts = texts, self.gigatoken_input(texts, special)
+            # The texts as encoded, for the certificate's spelling check (`certify.spelling`), which
+            # would otherwise normalize them again; where HF normalizes them itself, None.
+            self.as_encoded = texts if self._rank_file() else None
             if self.texts <= BATCH_AFTER:
                 pieces = [backend.encode(text) for text in texts]
                 lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
@@ -355,6 +359,7 @@ class QwenTokenizer:
             if rows:
                 ids, lengths = self._splice_hf(raw, rows, special, ids, lengths)
         else:
+            self.as_encoded = None
             encodings = backend.encode_batch(texts, add_special_tokens=False)
             lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
             ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(lengths.sum()))
