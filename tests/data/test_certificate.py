@@ -575,3 +575,15 @@ def test_the_official_jinja_is_found_in_a_tokenizer_config_and_in_the_local_hub_
     (snapshot / "tokenizer_config.json").write_text(config.read_text())
     assert main(["sft", chats, "-o", str(tmp_path / "s")]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("certified: ")
+
+
+def test_verify_certify_of_a_several_key_prefix_with_rejects(tmp_path, capsys):
+    """A run of several --text-keys keeps one rejects file for all its prefixes: each is rechecked."""
+    records = [{"a": f"first {k}", "b": f"second {k}"} for k in range(12)]
+    records[4] = {"a": "no b here"}  # set aside for both keys
+    corpus = write_jsonl(tmp_path / "k.jsonl", records)
+    prefix = str(tmp_path / "kk")
+    assert main(["pretrain", corpus, "-o", prefix, "--text-key", "a,b", "--quiet"]) == 0
+    for key in ("a", "b"):
+        assert main(["verify", f"{prefix}_{key}", "--certify", "100"]) == 0, capsys.readouterr().out
+        assert certificate(f"{prefix}_{key}")["rechecks"][-1]["records_checked"] == 11
