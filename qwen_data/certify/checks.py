@@ -19,7 +19,7 @@ from importlib import metadata
 import numpy as np
 
 from ..formats.indexed import bin_tokens, read_index
-from .reference import ChatReference, NotCertified, TextReference, difference, loaded, reference_jinja
+from .reference import ChatReference, NotCertified, TextReference, difference, reference_jinja
 from .reference import reference_samples, versions
 from .sample import Sampling, detection, numbers, ranges, window
 from .spelling import Speller, normalized
@@ -41,8 +41,14 @@ class _Checks:
 
     def __init__(self, step, inputs: list[dict], estimates: list[int | None]) -> None:
         self.tokenizer = step.tokenizer
+        self.tokenizer_sha256, self.backend = step.tokenizer.sha256, step.tokenizer.config.backend
         self.sampling = Sampling(inputs, estimates)
         self.uncertified: str | None = None
+
+    def __getstate__(self) -> dict:
+        # The checking process takes the reference's side only: the tokenizer and the spelling table
+        # are the workers' (forked, never pickled), and would cost megabytes through its pipe.
+        return {k: v for k, v in self.__dict__.items() if k not in ("tokenizer", "speller")}
 
     def picks(self, chunk, record) -> bool:
         return self.sampling.picks(chunk, record)
@@ -59,7 +65,7 @@ class _Checks:
                  "records_kept": records, "sample": self.sampling.describe(), "detection": detection(checked, records),
                  "lines_checked": {path: ranges(lines) for path, lines in counts.get("lines", {}).items()},
                  "reference": versions(*self.libraries), "encoder": self._encoder(),
-                 "tokenizer_sha256": self.tokenizer.sha256, "fingerprint": fingerprint, **self._own()}
+                 "tokenizer_sha256": self.tokenizer_sha256, "fingerprint": fingerprint, **self._own()}
         why = (self.uncertified or (f"{records - spelled:,} of {records:,} records were not spelled again"
                                     if spelled < records else None)
                or (None if checked else "no record was picked for the reference (a run of few records picks all; "
@@ -67,7 +73,7 @@ class _Checks:
         return {"certified": why is None, **({"why": why} if why else {}), **found}
 
     def _encoder(self) -> dict:
-        backend = self.tokenizer.config.backend
+        backend = self.backend
         return {"qwen-data": metadata.version("qwen-data"), "backend": backend,
                 backend: metadata.version("gigatoken" if backend == "gigatoken" else "tokenizers")}
 
@@ -98,9 +104,6 @@ class TextChecks(_Checks):
     def to_read_back(self, where: str, item: tuple, documents: int) -> list:
         number, position, parts = item
         return [(where, k, documents + position, a, b, ours) for k, (_, ours, a, b) in enumerate(parts)]
-
-    def reference_loaded(self) -> bool:
-        return loaded(self.tokenizer.directory, chat=False)
 
     def load(self) -> None:
         self.reference.load()
@@ -142,9 +145,6 @@ class ChatChecks(_Checks):
     def parts(self, conversation) -> list:
         """(messages, trained turns) the reference renders for each sample of a conversation."""
         return reference_samples(conversation, self.config.rendered_history)
-
-    def reference_loaded(self) -> bool:
-        return loaded(self.tokenizer.directory, chat=True)
 
     def load(self) -> None:
         self.reference.load()

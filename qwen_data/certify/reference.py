@@ -286,3 +286,13 @@ class ChatReference:
 
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+
+def preload(tokenizer_json: str) -> None:
+    """Load HF's tokenizer of `tokenizer_json` into this process (every reference encodes with it)."""
+    _hf_tokenizer(tokenizer_json)
+
+
+def holds(tokenizer_json: str) -> bool:
+    """Whether this process holds HF's tokenizer of `tokenizer_json` already."""
+    return ("tokenizers", tokenizer_json) in _LOADED

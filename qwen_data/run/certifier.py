@@ -15,33 +15,42 @@ workers ran 0.5-1 s later); kept here, the workers start as they do without the 
 
 from __future__ import annotations
 
-import functools
-
 from ..certify.checks import CertificateError, add_counts
+from ..certify.reference import holds, preload
 
-_LOAD = "load"  # the first item the checking process is sent
 NOTHING_WRITTEN = "nothing was written (--no-certify writes it anyway, recorded as uncertified)"
 
 
 class Certifier:
-    def __init__(self, checks, beside: bool) -> None:
-        """`beside`: check in a process of its own (else here)."""
+    def __init__(self, checks, side=None) -> None:
+        """`side`: the checking process `early` started (None: check here)."""
         self.checks = checks
         self.counts: dict = {}
-        self.side = None
+        self.side = side
         self.kept: list | None = None
         self.waiting: list[list] = []  # items picked while the checking process loads
-        if beside and not checks.reference_loaded():
-            from .workers import SideProcess
+        self.loading = side is not None
+        if side is not None:
+            side.send(("checks", checks))
 
-            self.side = SideProcess(functools.partial(_check, checks))
-            self.side.send(_LOAD)
-            self.loading = True
+    @staticmethod
+    def early(tokenizer_json: str):
+        """A checking process, forked before the run prepares anything, that loads HF's tokenizer
+        from `tokenizer_json` at once (~0.4-0.8 s: the reference's fixed cost, which a small run
+        would otherwise add to its own); None where this process holds it already (a second run in
+        one process, as tests and Ray tasks make: it checks here)."""
+        if holds(tokenizer_json):
+            return None
+        from .workers import SideProcess
+
+        side = SideProcess(_check)
+        side.send(("load", tokenizer_json))
+        return side
 
     @classmethod
     def keeping(cls, step) -> "Certifier":
         """One that checks nothing: the items go to `step.picked`, for the caller to check."""
-        certifier = cls(step.checks, beside=False)
+        certifier = cls(step.checks)
         certifier.kept = step.picked = []
         return certifier
 
@@ -89,9 +98,18 @@ def take(counts: dict, answer: tuple[dict, str | None]) -> None:
     add_counts(counts, checked)
 
 
-def _check(checks, items) -> tuple[dict, str | None]:
-    """In the checking process: load the reference libraries first (`_LOAD`), then check."""
-    if items == _LOAD:
-        checks.load()
+_CHECKS = None  # the checking process's checker, once sent
+
+
+def _check(item) -> tuple[dict, str | None]:
+    """In the checking process: load HF's tokenizer, take the checker (and load the rest of its
+    reference), then check."""
+    global _CHECKS
+    if isinstance(item, tuple) and item[0] == "load":
+        preload(item[1])
         return {}, None
-    return checks.check(items)
+    if isinstance(item, tuple) and item[0] == "checks":
+        _CHECKS = item[1]
+        _CHECKS.load()
+        return {}, None
+    return _CHECKS.check(item)

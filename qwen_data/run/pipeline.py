@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import (DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, LineNumbers, Shard, estimated_records,
                               expand, read_chunks)
 from ..inputs.records import RejectLog, empty_output
-from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig
+from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig, resolve_tokenizer_dir
 from .certifier import NOTHING_WRITTEN, Certifier
 from .progress import Progress
 
@@ -147,6 +148,18 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     """The manifest of each of `step.prefixes()`. `progress`: where to report (default: a display on
     stderr unless the config is quiet)."""
     start, config = time.monotonic(), step.config
+    # The reference's process first, to load its libraries while this one prepares and works.
+    early = None
+    if config.certify and config.check_here:
+        early = Certifier.early(os.path.join(resolve_tokenizer_dir(config.tokenizer.name)[1], "tokenizer.json"))
+    try:
+        return _run(step, config, start, early, progress)
+    finally:
+        if early is not None:
+            early.end()
+
+
+def _run(step: Step, config: RunConfig, start: float, early, progress: Progress | None) -> list[Manifest]:
     step.prepare()
     sources = expand(config.inputs, config.hf_split)
     inputs = input_list(sources)
@@ -160,7 +173,7 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
         if progress is None:
             progress = Progress(total if config.shard is None else total // config.shard.count,
                                 enabled=not config.quiet)
-        checked = _consume(step, config, sources, writer, rejects, progress)
+        checked = _consume(step, config, sources, writer, rejects, progress, early)
         if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
             raise empty_output(config.output_prefix, rejects)
         manifests = writer.close()
@@ -205,7 +218,7 @@ class RunChecks:
 
 
 def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
-             progress: Progress) -> RunChecks:
+             progress: Progress, early) -> RunChecks:
     """Every chunk processed and written; what the certificate checked."""
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
     # per chunk handed out: (input bytes, first, span, path)
@@ -221,10 +234,9 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     chunks = itertools.chain(head, chunks)
     in_process = config.workers == 0 or len(head) < 2
     checks, checked = step.checks, RunChecks()
-    # Started before the workers and any thread (it forks): `run.certifier`.
     certifier = None
     if checks is not None and not checks.uncertified:  # (without a reference, nothing is picked)
-        certifier = Certifier(checks, beside=not in_process) if config.check_here else Certifier.keeping(step)
+        certifier = Certifier(checks, early) if config.check_here else Certifier.keeping(step)
     try:
         results = _results(step, config, chunks, in_process)
         numbers = LineNumbers()
