@@ -51,6 +51,9 @@ class _Checks:
         """`read_back`'s entries for a picked record, its chunk's documents following `documents`."""
         return []
 
+    def reference_loaded(self) -> bool:
+        return loaded(self.tokenizer.directory)
+
     def certificate(self, counts: dict, records: int, fingerprint: str) -> dict:
         """What the run proved: `counts` summed over the run, and `records` it kept."""
         spelled, checked = counts.get("records_spelled", 0), counts.get("records_checked", 0)
@@ -111,9 +114,6 @@ class TextChecks(_Checks):
         number, position, parts = item
         return [(where, k, documents + position, a, b, ours) for k, (_, ours, a, b) in enumerate(parts)]
 
-    def reference_loaded(self) -> bool:
-        return loaded(self.tokenizer.directory, chat=False)
-
     def load(self) -> None:
         self.reference.load()
 
@@ -131,9 +131,10 @@ class TextChecks(_Checks):
 
 class ChatChecks(_Checks):
     """SFT: each sample's ids spell its rendered text and its mask is its structure's; picked
-    records' samples equal transformers' apply_chat_template with the template's own Jinja."""
+    records' samples equal the template's own Jinja rendered by jinja2 as transformers'
+    apply_chat_template renders it, encoded by HF tokenizers."""
 
-    libraries = ("transformers", "tokenizers", "jinja2")
+    libraries = ("jinja2", "tokenizers")
 
     def __init__(self, step, inputs, estimates) -> None:
         super().__init__(step, inputs, estimates)
@@ -157,9 +158,6 @@ class ChatChecks(_Checks):
     def parts(self, conversation) -> list:
         """(messages, trained turns) the reference renders for each sample of a conversation."""
         return reference_samples(conversation, self.config.rendered_history)
-
-    def reference_loaded(self) -> bool:
-        return loaded(self.tokenizer.directory, chat=True)
 
     def load(self) -> None:
         self.reference.load()

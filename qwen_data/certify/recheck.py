@@ -1,7 +1,8 @@
 """`qwen-data verify --certify N`: the first N records a prefix was made from, encoded again by
-today's reference libraries (`text.reference`: HF tokenizers for pretraining, transformers'
-apply_chat_template for SFT) and compared with the ids (and loss mask) the prefix holds for them,
-so an upgrade of the libraries is one command from being known safe.
+today's reference libraries (`certify.reference`: HF tokenizers for pretraining; for SFT the
+template's Jinja rendered by jinja2 as transformers renders it, then HF tokenizers) and compared
+with the ids (and loss mask) the prefix holds for them, so an upgrade of the libraries is one
+command from being known safe.
 
 Records make documents (pretraining) or samples (SFT, one per record or, with --history split, one
 per assistant turn) in the inputs' order, less those set aside (PREFIX.rejects.jsonl names the
@@ -36,7 +37,7 @@ from .reference import (ChatReference, NotCertified, TextReference, difference, 
 from ..text.templates import TEMPLATE_NAMES, get_template
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig, TokenizerNotFound, directory_of
 
-CHAT_LIBRARIES = ("transformers", "tokenizers", "jinja2")
+CHAT_LIBRARIES = ("jinja2", "tokenizers")
 # Settings of `qwen-data sft` that change how records read and the manifest does not record.
 UNRECORDED = ("--columns", "--dataset-info", "--parse-tool-arguments")
 

@@ -1,15 +1,16 @@
 """The parity certificate: a sample of a run's records encoded a second time by the reference
 libraries and compared with our ids (and loss mask).
 
-Pretrain's reference is HF `tokenizers` on the run's tokenizer.json; SFT's is transformers'
-`apply_chat_template` with the template's own Jinja (the tokenizer folder's chat template, or the
-file `--reference-template` names; either only when its sha256 is the template's), its text encoded
-by the same HF tokenizer, and the trained spans found by rendering the conversation up to each
-trained assistant turn with and without the generation prompt (never by our masking code).
+Pretrain's reference is HF `tokenizers` on the run's tokenizer.json; SFT's is the template's own
+Jinja (the tokenizer folder's chat template, or the file `--reference-template` names; either only
+when its sha256 is the template's) rendered by jinja2 as transformers' `apply_chat_template` renders
+it (`certify.render`), its text encoded by the same HF tokenizer, and the trained spans found by
+rendering the conversation up to each trained assistant turn with and without the generation
+prompt (never by our masking code).
 
 Workers pick the records (`certify.sample`) and hand over what they made of them; the checks run
 in `run.certifier`. The reference libraries load once per process (`loaded`): ~0.7 s for HF's
-tokenizer, ~2 s with transformers. A mismatch stops the run (`CertificateError`, naming the record
+tokenizer; jinja2 compiles a template in milliseconds. A mismatch stops the run (`CertificateError`, naming the record
 and both id sequences); the manifest's `certificate` records what was checked and by which
 libraries (docs/outputs.md).
 """
@@ -25,6 +26,7 @@ import re
 from importlib import metadata
 
 from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from .render import ChatJinja, named_tokens
 
 SHOWN = 6  # ids shown either side of the first difference
 
@@ -133,12 +135,9 @@ def template_jinja(template, tokenizer_dir: str, given: str | None) -> str | Non
     if given:
         with open(given, encoding="utf-8") as f:
             candidates.append(f.read())
-    config = os.path.join(tokenizer_dir, "tokenizer_config.json")
-    if os.path.isfile(config):
-        with open(config, encoding="utf-8") as f:
-            own = json.load(f).get("chat_template")
-        if isinstance(own, str):
-            candidates.append(own)
+    own = _tokenizer_config(tokenizer_dir).get("chat_template")
+    if isinstance(own, str):
+        candidates.append(own)
     for text in candidates:
         if hashlib.sha256(text.encode("utf-8")).hexdigest() == template.sha256:
             return text
@@ -146,9 +145,9 @@ def template_jinja(template, tokenizer_dir: str, given: str | None) -> str | Non
 
 
 def reference_jinja(template, tokenizer_dir: str, given: str | None) -> str:
-    """SFT's reference Jinja (`template_jinja`); NotCertified where transformers or the Jinja is missing."""
-    if importlib.util.find_spec("transformers") is None:
-        raise NotCertified("transformers is not installed: its apply_chat_template is the reference")
+    """SFT's reference Jinja (`template_jinja`); NotCertified where jinja2 or the Jinja is missing."""
+    if importlib.util.find_spec("jinja2") is None:
+        raise NotCertified("jinja2 is not installed: it renders the template's official Jinja")
     jinja = template_jinja(template, tokenizer_dir, given)
     if jinja is None:
         raise NotCertified(f"no Jinja text of the template {template.name} (sha256 {template.sha256}) in the "
@@ -176,24 +175,16 @@ def _hf_tokenizer(path: str):
     return _LOADED["tokenizers", path]
 
 
-def _transformers_tokenizer(path: str):
-    if ("transformers", path) not in _LOADED:
-        from transformers import PreTrainedTokenizerFast  # never a download: the run's own file
-
-        _LOADED["transformers", path] = PreTrainedTokenizerFast(tokenizer_object=_hf_tokenizer(path))
-    return _LOADED["transformers", path]
-
-
-def loaded(tokenizer_dir: str, chat: bool) -> bool:
+def loaded(tokenizer_dir: str) -> bool:
     """Whether this process holds the reference for a tokenizer folder already (a process forked
-    from it inherits it)."""
-    return ("transformers" if chat else "tokenizers", os.path.join(tokenizer_dir, "tokenizer.json")) in _LOADED
+    from it inherits it): its HF tokenizer, the one part that takes long to load."""
+    return ("tokenizers", os.path.join(tokenizer_dir, "tokenizer.json")) in _LOADED
 
 
 class ChatReference:
-    """transformers' `apply_chat_template` with the template's Jinja; ids by `TextReference` (the
-    rendered text, every literal of the flavour's added tokens an id, as transformers encodes it);
-    the loss mask from renders of the conversation up to each trained turn.
+    """The template's Jinja rendered by jinja2 as transformers renders it (`render.ChatJinja`); ids by
+    `TextReference` (the rendered text, every literal of the flavour's added tokens an id, as
+    transformers encodes it); the loss mask from renders of the conversation up to each trained turn.
 
     `span` and `mask` are the run's --assistant-span and --mask; the trained characters of turn k
     (message index i) run from the end of the render of messages[:i] with the generation prompt to
@@ -210,18 +201,19 @@ class ChatReference:
         self.span, self.mask_policy, self.enable_thinking = span, mask, enable_thinking
 
     def load(self) -> None:
-        _transformers_tokenizer(os.path.join(self.directory, "tokenizer.json"))
+        self.text.load()
+        self._template  # noqa: B018 - compiled while the workers start
 
-    @property
-    def _tokenizer(self):
-        return _transformers_tokenizer(os.path.join(self.directory, "tokenizer.json"))
+    @functools.cached_property
+    def _template(self) -> ChatJinja:
+        # the named special tokens transformers hands every render (`eos_token` ...)
+        return ChatJinja(self.jinja, named_tokens(_tokenizer_config(self.directory)))
 
     def render(self, messages, tools, prompt: bool = False) -> str:
         if not messages:
             return ""
         kwargs = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        return self._tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=self.jinja,
-                                                   tokenize=False, add_generation_prompt=prompt, **kwargs)
+        return self._template.render(messages, tools or None, add_generation_prompt=prompt, **kwargs)
 
     def encode(self, messages, tools, trained: list[int]) -> tuple[list[int], list[int] | None]:
         """(ids, mask) of the sample rendering `messages`, training the assistant messages at
@@ -251,3 +243,11 @@ class ChatReference:
 
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+
+def _tokenizer_config(directory: str) -> dict:
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,5 +1,6 @@
 """The parity certificate: every pretrain and SFT manifest records a sample of records checked
-against HF tokenizers / transformers, and a record whose ids differ stops the run."""
+against the reference libraries (HF tokenizers; for SFT the template's Jinja rendered by jinja2),
+and a record whose ids differ stops the run."""
 
 import importlib.util
 import json
@@ -52,7 +53,7 @@ def test_bundled_examples_are_certified(tmp_path):
                  "--reference-template", str(oracle_dir() / "qwen3.jinja")]) == 0
     found = certificate(tmp_path / "s")
     assert found["certified"] and found["records_checked"] == 10 and found["masks_not_checked"] == 0
-    assert found["reference"]["transformers"] and found["template_sha256"]
+    assert set(found["reference"]) == {"jinja2", "tokenizers"} and found["template_sha256"]
 
 
 def test_a_changed_id_fails_the_run_naming_the_record(tmp_path, monkeypatch, capsys):
@@ -77,13 +78,14 @@ def test_a_changed_id_fails_the_run_naming_the_record(tmp_path, monkeypatch, cap
     assert "--no-certify" in certificate(tmp_path / "p")["why"]
 
 
-def test_sft_without_transformers_says_not_certified(tmp_path, monkeypatch):
+def test_sft_without_jinja2_says_not_certified(tmp_path, monkeypatch):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jinja2"
                         else find_spec(name, *a))
-    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet",
+                 "--template", "qwen3", "--reference-template", str(oracle_dir() / "qwen3.jinja")]) == 0
     found = certificate(tmp_path / "s")
-    assert found["certified"] is False and "transformers is not installed" in found["why"]
+    assert found["certified"] is False and "jinja2 is not installed" in found["why"]
 
 
 def test_merged_shards_sum_their_checks(tmp_path):
@@ -256,7 +258,7 @@ def test_verify_certify_rechecks_sft_samples_in_every_layout(tmp_path, capsys, l
         [] if truncates else [(12, 2 if "split" in layout else None)])
     assert main(["verify", prefix, "--certify", "25", *REFERENCE, reference_template()]) == 0
     recheck = certificate(prefix)["rechecks"][-1]
-    assert recheck["mismatches"] == 0 and recheck["reference"]["transformers"]
+    assert recheck["mismatches"] == 0 and set(recheck["reference"]) == {"jinja2", "tokenizers"}
     assert recheck["records_checked"] == 25 and recheck["masks_not_checked"] == 0
     assert "25 records encoded again" in capsys.readouterr().out
 
@@ -298,10 +300,10 @@ def test_verify_certify_of_sft_says_why_it_cannot(tmp_path, capsys, monkeypatch)
     assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
     assert ".rejects.jsonl (which records made no data), and it is gone" in capsys.readouterr().out
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jinja2"
                         else find_spec(name, *a))
     assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
-    assert "not certified: transformers is not installed" in capsys.readouterr().out
+    assert "not certified: jinja2 is not installed" in capsys.readouterr().out
     assert "rechecks" not in certificate(prefix)  # nothing was checked: nothing recorded
 
 
