@@ -32,8 +32,9 @@ from ..inputs.readers import LineNumbers, expand, read_chunks
 from ..text import literals
 from ..text.conversations import to_conversation
 from ..text.masking import SampleEncoder
-from .reference import (ChatReference, NotCertified, TextReference, difference, reference_jinja,
-                              reference_samples, versions)
+from .checks import CHAT_COUNTS, compare_samples
+from .messages import NotMappable, RecordReading
+from .reference import ChatReference, NotCertified, TextReference, difference, reference_jinja, versions
 from ..text.templates import TEMPLATE_NAMES, get_template
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig, TokenizerNotFound, directory_of
 
@@ -53,8 +54,9 @@ def recheck(prefix: str, count: int, reference_template: str | None = None) -> l
             sft = manifest.sft
             jinja = reference_jinja(SimpleNamespace(name=sft.template, sha256=sft.template_sha256), directory,
                                     reference_template)
+            reading = RecordReading(sft.format, "\n" if sft.input_separator is None else sft.input_separator)
             reference = ChatReference(directory, manifest.tokenizer["flavour"], jinja, sft.assistant_span,
-                                      sft.mask_policy, sft.enable_thinking)
+                                      sft.mask_policy, sft.enable_thinking, reading, sft.history)
         else:
             reference = TextReference(directory, manifest.tokenizer["flavour"], manifest.special_tokens or "text")
     except TokenizerNotFound as exc:
@@ -80,7 +82,7 @@ def _compare_documents(prefix, manifest, directory, reference, rejected, count) 
     for where, record, _ in _records(manifest, rejected, [manifest.text_key]):
         if checked == count:
             break
-        text = record.get(manifest.text_key) if isinstance(record, dict) else None
+        text = record.value.get(manifest.text_key) if isinstance(record.value, dict) else None
         if not isinstance(text, str):
             raise ValueError(f"{where} made a document but cannot be read now")
         ours, theirs = documents.document(checked)[0], reference.encode(text)[0] + [manifest.eod_id]
@@ -91,51 +93,60 @@ def _compare_documents(prefix, manifest, directory, reference, rejected, count) 
 
 
 def _compare_samples(prefix, manifest, directory, reference, rejected, count) -> tuple[dict, str | None]:
-    """The samples of the first `count` records kept, against the reference's ids and mask (cut
-    as the run cut over-long samples); records whose literals stay text are counted apart, as the
-    run's certificate counts them."""
+    """The samples of the first `count` records kept, against the samples the reference makes of
+    each record itself (cut as the run cut over-long samples); records the reference cannot map,
+    and those whose literals stay text, are counted apart, as the run's certificate counts them."""
     sft, ours = manifest.sft, _OurSamples(manifest, directory)
     stored = _stored_in_record_order(prefix, manifest, ours, rejected)
-    counts = dict.fromkeys(("records_checked", "samples_checked", "masks_not_checked",
-                            "records_with_literals_skipped"), 0)
+    counts = dict.fromkeys(CHAT_COUNTS, 0)
     first = 1 if sft.layout == "pai" else 0  # Pai's labels cannot train a sample's first token
-    for where, conversation, parts in _kept_samples(manifest, rejected):
-        if counts["records_checked"] + counts["records_with_literals_skipped"] == count:
+    seen = ("records_checked", "records_with_literals_skipped", "records_not_mappable")
+    for where, record, conversation, kept, made in _kept_samples(manifest, rejected):
+        if sum(counts[name] for name in seen) == count:
             break
-        held = [next(stored, None) for _ in parts]
+        held = [next(stored, None) for _ in kept]
         if held and held[-1] is None:
             raise ValueError(f"{where} made samples the prefix does not hold")
         if ours.keeps_literals(conversation):
             counts["records_with_literals_skipped"] += 1
             continue
+        try:
+            theirs = [_cut(ids, mask, sft) for ids, mask in reference.record_samples(_as_read(record))]
+        except NotMappable:
+            counts["records_not_mappable"] += 1
+            continue
         counts["records_checked"] += 1
-        for (k, messages, trained), (ids, mask) in zip(parts, held):
-            theirs, their_mask = reference.encode(messages, conversation.tools, trained)
-            if sft.overlong == "truncate" and sft.seq_length:
-                theirs, their_mask = theirs[:sft.seq_length], their_mask and their_mask[:sft.seq_length]
-            counts["samples_checked"] += 1
-            counts["masks_not_checked"] += their_mask is None
-            named = f"{where} (sample {k + 1})" if k or len(parts) > 1 else where
-            if not np.array_equal(ids, theirs):
-                return counts, f"{named}: {difference(ids, theirs)}"
-            if their_mask is not None and not np.array_equal(mask[first:], their_mask[first:]):
-                return counts, f"{named}: {difference(mask, their_mask, 'loss mask')}"
+        mismatch = compare_samples(where, made, [(k, *sample) for k, sample in zip(kept, held)], theirs, counts, first)
+        if mismatch:
+            return counts, mismatch
     return counts, None
 
 
+def _cut(ids, mask, sft):
+    """A sample as the run cut it: truncated to --seq-length under --overlong truncate."""
+    if sft.overlong == "truncate" and sft.seq_length:
+        return ids[:sft.seq_length], mask and mask[:sft.seq_length]
+    return ids, mask
+
+
+def _as_read(record):
+    """The record as the reference reads it: its line, or its row."""
+    return record.raw if isinstance(record.raw, bytes) else record.value
+
+
 def _kept_samples(manifest: Manifest, rejected: dict):
-    """(file:line, conversation, [(k, messages, trained turns) of each sample kept]) of every record
-    that made a sample kept, in order."""
+    """(file:line, record, our conversation of it, numbers (from 0) of its samples kept, the number
+    of samples it made) of every record that made a sample kept, in order."""
     sft = manifest.sft
     for where, record, aside in _records(manifest, rejected, None):
         try:
-            conversation = to_conversation(record, sft.format, input_separator=sft.input_separator)
+            conversation = to_conversation(record.value, sft.format, input_separator=sft.input_separator)
         except ValueError as exc:
             raise ValueError(f"{where} made samples but cannot be read now: {exc}") from None
-        parts = [(k, *part) for k, part in enumerate(reference_samples(conversation, sft.history))
-                 if k + 1 not in aside]
-        if parts:
-            yield where, conversation, parts
+        made = len(conversation.assistant_indices) if sft.history == "split" else 1
+        kept = [k for k in range(made) if k + 1 not in aside]
+        if kept:
+            yield where, record, conversation, kept, made
 
 
 class _OurSamples:
@@ -161,11 +172,11 @@ class _OurSamples:
         """The length of every sample kept, record after record, as the run cut it."""
         sft = self.manifest.sft
         encoder = SampleEncoder(self.tokenizer, sft.assistant_span, sft.mask_policy)
-        for where, conversation, parts in _kept_samples(self.manifest, rejected):
+        for where, _, conversation, kept, _ in _kept_samples(self.manifest, rejected):
             samples = literals.render(self.template, conversation,
                                       self.acted_on if self.keeps_literals(conversation) else None, sft.history,
                                       sft.enable_thinking)
-            encoded = encoder.encode([samples[k] for k, _, _ in parts])
+            encoded = encoder.encode([samples[k] for k in kept])
             refused = next((e for e in encoded if isinstance(e, Exception)), None)
             if refused is not None:
                 raise ValueError(f"{where}: our encoder now refuses a sample the run kept: {refused}")
@@ -208,7 +219,7 @@ def _stored_in_record_order(prefix: str, manifest: Manifest, ours: _OurSamples, 
 
 
 def _records(manifest: Manifest, rejected: dict, columns: list[str] | None):
-    """(file:line, record, numbers of its samples set aside) of every record not set aside whole, in order."""
+    """(file:line, `Record`, numbers of its samples set aside) of every record not set aside whole, in order."""
     sources = expand([entry["path"] for entry in manifest.inputs])
     numbers = LineNumbers()
     for chunk in read_chunks(sources, columns=columns):
@@ -221,7 +232,7 @@ def _records(manifest: Manifest, rejected: dict, columns: list[str] | None):
                 continue
             if record.error is not None:
                 raise ValueError(f"{where} made data but cannot be read now")
-            yield where, record.value, aside
+            yield where, record, aside
 
 
 def _inputs_unchanged(prefix: str, manifest: Manifest) -> list[str]:

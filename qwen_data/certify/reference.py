@@ -26,6 +26,7 @@ import re
 from importlib import metadata
 
 from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from .messages import NotMappable, RecordReading, read_record
 from .render import ChatJinja, named_tokens
 
 SHOWN = 6  # ids shown either side of the first difference
@@ -155,10 +156,10 @@ def reference_jinja(template, tokenizer_dir: str, given: str | None) -> str:
     return jinja
 
 
-def reference_samples(conversation, history: str) -> list[tuple[list, list[int]]]:
+def reference_samples(messages: list[dict], history: str) -> list[tuple[list, list[int]]]:
     """(messages rendered, indices of the assistant messages trained) of each sample a conversation
     makes under the run's rendered history (`SFTConfig.rendered_history`), in order."""
-    messages, turns = conversation.messages, conversation.assistant_indices
+    turns = [i for i, message in enumerate(messages) if message.get("role") == "assistant"]
     if history == "split":
         return [(messages[:i + 1], [i]) for i in turns]
     return [(messages, turns if history == "rendered" else turns[-1:])]
@@ -195,10 +196,20 @@ class ChatReference:
     the sample's mask unchecked (counted apart).
     """
 
-    def __init__(self, directory: str, flavour: str, jinja: str, span: str, mask: str, enable_thinking) -> None:
+    def __init__(self, directory: str, flavour: str, jinja: str, span: str, mask: str, enable_thinking,
+                 reading: RecordReading, history: str) -> None:
+        """`reading`: how the run reads a record; `history`: its rendered history."""
         self.directory, self.jinja = directory, jinja
         self.text = TextReference(directory, flavour, "parse")
         self.span, self.mask_policy, self.enable_thinking = span, mask, enable_thinking
+        self.reading, self.history = reading, history
+
+    def record_samples(self, source) -> list[tuple[list[int], list[int] | None]]:
+        """(ids, mask) of each sample a record makes, from the record itself (`messages.read_record`,
+        `RecordReading`), never from our parser's conversation; NotMappable where the documented
+        mapping or the template cannot take it."""
+        messages, tools = self.reading.messages(read_record(source))
+        return [self.encode(part, tools, trained) for part, trained in reference_samples(messages, self.history)]
 
     def load(self) -> None:
         self.text.load()
@@ -213,7 +224,10 @@ class ChatReference:
         if not messages:
             return ""
         kwargs = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        return self._template.render(messages, tools or None, add_generation_prompt=prompt, **kwargs)
+        try:
+            return self._template.render(messages, tools or None, add_generation_prompt=prompt, **kwargs)
+        except _refusals() as why:  # e.g. Qwen2's template on a message without content
+            raise NotMappable(f"the template refuses the messages: {why}") from None
 
     def encode(self, messages, tools, trained: list[int]) -> tuple[list[int], list[int] | None]:
         """(ids, mask) of the sample rendering `messages`, training the assistant messages at
@@ -251,3 +265,11 @@ def _tokenizer_config(directory: str) -> dict:
         return {}
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def _refusals() -> tuple:
+    """What a template raises on messages it cannot render: its own errors, and a value tojson
+    cannot write (an attribute the messages lack)."""
+    from jinja2 import TemplateError
+
+    return TemplateError, TypeError

@@ -492,3 +492,115 @@ def test_a_merge_refuses_a_part_whose_recheck_found_a_mismatch(tmp_path, capsys)
     assert main(["merge", *parts, "-o", str(tmp_path / "bad"), "--quiet"]) == 2
     assert f"{parts[1]}: its certificate records ids that differ" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "bad.json")
+
+
+# -- the reference reads each record itself ----------------------------------------------------------
+def qwen2p5(*args):
+    return [*args, "--quiet", "--template", "qwen2p5", "--reference-template", reference_template()]
+
+
+def wrapped_parser(monkeypatch, change):
+    """`to_conversation` as the SFT step uses it, its conversations changed by `change(record, conversation)`."""
+    from qwen_data.steps import sft
+
+    parse = sft.to_conversation
+
+    def changed(record, *args, **kwargs):
+        conversation = parse(record, *args, **kwargs)
+        change(record, conversation)
+        return conversation
+
+    monkeypatch.setattr(sft, "to_conversation", changed)
+
+
+def test_a_parser_that_drops_system_messages_fails_the_run(tmp_path, monkeypatch, capsys):
+    """Both sides rendered our own parse once, so a bug there passed; the reference now maps the
+    record itself."""
+    chats = [json.loads(line) for line in open(os.path.join(EXAMPLES, "chats.jsonl"), encoding="utf-8")]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "ok"))) == 0
+
+    def drop_system(record, conversation):
+        conversation.messages[:] = [m for m in conversation.messages if m["role"] != "system"]
+
+    wrapped_parser(monkeypatch, drop_system)
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "bad"), "--workers", "1")) == 2
+    assert f"{corpus}:4: our ids differ from the reference's" in capsys.readouterr().err  # alpaca's system
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("bad")]
+
+
+def test_an_alpaca_input_joined_otherwise_fails_the_run(tmp_path, monkeypatch, capsys):
+    chats = [json.loads(line) for line in open(os.path.join(EXAMPLES, "chats.jsonl"), encoding="utf-8")]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+
+    def joined_by_space(record, conversation):
+        if record.get("input"):
+            conversation.messages[-2]["content"] = record["instruction"] + " " + record["input"]
+
+    wrapped_parser(monkeypatch, joined_by_space)
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "bad"), "--workers", "1")) == 2
+    assert f"{corpus}:2: our ids differ from the reference's" in capsys.readouterr().err
+    # Pai's layout joins with nothing: the reference reads the run's --input-separator
+    monkeypatch.undo()
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "pai"), "--layout", "pai", "--seq-length", "512")) == 0
+    assert certificate(tmp_path / "pai")["records_checked"] == len(chats)
+
+
+SHAPES = [  # every documented shape of a record, each read by the reference on its own
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "parts "}, {"type": "text", "value": "b"}]},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+                      {"name": "g", "arguments": {"y": "é"}}]},
+                  {"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"},
+                  {"role": "assistant", "thinking": "hm", "content": "done", "weight": 1}],
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    {"instruction": "I", "input": None, "output": "O", "system": "", "history": [["u", "a"], ["u2", "a2"]]},
+    {"instruction": "", "input": "only input", "output": "O", "system": "S"},
+    {"conversations": [{"from": "human", "value": "w?"},
+                       {"from": "function_call", "value": "<think>t</think>{\"name\": \"f\", \"arguments\": {}}"},
+                       {"from": "observation", "value": "sunny"}, {"from": "gpt", "value": "sun"}],
+     "system": "field", "tools": json.dumps([{"name": "f", "parameters": {}}])},
+    {"conversations": [{"from": "system", "value": "first wins"}, {"from": "user", "value": "q"},
+                       {"from": "function_call", "value": [{"name": "a", "arguments": "{}"}, {"name": "b",
+                                                                                              "arguments": {}}]},
+                       {"from": "tool", "value": [{"type": "text", "text": "x"}]}, {"from": "assistant", "value": "y"}],
+     "system": "ignored"},
+]
+UNMAPPED = [  # what our parser takes and the documented mapping does not: counted, never called checked
+    {"messages": [{"role": "human", "content": "alias"}, {"role": "gpt", "content": "a"}]},
+    {"messages": [{"from": "user", "value": "sharegpt keys"}, {"from": "assistant", "value": "a"}]},
+    {"messages": [{"role": "user", "content": "q"},
+                  {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "parameters": {}}]}]},
+]
+
+
+@pytest.mark.parametrize("template,history", [("qwen2p5", "rendered"), ("qwen3", "split"), ("qwen3", "rendered")])
+@pytest.mark.parametrize("arguments", [[], ["--parse-tool-arguments"]])
+def test_every_documented_record_shape_is_checked_from_the_record(tmp_path, template, history, arguments):
+    corpus = write_jsonl(tmp_path / "c.jsonl", SHAPES + UNMAPPED)
+    jinja = {"qwen2p5": reference_template(), "qwen3": str(oracle_dir() / "qwen3.jinja")}[template]
+    assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--quiet", "--template", template, "--history", history,
+                 "--reference-template", jinja, *arguments]) == 0
+    found = certificate(tmp_path / "s")
+    assert found["certified"] and found["records_checked"] == len(SHAPES)
+    assert found["records_not_mappable"] == len(UNMAPPED) and found["records_through_columns"] == 0
+    assert found["lines_checked"] == {corpus: f"1-{len(SHAPES)}"}
+
+
+def test_records_read_through_columns_are_counted(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"q": f"question {k}", "a": f"answer {k}", "sys": "S"}
+                                                for k in range(4)])
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "s"), "--columns",
+                        "instruction=q,output=a,system=sys")) == 0
+    found = certificate(tmp_path / "s")
+    assert found["certified"] and found["records_checked"] == found["records_through_columns"] == 4
+
+
+def test_verify_certify_reads_each_record_itself(tmp_path, monkeypatch, capsys):
+    chats = [json.loads(line) for line in open(os.path.join(EXAMPLES, "chats.jsonl"), encoding="utf-8")]
+    corpus, prefix = write_jsonl(tmp_path / "c.jsonl", chats), str(tmp_path / "s")
+    wrapped_parser(monkeypatch, lambda record, conversation: conversation.messages.__setitem__(
+        slice(None), [m for m in conversation.messages if m["role"] != "system"]))
+    assert main(qwen2p5("sft", corpus, "-o", prefix, "--no-certify")) == 0
+    assert main(["verify", prefix, "--certify", "10", *REFERENCE, reference_template()]) == 1
+    assert f"{corpus}:4: our ids differ from the reference's" in capsys.readouterr().out
