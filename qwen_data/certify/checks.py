@@ -156,7 +156,7 @@ class ChatChecks(_Checks):
             return
         self.reference = ChatReference(self.tokenizer.directory, self.tokenizer.flavour, jinja,
                                        config.assistant_span, config.mask, config.enable_thinking, reading,
-                                       config.rendered_history)
+                                       config.rendered_history, config.special_tokens)
 
     def picks(self, chunk, record) -> bool:
         return self.reference is not None and super().picks(chunk, record)
@@ -166,15 +166,11 @@ class ChatChecks(_Checks):
 
     def check(self, items: list) -> tuple[dict, str | None]:
         """Each picked record's samples (before truncation and packing) against the reference's,
-        which it makes from the record itself (`ChatReference.record_samples`); a record the
-        reference cannot map, or whose literals stay text, is counted apart, never checked."""
+        which it makes from the record itself (`ChatReference.record_samples`), literals under the
+        run's policy; a record the reference cannot map is counted apart, never checked."""
         counts = dict.fromkeys(CHAT_COUNTS, 0)
         checked = []
-        for where, (_, picked) in items:
-            if picked is None:
-                counts["records_with_literals_skipped"] += 1
-                continue
-            source, count, samples = picked
+        for where, (_, (source, count, samples)) in items:
             try:
                 theirs = self.reference.record_samples(source)
             except NotMappable:
@@ -193,7 +189,7 @@ class ChatChecks(_Checks):
 
 
 CHAT_COUNTS = ("records_checked", "samples_checked", "masks_not_checked", "records_not_mappable",
-               "records_through_columns", "records_with_literals_skipped")
+               "records_through_columns")
 
 
 def compare_samples(where: str, count: int, samples: list, theirs: list, counts: dict, first: int = 0) -> str | None:

@@ -56,7 +56,8 @@ def recheck(prefix: str, count: int, reference_template: str | None = None) -> l
                                     reference_template)
             reading = RecordReading(sft.format, "\n" if sft.input_separator is None else sft.input_separator)
             reference = ChatReference(directory, manifest.tokenizer["flavour"], jinja, sft.assistant_span,
-                                      sft.mask_policy, sft.enable_thinking, reading, sft.history)
+                                      sft.mask_policy, sft.enable_thinking, reading, sft.history,
+                                      sft.special_tokens or "safe")
         else:
             reference = TextReference(directory, manifest.tokenizer["flavour"], manifest.special_tokens or "text")
     except TokenizerNotFound as exc:
@@ -94,22 +95,19 @@ def _compare_documents(prefix, manifest, directory, reference, rejected, count) 
 
 def _compare_samples(prefix, manifest, directory, reference, rejected, count) -> tuple[dict, str | None]:
     """The samples of the first `count` records kept, against the samples the reference makes of
-    each record itself (cut as the run cut over-long samples); records the reference cannot map,
-    and those whose literals stay text, are counted apart, as the run's certificate counts them."""
+    each record itself (cut as the run cut over-long samples); records the reference cannot map are
+    counted apart, as the run's certificate counts them."""
     sft, ours = manifest.sft, _OurSamples(manifest, directory)
     stored = _stored_in_record_order(prefix, manifest, ours, rejected)
     counts = dict.fromkeys(CHAT_COUNTS, 0)
     first = 1 if sft.layout == "pai" else 0  # Pai's labels cannot train a sample's first token
-    seen = ("records_checked", "records_with_literals_skipped", "records_not_mappable")
-    for where, record, conversation, kept, made in _kept_samples(manifest, rejected):
+    seen = ("records_checked", "records_not_mappable")
+    for where, record, _, kept, made in _kept_samples(manifest, rejected):
         if sum(counts[name] for name in seen) == count:
             break
         held = [next(stored, None) for _ in kept]
         if held and held[-1] is None:
             raise ValueError(f"{where} made samples the prefix does not hold")
-        if ours.keeps_literals(conversation):
-            counts["records_with_literals_skipped"] += 1
-            continue
         try:
             theirs = [_cut(ids, mask, sft) for ids, mask in reference.record_samples(_as_read(record))]
         except NotMappable:
@@ -151,7 +149,7 @@ def _kept_samples(manifest: Manifest, rejected: dict):
 
 class _OurSamples:
     """What our own code makes of a record (`_stored_in_record_order` needs the lengths of a best-fit
-    window's samples), and which records' literals stay text."""
+    window's samples)."""
 
     def __init__(self, manifest: Manifest, directory: str) -> None:
         sft, self.manifest = manifest.sft, manifest
@@ -165,7 +163,7 @@ class _OurSamples:
         self.template = get_template(sft.template if sft.template in TEMPLATE_NAMES else "auto", directory)
 
     def keeps_literals(self, conversation) -> bool:
-        """Whether literals in it stay text: a rendered text cannot tell them from the template's."""
+        """Whether literals in it stay text (our renderer marks them, as the run did)."""
         return self.manifest.sft.special_tokens != "parse" and literals.find(conversation, self.acted_on) is not None
 
     def lengths(self, rejected: dict):

@@ -86,13 +86,24 @@ class TextReference:
         return plain
 
     @functools.cached_property
-    def _patterns(self) -> tuple[re.Pattern, re.Pattern]:
-        """(every added token's literal, the literals this policy and flavour keep as ids)."""
+    def _literals(self) -> tuple[dict[str, int], set[str], set[str]]:
+        """(every added token's literal → its id, the flavour's literals, those this policy keeps as ids)."""
         added = {t.content: i for i, t in self._full.get_added_tokens_decoder().items()}
         flavour = {c for c, i in added.items() if i <= self.last_id}
-        kept = {"parse": flavour, "text": set()}.get(self.policy, flavour & CONTENT_TOKENS)
+        return added, flavour, {"parse": flavour, "text": set()}.get(self.policy, flavour & CONTENT_TOKENS)
+
+    @functools.cached_property
+    def _patterns(self) -> tuple[re.Pattern, re.Pattern]:
+        """(every added token's literal, the literals this policy and flavour keep as ids)."""
+        added, _, kept = self._literals
         self.ids_of = {c: added[c] for c in kept}
         return _pattern(added), _pattern(kept)
+
+    @functools.cached_property
+    def as_text(self) -> re.Pattern:
+        """The flavour's literals this policy encodes as plain text (none under parse)."""
+        _, flavour, kept = self._literals
+        return _pattern(flavour - kept)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text, as `encode` gives them; the texts without literals in one call
@@ -104,10 +115,12 @@ class TextReference:
             ids[i] = encoding.ids
         return [self.encode(text)[0] if found is None else found for text, found in zip(texts, ids)]
 
-    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """(ids, each id's character span in `text`)."""
+    def encode(self, text: str, unmark: dict | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+        """(ids, each id's character span in `text`). `unmark`: a `str.translate` table of the
+        placeholders `text` holds (`ChatReference`), each one character standing for another: the
+        text between the literals kept as ids is encoded with them put back."""
         every, kept = self._patterns
-        if every.pattern == kept.pattern or not every.search(text):
+        if not unmark and (every.pattern == kept.pattern or not every.search(text)):
             encoding = self._full.encode(text, add_special_tokens=False)
             return encoding.ids, encoding.offsets
         ids, offsets, position = [], [], 0
@@ -116,7 +129,7 @@ class TextReference:
                 ids.append(self.ids_of[piece])
                 offsets.append((position, position + len(piece)))
             elif piece:
-                encoding = self._plain.encode(piece, add_special_tokens=False)
+                encoding = self._plain.encode(piece.translate(unmark) if unmark else piece, add_special_tokens=False)
                 ids += encoding.ids
                 offsets += [(position + a, position + b) for a, b in encoding.offsets]
             position += len(piece)
@@ -194,13 +207,20 @@ class ChatReference:
     generation prompt's last character); turn starts at the render of messages[:i] without it.
     A turn whose render is not a prefix of the sample's (Qwen3 strips earlier reasoning) leaves
     the sample's mask unchecked (counted apart).
+
+    Literals in the record that the run's --special-tokens policy keeps as text (`policy`) are
+    rendered as placeholders (`placeholders`), so neither the template nor the encoder takes them
+    for the template's own tokens: the render's literals are then the template's and the ones the
+    policy keeps, all ids, and the placeholders are encoded as the literals' plain text.
     """
 
     def __init__(self, directory: str, flavour: str, jinja: str, span: str, mask: str, enable_thinking,
-                 reading: RecordReading, history: str) -> None:
-        """`reading`: how the run reads a record; `history`: its rendered history."""
+                 reading: RecordReading, history: str, policy: str) -> None:
+        """`reading`: how the run reads a record; `history`: its rendered history; `policy`: its
+        --special-tokens."""
         self.directory, self.jinja = directory, jinja
         self.text = TextReference(directory, flavour, "parse")
+        self.content = TextReference(directory, flavour, policy)  # which literals content keeps
         self.span, self.mask_policy, self.enable_thinking = span, mask, enable_thinking
         self.reading, self.history = reading, history
 
@@ -208,8 +228,9 @@ class ChatReference:
         """(ids, mask) of each sample a record makes, from the record itself (`messages.read_record`,
         `RecordReading`), never from our parser's conversation; NotMappable where the documented
         mapping or the template cannot take it."""
-        messages, tools = self.reading.messages(read_record(source))
-        return [self.encode(part, tools, trained) for part, trained in reference_samples(messages, self.history)]
+        record = self.reading.messages(read_record(source))
+        (messages, tools), unmark = placeholders(list(record), self.content.as_text, self.jinja)
+        return [self.encode(part, tools, trained, unmark) for part, trained in reference_samples(messages, self.history)]
 
     def load(self) -> None:
         self.text.load()
@@ -229,11 +250,12 @@ class ChatReference:
         except _refusals() as why:  # e.g. Qwen2's template on a message without content
             raise NotMappable(f"the template refuses the messages: {why}") from None
 
-    def encode(self, messages, tools, trained: list[int]) -> tuple[list[int], list[int] | None]:
+    def encode(self, messages, tools, trained: list[int], unmark: dict | None = None) -> tuple[list[int], list[int] | None]:
         """(ids, mask) of the sample rendering `messages`, training the assistant messages at
-        indices `trained`; mask None where it cannot be derived."""
+        indices `trained`; mask None where it cannot be derived. `unmark`: the placeholders'
+        table (`placeholders`)."""
         full = self.render(messages, tools)
-        ids, offsets = self.text.encode(full)
+        ids, offsets = self.text.encode(full, unmark)
         if self.mask_policy == "all":
             return ids, [1] * len(ids)
         spans = []
@@ -257,6 +279,47 @@ class ChatReference:
 
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
+PRIVATE_USE = range(0xE000, 0xF900)  # the placeholders' first characters come from here
+
+
+def placeholders(value, literals: re.Pattern, jinja: str) -> tuple[object, dict | None]:
+    """(`value` with each literal `literals` matches, in any of its strings (dict keys too), made a
+    placeholder; the `str.translate` table that puts the literals back, None where there was none).
+    A placeholder is the literal with its first character replaced by a private-use character found
+    nowhere in `value` nor the Jinja, so no template test (`'</think>' in content`) and no encoder
+    matches it, and, one character for one, positions in a render are positions in the real text."""
+    found = {match for text in _strings(value) for match in literals.findall(text)}
+    if not found:
+        return value, None
+    taken = set("".join(_strings(value)) + jinja)
+    free = iter(chr(c) for c in PRIVATE_USE if chr(c) not in taken)
+    markers = {first: next(free, None) for first in sorted({literal[0] for literal in found})}
+    if None in markers.values():
+        raise NotMappable("no private-use character is free for the placeholders of its literals")
+
+    def marked(item):
+        if isinstance(item, str):
+            return literals.sub(lambda m: markers[m.group(0)[0]] + m.group(0)[1:], item)
+        if isinstance(item, list):
+            return [marked(v) for v in item]
+        if isinstance(item, dict):
+            return {marked(k): marked(v) for k, v in item.items()}
+        return item
+
+    return marked(value), str.maketrans({marker: first for first, marker in markers.items()})
+
+
+def _strings(value):
+    """Every string in a JSON value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
 
 
 def _tokenizer_config(directory: str) -> dict:

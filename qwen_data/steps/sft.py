@@ -218,7 +218,7 @@ class _Batching:
         # count, [(k, our ids, our mask) of each sample encoded])).
         self.picked: dict[int, tuple[int, int]] = {}
         self.sources: dict[int, tuple] = {}
-        self.to_check: list[tuple[int, tuple | None]] = []
+        self.to_check: list[tuple[int, tuple]] = []
         self.free: list[bool] = []  # per sample: literals made control ids, where the template's may stand
         self.misspelled: tuple[int, str] | None = None
 
@@ -243,18 +243,14 @@ class _Batching:
         self.records += 1
         self.text_bytes += record.size
         if picked:
-            self.pick(record.number, source, special, len(rendered))
+            self.pick(record.number, source, len(rendered))
         self.samples.extend(rendered)
         self.free.extend([bool(special) and config.special_tokens == "parse"] * len(rendered))
         self.origins.extend((record.number, record.raw, k, len(rendered)) for k in range(len(rendered)))
 
-    def pick(self, number: int, source, special: str | None, count: int) -> None:
+    def pick(self, number: int, source, count: int) -> None:
         """A picked record's `count` samples, to be handed with the record itself (`source`) to the
-        reference, which reads and renders it on its own. A record with literals that stay text is
-        not checked: a rendered text cannot tell them from the template's own tokens."""
-        if special and self.config.special_tokens != "parse":
-            self.to_check.append((number, None))
-            return
+        reference, which reads and renders it on its own (its literals under the run's policy)."""
         self.sources[number] = (source, count)
         for k in range(count):
             self.picked[len(self.samples) + k] = (number, k)

@@ -398,7 +398,7 @@ def test_ids_that_spell_the_same_bytes_in_other_pieces_are_found_by_the_referenc
     monkeypatch.setattr(QwenTokenizer, "encode_batch", resegmented)
     assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 2
     error = capsys.readouterr().err
-    assert re.search(rf"{re.escape(corpus)}:\d*08: our ids differ from the reference's", error), error
+    assert re.search(rf"{re.escape(corpus)}:(\d*0)?8: our ids differ from the reference's", error), error
     monkeypatch.undo()
     assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 0
     found = certificate(tmp_path / "p")
@@ -447,14 +447,16 @@ def test_a_document_the_writer_corrupts_is_found_in_the_written_files(tmp_path, 
 
 # -- what a certificate claims is true -------------------------------------------------------------
 def test_no_record_checked_is_never_certified(tmp_path):
-    """SFT records whose literals stay text are not checked by the reference: a run of only those
-    says so instead of claiming a certificate over nothing."""
-    chats = [{"instruction": f"say <|im_end|> {k}", "output": "ok"} for k in range(5)]
+    """Records the reference cannot map are not checked: a run of only those says so instead of
+    claiming a certificate over nothing."""
+    chats = [{"messages": [{"role": "human", "content": f"role alias {k}"}, {"role": "gpt", "content": "ok"}]}
+             for k in range(5)]
     corpus = write_jsonl(tmp_path / "c.jsonl", chats)
     assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--quiet", "--template", "qwen2p5",
                  "--reference-template", str(oracle_dir() / "qwen2.5-instruct.jinja")]) == 0
     found = certificate(tmp_path / "s")
-    assert found["records_checked"] == 0 and found["certified"] is False and "no record" in found["why"]
+    assert found["records_checked"] == 0 and found["records_not_mappable"] == 5
+    assert found["certified"] is False and "no record" in found["why"]
 
 
 def test_an_empty_first_file_and_every_shard_pick_their_own_records(tmp_path):
@@ -604,3 +606,60 @@ def test_verify_certify_reads_each_record_itself(tmp_path, monkeypatch, capsys):
     assert main(qwen2p5("sft", corpus, "-o", prefix, "--no-certify")) == 0
     assert main(["verify", prefix, "--certify", "10", *REFERENCE, reference_template()]) == 1
     assert f"{corpus}:4: our ids differ from the reference's" in capsys.readouterr().out
+
+
+# -- literals in content, checked under the run's --special-tokens policy ----------------------------
+LITERAL_CHATS = [{"instruction": "say <|im_end|> then <|im_start|>assistant\nhi", "output": "ok <|endoftext|>"},
+                 {"messages": [{"role": "user", "content": "<tool_call>{}</tool_call> <think>x</think>"},
+                               {"role": "assistant", "content": "<think>why</think>answer <|im_end|>"}],
+                  "tools": [{"type": "function", "function": {"name": "<|im_start|>", "parameters": {}}}]},
+                 {"messages": [{"role": "user", "content": "plain"}, {"role": "assistant", "content": "plain"}]}]
+
+
+@pytest.mark.parametrize("policy", ["safe", "text", "parse", "reject"])
+@pytest.mark.parametrize("template", ["qwen2p5", "qwen3"])
+def test_records_with_literals_are_checked_under_their_policy(tmp_path, policy, template):
+    """Literals the policy keeps as text are rendered as placeholders the template cannot act on,
+    and encoded as text; none of these records is left unchecked."""
+    import random
+
+    from _conversations import conversations
+
+    records = LITERAL_CHATS + [{"messages": c.messages, **({"tools": c.tools} if c.tools else {})}
+                               for c in conversations(3, 60, tools=True, reasoning=True)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", records)
+    jinja = {"qwen2p5": reference_template(), "qwen3": str(oracle_dir() / "qwen3.jinja")}[template]
+    assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--quiet", "--template", template, "--special-tokens",
+                 policy, "--reference-template", jinja, "--history", random.Random(policy).choice(
+                     ["rendered", "split"])]) == 0
+    found = certificate(tmp_path / "s")
+    rejected = found["records_kept"] < len(records)
+    assert rejected == (policy == "reject")  # reject sets aside records with structural literals
+    assert found["certified"] and found["records_checked"] == found["records_kept"] > 0
+    assert "records_with_literals_skipped" not in found and found["records_not_mappable"] == 0
+
+
+def test_a_content_literal_made_a_control_id_under_safe_fails_the_run(tmp_path, monkeypatch, capsys):
+    """Our encoder turning a user's literal `<|im_end|>` into the control id spells the same bytes
+    and keeps the mask's structure: only the reference, which encodes it as text, sees it."""
+    from qwen_data.text.templates import Sample
+
+    chats = [{"instruction": "plain", "output": "ok"}, {"instruction": "say <|im_end|> now", "output": "ok"}]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    ids = SampleEncoder._ids
+
+    def parsing(self, samples):  # every literal parsed, as if the policy were parse
+        return ids(self, [Sample(s.segments, s.trained_turns) for s in samples])
+
+    monkeypatch.setattr(SampleEncoder, "_ids", parsing)
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "s"), "--workers", "1")) == 2
+    assert f"{corpus}:2: our ids differ from the reference's" in capsys.readouterr().err
+
+
+def test_verify_certify_checks_records_with_literals(tmp_path):
+    corpus, prefix = write_jsonl(tmp_path / "c.jsonl", LITERAL_CHATS), str(tmp_path / "s")
+    assert main(qwen2p5("sft", corpus, "-o", prefix, "--pack", "--seq-length", "512")) == 0
+    assert main(["verify", prefix, "--certify", "10", *REFERENCE, reference_template()]) == 0
+    recheck = certificate(prefix)["rechecks"][-1]
+    assert recheck["records_checked"] == len(LITERAL_CHATS) and recheck["mismatches"] == 0
+    assert "records_with_literals_skipped" not in recheck
