@@ -123,7 +123,7 @@ def _compare_samples(prefix, manifest, directory, reference, rejected, count) ->
 def _cut(ids, mask, sft):
     """A sample as the run cut it: truncated to --seq-length under --overlong truncate."""
     if sft.overlong == "truncate" and sft.seq_length:
-        return ids[:sft.seq_length], mask and mask[:sft.seq_length]
+        return ids[:sft.seq_length], None if mask is None else mask[:sft.seq_length]
     return ids, mask
 
 

@@ -25,6 +25,8 @@ import os
 import re
 from importlib import metadata
 
+import numpy as np
+
 from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 from .messages import NotMappable, RecordReading, read_record
 from .render import ChatJinja, named_tokens
@@ -124,8 +126,8 @@ class TextReference:
             encoding = self._full.encode(text, add_special_tokens=False)
             return encoding.ids, encoding.offsets
         ids, offsets, position = [], [], 0
-        for piece in kept.split(text) + [""]:
-            if piece in self.ids_of and kept.fullmatch(piece):
+        for k, piece in enumerate(kept.split(text)):  # text, literal, text, ...: the literals at odd places
+            if k % 2:
                 ids.append(self.ids_of[piece])
                 offsets.append((position, position + len(piece)))
             elif piece:
@@ -224,13 +226,20 @@ class ChatReference:
         self.span, self.mask_policy, self.enable_thinking = span, mask, enable_thinking
         self.reading, self.history = reading, history
 
-    def record_samples(self, source) -> list[tuple[list[int], list[int] | None]]:
+    def record_samples(self, source) -> list[tuple[list[int], np.ndarray | None]]:
         """(ids, mask) of each sample a record makes, from the record itself (`messages.read_record`,
         `RecordReading`), never from our parser's conversation; NotMappable where the documented
         mapping or the template cannot take it."""
         record = self.reading.messages(read_record(source))
         (messages, tools), unmark = placeholders(list(record), self.content.as_text, self.jinja)
-        return [self.encode(part, tools, trained, unmark) for part, trained in reference_samples(messages, self.history)]
+
+        # Every sample and every turn's span is a render of the record's first n messages: each once.
+        @functools.lru_cache(maxsize=None)
+        def rendered(n: int, prompt: bool = False) -> str:
+            return self.render(messages[:n], tools, prompt)
+
+        return [self._sample(rendered, len(part), trained, unmark)
+                for part, trained in reference_samples(messages, self.history)]
 
     def load(self) -> None:
         self.text.load()
@@ -250,32 +259,46 @@ class ChatReference:
         except _refusals() as why:  # e.g. Qwen2's template on a message without content
             raise NotMappable(f"the template refuses the messages: {why}") from None
 
-    def encode(self, messages, tools, trained: list[int], unmark: dict | None = None) -> tuple[list[int], list[int] | None]:
-        """(ids, mask) of the sample rendering `messages`, training the assistant messages at
-        indices `trained`; mask None where it cannot be derived. `unmark`: the placeholders'
-        table (`placeholders`)."""
-        full = self.render(messages, tools)
+    def _sample(self, rendered, n: int, trained: list[int], unmark: dict | None) -> tuple[list[int], np.ndarray | None]:
+        """(ids, mask) of the sample rendering the record's first `n` messages (`rendered(n, prompt)`),
+        training the assistant messages at indices `trained`; mask None where it cannot be derived.
+        `unmark`: the placeholders' table (`placeholders`)."""
+        full = rendered(n)
         ids, offsets = self.text.encode(full, unmark)
         if self.mask_policy == "all":
-            return ids, [1] * len(ids)
-        spans = []
-        for i in trained:
-            before, prompt = self.render(messages[:i], tools), self.render(messages[:i], tools, True)
-            upto = self.render(messages[:i + 1], tools)
-            if not (full.startswith(upto) and upto.startswith(prompt) and prompt.startswith(before)):
-                return ids, None
-            start, end = len(prompt), len(upto)
-            if self.enable_thinking is False and upto.startswith(EMPTY_THINK, start):
-                start += len(EMPTY_THINK)  # non-thinking data: the empty think block is prompt
-            if self.span == "im_end":
-                end -= len(upto) - len(upto.rstrip("\n"))
-            elif self.span == "trl":
-                start -= 1
-            elif self.span == "turn":
-                start = len(before)
-            spans.append((start, end))
-        mask = [int(any(a < e and s < b for s, e in spans)) for a, b in offsets]
-        return ids, mask
+            return ids, np.ones(len(ids), dtype=np.uint8)
+        spans = [self._span(rendered, full, i) for i in trained]
+        return ids, None if None in spans else _token_mask(offsets, spans)
+
+    def _span(self, rendered, full: str, i: int) -> tuple[int, int] | None:
+        """The trained characters of the assistant message at index `i` in the sample's render `full`;
+        None where the render up to it is not a prefix of `full`."""
+        prompt, upto = rendered(i, True), rendered(i + 1)
+        if not (full.startswith(upto) and upto.startswith(prompt)):
+            return None
+        start, end = len(prompt), len(upto)
+        if self.enable_thinking is False and upto.startswith(EMPTY_THINK, start):
+            start += len(EMPTY_THINK)  # non-thinking data: the empty think block is prompt
+        if self.span == "im_end":
+            end -= len(upto) - len(upto.rstrip("\n"))
+        elif self.span == "trl":
+            start -= 1
+        elif self.span == "turn":
+            before = rendered(i)
+            if not prompt.startswith(before):
+                return None
+            start = len(before)
+        return start, end
+
+
+def _token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token (its character span in `offsets`) that touches a trained span, as
+    transformers' assistant mask marks every token touching one."""
+    bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    mask = np.zeros(len(bounds), dtype=bool)
+    for start, end in spans:
+        mask |= (bounds[:, 0] < end) & (bounds[:, 1] > start)
+    return mask.astype(np.uint8)
 
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
@@ -288,10 +311,13 @@ def placeholders(value, literals: re.Pattern, jinja: str) -> tuple[object, dict 
     A placeholder is the literal with its first character replaced by a private-use character found
     nowhere in `value` nor the Jinja, so no template test (`'</think>' in content`) and no encoder
     matches it, and, one character for one, positions in a render are positions in the real text."""
-    found = {match for text in _strings(value) for match in literals.findall(text)}
+    # Every string of a JSON value stands in its JSON text as it is (literals hold no character
+    # JSON escapes, and no match crosses a quote), so one search of that text finds them all.
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    found = set(literals.findall(text))
     if not found:
         return value, None
-    taken = set("".join(_strings(value)) + jinja)
+    taken = set(text + jinja)
     free = iter(chr(c) for c in PRIVATE_USE if chr(c) not in taken)
     markers = {first: next(free, None) for first in sorted({literal[0] for literal in found})}
     if None in markers.values():
@@ -307,19 +333,6 @@ def placeholders(value, literals: re.Pattern, jinja: str) -> tuple[object, dict 
         return item
 
     return marked(value), str.maketrans({marker: first for first, marker in markers.items()})
-
-
-def _strings(value):
-    """Every string in a JSON value, keys included."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _strings(item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _strings(key)
-            yield from _strings(item)
 
 
 def _tokenizer_config(directory: str) -> dict:
