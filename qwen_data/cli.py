@@ -454,10 +454,12 @@ def _certificate_line(certificate: dict) -> str:
     if not certificate.get("certified"):
         return f"not certified: {certificate.get('why')}"
     libraries = ", ".join(f"{name} {version}" for name, version in certificate["reference"].items())
+    unmapped = certificate.get("records_not_mappable")
     return (f"certified: all {certificate['records_spelled']:,} records' ids spell their text; "
             f"{certificate['records_checked']:,} picked records encoded again by {libraries}, equal "
             f"(a fault in 0.1% of records would have been found with a chance of "
-            f"{certificate['detection']['0.1%']:.0%})")
+            f"{certificate['detection']['0.1%']:.0%})"
+            + (f"; {unmapped:,} picked records the reference cannot read were not checked" if unmapped else ""))
 
 
 def _run_merge(args) -> int:

@@ -185,7 +185,17 @@ class ChatChecks(_Checks):
         return {**counts, "lines": _lines(checked)}, None
 
     def _own(self) -> dict:
-        return {"template_sha256": self.template.sha256}
+        return {"template_sha256": self.template.sha256, "mask_checked_by": self._mask_checked_by()}
+
+    def _mask_checked_by(self) -> dict[str, str]:
+        """What checked the loss mask: every sample in its worker; the picked ones by the reference."""
+        every = ("every token trained (--mask all)" if self.structure is None else
+                 "the mask the ChatML structure of its ids gives (certify.spelling.structure_mask), except samples "
+                 "whose literals became control ids under --special-tokens parse")
+        picked = ("the reference's: renders of the record's messages up to each trained assistant turn, with and "
+                  "without the generation prompt (never our masking code); samples where a turn's render is not a "
+                  "prefix of the whole (Qwen3 strips earlier reasoning) are masks_not_checked")
+        return {"every_sample": every, "picked_samples": picked}
 
 
 CHAT_COUNTS = ("records_checked", "samples_checked", "masks_not_checked", "records_not_mappable",

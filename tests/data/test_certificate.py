@@ -578,7 +578,7 @@ UNMAPPED = [  # what our parser takes and the documented mapping does not: count
 
 @pytest.mark.parametrize("template,history", [("qwen2p5", "rendered"), ("qwen3", "split"), ("qwen3", "rendered")])
 @pytest.mark.parametrize("arguments", [[], ["--parse-tool-arguments"]])
-def test_every_documented_record_shape_is_checked_from_the_record(tmp_path, template, history, arguments):
+def test_every_documented_record_shape_is_checked_from_the_record(tmp_path, capsys, template, history, arguments):
     corpus = write_jsonl(tmp_path / "c.jsonl", SHAPES + UNMAPPED)
     jinja = {"qwen2p5": reference_template(), "qwen3": str(oracle_dir() / "qwen3.jinja")}[template]
     assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--quiet", "--template", template, "--history", history,
@@ -586,6 +586,9 @@ def test_every_documented_record_shape_is_checked_from_the_record(tmp_path, temp
     found = certificate(tmp_path / "s")
     assert found["certified"] and found["records_checked"] == len(SHAPES)
     assert found["records_not_mappable"] == len(UNMAPPED) and found["records_through_columns"] == 0
+    assert "structure_mask" in found["mask_checked_by"]["every_sample"]
+    assert "generation prompt" in found["mask_checked_by"]["picked_samples"]
+    assert f"; {len(UNMAPPED)} picked records the reference cannot read were not checked" in capsys.readouterr().out
     assert found["lines_checked"] == {corpus: f"1-{len(SHAPES)}"}
 
 
