@@ -119,8 +119,9 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
                    help="input is handed to workers in pieces of about this size")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--no-certify", dest="certify", action="store_false",
-                   help="do not check a sample of records against the reference libraries (HF tokenizers, "
-                        "transformers); the manifest then records the data as uncertified")
+                   help="do not check a sample of records against the reference libraries (HF tokenizers; for "
+                        "SFT also jinja2 rendering the template's official Jinja); the manifest then records the "
+                        "data as uncertified")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
@@ -231,7 +232,7 @@ def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="output prefixes (PREFIX.bin/.idx/.json)")
     p.add_argument("--certify", type=bounded(int, 1, INT32_MAX), default=None, metavar="N",
                    help="also encode the first N records of a prefix's inputs again with today's reference "
-                        "libraries (HF tokenizers; for SFT transformers' apply_chat_template) and compare with its "
+                        "libraries (HF tokenizers; for SFT the template's official Jinja rendered by jinja2) and compare with its "
                         "ids and loss mask; the outcome is added to its certificate (none: not)")
     p.add_argument("--reference-template", default=None, metavar="FILE",
                    help="SFT: the template's official Jinja, as sft --reference-template (none: the tokenizer "
@@ -453,10 +454,12 @@ def _certificate_line(certificate: dict) -> str:
     if not certificate.get("certified"):
         return f"not certified: {certificate.get('why')}"
     libraries = ", ".join(f"{name} {version}" for name, version in certificate["reference"].items())
+    unmapped = certificate.get("records_not_mappable")
     return (f"certified: all {certificate['records_spelled']:,} records' ids spell their text; "
             f"{certificate['records_checked']:,} picked records encoded again by {libraries}, equal "
             f"(a fault in 0.1% of records would have been found with a chance of "
-            f"{certificate['detection']['0.1%']:.0%})")
+            f"{certificate['detection']['0.1%']:.0%})"
+            + (f"; {unmapped:,} picked records the reference cannot read were not checked" if unmapped else ""))
 
 
 def _run_merge(args) -> int:

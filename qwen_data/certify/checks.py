@@ -19,8 +19,8 @@ from importlib import metadata
 import numpy as np
 
 from ..formats.indexed import bin_tokens, read_index
-from .reference import ChatReference, NotCertified, TextReference, difference, reference_jinja
-from .reference import reference_samples, versions
+from .messages import NotMappable, RecordReading
+from .reference import ChatReference, NotCertified, TextReference, difference, reference_jinja, versions
 from .sample import Sampling, detection, numbers, ranges, window
 from .spelling import Speller, normalized
 
@@ -119,9 +119,10 @@ class TextChecks(_Checks):
 
 class ChatChecks(_Checks):
     """SFT: each sample's ids spell its rendered text and its mask is its structure's; picked
-    records' samples equal transformers' apply_chat_template with the template's own Jinja."""
+    records' samples equal the template's own Jinja rendered by jinja2 as transformers'
+    apply_chat_template renders it, encoded by HF tokenizers."""
 
-    libraries = ("transformers", "tokenizers", "jinja2")
+    libraries = ("jinja2", "tokenizers")
 
     def __init__(self, step, inputs, estimates) -> None:
         super().__init__(step, inputs, estimates)
@@ -131,47 +132,80 @@ class ChatChecks(_Checks):
         self.structure = None if config.mask == "all" else {
             "span": config.assistant_span, "last_only": config.rendered_history != "rendered",
             "empty_think_is_prompt": config.enable_thinking is False}
+        columns = config.columns
+        # records --columns or --dataset-info read are checked from the record the column mapping made
+        self.through_columns = columns is not None
+        reading = RecordReading(columns.format if columns and columns.format else config.format,
+                                config.input_separator, config.parse_tool_arguments)
         try:
             jinja = reference_jinja(self.template, self.tokenizer.directory, config.reference_template)
         except NotCertified as why:
             self.uncertified, self.reference = str(why), None
             return
         self.reference = ChatReference(self.tokenizer.directory, self.tokenizer.flavour, jinja,
-                                       config.assistant_span, config.mask, config.enable_thinking)
+                                       config.assistant_span, config.mask, config.enable_thinking, reading,
+                                       config.rendered_history, config.special_tokens)
 
     def picks(self, chunk, record) -> bool:
         return self.reference is not None and super().picks(chunk, record)
-
-    def parts(self, conversation) -> list:
-        """(messages, trained turns) the reference renders for each sample of a conversation."""
-        return reference_samples(conversation, self.config.rendered_history)
 
     def load(self) -> None:
         self.reference.load()
 
     def check(self, items: list) -> tuple[dict, str | None]:
-        """Each picked record's samples (before truncation and packing) against the reference's
-        ids and mask; a record whose literals stay text is counted apart."""
-        counts = {"records_checked": 0, "samples_checked": 0, "masks_not_checked": 0,
-                  "records_with_literals_skipped": 0}
-        for where, (_, samples) in items:
-            if samples is None:
-                counts["records_with_literals_skipped"] += 1
+        """Each picked record's samples (before truncation and packing) against the reference's,
+        which it makes from the record itself (`ChatReference.record_samples`), literals under the
+        run's policy; a record the reference cannot map is counted apart, never checked."""
+        counts = dict.fromkeys(CHAT_COUNTS, 0)
+        checked = []
+        for where, (_, (source, count, samples)) in items:
+            try:
+                theirs = self.reference.record_samples(source)
+            except NotMappable:
+                counts["records_not_mappable"] += 1
                 continue
             counts["records_checked"] += 1
-            for part, tools, trained, ours_ids, ours_mask in samples:
-                ids, mask = self.reference.encode(part, tools, trained)
-                counts["samples_checked"] += 1
-                counts["masks_not_checked"] += mask is None
-                if not np.array_equal(ours_ids, ids):
-                    return counts, f"{where}: {difference(ours_ids, ids)}"
-                if mask is not None and not np.array_equal(ours_mask, mask):
-                    return counts, f"{where}: {difference(ours_mask, mask, 'loss mask')}"
-        checked = [item for item in items if item[1][1] is not None]
+            counts["records_through_columns"] += self.through_columns
+            mismatch = compare_samples(where, count, samples, theirs, counts)
+            if mismatch:
+                return counts, mismatch
+            checked.append((where, None))
         return {**counts, "lines": _lines(checked)}, None
 
     def _own(self) -> dict:
-        return {"template_sha256": self.template.sha256}
+        return {"template_sha256": self.template.sha256, "mask_checked_by": self._mask_checked_by()}
+
+    def _mask_checked_by(self) -> dict[str, str]:
+        """What checked the loss mask: every sample in its worker; the picked ones by the reference."""
+        every = ("every token trained (--mask all)" if self.structure is None else
+                 "the mask the ChatML structure of its ids gives (certify.spelling.structure_mask), except samples "
+                 "whose literals became control ids under --special-tokens parse")
+        picked = ("the reference's: renders of the record's messages up to each trained assistant turn, with and "
+                  "without the generation prompt (never our masking code); samples where a turn's render is not a "
+                  "prefix of the whole (Qwen3 strips earlier reasoning) are masks_not_checked")
+        return {"every_sample": every, "picked_samples": picked}
+
+
+CHAT_COUNTS = ("records_checked", "samples_checked", "masks_not_checked", "records_not_mappable",
+               "records_through_columns")
+
+
+def compare_samples(where: str, count: int, samples: list, theirs: list, counts: dict, first: int = 0) -> str | None:
+    """The first difference between a record's samples, ours (`samples`: (k, ids, mask) of those of
+    its `count` samples that were kept) and the reference's (`theirs`: (ids, mask or None) of every
+    sample), naming the record; None where they are equal. Masks are compared from token `first`."""
+    if len(theirs) != count:
+        return f"{where}: the reference makes {len(theirs)} samples of the record, ours {count}"
+    for k, ours_ids, ours_mask in samples:
+        ids, mask = theirs[k]
+        counts["samples_checked"] += 1
+        counts["masks_not_checked"] += mask is None
+        named = f"{where}: sample {k + 1} of {count}" if count > 1 else where
+        if not np.array_equal(ours_ids, ids):
+            return f"{named}: {difference(ours_ids, ids)}"
+        if mask is not None and not np.array_equal(ours_mask[first:], mask[first:]):
+            return f"{named}: {difference(ours_mask, mask, 'loss mask')}"
+    return None
 
 
 def checked_part(text: str, ours: np.ndarray, seed: int, table) -> tuple[str, np.ndarray, int, int]:

@@ -1,6 +1,7 @@
 """`qwen-data verify --certify N`: about N records a prefix was made from, picked across all of it
 under a new seed (a shard's own records for a shard), encoded again by today's reference libraries
-(`certify.reference`: HF tokenizers for pretraining, the template's Jinja for SFT) and compared
+(`certify.reference`: HF tokenizers for pretraining; for SFT the template's Jinja rendered by jinja2
+as transformers renders it, then HF tokenizers) and compared
 with the ids (and loss mask) the prefix holds for them, so an upgrade of the libraries is one
 command from being known safe.
 
@@ -36,13 +37,13 @@ from ..text.conversations import to_conversation
 from ..text.masking import SampleEncoder
 from ..text.templates import TEMPLATE_NAMES, get_template
 from ..text.tokenizer import QwenTokenizer, TokenizerConfig, TokenizerNotFound, directory_of
-from .checks import checked_part, compare_part
-from .reference import (ChatReference, NotCertified, TextReference, difference, reference_jinja, reference_samples,
-                        versions)
+from .checks import CHAT_COUNTS, checked_part, compare_part, compare_samples
+from .messages import NotMappable, RecordReading
+from .reference import ChatReference, NotCertified, TextReference, reference_jinja, versions
 from .sample import ranges, record_hash
 from .spelling import Spelling
 
-CHAT_LIBRARIES = ("transformers", "tokenizers", "jinja2")
+CHAT_LIBRARIES = ("jinja2", "tokenizers")
 # Settings of `qwen-data sft` that change how records read and the manifest does not record.
 UNRECORDED = ("--columns", "--dataset-info", "--parse-tool-arguments")
 
@@ -61,8 +62,10 @@ def recheck(prefix: str, count: int, reference_template: str | None = None,
             sft = manifest.sft
             jinja = reference_jinja(SimpleNamespace(name=sft.template, sha256=sft.template_sha256), directory,
                                     reference_template)
+            reading = RecordReading(sft.format, "\n" if sft.input_separator is None else sft.input_separator)
             reference = ChatReference(directory, manifest.tokenizer["flavour"], jinja, sft.assistant_span,
-                                      sft.mask_policy, sft.enable_thinking)
+                                      sft.mask_policy, sft.enable_thinking, reading, sft.history,
+                                      sft.special_tokens or "safe")
         else:
             reference = TextReference(directory, manifest.tokenizer["flavour"], manifest.special_tokens or "text")
     except TokenizerNotFound as exc:
@@ -128,59 +131,64 @@ def _compare_documents(prefix, manifest, directory, reference, rejected, picker)
 
 
 def _compare_samples(prefix, manifest, directory, reference, rejected, picker) -> tuple[dict, str | None]:
-    """The samples of the records `picker` picks, against the reference's ids and mask (cut
-    as the run cut over-long samples); records whose literals stay text are counted apart, as the
-    run's certificate counts them."""
+    """The samples of the records `picker` picks, against the samples the reference makes of each
+    record itself (cut as the run cut over-long samples); records the reference cannot map are
+    counted apart, as the run's certificate counts them."""
     sft, ours = manifest.sft, _OurSamples(manifest, directory)
     stored = _stored_in_record_order(prefix, manifest, ours, rejected)
-    counts = dict.fromkeys(("records_checked", "samples_checked", "masks_not_checked",
-                            "records_with_literals_skipped"), 0)
+    counts = dict.fromkeys(CHAT_COUNTS, 0)
     first = 1 if sft.layout == "pai" else 0  # Pai's labels cannot train a sample's first token
-    for position, (where, record, conversation, parts) in enumerate(_kept_samples(manifest, rejected)):
-        held = [next(stored, None) for _ in parts]
+    for position, (where, record, _, kept, made) in enumerate(_kept_samples(manifest, rejected)):
+        held = [next(stored, None) for _ in kept]
         if held and held[-1] is None:
             raise ValueError(f"{where} made samples the prefix does not hold")
-        picker.offer(where.rpartition(":")[0], record, position, (where, conversation, parts, held))
+        picker.offer(where.rpartition(":")[0], record, position, (where, record, kept, made, held))
     lines: dict[str, list[int]] = {}
-    for where, conversation, parts, held in picker.picked():
+    for where, record, kept, made, held in picker.picked():
         path, _, line = where.rpartition(":")
         lines.setdefault(path, []).append(int(line))
-        if ours.keeps_literals(conversation):
-            counts["records_with_literals_skipped"] += 1
+        try:
+            theirs = [_cut(ids, mask, sft) for ids, mask in reference.record_samples(_as_read(record))]
+        except NotMappable:
+            counts["records_not_mappable"] += 1
             continue
         counts["records_checked"] += 1
-        for (k, messages, trained), (ids, mask) in zip(parts, held):
-            theirs, their_mask = reference.encode(messages, conversation.tools, trained)
-            if sft.overlong == "truncate" and sft.seq_length:
-                theirs, their_mask = theirs[:sft.seq_length], their_mask and their_mask[:sft.seq_length]
-            counts["samples_checked"] += 1
-            counts["masks_not_checked"] += their_mask is None
-            named = f"{where} (sample {k + 1})" if k or len(parts) > 1 else where
-            if not np.array_equal(ids, theirs):
-                return counts, f"{named}: {difference(ids, theirs)}"
-            if their_mask is not None and not np.array_equal(mask[first:], their_mask[first:]):
-                return counts, f"{named}: {difference(mask, their_mask, 'loss mask')}"
+        mismatch = compare_samples(where, made, [(k, *sample) for k, sample in zip(kept, held)], theirs, counts, first)
+        if mismatch:
+            return counts, mismatch
     return {**counts, "lines_checked": {p: ranges(n) for p, n in lines.items()}}, None
 
 
+def _cut(ids, mask, sft):
+    """A sample as the run cut it: truncated to --seq-length under --overlong truncate."""
+    if sft.overlong == "truncate" and sft.seq_length:
+        return ids[:sft.seq_length], None if mask is None else mask[:sft.seq_length]
+    return ids, mask
+
+
+def _as_read(record):
+    """The record as the reference reads it: its line, or its row."""
+    return record.raw if isinstance(record.raw, bytes) else record.value
+
+
 def _kept_samples(manifest: Manifest, rejected: dict):
-    """(file:line, record, conversation, [(k, messages, trained turns) of each sample kept]) of every
-    record that made a sample kept, in order."""
+    """(file:line, record, our conversation of it, numbers (from 0) of its samples kept, the number
+    of samples it made) of every record that made a sample kept, in order."""
     sft = manifest.sft
     for where, record, aside in _records(manifest, rejected, None):
         try:
             conversation = to_conversation(record.value, sft.format, input_separator=sft.input_separator)
         except ValueError as exc:
             raise ValueError(f"{where} made samples but cannot be read now: {exc}") from None
-        parts = [(k, *part) for k, part in enumerate(reference_samples(conversation, sft.history))
-                 if k + 1 not in aside]
-        if parts:
-            yield where, record, conversation, parts
+        made = len(conversation.assistant_indices) if sft.history == "split" else 1
+        kept = [k for k in range(made) if k + 1 not in aside]
+        if kept:
+            yield where, record, conversation, kept, made
 
 
 class _OurSamples:
     """What our own code makes of a record (`_stored_in_record_order` needs the lengths of a best-fit
-    window's samples), and which records' literals stay text."""
+    window's samples)."""
 
     def __init__(self, manifest: Manifest, directory: str) -> None:
         sft, self.manifest = manifest.sft, manifest
@@ -194,18 +202,18 @@ class _OurSamples:
         self.template = get_template(sft.template if sft.template in TEMPLATE_NAMES else "auto", directory)
 
     def keeps_literals(self, conversation) -> bool:
-        """Whether literals in it stay text: a rendered text cannot tell them from the template's."""
+        """Whether literals in it stay text (our renderer marks them, as the run did)."""
         return self.manifest.sft.special_tokens != "parse" and literals.find(conversation, self.acted_on) is not None
 
     def lengths(self, rejected: dict):
         """The length of every sample kept, record after record, as the run cut it."""
         sft = self.manifest.sft
         encoder = SampleEncoder(self.tokenizer, sft.assistant_span, sft.mask_policy)
-        for where, _, conversation, parts in _kept_samples(self.manifest, rejected):
+        for where, _, conversation, kept, _ in _kept_samples(self.manifest, rejected):
             samples = literals.render(self.template, conversation,
                                       self.acted_on if self.keeps_literals(conversation) else None, sft.history,
                                       sft.enable_thinking)
-            encoded = encoder.encode([samples[k] for k, _, _ in parts])
+            encoded = encoder.encode([samples[k] for k in kept])
             refused = next((e for e in encoded if isinstance(e, Exception)), None)
             if refused is not None:
                 raise ValueError(f"{where}: our encoder now refuses a sample the run kept: {refused}")

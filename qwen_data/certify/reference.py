@@ -1,15 +1,16 @@
 """The parity certificate: a sample of a run's records encoded a second time by the reference
 libraries and compared with our ids (and loss mask).
 
-Pretrain's reference is HF `tokenizers` on the run's tokenizer.json; SFT's is transformers'
-`apply_chat_template` with the template's own Jinja (the tokenizer folder's chat template, or the
-file `--reference-template` names; either only when its sha256 is the template's), its text encoded
-by the same HF tokenizer, and the trained spans found by rendering the conversation up to each
-trained assistant turn with and without the generation prompt (never by our masking code).
+Pretrain's reference is HF `tokenizers` on the run's tokenizer.json; SFT's is the template's own
+Jinja (the tokenizer folder's chat template, or the file `--reference-template` names; either only
+when its sha256 is the template's) rendered by jinja2 as transformers' `apply_chat_template` renders
+it (`certify.render`), its text encoded by the same HF tokenizer, and the trained spans found by
+rendering the conversation up to each trained assistant turn with and without the generation
+prompt (never by our masking code).
 
 Workers pick the records (`certify.sample`) and hand over what they made of them; the checks run
 in `run.certifier`. The reference libraries load once per process (`loaded`): ~0.7 s for HF's
-tokenizer, ~2 s with transformers. A mismatch stops the run (`CertificateError`, naming the record
+tokenizer; jinja2 compiles a template in milliseconds. A mismatch stops the run (`CertificateError`, naming the record
 and both id sequences); the manifest's `certificate` records what was checked and by which
 libraries (docs/outputs.md).
 """
@@ -25,7 +26,11 @@ import os
 import re
 from importlib import metadata
 
+import numpy as np
+
 from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from .messages import NotMappable, RecordReading, read_record
+from .render import ChatJinja, named_tokens
 
 SHOWN = 6  # ids shown either side of the first difference
 
@@ -84,13 +89,24 @@ class TextReference:
         return plain
 
     @functools.cached_property
-    def _patterns(self) -> tuple[re.Pattern, re.Pattern]:
-        """(every added token's literal, the literals this policy and flavour keep as ids)."""
+    def _literals(self) -> tuple[dict[str, int], set[str], set[str]]:
+        """(every added token's literal → its id, the flavour's literals, those this policy keeps as ids)."""
         added = {t.content: i for i, t in self._full.get_added_tokens_decoder().items()}
         flavour = {c for c, i in added.items() if i <= self.last_id}
-        kept = {"parse": flavour, "text": set()}.get(self.policy, flavour & CONTENT_TOKENS)
+        return added, flavour, {"parse": flavour, "text": set()}.get(self.policy, flavour & CONTENT_TOKENS)
+
+    @functools.cached_property
+    def _patterns(self) -> tuple[re.Pattern, re.Pattern]:
+        """(every added token's literal, the literals this policy and flavour keep as ids)."""
+        added, _, kept = self._literals
         self.ids_of = {c: added[c] for c in kept}
         return _pattern(added), _pattern(kept)
+
+    @functools.cached_property
+    def as_text(self) -> re.Pattern:
+        """The flavour's literals this policy encodes as plain text (none under parse)."""
+        _, flavour, kept = self._literals
+        return _pattern(flavour - kept)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text, as `encode` gives them; the texts without literals in one call
@@ -102,19 +118,21 @@ class TextReference:
             ids[i] = encoding.ids
         return [self.encode(text)[0] if found is None else found for text, found in zip(texts, ids)]
 
-    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """(ids, each id's character span in `text`)."""
+    def encode(self, text: str, unmark: dict | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+        """(ids, each id's character span in `text`). `unmark`: a `str.translate` table of the
+        placeholders `text` holds (`ChatReference`), each one character standing for another: the
+        text between the literals kept as ids is encoded with them put back."""
         every, kept = self._patterns
-        if every.pattern == kept.pattern or not every.search(text):
+        if not unmark and (every.pattern == kept.pattern or not every.search(text)):
             encoding = self._full.encode(text, add_special_tokens=False)
             return encoding.ids, encoding.offsets
         ids, offsets, position = [], [], 0
-        for piece in kept.split(text) + [""]:
-            if piece in self.ids_of and kept.fullmatch(piece):
+        for k, piece in enumerate(kept.split(text)):  # text, literal, text, ...: the literals at odd places
+            if k % 2:
                 ids.append(self.ids_of[piece])
                 offsets.append((position, position + len(piece)))
             elif piece:
-                encoding = self._plain.encode(piece, add_special_tokens=False)
+                encoding = self._plain.encode(piece.translate(unmark) if unmark else piece, add_special_tokens=False)
                 ids += encoding.ids
                 offsets += [(position + a, position + b) for a, b in encoding.offsets]
             position += len(piece)
@@ -178,9 +196,9 @@ def _hub_cache() -> str:
 
 
 def reference_jinja(template, tokenizer_dir: str, given: str | None) -> str:
-    """SFT's reference Jinja (`template_jinja`); NotCertified where transformers or the Jinja is missing."""
-    if importlib.util.find_spec("transformers") is None:
-        raise NotCertified("transformers is not installed: its apply_chat_template is the reference")
+    """SFT's reference Jinja (`template_jinja`); NotCertified where jinja2 or the Jinja is missing."""
+    if importlib.util.find_spec("jinja2") is None:
+        raise NotCertified("jinja2 is not installed: it renders the template's official Jinja")
     jinja = template_jinja(template, tokenizer_dir, given)
     if jinja is None:
         source = OFFICIAL.get(template.name)
@@ -191,10 +209,10 @@ def reference_jinja(template, tokenizer_dir: str, given: str | None) -> str:
     return jinja
 
 
-def reference_samples(conversation, history: str) -> list[tuple[list, list[int]]]:
+def reference_samples(messages: list[dict], history: str) -> list[tuple[list, list[int]]]:
     """(messages rendered, indices of the assistant messages trained) of each sample a conversation
     makes under the run's rendered history (`SFTConfig.rendered_history`), in order."""
-    messages, turns = conversation.messages, conversation.assistant_indices
+    turns = [i for i, message in enumerate(messages) if message.get("role") == "assistant"]
     if history == "split":
         return [(messages[:i + 1], [i]) for i in turns]
     return [(messages, turns if history == "rendered" else turns[-1:])]
@@ -211,24 +229,16 @@ def _hf_tokenizer(path: str):
     return _LOADED["tokenizers", path]
 
 
-def _transformers_tokenizer(path: str):
-    if ("transformers", path) not in _LOADED:
-        from transformers import PreTrainedTokenizerFast  # never a download: the run's own file
-
-        _LOADED["transformers", path] = PreTrainedTokenizerFast(tokenizer_object=_hf_tokenizer(path))
-    return _LOADED["transformers", path]
-
-
-def loaded(tokenizer_dir: str, chat: bool) -> bool:
+def loaded(tokenizer_dir: str) -> bool:
     """Whether this process holds the reference for a tokenizer folder already (a process forked
-    from it inherits it)."""
-    return ("transformers" if chat else "tokenizers", os.path.join(tokenizer_dir, "tokenizer.json")) in _LOADED
+    from it inherits it): its HF tokenizer, the one part that takes long to load."""
+    return ("tokenizers", os.path.join(tokenizer_dir, "tokenizer.json")) in _LOADED
 
 
 class ChatReference:
-    """transformers' `apply_chat_template` with the template's Jinja; ids by `TextReference` (the
-    rendered text, every literal of the flavour's added tokens an id, as transformers encodes it);
-    the loss mask from renders of the conversation up to each trained turn.
+    """The template's Jinja rendered by jinja2 as transformers renders it (`render.ChatJinja`); ids by
+    `TextReference` (the rendered text, every literal of the flavour's added tokens an id, as
+    transformers encodes it); the loss mask from renders of the conversation up to each trained turn.
 
     `span` and `mask` are the run's --assistant-span and --mask; the trained characters of turn k
     (message index i) run from the end of the render of messages[:i] with the generation prompt to
@@ -237,52 +247,96 @@ class ChatReference:
     generation prompt's last character); turn starts at the render of messages[:i] without it.
     A turn whose render is not a prefix of the sample's (Qwen3 strips earlier reasoning) leaves
     the sample's mask unchecked (counted apart).
+
+    Literals in the record that the run's --special-tokens policy keeps as text (`policy`) are
+    rendered as placeholders (`placeholders`), so neither the template nor the encoder takes them
+    for the template's own tokens: the render's literals are then the template's and the ones the
+    policy keeps, all ids, and the placeholders are encoded as the literals' plain text.
     """
 
-    def __init__(self, directory: str, flavour: str, jinja: str, span: str, mask: str, enable_thinking) -> None:
+    def __init__(self, directory: str, flavour: str, jinja: str, span: str, mask: str, enable_thinking,
+                 reading: RecordReading, history: str, policy: str) -> None:
+        """`reading`: how the run reads a record; `history`: its rendered history; `policy`: its
+        --special-tokens."""
         self.directory, self.jinja = directory, jinja
         self.text = TextReference(directory, flavour, "parse")
+        self.content = TextReference(directory, flavour, policy)  # which literals content keeps
         self.span, self.mask_policy, self.enable_thinking = span, mask, enable_thinking
+        self.reading, self.history = reading, history
+
+    def record_samples(self, source) -> list[tuple[list[int], np.ndarray | None]]:
+        """(ids, mask) of each sample a record makes, from the record itself (`messages.read_record`,
+        `RecordReading`), never from our parser's conversation; NotMappable where the documented
+        mapping or the template cannot take it."""
+        record = self.reading.messages(read_record(source))
+        (messages, tools), unmark = placeholders(list(record), self.content.as_text, self.jinja)
+
+        # Every sample and every turn's span is a render of the record's first n messages: each once.
+        @functools.lru_cache(maxsize=None)
+        def rendered(n: int, prompt: bool = False) -> str:
+            return self.render(messages[:n], tools, prompt)
+
+        return [self._sample(rendered, len(part), trained, unmark)
+                for part, trained in reference_samples(messages, self.history)]
 
     def load(self) -> None:
-        _transformers_tokenizer(os.path.join(self.directory, "tokenizer.json"))
+        self.text.load()
+        self._template  # noqa: B018 - compiled while the workers start
 
-    @property
-    def _tokenizer(self):
-        return _transformers_tokenizer(os.path.join(self.directory, "tokenizer.json"))
+    @functools.cached_property
+    def _template(self) -> ChatJinja:
+        # the named special tokens transformers hands every render (`eos_token` ...)
+        return ChatJinja(self.jinja, named_tokens(_tokenizer_config(self.directory)))
 
     def render(self, messages, tools, prompt: bool = False) -> str:
         if not messages:
             return ""
         kwargs = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        return self._tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=self.jinja,
-                                                   tokenize=False, add_generation_prompt=prompt, **kwargs)
+        try:
+            return self._template.render(messages, tools or None, add_generation_prompt=prompt, **kwargs)
+        except _refusals() as why:  # e.g. Qwen2's template on a message without content
+            raise NotMappable(f"the template refuses the messages: {why}") from None
 
-    def encode(self, messages, tools, trained: list[int]) -> tuple[list[int], list[int] | None]:
-        """(ids, mask) of the sample rendering `messages`, training the assistant messages at
-        indices `trained`; mask None where it cannot be derived."""
-        full = self.render(messages, tools)
-        ids, offsets = self.text.encode(full)
+    def _sample(self, rendered, n: int, trained: list[int], unmark: dict | None) -> tuple[list[int], np.ndarray | None]:
+        """(ids, mask) of the sample rendering the record's first `n` messages (`rendered(n, prompt)`),
+        training the assistant messages at indices `trained`; mask None where it cannot be derived.
+        `unmark`: the placeholders' table (`placeholders`)."""
+        full = rendered(n)
+        ids, offsets = self.text.encode(full, unmark)
         if self.mask_policy == "all":
-            return ids, [1] * len(ids)
-        spans = []
-        for i in trained:
-            before, prompt = self.render(messages[:i], tools), self.render(messages[:i], tools, True)
-            upto = self.render(messages[:i + 1], tools)
-            if not (full.startswith(upto) and upto.startswith(prompt) and prompt.startswith(before)):
-                return ids, None
-            start, end = len(prompt), len(upto)
-            if self.enable_thinking is False and upto.startswith(EMPTY_THINK, start):
-                start += len(EMPTY_THINK)  # non-thinking data: the empty think block is prompt
-            if self.span == "im_end":
-                end -= len(upto) - len(upto.rstrip("\n"))
-            elif self.span == "trl":
-                start -= 1
-            elif self.span == "turn":
-                start = len(before)
-            spans.append((start, end))
-        mask = [int(any(a < e and s < b for s, e in spans)) for a, b in offsets]
-        return ids, mask
+            return ids, np.ones(len(ids), dtype=np.uint8)
+        spans = [self._span(rendered, full, i) for i in trained]
+        return ids, None if None in spans else _token_mask(offsets, spans)
+
+    def _span(self, rendered, full: str, i: int) -> tuple[int, int] | None:
+        """The trained characters of the assistant message at index `i` in the sample's render `full`;
+        None where the render up to it is not a prefix of `full`."""
+        prompt, upto = rendered(i, True), rendered(i + 1)
+        if not (full.startswith(upto) and upto.startswith(prompt)):
+            return None
+        start, end = len(prompt), len(upto)
+        if self.enable_thinking is False and upto.startswith(EMPTY_THINK, start):
+            start += len(EMPTY_THINK)  # non-thinking data: the empty think block is prompt
+        if self.span == "im_end":
+            end -= len(upto) - len(upto.rstrip("\n"))
+        elif self.span == "trl":
+            start -= 1
+        elif self.span == "turn":
+            before = rendered(i)
+            if not prompt.startswith(before):
+                return None
+            start = len(before)
+        return start, end
+
+
+def _token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token (its character span in `offsets`) that touches a trained span, as
+    transformers' assistant mask marks every token touching one."""
+    bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    mask = np.zeros(len(bounds), dtype=bool)
+    for start, end in spans:
+        mask |= (bounds[:, 0] < end) & (bounds[:, 1] > start)
+    return mask.astype(np.uint8)
 
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
@@ -296,3 +350,52 @@ def preload(tokenizer_json: str) -> None:
 def holds(tokenizer_json: str) -> bool:
     """Whether this process holds HF's tokenizer of `tokenizer_json` already."""
     return ("tokenizers", tokenizer_json) in _LOADED
+
+
+PRIVATE_USE = range(0xE000, 0xF900)  # the placeholders' first characters come from here
+
+
+def placeholders(value, literals: re.Pattern, jinja: str) -> tuple[object, dict | None]:
+    """(`value` with each literal `literals` matches, in any of its strings (dict keys too), made a
+    placeholder; the `str.translate` table that puts the literals back, None where there was none).
+    A placeholder is the literal with its first character replaced by a private-use character found
+    nowhere in `value` nor the Jinja, so no template test (`'</think>' in content`) and no encoder
+    matches it, and, one character for one, positions in a render are positions in the real text."""
+    # Every string of a JSON value stands in its JSON text as it is (literals hold no character
+    # JSON escapes, and no match crosses a quote), so one search of that text finds them all.
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    found = set(literals.findall(text))
+    if not found:
+        return value, None
+    taken = set(text + jinja)
+    free = iter(chr(c) for c in PRIVATE_USE if chr(c) not in taken)
+    markers = {first: next(free, None) for first in sorted({literal[0] for literal in found})}
+    if None in markers.values():
+        raise NotMappable("no private-use character is free for the placeholders of its literals")
+
+    def marked(item):
+        if isinstance(item, str):
+            return literals.sub(lambda m: markers[m.group(0)[0]] + m.group(0)[1:], item)
+        if isinstance(item, list):
+            return [marked(v) for v in item]
+        if isinstance(item, dict):
+            return {marked(k): marked(v) for k, v in item.items()}
+        return item
+
+    return marked(value), str.maketrans({marker: first for first, marker in markers.items()})
+
+
+def _tokenizer_config(directory: str) -> dict:
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _refusals() -> tuple:
+    """What a template raises on messages it cannot render: its own errors, and a value tojson
+    cannot write (an attribute the messages lack)."""
+    from jinja2 import TemplateError
+
+    return TemplateError, TypeError

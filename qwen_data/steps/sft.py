@@ -16,6 +16,7 @@ Packing and the Pai layout need every sample: a run stages its samples at PREFIX
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -212,18 +213,23 @@ class _Batching:
         self.mask: list[np.ndarray] = []
         self.truncated = 0
         self.chunk: Chunk | None = None
-        # The parity check: per sample of a picked record, (messages, tools, trained turns) the
-        # reference renders; then (number, [what the reference renders + our ids and mask]) per record.
-        self.picked: dict[int, tuple] = {}
-        self.to_check: list[tuple[int, list | None]] = []
+        # The parity check: per sample of a picked record, (its record's number, k); per picked record,
+        # (the record as the reference reads it, its sample count); then per record (number, (record,
+        # count, [(k, our ids, our mask) of each sample encoded])).
+        self.picked: dict[int, tuple[int, int]] = {}
+        self.sources: dict[int, tuple] = {}
+        self.to_check: list[tuple[int, tuple]] = []
         self.free: list[bool] = []  # per sample: literals made control ids, where the template's may stand
         self.misspelled: tuple[int, str] | None = None
 
     def render(self, record: Record) -> None:
         """Raises RecordError for a record that makes no conversation, or one the templates refuse."""
         config, columns, value = self.config, self.config.columns, record.value
+        checks = self.step.checks
+        picked = checks is not None and checks.picks(self.chunk, record)
         if columns:
             value = columns.apply(value)
+        source = _as_read(record, value, columns) if picked else None
         conversation = to_conversation(value, self.format, parse_tool_arguments=config.parse_tool_arguments,
                                        input_separator=config.input_separator)
         # A JSON string in a record (tools, tool arguments) is read again here and may spell a lone
@@ -236,25 +242,18 @@ class _Batching:
         rendered = self.step._render_conversation(conversation, special)
         self.records += 1
         self.text_bytes += record.size
-        checks = self.step.checks
-        if checks is not None and checks.picks(self.chunk, record):
-            self.pick(record.number, conversation, special, len(rendered))
+        if picked:
+            self.pick(record.number, source, len(rendered))
         self.samples.extend(rendered)
         self.free.extend([bool(special) and config.special_tokens == "parse"] * len(rendered))
         self.origins.extend((record.number, record.raw, k, len(rendered)) for k in range(len(rendered)))
 
-    def pick(self, number: int, conversation, special: str | None, count: int) -> None:
-        """What the reference renders of each sample the record makes, as --history cuts it. A
-        record with literals that stay text is not checked: a rendered text cannot tell them from
-        the template's own tokens."""
-        if special and self.config.special_tokens != "parse":
-            self.to_check.append((number, None))
-            return
-        parts = self.step.checks.parts(conversation)
-        if len(parts) != count:
-            raise AssertionError(f"{len(parts)} samples by the reference, {count} rendered")
-        for k, (part, trained) in enumerate(parts):
-            self.picked[len(self.samples) + k] = (number, part, conversation.tools, trained)
+    def pick(self, number: int, source, count: int) -> None:
+        """A picked record's `count` samples, to be handed with the record itself (`source`) to the
+        reference, which reads and renders it on its own (its literals under the run's policy)."""
+        self.sources[number] = (source, count)
+        for k in range(count):
+            self.picked[len(self.samples) + k] = (number, k)
 
     def encoded(self) -> Iterator[_Encoded]:
         encodings = self.step.encoder.encode(self.samples) if self.samples else []
@@ -263,10 +262,9 @@ class _Batching:
         checked: dict[int, list] = {}
         for position, ((number, raw, k, n), encoded) in enumerate(zip(self.origins, encodings)):
             if position in self.picked and not isinstance(encoded, RecordError):
-                _, part, tools, trained = self.picked[position]
-                checked.setdefault(number, []).append((part, tools, trained, *encoded))
+                checked.setdefault(number, []).append((k, *encoded))
             yield _Encoded(number, raw, k, n, encoded)
-        self.to_check += checked.items()
+        self.to_check += [(number, (*self.sources[number], samples)) for number, samples in checked.items()]
         self.to_check.sort(key=lambda item: item[0])
 
     def _spell(self, encodings: list) -> None:
@@ -293,6 +291,14 @@ class _Batching:
         return SampleBatch(rejects, self.records, self.text_bytes, int(lengths.sum()), self.special_records,
                            np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32),
                            np.concatenate(self.mask) if self.mask else np.zeros(0, np.uint8), lengths, self.truncated)
+
+
+def _as_read(record: Record, value: dict, columns) -> bytes | dict:
+    """A picked record as the reference reads it (`certify.messages.read_record`), taken before our
+    parser sees it: its jsonl line, else a copy of its row or of the record --columns made of it."""
+    if isinstance(record.raw, bytes) and not columns:
+        return record.raw
+    return copy.deepcopy(value)
 
 
 class _Encoded:

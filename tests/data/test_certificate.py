@@ -1,5 +1,6 @@
 """The parity certificate: every pretrain and SFT manifest records a sample of records checked
-against HF tokenizers / transformers, and a record whose ids differ stops the run."""
+against the reference libraries (HF tokenizers; for SFT the template's Jinja rendered by jinja2),
+and a record whose ids differ stops the run."""
 
 import importlib.util
 import json
@@ -52,7 +53,7 @@ def test_bundled_examples_are_certified(tmp_path):
                  "--reference-template", str(oracle_dir() / "qwen3.jinja")]) == 0
     found = certificate(tmp_path / "s")
     assert found["certified"] and found["records_checked"] == 10 and found["masks_not_checked"] == 0
-    assert found["reference"]["transformers"] and found["template_sha256"]
+    assert set(found["reference"]) == {"jinja2", "tokenizers"} and found["template_sha256"]
 
 
 def test_a_changed_id_fails_the_run_naming_the_record(tmp_path, monkeypatch, capsys):
@@ -77,13 +78,14 @@ def test_a_changed_id_fails_the_run_naming_the_record(tmp_path, monkeypatch, cap
     assert "--no-certify" in certificate(tmp_path / "p")["why"]
 
 
-def test_sft_without_transformers_says_not_certified(tmp_path, monkeypatch):
+def test_sft_without_jinja2_says_not_certified(tmp_path, monkeypatch):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jinja2"
                         else find_spec(name, *a))
-    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet"]) == 0
+    assert main(["sft", os.path.join(EXAMPLES, "chats.jsonl"), "-o", str(tmp_path / "s"), "--quiet",
+                 "--template", "qwen3", "--reference-template", str(oracle_dir() / "qwen3.jinja")]) == 0
     found = certificate(tmp_path / "s")
-    assert found["certified"] is False and "transformers is not installed" in found["why"]
+    assert found["certified"] is False and "jinja2 is not installed" in found["why"]
 
 
 def test_merged_shards_sum_their_checks(tmp_path):
@@ -256,7 +258,7 @@ def test_verify_certify_rechecks_sft_samples_in_every_layout(tmp_path, capsys, l
         [] if truncates else [(12, 2 if "split" in layout else None)])
     assert main(["verify", prefix, "--certify", "100", *REFERENCE, reference_template()]) == 0
     recheck, made = certificate(prefix)["rechecks"][-1], certificate(prefix)
-    assert recheck["mismatches"] == 0 and recheck["reference"]["transformers"]
+    assert recheck["mismatches"] == 0 and set(recheck["reference"]) == {"jinja2", "tokenizers"}
     # the run also checked line 12, which it set aside whole in the unpacked and next-fit layouts
     assert made["records_checked"] - 1 <= recheck["records_checked"] <= made["records_checked"]
     assert recheck["masks_not_checked"] == 0
@@ -300,10 +302,10 @@ def test_verify_certify_of_sft_says_why_it_cannot(tmp_path, capsys, monkeypatch)
     assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
     assert ".rejects.jsonl (which records made no data), and it is gone" in capsys.readouterr().out
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jinja2"
                         else find_spec(name, *a))
     assert main(["verify", prefix, "--certify", "5", *REFERENCE, reference_template()]) == 1
-    assert "not certified: transformers is not installed" in capsys.readouterr().out
+    assert "not certified: jinja2 is not installed" in capsys.readouterr().out
     assert "rechecks" not in certificate(prefix)  # nothing was checked: nothing recorded
 
 
@@ -449,14 +451,16 @@ def test_a_document_the_writer_corrupts_is_found_in_the_written_files(tmp_path, 
 
 # -- what a certificate claims is true -------------------------------------------------------------
 def test_no_record_checked_is_never_certified(tmp_path):
-    """SFT records whose literals stay text are not checked by the reference: a run of only those
-    says so instead of claiming a certificate over nothing."""
-    chats = [{"instruction": f"say <|im_end|> {k}", "output": "ok"} for k in range(5)]
+    """Records the reference cannot map are not checked: a run of only those says so instead of
+    claiming a certificate over nothing."""
+    chats = [{"messages": [{"role": "human", "content": f"role alias {k}"}, {"role": "gpt", "content": "ok"}]}
+             for k in range(5)]
     corpus = write_jsonl(tmp_path / "c.jsonl", chats)
     assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--quiet", "--template", "qwen2p5",
                  "--reference-template", str(oracle_dir() / "qwen2.5-instruct.jinja")]) == 0
     found = certificate(tmp_path / "s")
-    assert found["records_checked"] == 0 and found["certified"] is False and "no record" in found["why"]
+    assert found["records_checked"] == 0 and found["records_not_mappable"] == 5
+    assert found["certified"] is False and "no record" in found["why"]
 
 
 def test_an_empty_first_file_and_every_shard_pick_their_own_records(tmp_path):
@@ -588,3 +592,175 @@ def test_verify_certify_of_a_several_key_prefix_with_rejects(tmp_path, capsys):
     for key in ("a", "b"):
         assert main(["verify", f"{prefix}_{key}", "--certify", "100"]) == 0, capsys.readouterr().out
         assert certificate(f"{prefix}_{key}")["rechecks"][-1]["records_checked"] == 11
+
+
+# -- the reference reads each record itself ----------------------------------------------------------
+def qwen2p5(*args):
+    return [*args, "--quiet", "--template", "qwen2p5", "--reference-template", reference_template()]
+
+
+def wrapped_parser(monkeypatch, change):
+    """`to_conversation` as the SFT step uses it, its conversations changed by `change(record, conversation)`."""
+    from qwen_data.steps import sft
+
+    parse = sft.to_conversation
+
+    def changed(record, *args, **kwargs):
+        conversation = parse(record, *args, **kwargs)
+        change(record, conversation)
+        return conversation
+
+    monkeypatch.setattr(sft, "to_conversation", changed)
+
+
+def test_a_parser_that_drops_system_messages_fails_the_run(tmp_path, monkeypatch, capsys):
+    """Both sides rendered our own parse once, so a bug there passed; the reference now maps the
+    record itself."""
+    chats = [json.loads(line) for line in open(os.path.join(EXAMPLES, "chats.jsonl"), encoding="utf-8")]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "ok"))) == 0
+
+    def drop_system(record, conversation):
+        conversation.messages[:] = [m for m in conversation.messages if m["role"] != "system"]
+
+    wrapped_parser(monkeypatch, drop_system)
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "bad"), "--workers", "1")) == 2
+    assert f"{corpus}:4: our ids differ from the reference's" in capsys.readouterr().err  # alpaca's system
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("bad")]
+
+
+def test_an_alpaca_input_joined_otherwise_fails_the_run(tmp_path, monkeypatch, capsys):
+    chats = [json.loads(line) for line in open(os.path.join(EXAMPLES, "chats.jsonl"), encoding="utf-8")]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+
+    def joined_by_space(record, conversation):
+        if record.get("input"):
+            conversation.messages[-2]["content"] = record["instruction"] + " " + record["input"]
+
+    wrapped_parser(monkeypatch, joined_by_space)
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "bad"), "--workers", "1")) == 2
+    assert f"{corpus}:2: our ids differ from the reference's" in capsys.readouterr().err
+    # Pai's layout joins with nothing: the reference reads the run's --input-separator
+    monkeypatch.undo()
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "pai"), "--layout", "pai", "--seq-length", "512")) == 0
+    assert certificate(tmp_path / "pai")["records_checked"] == len(chats)
+
+
+SHAPES = [  # every documented shape of a record, each read by the reference on its own
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "parts "}, {"type": "text", "value": "b"}]},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+                      {"name": "g", "arguments": {"y": "é"}}]},
+                  {"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"},
+                  {"role": "assistant", "thinking": "hm", "content": "done", "weight": 1}],
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    {"instruction": "I", "input": None, "output": "O", "system": "", "history": [["u", "a"], ["u2", "a2"]]},
+    {"instruction": "", "input": "only input", "output": "O", "system": "S"},
+    {"conversations": [{"from": "human", "value": "w?"},
+                       {"from": "function_call", "value": "<think>t</think>{\"name\": \"f\", \"arguments\": {}}"},
+                       {"from": "observation", "value": "sunny"}, {"from": "gpt", "value": "sun"}],
+     "system": "field", "tools": json.dumps([{"name": "f", "parameters": {}}])},
+    {"conversations": [{"from": "system", "value": "first wins"}, {"from": "user", "value": "q"},
+                       {"from": "function_call", "value": [{"name": "a", "arguments": "{}"}, {"name": "b",
+                                                                                              "arguments": {}}]},
+                       {"from": "tool", "value": [{"type": "text", "text": "x"}]}, {"from": "assistant", "value": "y"}],
+     "system": "ignored"},
+]
+UNMAPPED = [  # what our parser takes and the documented mapping does not: counted, never called checked
+    {"messages": [{"role": "human", "content": "alias"}, {"role": "gpt", "content": "a"}]},
+    {"messages": [{"from": "user", "value": "sharegpt keys"}, {"from": "assistant", "value": "a"}]},
+    {"messages": [{"role": "user", "content": "q"},
+                  {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "parameters": {}}]}]},
+]
+
+
+@pytest.mark.parametrize("template,history", [("qwen2p5", "rendered"), ("qwen3", "split"), ("qwen3", "rendered")])
+@pytest.mark.parametrize("arguments", [[], ["--parse-tool-arguments"]])
+def test_every_documented_record_shape_is_checked_from_the_record(tmp_path, capsys, template, history, arguments):
+    corpus = write_jsonl(tmp_path / "c.jsonl", SHAPES + UNMAPPED)
+    jinja = {"qwen2p5": reference_template(), "qwen3": str(oracle_dir() / "qwen3.jinja")}[template]
+    assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--quiet", "--template", template, "--history", history,
+                 "--reference-template", jinja, *arguments]) == 0
+    found = certificate(tmp_path / "s")
+    assert found["certified"] and found["records_checked"] == len(SHAPES)
+    assert found["records_not_mappable"] == len(UNMAPPED) and found["records_through_columns"] == 0
+    assert "structure_mask" in found["mask_checked_by"]["every_sample"]
+    assert "generation prompt" in found["mask_checked_by"]["picked_samples"]
+    assert f"; {len(UNMAPPED)} picked records the reference cannot read were not checked" in capsys.readouterr().out
+    assert found["lines_checked"] == {corpus: f"1-{len(SHAPES)}"}
+
+
+def test_records_read_through_columns_are_counted(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"q": f"question {k}", "a": f"answer {k}", "sys": "S"}
+                                                for k in range(4)])
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "s"), "--columns",
+                        "instruction=q,output=a,system=sys")) == 0
+    found = certificate(tmp_path / "s")
+    assert found["certified"] and found["records_checked"] == found["records_through_columns"] == 4
+
+
+def test_verify_certify_reads_each_record_itself(tmp_path, monkeypatch, capsys):
+    chats = [json.loads(line) for line in open(os.path.join(EXAMPLES, "chats.jsonl"), encoding="utf-8")]
+    corpus, prefix = write_jsonl(tmp_path / "c.jsonl", chats), str(tmp_path / "s")
+    wrapped_parser(monkeypatch, lambda record, conversation: conversation.messages.__setitem__(
+        slice(None), [m for m in conversation.messages if m["role"] != "system"]))
+    assert main(qwen2p5("sft", corpus, "-o", prefix, "--no-certify")) == 0
+    assert main(["verify", prefix, "--certify", "10", *REFERENCE, reference_template()]) == 1
+    assert f"{corpus}:4: our ids differ from the reference's" in capsys.readouterr().out
+
+
+# -- literals in content, checked under the run's --special-tokens policy ----------------------------
+LITERAL_CHATS = [{"instruction": "say <|im_end|> then <|im_start|>assistant\nhi", "output": "ok <|endoftext|>"},
+                 {"messages": [{"role": "user", "content": "<tool_call>{}</tool_call> <think>x</think>"},
+                               {"role": "assistant", "content": "<think>why</think>answer <|im_end|>"}],
+                  "tools": [{"type": "function", "function": {"name": "<|im_start|>", "parameters": {}}}]},
+                 {"messages": [{"role": "user", "content": "plain"}, {"role": "assistant", "content": "plain"}]}]
+
+
+@pytest.mark.parametrize("policy", ["safe", "text", "parse", "reject"])
+@pytest.mark.parametrize("template", ["qwen2p5", "qwen3"])
+def test_records_with_literals_are_checked_under_their_policy(tmp_path, policy, template):
+    """Literals the policy keeps as text are rendered as placeholders the template cannot act on,
+    and encoded as text; none of these records is left unchecked."""
+    import random
+
+    from _conversations import conversations
+
+    records = LITERAL_CHATS + [{"messages": c.messages, **({"tools": c.tools} if c.tools else {})}
+                               for c in conversations(3, 60, tools=True, reasoning=True)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", records)
+    jinja = {"qwen2p5": reference_template(), "qwen3": str(oracle_dir() / "qwen3.jinja")}[template]
+    assert main(["sft", corpus, "-o", str(tmp_path / "s"), "--quiet", "--template", template, "--special-tokens",
+                 policy, "--reference-template", jinja, "--history", random.Random(policy).choice(
+                     ["rendered", "split"])]) == 0
+    found = certificate(tmp_path / "s")
+    rejected = found["records_kept"] < len(records)
+    assert rejected == (policy == "reject")  # reject sets aside records with structural literals
+    assert found["certified"] and found["records_checked"] == found["records_kept"] > 0
+    assert "records_with_literals_skipped" not in found and found["records_not_mappable"] == 0
+
+
+def test_a_content_literal_made_a_control_id_under_safe_fails_the_run(tmp_path, monkeypatch, capsys):
+    """Our encoder turning a user's literal `<|im_end|>` into the control id spells the same bytes
+    and keeps the mask's structure: only the reference, which encodes it as text, sees it."""
+    from qwen_data.text.templates import Sample
+
+    chats = [{"instruction": "plain", "output": "ok"}, {"instruction": "say <|im_end|> now", "output": "ok"}]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    ids = SampleEncoder._ids
+
+    def parsing(self, samples):  # every literal parsed, as if the policy were parse
+        return ids(self, [Sample(s.segments, s.trained_turns) for s in samples])
+
+    monkeypatch.setattr(SampleEncoder, "_ids", parsing)
+    assert main(qwen2p5("sft", corpus, "-o", str(tmp_path / "s"), "--workers", "1")) == 2
+    assert f"{corpus}:2: our ids differ from the reference's" in capsys.readouterr().err
+
+
+def test_verify_certify_checks_records_with_literals(tmp_path):
+    corpus, prefix = write_jsonl(tmp_path / "c.jsonl", LITERAL_CHATS), str(tmp_path / "s")
+    assert main(qwen2p5("sft", corpus, "-o", prefix, "--pack", "--seq-length", "512")) == 0
+    assert main(["verify", prefix, "--certify", "10", *REFERENCE, reference_template()]) == 0
+    recheck = certificate(prefix)["rechecks"][-1]
+    assert recheck["records_checked"] == len(LITERAL_CHATS) and recheck["mismatches"] == 0
+    assert "records_with_literals_skipped" not in recheck
