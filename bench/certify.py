@@ -1,0 +1,315 @@
+"""What the certificate costs: whole `qwen-data` commands certified against `--no-certify`, one run.
+
+Each case runs both ways in turn, N rounds (the order flips every round, so load from others and a
+warm page cache favour neither side), every run a whole process timed as a user would time it:
+wall, CPU of the process tree, peak summed RSS of the tree (`measure.run_measured`). A case's figures
+are the medians over the rounds of certified / no-certify (and of the seconds certified adds). Every
+certified run must say `certified: true` and write the same data (the manifest's fingerprint) as
+the no-certify one beside it, or the script stops.
+
+  start     a one-document pretrain: start-up (target: certified adds <= 0.1 s)
+  pretrain  the 40 MB bench text, --workers (default 2)
+  sft       the 16 MB bench chats, --template qwen2p5 --pack --seq-length 4096; certified with
+            --reference-template (the official Qwen2.5 Jinja) (target: adds <= 0.3 s)
+  long      one record of 58 MB of real text (target: <= 2x wall and peak RSS)
+  megadocs  100 documents of 1 MB each
+  big       a 16-core host: >= 1 GB of text, pretrain, and >= 1 GB of chats, sft packed, at
+            --workers (default 16) (target: <= 1.03x)
+
+Larger corpora are made from the bench text and chats, deterministically, and cached beside them
+(`certify/` in the bench cache): see CORPORA.
+
+    python3 bench/certify.py --json bench/results/cpu/certify-2core.json    # all but big
+    python3 bench/certify.py start sft --rounds 5
+    python3 bench/certify.py big --workers 16 --json OUT [--text FILE --chats FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import measure  # noqa: E402  (first: it puts this checkout ahead of an installed qwen-data)
+import corpora  # noqa: E402
+
+RECIPE = 1  # bump when the derived corpora are made otherwise: cached ones are then made again
+SMALL = ("start", "pretrain", "sft", "long", "megadocs")
+SFT_ARGS = ["--template", "qwen2p5", "--pack", "--seq-length", "4096"]
+TEMPLATE = "qwen2.5-instruct.jinja"
+LONG_BYTES, MEGADOC_BYTES, MEGADOCS = 58_000_000, 1_000_000, 100
+# Targets: seconds certified may add, or certified / no-certify ratios.
+TARGETS = {"start": {"added_s": 0.1}, "sft": {"added_s": 0.3}, "long": {"wall": 2.0, "rss": 2.0},
+           "big-pretrain": {"wall": 1.03}, "big-sft": {"wall": 1.03}}
+SPACE = re.compile(r"(\s+)")
+# How the bigger corpora are made (printed into their manifests and the results).
+CORPORA = ("From the bench text (chats), deterministically: its records in file order, then passes over it in which "
+           "every document (every message of a chat) has its words shuffled, seeded by the pass and the record's "
+           "number, the whitespace left in place: the same bytes and words, so a real text's tokens per byte, in "
+           "an order never seen. No record repeats: each is hashed and one met before is left out. long and "
+           "megadocs join these texts in order, a blank line between, up to their size; big takes them as they are.")
+
+
+# --- corpora: real text, made bigger without repeating a document ---
+
+
+def shuffled(text: str, seed: str) -> str:
+    """The words of `text` in an order `seed` picks; the whitespace between them stays in place."""
+    parts = SPACE.split(text)
+    words = parts[0::2]
+    random.Random(seed).shuffle(words)
+    parts[0::2] = words
+    return "".join(parts)
+
+
+_SOURCE: list = []  # the source's records, set before the pool forks
+
+
+def _pass(k: int) -> list[str]:
+    """Pass `k` over the source as jsonl lines: as they are (0), or every text word-shuffled."""
+    lines = []
+    for n, record in enumerate(_SOURCE):
+        if "messages" in record:
+            record = {"messages": [{**m, "content": m["content"] if k == 0 else shuffled(m["content"], f"{k}:{n}:{i}")}
+                                   for i, m in enumerate(record["messages"])]}
+        else:
+            record = {"text": record["text"] if k == 0 else shuffled(record["text"], f"{k}:{n}")}
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    return lines
+
+
+def unique_lines(source: str, target_bytes: int, manifest: dict):
+    """jsonl lines of `source`'s passes (`_pass`, made in parallel) up to `target_bytes`, each
+    record met once: a line met before is left out (counted in `manifest`, with the passes made)."""
+    with open(source, encoding="utf-8") as f:
+        _SOURCE[:] = [json.loads(line) for line in f]
+    passes = -(-target_bytes // os.path.getsize(source)) + 1  # one more: room for the lines left out
+    manifest.update(passes=passes, left_out=0, how=CORPORA)
+    seen, total = set(), 0
+    with multiprocessing.get_context("fork").Pool(min(passes, os.cpu_count() or 1)) as pool:
+        for batch in pool.imap(_pass, range(passes)):
+            for line in batch:
+                digest = hashlib.blake2b(line.encode("utf-8"), digest_size=16).digest()
+                if digest in seen:
+                    manifest["left_out"] += 1
+                    continue
+                seen.add(digest)
+                yield line
+                total += len(line.encode("utf-8"))
+                if total >= target_bytes:
+                    return
+    raise RuntimeError(f"{source}: {passes} passes gave only {total:,} bytes")
+
+
+def texts_joined(source: str, sizes: list[int], manifest: dict):
+    """jsonl lines, one a size of `sizes`: each the texts of `unique_lines`, in order, joined with a
+    blank line until it holds that many UTF-8 bytes of text."""
+    lines = unique_lines(source, sum(sizes) + 10_000_000, manifest)  # a margin: lines hold escapes too
+    for size in sizes:
+        parts, held = [], 0
+        while held < size:
+            parts.append(json.loads(next(lines))["text"])
+            held += len(parts[-1].encode("utf-8")) + 2
+        yield json.dumps({"text": "\n\n".join(parts)}, ensure_ascii=False) + "\n"
+    lines.close()
+
+
+def derived(name: str, source: str, target: int, make) -> str:
+    """The corpus `name` in the bench cache's certify/, `make(manifest)`'s lines, made when the
+    cache holds none made by this recipe from this source to this size."""
+    path = os.path.join(corpora.CACHE_DIR, "certify", name)
+    pins = {"recipe": RECIPE, "target_bytes": target, "from": source, "from_sha256": corpora.file_sha256(source)}
+    if os.path.isfile(path) and os.path.isfile(path + ".json"):
+        with open(path + ".json", encoding="utf-8") as f:
+            if {k: v for k, v in json.load(f).items() if k in pins} == pins:
+                return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    print(f"making {path} ...", flush=True)
+    manifest = dict(pins)
+    corpora._write_atomically(path, make(manifest), manifest)  # the manifest is written after the lines
+    return path
+
+
+def bench_source(given: str | None, build) -> str:
+    """A corpus given on the command line, or the bench cache's (built by corpora.py, which downloads
+    its packages with apt-get and pip: a host without network must be given the file)."""
+    if given:
+        return os.path.abspath(given)
+    try:
+        return build()
+    except Exception as error:  # noqa: BLE001 -- any failure to build says the same: give the file
+        raise SystemExit(f"the bench corpus is not built here and cannot be ({error}); "
+                         "copy it from a host that has it and pass --text FILE / --chats FILE") from error
+
+
+# --- the cases ---
+
+
+def reference_template(given: str | None) -> str:
+    """The official Qwen2.5 Jinja: --reference-template, $QWEN_DATA_ORACLES's, or shared/oracles'."""
+    folders = [os.environ.get("QWEN_DATA_ORACLES"), "/work/shared/oracles",
+               os.path.join(os.path.dirname(measure.REPO_ROOT), "shared", "oracles")]
+    for path in [given] + [os.path.join(f, TEMPLATE) for f in folders if f]:
+        if path and os.path.isfile(path):
+            return os.path.abspath(path)
+    raise SystemExit(f"{TEMPLATE} not found: pass --reference-template FILE or set QWEN_DATA_ORACLES")
+
+
+def one_document(work: str) -> str:
+    path = os.path.join(work, "one.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"text": "Hello world, a short document."}\n')  # as bench/startup.py times
+    return path
+
+
+def cases(names: list[str], args, work: str) -> dict:
+    """name -> (qwen-data arguments, the certified run's extra arguments); inputs made as needed."""
+    text = lambda: bench_source(args.text, corpora.text_corpus)  # noqa: E731
+    chats = lambda: bench_source(args.chats, corpora.chat_corpus)  # noqa: E731
+    template = lambda: ["--reference-template", reference_template(args.reference_template)]  # noqa: E731
+    small, big = ["--workers", str(args.workers or 2)], ["--workers", str(args.workers or 16)]
+    mb = args.big_mb * 1_000_000
+
+    def joined(name: str, sizes: list[int]) -> str:
+        return derived(name, text(), sum(sizes), lambda manifest: texts_joined(text(), sizes, manifest))
+
+    def unique(name: str, source: str) -> str:
+        return derived(name, source, mb, lambda manifest: unique_lines(source, mb, manifest))
+
+    made = {
+        "start": lambda: (["pretrain", one_document(work)], []),  # qwen-data's default workers, as a user runs it
+        "pretrain": lambda: (["pretrain", text(), *small], []),
+        "sft": lambda: (["sft", chats(), *SFT_ARGS, *small], template()),
+        "long": lambda: (["pretrain", joined("long-58MB.jsonl", [LONG_BYTES]), *small], []),
+        "megadocs": lambda: (["pretrain", joined("megadocs-100x1MB.jsonl", [MEGADOC_BYTES] * MEGADOCS), *small], []),
+        "big-pretrain": lambda: (["pretrain", unique(f"text-unique-{args.big_mb}MB.jsonl", text()), *big], []),
+        "big-sft": lambda: (["sft", unique(f"chats-unique-{args.big_mb}MB.jsonl", chats()), *SFT_ARGS, *big],
+                            template()),
+    }
+    return {name: made[name]() for name in names}
+
+
+def described(path: str) -> dict:
+    """An input: its size and records, and how it was made where this script made it."""
+    with open(path, "rb") as f:
+        records = sum(1 for _ in f)
+    found = {"path": path, "bytes": os.path.getsize(path), "records": records}
+    if os.path.isfile(path + ".json") and os.path.dirname(path).endswith("certify"):
+        with open(path + ".json", encoding="utf-8") as f:
+            found["made"] = {k: v for k, v in json.load(f).items() if k != "how"}
+    return found
+
+
+def run(argv: list, extra: list, certified: bool, work: str) -> dict:
+    """One whole run, its outputs removed after; SystemExit unless its certificate says what was asked."""
+    prefix = os.path.join(work, "out", "data")
+    flags = extra if certified else ["--no-certify"]
+    env = measure.python_env()
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package runs: its bytecode cached
+    load = os.getloadavg()[0]  # others share the machine: how busy it was, beside each figure
+    m = measure.run_measured(measure.qwen_data_command(*argv, "-o", prefix, "--quiet", *flags), cwd=work, env=env)
+    m.check()
+    with open(prefix + ".json", encoding="utf-8") as f:
+        manifest = json.load(f)
+    shutil.rmtree(os.path.dirname(prefix))
+    certificate = manifest["certificate"]
+    if certificate["certified"] != certified:
+        raise SystemExit(f"{' '.join(argv)}: certified is {certificate['certified']}: {certificate.get('why')}")
+    return {"wall_s": round(m.wall_s, 3), "cpu_s": round(m.cpu_s, 3), "peak_rss_mib": round(m.peak_rss / 2**20, 1),
+            "load_before": load, "fingerprint": manifest["fingerprint"], "records_checked": certificate.get("records_checked", 0)}
+
+
+def summary(name: str, rounds: list[dict]) -> dict:
+    """Medians over the rounds of certified / no-certify and of what certified adds; the targets met."""
+    pairs = [(r["certified"], r["no_certify"]) for r in rounds]
+    if any(c["fingerprint"] != n["fingerprint"] for c, n in pairs):
+        raise SystemExit(f"{name}: certified and --no-certify wrote different data")
+    ratio = lambda key: round(statistics.median(c[key] / n[key] for c, n in pairs), 3)  # noqa: E731
+    out = {"wall": ratio("wall_s"), "cpu": ratio("cpu_s"), "rss": ratio("peak_rss_mib"),
+           "added_s": round(statistics.median(c["wall_s"] - n["wall_s"] for c, n in pairs), 3),
+           "added_cpu_s": round(statistics.median(c["cpu_s"] - n["cpu_s"] for c, n in pairs), 3),
+           "certified_wall_s": statistics.median(c["wall_s"] for c, _ in pairs),
+           "no_certify_wall_s": statistics.median(n["wall_s"] for _, n in pairs),
+           "records_checked": pairs[0][0]["records_checked"]}
+    targets = TARGETS.get(name, {})
+    out["targets"] = {key: {"at_most": limit, "met": out[key] <= limit} for key, limit in targets.items()}
+    return out
+
+
+def print_results(results: dict) -> None:
+    rows = []
+    for name, case in results["cases"].items():
+        s = case["summary"]
+        goals = ", ".join(f"{k} <= {t['at_most']}: {'met' if t['met'] else 'NOT met'}" for k, t in s["targets"].items())
+        rows.append([name, f"{s['certified_wall_s']:.2f}", f"{s['no_certify_wall_s']:.2f}", f"{s['wall']:.2f}x",
+                     f"{s['added_s']:+.2f}", f"{s['cpu']:.2f}x", f"{s['rss']:.2f}x", s["records_checked"], goals or "-"])
+    measure.print_table(rows, ["case", "certified s", "no-certify s", "wall", "added s", "cpu", "peak RSS",
+                               "checked", "target"])  # fmt: skip
+
+
+def selected(names: list[str]) -> list[str]:
+    unknown = set(names) - {*SMALL, "big"}
+    if unknown:
+        raise SystemExit(f"unknown cases {sorted(unknown)}: choose among {', '.join(SMALL)}, big")
+    return [c for name in names or SMALL for c in (["big-pretrain", "big-sft"] if name == "big" else [name])]
+
+
+def one_round(k: int, todo: dict, results: dict, work: str) -> None:
+    """Each case both ways, the order flipped every round; its summary updated."""
+    for name, (argv, extra) in todo.items():
+        order = (True, False) if k % 2 == 0 else (False, True)
+        pair = {("certified" if c else "no_certify"): run(argv, extra, c, work) for c in order}
+        print(f"round {k + 1} {name}: certified {pair['certified']['wall_s']:.2f} s, "
+              f"--no-certify {pair['no_certify']['wall_s']:.2f} s", flush=True)
+        case = results["cases"].setdefault(name, {"command": ["qwen-data", *argv], "certified_adds": extra,
+                                                  "input": described(argv[1]), "rounds": []})
+        case["rounds"].append(pair)
+        case["summary"] = summary(name, case["rounds"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cases", nargs="*", help=f"any of {', '.join(SMALL)}, big (default: all but big)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, help="pool workers (default: 2; big: 16)")
+    parser.add_argument("--reference-template", metavar="FILE", help=f"the official {TEMPLATE} (sft, big)")
+    parser.add_argument("--text", metavar="FILE", help="the bench text.jsonl (default: bench/corpora.py's cache)")
+    parser.add_argument("--chats", metavar="FILE", help="the bench chats.jsonl (default: bench/corpora.py's cache)")
+    parser.add_argument("--big-mb", type=int, default=1000, help="big's text and chats, each (MB)")
+    parser.add_argument("--json", metavar="PATH", help="write the results here (after every round)")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="qwen-data-certify-")
+    try:
+        todo = cases(selected(args.cases), args, work)
+        results = {"host": {"cores": len(os.sched_getaffinity(0)), "cpu": cpu_model(),
+                            "python": platform.python_version()},
+                   "rounds": args.rounds, "method": __doc__.split("\n\n")[1], "corpora": CORPORA, "cases": {}}
+        for k in range(args.rounds):
+            one_round(k, todo, results, work)
+            if args.json:
+                with open(args.json, "w", encoding="utf-8") as f:
+                    json.dump(results, f, indent=1, ensure_ascii=False)
+                    f.write("\n")
+        print_results(results)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
+
+
+if __name__ == "__main__":
+    main()
