@@ -19,9 +19,10 @@ from importlib import metadata
 import numpy as np
 
 from ..formats.indexed import bin_tokens, read_index
+from ..qwen import IM_START_ID
 from .messages import NotMappable, RecordReading
 from .reference import ChatReference, NotCertified, TextReference, difference, reference_jinja, versions
-from .sample import Sampling, detection, numbers, ranges, window
+from .sample import LONG_BYTES, Sampling, detection, numbers, ranges, window
 from .spelling import Speller, normalized
 
 
@@ -94,12 +95,12 @@ class TextChecks(_Checks):
         self.reference = TextReference(self.tokenizer.directory, self.tokenizer.flavour, policy)
         self.eod_id = step.eod_id
 
-    def item(self, number: int, position: int, documents: list[tuple[str, np.ndarray]]) -> tuple:
+    def item(self, number: int, position: int, documents: list[tuple[str, np.ndarray, str | None]]) -> tuple:
         """What the checking process takes of a picked record: per text key, the text checked
         (the whole text, or a window of a long one), our ids for it and where they lie in the
         document (`read_back`); eod included for a whole text."""
-        return number, position, [checked_part(text, ours, self.sampling.seed, self.speller.table)
-                                  for text, ours in documents]
+        return number, position, [checked_part(text, ours, self.sampling.seed, self.speller.table, as_encoded)
+                                  for text, ours, as_encoded in documents]
 
     def to_read_back(self, where: str, item: tuple, documents: int) -> list:
         number, position, parts = item
@@ -132,6 +133,7 @@ class ChatChecks(_Checks):
         self.structure = None if config.mask == "all" else {
             "span": config.assistant_span, "last_only": config.rendered_history != "rendered",
             "empty_think_is_prompt": config.enable_thinking is False}
+        self.masked = 0  # records checked so far, in the checking process (MASKED)
         columns = config.columns
         # records --columns or --dataset-info read are checked from the record the column mapping made
         self.through_columns = columns is not None
@@ -159,8 +161,11 @@ class ChatChecks(_Checks):
         counts = dict.fromkeys(CHAT_COUNTS, 0)
         checked = []
         for where, (_, (source, count, samples)) in items:
+            # masks by the reference's renders up to each turn for the first MASKED records only: the
+            # structure check has every sample's mask; these renders are most of a record's cost
+            self.masked += 1
             try:
-                theirs = self.reference.record_samples(source)
+                theirs = self.reference.record_samples(source, self.sampling.seed, self.masked <= MASKED)
             except NotMappable:
                 counts["records_not_mappable"] += 1
                 continue
@@ -180,27 +185,36 @@ class ChatChecks(_Checks):
         every = ("every token trained (--mask all)" if self.structure is None else
                  "the mask the ChatML structure of its ids gives (certify.spelling.structure_mask), except samples "
                  "whose literals became control ids under --special-tokens parse")
-        picked = ("the reference's: renders of the record's messages up to each trained assistant turn, with and "
-                  "without the generation prompt (never our masking code); samples where a turn's render is not a "
-                  "prefix of the whole (Qwen3 strips earlier reasoning) are masks_not_checked")
+        picked = (f"the reference's, for the first {MASKED} records checked: renders of the record's messages up "
+                  "to each trained assistant turn, with and without the generation prompt (never our masking code); "
+                  "the other picked samples, those checked on a window of turns, and those where a turn's render is "
+                  "not a prefix of the whole (Qwen3 strips earlier reasoning) are masks_not_checked")
         return {"every_sample": every, "picked_samples": picked}
 
 
+MASKED = 256  # records of a run whose masks the reference derives again (`ChatChecks.check`)
 CHAT_COUNTS = ("records_checked", "samples_checked", "masks_not_checked", "records_not_mappable",
                "records_through_columns")
 
 
 def compare_samples(where: str, count: int, samples: list, theirs: list, counts: dict, first: int = 0) -> str | None:
     """The first difference between a record's samples, ours (`samples`: (k, ids, mask) of those of
-    its `count` samples that were kept) and the reference's (`theirs`: (ids, mask or None) of every
-    sample), naming the record; None where they are equal. Masks are compared from token `first`."""
+    its `count` samples that were kept) and the reference's (`theirs`: (ids, mask or None, window or
+    None) of every sample, `ChatReference.record_samples`), naming the record; None where they are
+    equal. Masks are compared from token `first`."""
     if len(theirs) != count:
         return f"{where}: the reference makes {len(theirs)} samples of the record, ours {count}"
     for k, ours_ids, ours_mask in samples:
-        ids, mask = theirs[k]
+        ids, mask, turns = (*theirs[k], None)[:3]
         counts["samples_checked"] += 1
         counts["masks_not_checked"] += mask is None
         named = f"{where}: sample {k + 1} of {count}" if count > 1 else where
+        if turns is not None:  # the reference's window of whole turns, found in ours by its <|im_start|>s
+            starts = np.flatnonzero(np.asarray(ours_ids) == IM_START_ID)
+            if len(starts) <= max(turns[0], turns[1] or 0):
+                return f"{named}: our sample has {len(starts)} turns, fewer than the reference's window needs"
+            ours_ids = ours_ids[starts[turns[0]]:len(ours_ids) if turns[1] is None else starts[turns[1]]]
+            named += f" (its turns {turns[0] + 1}..{'' if turns[1] is None else turns[1]})"
         if not np.array_equal(ours_ids, ids):
             return f"{named}: {difference(ours_ids, ids)}"
         if mask is not None and not np.array_equal(ours_mask[first:], mask[first:]):
@@ -208,18 +222,24 @@ def compare_samples(where: str, count: int, samples: list, theirs: list, counts:
     return None
 
 
-def checked_part(text: str, ours: np.ndarray, seed: int, table) -> tuple[str, np.ndarray, int, int]:
+def checked_part(text: str, ours: np.ndarray, seed: int, table, as_encoded: str | None = None
+                 ) -> tuple[str, np.ndarray, int, int]:
     """(text checked, our ids for it, where they lie in the document) of a document: the whole text
     (ids with the eod), or a window of a long one (`sample.window`), whose ids are found by the bytes
-    each id spells (`table`: `spelling.Spelling`)."""
-    data = normalized(text).encode("utf-8")
+    each id spells (`table`: `spelling.Spelling`). `as_encoded`: the text as the tokenizer
+    normalized it, where it did (not normalized again: a 58 MB record takes seconds)."""
+    if len(text) <= LONG_BYTES // 4:  # short whatever its encoding: checked whole
+        return text, np.array(ours), 0, len(ours)
+    data = (as_encoded if as_encoded is not None else normalized(text)).encode("utf-8")
     cut = window(data, seed)
     if cut is None:
         return text, np.array(ours), 0, len(ours)
     starts = np.concatenate([[0], np.cumsum(table.lengths[ours[:-1].astype(np.intp)])])
     a, b = (int(k) for k in np.searchsorted(starts, cut))
     if starts[a] != cut[0] or (b < len(starts) and starts[b] != cut[1]):
-        b = a  # our tokens cross a cut the tokenizer never crosses: the comparison fails
+        # Our tokens cross a cut HF never crosses, or HF's tables normalized the text otherwise than
+        # it was cut (`unicode_exact`): the whole text is checked, so the comparison says which.
+        return text, np.array(ours), 0, len(ours)
     return data[cut[0]:cut[1]].decode("utf-8"), np.array(ours[a:b]), a, b
 
 

@@ -148,7 +148,7 @@ def _compare_samples(prefix, manifest, directory, reference, rejected, picker) -
         path, _, line = where.rpartition(":")
         lines.setdefault(path, []).append(int(line))
         try:
-            theirs = [_cut(ids, mask, sft) for ids, mask in reference.record_samples(_as_read(record))]
+            theirs = [_cut(ids, mask, sft) for ids, mask, _ in reference.record_samples(_as_read(record))]
         except NotMappable:
             counts["records_not_mappable"] += 1
             continue

@@ -28,7 +28,7 @@ from importlib import metadata
 
 import numpy as np
 
-from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS, IM_START
 from .messages import NotMappable, RecordReading, read_record
 from .render import ChatJinja, named_tokens
 
@@ -264,10 +264,13 @@ class ChatReference:
         self.span, self.mask_policy, self.enable_thinking = span, mask, enable_thinking
         self.reading, self.history = reading, history
 
-    def record_samples(self, source) -> list[tuple[list[int], np.ndarray | None]]:
-        """(ids, mask) of each sample a record makes, from the record itself (`messages.read_record`,
-        `RecordReading`), never from our parser's conversation; NotMappable where the documented
-        mapping or the template cannot take it."""
+    def record_samples(self, source, window_seed: int | None = None, masks: bool = True) -> list[tuple]:
+        """(ids, mask, window) of each sample a record makes, from the record itself
+        (`messages.read_record`, `RecordReading`), never from our parser's conversation; NotMappable
+        where the documented mapping or the template cannot take it. `window_seed`: a sample's render
+        above LONG_CHARS gives the ids of a window of whole turns only (`turn_window`), its mask None
+        and `window` the turns' (first, stop) `<|im_start|>` (else None); `masks`: False leaves every
+        mask None (the renders up to each turn are most of a record's cost)."""
         record = self.reading.messages(read_record(source))
         (messages, tools), unmark = placeholders(list(record), self.content.as_text, self.jinja)
 
@@ -276,7 +279,7 @@ class ChatReference:
         def rendered(n: int, prompt: bool = False) -> str:
             return self.render(messages[:n], tools, prompt)
 
-        return [self._sample(rendered, len(part), trained, unmark)
+        return [self._sample(rendered, len(part), trained, unmark, window_seed, masks)
                 for part, trained in reference_samples(messages, self.history)]
 
     def load(self) -> None:
@@ -297,16 +300,20 @@ class ChatReference:
         except _refusals() as why:  # e.g. Qwen2's template on a message without content
             raise NotMappable(f"the template refuses the messages: {why}") from None
 
-    def _sample(self, rendered, n: int, trained: list[int], unmark: dict | None) -> tuple[list[int], np.ndarray | None]:
-        """(ids, mask) of the sample rendering the record's first `n` messages (`rendered(n, prompt)`),
-        training the assistant messages at indices `trained`; mask None where it cannot be derived.
-        `unmark`: the placeholders' table (`placeholders`)."""
+    def _sample(self, rendered, n: int, trained: list[int], unmark: dict | None, window_seed: int | None,
+                masks: bool) -> tuple:
+        """(ids, mask, window) of the sample rendering the record's first `n` messages (`rendered(n,
+        prompt)`), training the assistant messages at indices `trained` (see `record_samples`); mask
+        None where it cannot be derived. `unmark`: the placeholders' table (`placeholders`)."""
         full = rendered(n)
+        if window_seed is not None and (cut := turn_window(full, window_seed)) is not None:
+            (a, b), turns = cut
+            return self.text.encode(full[a:b], unmark)[0], None, turns
         ids, offsets = self.text.encode(full, unmark)
         if self.mask_policy == "all":
-            return ids, np.ones(len(ids), dtype=np.uint8)
-        spans = [self._span(rendered, full, i) for i in trained]
-        return ids, None if None in spans else _token_mask(offsets, spans)
+            return ids, np.ones(len(ids), dtype=np.uint8), None
+        spans = [self._span(rendered, full, i) for i in trained] if masks else [None]
+        return ids, None if None in spans else _token_mask(offsets, spans), None
 
     def _span(self, rendered, full: str, i: int) -> tuple[int, int] | None:
         """The trained characters of the assistant message at index `i` in the sample's render `full`;
@@ -327,6 +334,25 @@ class ChatReference:
                 return None
             start = len(before)
         return start, end
+
+
+LONG_CHARS = 1024  # a render longer than this is checked on a window of whole turns ...
+WINDOW_CHARS = 512  # ... of at least this many characters, or to its end
+
+
+def turn_window(full: str, seed: int) -> tuple[tuple[int, int], tuple[int, int | None]] | None:
+    """((start, stop) in `full`, (first, stop) of its `<|im_start|>`s, stop None: to the end) of a
+    window of whole turns of a long render, picked by `seed`; None for a render short enough to
+    check whole. Every `<|im_start|>` in a render is a control id (content's are placeholders or
+    kept as ids by the policy), where HF's encoder cuts, so a window's ids are the whole's there."""
+    if len(full) <= LONG_CHARS:
+        return None
+    starts = [m.start() for m in re.finditer(re.escape(IM_START), full)]
+    if len(starts) < 2:
+        return None
+    first = seed % (len(starts) - 1)
+    stop = next((k for k in range(first + 1, len(starts)) if starts[k] - starts[first] >= WINDOW_CHARS), None)
+    return (starts[first], len(full) if stop is None else starts[stop]), (first, stop)
 
 
 def _token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:

@@ -22,30 +22,34 @@ NOTHING_WRITTEN = "nothing was written (--no-certify writes it anyway, recorded 
 
 
 class Certifier:
-    def __init__(self, checks, side=None) -> None:
-        """`side`: the checking process `early` started (None: check here)."""
+    def __init__(self, checks, sides: list | None = None) -> None:
+        """`sides`: the checking processes `early` started (none: check here)."""
         self.checks = checks
         self.counts: dict = {}
-        self.side = side
+        self.sides = sides or []
         self.kept: list | None = None
-        self.waiting: list[list] = []  # items picked while the checking process loads
-        self.loading = side is not None
-        if side is not None:
+        self.waiting: list[list] = []  # items picked while the checking processes load
+        self.loading = bool(self.sides)
+        self.sent = 0
+        for side in self.sides:
             side.send(("checks", checks))
 
     @staticmethod
-    def early(tokenizer_json: str):
-        """A checking process, forked before the run prepares anything, that loads HF's tokenizer
-        from `tokenizer_json` at once (~0.4-0.8 s: the reference's fixed cost, which a small run
-        would otherwise add to its own); None where this process holds it already (a second run in
-        one process, as tests and Ray tasks make: it checks here)."""
+    def early(tokenizer_json: str, count: int = 1) -> list:
+        """`count` checking processes, forked before the run prepares anything, that load HF's
+        tokenizer from `tokenizer_json` at once (~0.4-0.8 s: the reference's fixed cost, which a
+        small run would otherwise add to its own); none where this process holds it already (a
+        second run in one process, as tests and Ray tasks make: it checks here). HF encodes ~1 MB/s
+        a core: a run of many workers checks its sample in several processes, or its end would
+        wait for one."""
         if holds(tokenizer_json):
-            return None
+            return []
         from .workers import SideProcess
 
-        side = SideProcess(_check)
-        side.send(("load", tokenizer_json))
-        return side
+        sides = [SideProcess(_check) for _ in range(count)]
+        for side in sides:
+            side.send(("load", tokenizer_json))
+        return sides
 
     @classmethod
     def keeping(cls, step) -> "Certifier":
@@ -60,33 +64,35 @@ class Certifier:
         if self.kept is not None:
             self.kept += items
             return
-        if self.side is None:
+        if not self.sides:
             take(self.counts, self.checks.check(items))
             return
         self.waiting.append(items)
-        for answer in self.side.arrived():
-            self.loading = False  # the first answer says the reference is loaded
-            take(self.counts, answer)
+        for side in self.sides:
+            for answer in side.arrived():
+                self.loading = False  # a first answer says the reference is loaded
+                take(self.counts, answer)
         if not self.loading:
             self._send_waiting()
 
     def finish(self) -> dict:
         """The summed counts of every check; CertificateError at the first mismatch."""
-        if self.side is not None:
-            self._send_waiting()
-            for answer in self.side.answers():
+        self._send_waiting()
+        for side in self.sides:
+            for answer in side.answers():
                 take(self.counts, answer)
-            self.side.end(kill=False)
-            self.side = None
+            side.end(kill=False)
+        self.sides = []
         return self.counts
 
     def end(self) -> None:
-        if self.side is not None:
-            self.side.end(kill=True)
+        for side in self.sides:
+            side.end(kill=True)
 
     def _send_waiting(self) -> None:
         for items in self.waiting:
-            self.side.send(items)
+            self.sides[self.sent % len(self.sides)].send(items)  # in turn: the sides check at once
+            self.sent += 1
         self.waiting = []
 
 

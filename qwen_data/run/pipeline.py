@@ -46,6 +46,9 @@ WORKER_CACHES = 1536 << 20
 # for end-of-document and template tokens. A result that does not fit goes through the pipe.
 SLOT_BYTES_PER_CHUNK_BYTE = 4
 SLOT_MARGIN = 1 << 20
+# Workers whose picked records one checking process keeps up with (`run.certifier`): HF encodes
+# ~1 MB/s, the workers 30-80 MB/s each, and a sample of a few thousand records is a few MB.
+WORKERS_PER_CHECKER = 4
 UNCERTIFIED = {"certified": False, "why": "--no-certify: no record was checked against the reference libraries"}
 CHECKED_BY_CALLER = {"certified": False, "why": "the records picked were handed to the caller to check"}
 
@@ -149,14 +152,15 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     stderr unless the config is quiet)."""
     start, config = time.monotonic(), step.config
     # The reference's process first, to load its libraries while this one prepares and works.
-    early = None
+    early = []
     if config.certify and config.check_here:
-        early = Certifier.early(os.path.join(resolve_tokenizer_dir(config.tokenizer.name)[1], "tokenizer.json"))
+        early = Certifier.early(os.path.join(resolve_tokenizer_dir(config.tokenizer.name)[1], "tokenizer.json"),
+                                max(1, config.workers // WORKERS_PER_CHECKER))
     try:
         return _run(step, config, start, early, progress)
     finally:
-        if early is not None:
-            early.end()
+        for side in early:
+            side.end()
 
 
 def _run(step: Step, config: RunConfig, start: float, early, progress: Progress | None) -> list[Manifest]:

@@ -84,9 +84,10 @@ class Tokenize:
     def process(self, chunk: Chunk) -> Documents:
         texts, rejects = _Texts(self, chunk), Rejects(chunk)
         rejects.sift(chunk.records(), texts.add)
-        ids, lengths, misspelled = [], [], None
+        ids, lengths, encoded, misspelled = [], [], [], None
         for bucket in texts.by_key:
             flat, counts = self.tokenizer.encode_batch(bucket, special=self.config.special_tokens)
+            encoded.append(self.tokenizer.as_encoded or [None] * len(bucket))  # (texts as normalized to encode)
             if self.checks is not None and misspelled is None:
                 misspelled = self._spell(texts, bucket, flat, counts)
             doc_ids, doc_lengths = append_eod(flat, counts, self.eod_id)
@@ -98,8 +99,9 @@ class Tokenize:
         if self.checks is not None:
             result.misspelled, result.spelled = misspelled, 0 if misspelled else records
             ends = [np.cumsum(n) for n in lengths]
-            result.to_check = [self.checks.item(number, k, [(bucket[k], doc_ids[end[k] - n[k]:end[k]]) for
-                                                            bucket, doc_ids, n, end in zip(texts.by_key, ids, lengths, ends)])
+            result.to_check = [self.checks.item(number, k, [(bucket[k], doc_ids[end[k] - n[k]:end[k]], as_encoded[k])
+                                                            for bucket, doc_ids, n, end, as_encoded
+                                                            in zip(texts.by_key, ids, lengths, ends, encoded)])
                                for number, k in texts.picked]
         return result
 

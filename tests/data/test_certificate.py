@@ -337,7 +337,7 @@ def test_the_checking_process_keeps_checking_while_the_run_goes_on(tmp_path):
     from qwen_data.run.workers import SideProcess
 
     log = tmp_path / "checks"
-    certifier = module.Certifier(_CountingChecks(log), SideProcess(module._check))
+    certifier = module.Certifier(_CountingChecks(log), [SideProcess(module._check)])
     try:
         for k in range(2000):  # picked records, as a run's results bring them
             certifier.add([(f"f.jsonl:{k + 1}", "text")])
@@ -764,3 +764,36 @@ def test_verify_certify_checks_records_with_literals(tmp_path):
     recheck = certificate(prefix)["rechecks"][-1]
     assert recheck["records_checked"] == len(LITERAL_CHATS) and recheck["mismatches"] == 0
     assert "records_with_literals_skipped" not in recheck
+
+
+def test_a_long_chat_is_checked_on_a_window_of_whole_turns_and_a_fault_there_fails_the_run(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """Ids that spell the same bytes in other pieces, in every turn of long chats: the reference's
+    window of whole turns finds them."""
+    words = " ".join(f"word{k} hello" for k in range(60))
+    chats = [{"messages": [m for t in range(4) for m in ({"role": "user", "content": f"turn {t}: {words}"},
+                                                         {"role": "assistant", "content": f"answer {t}: {words}"})]}
+             for _ in range(3)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    args = ["sft", corpus, "--quiet", "--workers", "1", *REFERENCE, reference_template()]
+    assert main([*args, "-o", str(tmp_path / "ok")]) == 0
+    found = certificate(tmp_path / "ok")
+    assert found["certified"] and found["records_checked"] == 3
+    tokenizer = QwenTokenizer.shared()
+    [hello], pieces = tokenizer.encode(" hello").tolist(), np.concatenate([tokenizer.encode(" hel"),
+                                                                           tokenizer.encode("lo")])
+    encode = SampleEncoder.encode
+
+    def resegmented(self, samples):
+        out = []
+        for ids, mask in encode(self, samples):
+            at = np.flatnonzero(ids == hello)
+            ids = np.insert(np.delete(ids, at), np.repeat(at - np.arange(len(at)), 2), np.tile(pieces, len(at)))
+            mask = np.insert(np.delete(mask, at), np.repeat(at - np.arange(len(at)), 2), np.repeat(mask[at], 2))
+            out.append((ids.astype(np.int32), mask.astype(np.uint8)))
+        return out
+
+    monkeypatch.setattr(SampleEncoder, "encode", resegmented)
+    assert main([*args, "-o", str(tmp_path / "bad")]) == 2
+    error = capsys.readouterr().err
+    assert f"{corpus}:1" in error and "(its turns" in error and "our ids differ from the reference's" in error

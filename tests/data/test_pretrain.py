@@ -230,15 +230,16 @@ print(json.dumps({"modules": sorted(sys.modules), "decoded": decoded}))
 
 def test_a_small_run_starts_with_only_what_it_uses(tmp_path):
     """Start-up is most of a small run's time (bench/startup.py). Its one chunk is tokenized in the
-    main process (no worker, no multiprocess), neither sft's modules nor merge's thread pool are
-    imported, and tokenizer.json is not decoded once its rank file and added tokens are cached."""
+    main process (no worker: multiprocess only for the certificate's checking process, which loads
+    the reference beside it), neither sft's modules nor merge's thread pool are imported, and
+    tokenizer.json is not decoded once its rank file and added tokens are cached."""
     src = write_jsonl(tmp_path / "one.jsonl", [{"text": "Hello world, a short document."}])
     command = [sys.executable, "-c", SMALL_RUN, "pretrain", "--quiet", str(src), "-o", str(tmp_path / "out")]
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    for _ in range(2):  # the first run fills the cache
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    for extra in ([], [], ["--no-certify"]):  # the first run fills the cache
+        done = subprocess.run(command + extra, capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.splitlines()[-1])
+        result = json.loads(done.stdout.splitlines()[-1])
     loaded = set(result["modules"])
     assert not loaded & {"multiprocess", "concurrent.futures", "qwen_data.text.masking", "qwen_data.text.templates"}
     assert result["decoded"] == [False]
