@@ -18,7 +18,7 @@ from importlib import metadata
 
 import numpy as np
 
-from ..formats.indexed import bin_tokens, read_index
+from ..formats.indexed import MaskedWriter, bin_tokens, read_index
 from ..qwen import IM_START_ID
 from .messages import NotMappable, RecordReading
 from .reference import ChatReference, NotCertified, TextReference, difference, reference_jinja, versions
@@ -57,6 +57,10 @@ class _Checks:
     def to_read_back(self, where: str, item: tuple, documents: int) -> list:
         """`read_back`'s entries for a picked record, its chunk's documents following `documents`."""
         return []
+
+    def staged_files(self, prefixes: list[str]) -> list[tuple[str, str]]:
+        """The (.bin, .idx) of each dataset `read_back` reads, by the final names the run writes."""
+        return [(p + ".bin", p + ".idx") for p in prefixes]
 
     def certificate(self, counts: dict, records: int, fingerprint: str) -> dict:
         """What the run proved: `counts` summed over the run, and `records` it kept."""
@@ -151,6 +155,22 @@ class ChatChecks(_Checks):
     def picks(self, chunk, record) -> bool:
         return self.reference is not None and super().picks(chunk, record)
 
+    def to_read_back(self, where: str, item: tuple, documents: int) -> list:
+        """A sample is one document, ids and mask, where the run writes them as they come (unpacked,
+        or a shard's); packed rows and Pai's are laid out at the end: `verify` checks their structure."""
+        if self.config.stages:
+            return []
+        named = (lambda k, n: f"{where} (sample {k + 1})" if n > 1 else where)
+        count = item[1][1]
+        return [entry for k, index, ids, mask in item[2] for entry in
+                ((named(k, count), 0, documents + index, 0, len(ids), ids),
+                 (named(k, count), 1, documents + index, 0, len(mask), mask))]
+
+    def staged_files(self, prefixes: list[str]) -> list[tuple[str, str]]:
+        (prefix,) = prefixes
+        ids_bin, ids_idx, mask_bin, mask_idx = MaskedWriter.files(prefix)
+        return [(ids_bin, ids_idx), (mask_bin, mask_idx)]
+
     def load(self) -> None:
         self.reference.load()
 
@@ -160,7 +180,7 @@ class ChatChecks(_Checks):
         run's policy; a record the reference cannot map is counted apart, never checked."""
         counts = dict.fromkeys(CHAT_COUNTS, 0)
         checked = []
-        for where, (_, (source, count, samples)) in items:
+        for where, (_, (source, count, samples), *_) in items:
             # masks by the reference's renders up to each turn for the first MASKED records only: the
             # structure check has every sample's mask; these renders are most of a record's cost
             self.masked += 1
@@ -192,7 +212,7 @@ class ChatChecks(_Checks):
         return {"every_sample": every, "picked_samples": picked}
 
 
-MASKED = 256  # records of a run whose masks the reference derives again (`ChatChecks.check`)
+MASKED = 64  # records of a run whose masks the reference derives again (`ChatChecks.check`)
 CHAT_COUNTS = ("records_checked", "samples_checked", "masks_not_checked", "records_not_mappable",
                "records_through_columns")
 

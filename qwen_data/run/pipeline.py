@@ -181,8 +181,9 @@ def _run(step: Step, config: RunConfig, start: float, early, progress: Progress 
         if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
             raise empty_output(config.output_prefix, rejects)
         manifests = writer.close()
-        if step.checks is not None:  # the picked documents as written, before anything is committed
-            read_back(checked.read_back, [(outputs.staged(p + ".bin"), outputs.staged(p + ".idx")) for p in manifests])
+        if checked.read_back:  # the picked documents as written, before anything is committed
+            files = step.checks.staged_files(list(manifests))
+            read_back(checked.read_back, [(outputs.staged(b), outputs.staged(i)) for b, i in files])
         for prefix, manifest in manifests.items():
             manifest.inputs, manifest.rejects = inputs, rejects.summary()
             manifest.certificate = (

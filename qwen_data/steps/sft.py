@@ -220,6 +220,7 @@ class _Batching:
         self.sources: dict[int, tuple] = {}
         self.to_check: list[tuple[int, tuple]] = []
         self.free: list[bool] = []  # per sample: literals made control ids, where the template's may stand
+        self.written: dict[int, list] = {}  # picked record → (k, place among the chunk's samples, ids, mask)
         self.misspelled: tuple[int, str] | None = None
 
     def render(self, record: Record) -> None:
@@ -264,7 +265,9 @@ class _Batching:
             if position in self.picked and not isinstance(encoded, RecordError):
                 checked.setdefault(number, []).append((k, *encoded))
             yield _Encoded(number, raw, k, n, encoded)
-        self.to_check += [(number, (*self.sources[number], samples)) for number, samples in checked.items()]
+        # (after the last sample is fitted) with where each picked sample kept lies among the chunk's
+        self.to_check += [(number, (*self.sources[number], samples), self.written.get(number, []))
+                          for number, samples in checked.items()]
         self.to_check.sort(key=lambda item: item[0])
 
     def _spell(self, encodings: list) -> None:
@@ -282,6 +285,8 @@ class _Batching:
     def fit(self, sample: _Encoded) -> None:
         """Raises RecordError for a sample that does not fit the run's settings."""
         ids, mask, truncated = _fit(*sample.encoded, self.config, self.step.pad_id)
+        if sample.number in self.sources:  # picked: read back from the written files (`certify.checks`)
+            self.written.setdefault(sample.number, []).append((sample.k, len(self.ids), ids.copy(), mask.copy()))
         self.truncated += truncated
         self.ids.append(ids)
         self.mask.append(mask)

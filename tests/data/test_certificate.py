@@ -797,3 +797,21 @@ def test_a_long_chat_is_checked_on_a_window_of_whole_turns_and_a_fault_there_fai
     assert main([*args, "-o", str(tmp_path / "bad")]) == 2
     error = capsys.readouterr().err
     assert f"{corpus}:1" in error and "(its turns" in error and "our ids differ from the reference's" in error
+
+
+def test_an_sft_sample_the_writer_corrupts_is_found_in_the_written_files(tmp_path, monkeypatch, capsys):
+    from qwen_data.formats.indexed import MaskedWriter
+
+    chats = os.path.join(EXAMPLES, "chats.jsonl")
+    args = ["sft", chats, "--quiet", "--workers", "1", *REFERENCE, reference_template()]
+    add_batch = MaskedWriter.add_batch
+
+    def corrupting(self, ids, mask, *rest, **kwargs):
+        mask = np.array(mask)
+        mask[len(mask) // 2] ^= 1
+        return add_batch(self, ids, mask, *rest, **kwargs)
+
+    monkeypatch.setattr(MaskedWriter, "add_batch", corrupting)
+    assert main([*args, "-o", str(tmp_path / "s")]) == 2
+    assert "the written document differs from what was encoded" in capsys.readouterr().err
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("s")]
