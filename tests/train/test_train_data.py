@@ -329,7 +329,7 @@ def test_a_certificate_recording_a_mismatch_is_refused_unless_allowed(prefixes, 
     ids = np.memmap(edited + ".bin", np.int32, "r+")
     ids[3] = (int(ids[3]) + 1) % 1000
     ids.flush()
-    assert main(["verify", edited, "--certify", "5"]) == 1
+    assert main(["verify", edited, "--certify", "1000"]) == 1
     with pytest.raises(ValueError, match="certificate records ids that differ") as err:
         data.build_datasets(["1", prefixes["web"], "1", edited], 16, 10, 1, 1, split="80,10,10")
     assert edited in str(err.value) and "web.jsonl:1" in str(err.value)
