@@ -210,11 +210,12 @@ class Speller:
             return
         ids = np.concatenate([e[0] for e in encoded])
         counts = np.fromiter((len(e[0]) for e in encoded), dtype=np.int64, count=len(encoded))
-        spelled = self.table.spell(ids)
-        if spelled != b"".join(normalized(t).encode("utf-8") for t in texts):
+        spelled = "".join([normalized(t) for t in texts]).encode("utf-8")  # what the ids spell, once checked
+        if not self.table.matches(ids, spelled):
             for k, (text, (own, _)) in enumerate(zip(texts, encoded)):
                 if why := self.differs(text, own):
                     raise SpellingError(k, why)
+            spelled = self.table.spell(ids)  # each spelled its text as HF's older tables normalize it
         ours = np.concatenate([e[1] for e in encoded])
         if structure is None:
             derived = np.ones(len(ids), dtype=np.uint8)
@@ -248,17 +249,19 @@ class Speller:
 def structure_mask(spelled: bytes, ids: np.ndarray, token_starts: np.ndarray, sample_ends: np.ndarray,
                    span: str, last_only: bool, empty_think_is_prompt: bool) -> np.ndarray:
     """The loss mask the template's structure gives samples laid end to end (`sample_ends`: each
-    one's end, in tokens), from their ids alone: in a sample, each `<|im_start|>` control token
-    spelling `<|im_start|>assistant\\n` opens a span that the sample's next `<|im_end|>` control
-    token closes; `span` cuts it as --assistant-span does (im_end_nl: the content, `<|im_end|>` and
-    the newline; im_end: without the newline; trl: with the newline before; turn: the whole turn);
+    one's end, in tokens; `spelled`: the bytes the ids spell, `token_starts` where each begins),
+    from their ids alone: in a sample, each `<|im_start|>` control token spelling
+    `<|im_start|>assistant\\n` opens a span that the sample's next `<|im_end|>` control token
+    closes; `span` cuts it as --assistant-span does (im_end_nl: the content, `<|im_end|>` and the
+    newline; im_end: without the newline; trl: with the newline before; turn: the whole turn);
     `last_only`: a sample's last span only; `empty_think_is_prompt`: an empty think block opening
     the content is left out. A token is trained when any of its bytes falls in a span."""
-    ends = np.flatnonzero(ids == IM_END_ID)
+    heads, ends = np.flatnonzero(ids == IM_START_ID), np.flatnonzero(ids == IM_END_ID)
+    closing = np.searchsorted(ends, heads)
+    samples = np.searchsorted(sample_ends, heads, side="right")
     by_sample: dict[int, list] = {}
-    for h in np.flatnonzero(ids == IM_START_ID).tolist():
+    for h, k, s in zip(heads.tolist(), closing.tolist(), samples.tolist()):
         start = int(token_starts[h])
-        k, s = int(np.searchsorted(ends, h)), int(np.searchsorted(sample_ends, h, side="right"))
         if spelled[start:start + len(HEADER)] != HEADER or k == len(ends) or ends[k] >= sample_ends[s]:
             continue
         content, close = start + len(HEADER), int(token_starts[ends[k]]) + len(IM_END)
@@ -269,15 +272,16 @@ def structure_mask(spelled: bytes, ids: np.ndarray, token_starts: np.ndarray, sa
         if empty_think_is_prompt and spelled.startswith(EMPTY_THINK, content):
             turn = [(first, content), (content + len(EMPTY_THINK), last)]
         by_sample.setdefault(s, []).append(turn)
-    covered = np.zeros(len(spelled) + 1, dtype=np.int32)
-    for turns in by_sample.values():
-        for a, b in (piece for turn in (turns[-1:] if last_only else turns) for piece in turn):
-            if b > a:
-                covered[a] += 1
-                covered[b] -= 1
-    inside = np.concatenate([[0], np.cumsum(np.cumsum(covered)[:-1] > 0)])
-    token_ends = np.append(token_starts[1:], len(spelled)).astype(np.int64)
-    return (inside[token_ends] > inside[token_starts]).astype(np.uint8)
+    pieces = [piece for turns in by_sample.values() for turn in (turns[-1:] if last_only else turns)
+              for piece in turn if piece[1] > piece[0]]
+    trained = np.zeros(len(ids) + 1, dtype=np.int32)
+    if pieces:
+        a, b = np.asarray(pieces, dtype=np.int64).T
+        token_ends = np.append(token_starts[1:], len(spelled))
+        # the tokens touching bytes [a, b): from the first ending after a to the last starting before b
+        np.add.at(trained, np.searchsorted(token_ends, a, side="right"), 1)
+        np.add.at(trained, np.searchsorted(token_starts, b, side="left"), -1)
+    return (np.cumsum(trained[:-1]) > 0).astype(np.uint8)
 
 
 def bytes_before(table: Spelling, ids: np.ndarray) -> np.ndarray:
