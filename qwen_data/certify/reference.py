@@ -229,12 +229,6 @@ def _hf_tokenizer(path: str):
     return _LOADED["tokenizers", path]
 
 
-def loaded(tokenizer_dir: str) -> bool:
-    """Whether this process holds the reference for a tokenizer folder already (a process forked
-    from it inherits it): its HF tokenizer, the one part that takes long to load."""
-    return ("tokenizers", os.path.join(tokenizer_dir, "tokenizer.json")) in _LOADED
-
-
 class ChatReference:
     """The template's Jinja rendered by jinja2 as transformers renders it (`render.ChatJinja`); ids by
     `TextReference` (the rendered text, every literal of the flavour's added tokens an id, as

@@ -1,10 +1,10 @@
 """The reference's checks of a run's picked records (`certify.checks`), beside the run.
 
 Workers pick records and hand over what they made of them (`ChunkResult.to_check`); the checker's
-`check` encodes them again with the reference libraries and compares. Loading those libraries takes
-~0.7 s (HF tokenizers) to ~2 s (transformers): a process that has not loaded them checks in a
-process of its own, started with the run, which loads them while the workers work; one that holds
-them already (a second run in the same process, as tests and Ray tasks make) checks here.
+`check` encodes them again with the reference libraries and compares. Loading HF's tokenizer takes
+~0.5 s: a process that has not loaded it checks in processes of their own (`early`), forked as the
+run starts, which load it while the run prepares and works; one that holds it already (a second run
+in the same process, as tests and Ray tasks make) checks here.
 
 The run never waits for that process. Its answers are read as they come: left in the pipe until the
 end, a few hundred of them filled it, and the process stopped checking until the workers were done

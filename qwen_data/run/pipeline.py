@@ -168,6 +168,10 @@ def _run(step: Step, config: RunConfig, start: float, early, progress: Progress 
     sources = expand(config.inputs, config.hf_split)
     inputs = input_list(sources)
     step.checks = checks_for(step, inputs, [estimated_records(s) for s in sources]) if config.certify else None
+    if step.checks is not None and step.checks.uncertified:
+        for side in early:  # no reference here (SFT without the template's Jinja): nothing to check
+            side.end()
+        early.clear()
     check_outputs(step.files() + [config.rejects_path], [s.path for s in sources if s.path != STDIN],
                   dataset_owner(step.prefixes(), step.kind))
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
