@@ -19,7 +19,6 @@ from importlib import metadata
 import numpy as np
 
 from ..formats.indexed import MaskedWriter, bin_tokens, read_index
-from ..qwen import IM_START_ID
 from .messages import NotMappable, RecordReading
 from .reference import ChatReference, NotCertified, TextReference, difference, reference_jinja, versions
 from .sample import LONG_BYTES, Sampling, detection, numbers, ranges, window
@@ -32,7 +31,18 @@ class CertificateError(ValueError):
 
 def checks_for(step, inputs: list[dict], estimates: list[int | None]):
     """The checker of a step (`steps.pretrain.Tokenize`, `steps.sft.ChatSamples`), prepared."""
-    return ChatChecks(step, inputs, estimates) if step.kind == "sft" else TextChecks(step, inputs, estimates)
+    return _kind(step)(step, inputs, estimates)
+
+
+def checkers(step, workers: int) -> int:
+    """The checking processes a run of `workers` gets (`run.certifier`): each loads HF's tokenizer
+    (~0.45 CPU s), so as few as keep up with the sample (a few thousand records) while the workers
+    work; more only where a record costs more to check."""
+    return max(1, workers // _kind(step).workers_per_checker)
+
+
+def _kind(step):
+    return ChatChecks if step.kind == "sft" else TextChecks
 
 
 class _Checks:
@@ -91,6 +101,9 @@ class TextChecks(_Checks):
     one's) equal HF tokenizers' on the same text, under the run's special-token policy."""
 
     libraries = ("tokenizers",)
+    # HF encodes a window (~512 bytes) in ~0.35 ms: a sample's ~1.2 CPU s in one process, which keeps up
+    # with any number of workers on a run of a few seconds.
+    workers_per_checker = 32
 
     def __init__(self, step, inputs, estimates) -> None:
         super().__init__(step, inputs, estimates)
@@ -128,12 +141,15 @@ class ChatChecks(_Checks):
     apply_chat_template renders it, encoded by HF tokenizers."""
 
     libraries = ("jinja2", "tokenizers")
+    # a record costs ~1.5 ms (its render, the window encoded, the whole spelled): one process per 8 workers
+    workers_per_checker = 8
 
     def __init__(self, step, inputs, estimates) -> None:
         super().__init__(step, inputs, estimates)
         config = self.config = step.config
         self.template = step.template
         self.speller = Speller(self.tokenizer, "parse")
+        self.table = self.speller.table  # the checking process's too: it spells samples checked on a window
         self.structure = None if config.mask == "all" else {
             "span": config.assistant_span, "last_only": config.rendered_history != "rendered",
             "empty_think_is_prompt": config.enable_thinking is False}
@@ -191,7 +207,7 @@ class ChatChecks(_Checks):
                 continue
             counts["records_checked"] += 1
             counts["records_through_columns"] += self.through_columns
-            mismatch = compare_samples(where, count, samples, theirs, counts)
+            mismatch = compare_samples(where, count, samples, theirs, counts, table=self.table)
             if mismatch:
                 return counts, mismatch
             checked.append((where, None))
@@ -217,24 +233,35 @@ CHAT_COUNTS = ("records_checked", "samples_checked", "masks_not_checked", "recor
                "records_through_columns")
 
 
-def compare_samples(where: str, count: int, samples: list, theirs: list, counts: dict, first: int = 0) -> str | None:
+def compare_samples(where: str, count: int, samples: list, theirs: list, counts: dict, first: int = 0,
+                    table=None) -> str | None:
     """The first difference between a record's samples, ours (`samples`: (k, ids, mask) of those of
     its `count` samples that were kept) and the reference's (`theirs`: (ids, mask or None, window or
     None) of every sample, `ChatReference.record_samples`), naming the record; None where they are
-    equal. Masks are compared from token `first`."""
+    equal. Masks are compared from token `first`. A sample the reference checked on a window (the
+    text its whole render's ids spell, the window's first byte and end) is compared whole with what
+    our ids spell (`table`: `spelling.Spelling`), and on the window as ids."""
     if len(theirs) != count:
         return f"{where}: the reference makes {len(theirs)} samples of the record, ours {count}"
     for k, ours_ids, ours_mask in samples:
-        ids, mask, turns = (*theirs[k], None)[:3]
+        ids, mask, cut = (*theirs[k], None)[:3]
         counts["samples_checked"] += 1
         counts["masks_not_checked"] += mask is None
         named = f"{where}: sample {k + 1} of {count}" if count > 1 else where
-        if turns is not None:  # the reference's window of whole turns, found in ours by its <|im_start|>s
-            starts = np.flatnonzero(np.asarray(ours_ids) == IM_START_ID)
-            if len(starts) <= max(turns[0], turns[1] or 0):
-                return f"{named}: our sample has {len(starts)} turns, fewer than the reference's window needs"
-            ours_ids = ours_ids[starts[turns[0]]:len(ours_ids) if turns[1] is None else starts[turns[1]]]
-            named += f" (its turns {turns[0] + 1}..{'' if turns[1] is None else turns[1]})"
+        if cut is not None:
+            whole, start, stop = cut
+            ours_ids = np.asarray(ours_ids)
+            if not table.spells(whole, ours_ids):
+                spelled, whole = table.spell(ours_ids), whole.encode("utf-8")
+                at = next((i for i, (a, b) in enumerate(zip(spelled, whole)) if a != b), min(len(spelled), len(whole)))
+                return (f"{named}: its ids spell other bytes than the template's render from byte {at:,}: "
+                        f"{spelled[max(0, at - 20):at + 20]!r} where the render has {whole[max(0, at - 20):at + 20]!r}")
+            starts = np.concatenate([[0], np.cumsum(table.lengths[ours_ids.astype(np.intp)])])
+            a, b = (int(i) for i in np.searchsorted(starts, (start, stop)))
+            if starts[a] != start or starts[b] != stop:
+                return f"{named}: our ids cross the cut at byte {start if starts[a] != start else stop:,}, where HF's never do"
+            ours_ids = ours_ids[a:b]
+            named += f" (the window of its tokens {a:,}..{b:,})"
         if not np.array_equal(ours_ids, ids):
             return f"{named}: {difference(ours_ids, ids)}"
         if mask is not None and not np.array_equal(ours_mask[first:], mask[first:]):

@@ -28,9 +28,11 @@ from importlib import metadata
 
 import numpy as np
 
-from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS, IM_START
+from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 from .messages import NotMappable, RecordReading, read_record
 from .render import ChatJinja, named_tokens
+from .sample import window
+from .spelling import normalized
 
 SHOWN = 6  # ids shown either side of the first difference
 
@@ -117,6 +119,10 @@ class TextReference:
         for i, encoding in zip(plain, self._full.encode_batch([texts[i] for i in plain], add_special_tokens=False)):
             ids[i] = encoding.ids
         return [self.encode(text)[0] if found is None else found for text, found in zip(texts, ids)]
+
+    def spelled(self, text: str, unmark: dict | None = None) -> str:
+        """What `text`'s ids spell: its placeholders put back, normalized as HF normalizes it."""
+        return normalized(text.translate(unmark) if unmark else text)
 
     def encode(self, text: str, unmark: dict | None = None) -> tuple[list[int], list[tuple[int, int]]]:
         """(ids, each id's character span in `text`). `unmark`: a `str.translate` table of the
@@ -262,9 +268,10 @@ class ChatReference:
         """(ids, mask, window) of each sample a record makes, from the record itself
         (`messages.read_record`, `RecordReading`), never from our parser's conversation; NotMappable
         where the documented mapping or the template cannot take it. `window_seed`: a sample's render
-        above LONG_CHARS gives the ids of a window of whole turns only (`turn_window`), its mask None
-        and `window` the turns' (first, stop) `<|im_start|>` (else None); `masks`: False leaves every
-        mask None (the renders up to each turn are most of a record's cost)."""
+        above LONG_BYTES characters gives the ids of a window of it only (`sample.window`), its mask
+        None and `window` (the text the whole render's ids spell, the window's first byte, its end)
+        (else None); `masks`: False leaves every mask None (the renders up to each turn are most of a
+        record's cost)."""
         record = self.reading.messages(read_record(source))
         (messages, tools), unmark = placeholders(list(record), self.content.as_text, self.jinja)
 
@@ -300,9 +307,12 @@ class ChatReference:
         prompt)`), training the assistant messages at indices `trained` (see `record_samples`); mask
         None where it cannot be derived. `unmark`: the placeholders' table (`placeholders`)."""
         full = rendered(n)
-        if window_seed is not None and (cut := turn_window(full, window_seed)) is not None:
-            (a, b), turns = cut
-            return self.text.encode(full[a:b], unmark)[0], None, turns
+        if window_seed is not None and (cut := window(full, window_seed)) is not None:
+            # The whole render is compared as bytes with what our ids spell; HF encodes a window of it.
+            a, b = cut
+            start = len(self.text.spelled(full[:a], unmark).encode("utf-8"))
+            stop = start + len(self.text.spelled(full[a:b], unmark).encode("utf-8"))
+            return self.text.encode(full[a:b], unmark)[0], None, (self.text.spelled(full, unmark), start, stop)
         ids, offsets = self.text.encode(full, unmark)
         if self.mask_policy == "all":
             return ids, np.ones(len(ids), dtype=np.uint8), None
@@ -328,25 +338,6 @@ class ChatReference:
                 return None
             start = len(before)
         return start, end
-
-
-LONG_CHARS = 1024  # a render longer than this is checked on a window of whole turns ...
-WINDOW_CHARS = 512  # ... of at least this many characters, or to its end
-
-
-def turn_window(full: str, seed: int) -> tuple[tuple[int, int], tuple[int, int | None]] | None:
-    """((start, stop) in `full`, (first, stop) of its `<|im_start|>`s, stop None: to the end) of a
-    window of whole turns of a long render, picked by `seed`; None for a render short enough to
-    check whole. Every `<|im_start|>` in a render is a control id (content's are placeholders or
-    kept as ids by the policy), where HF's encoder cuts, so a window's ids are the whole's there."""
-    if len(full) <= LONG_CHARS:
-        return None
-    starts = [m.start() for m in re.finditer(re.escape(IM_START), full)]
-    if len(starts) < 2:
-        return None
-    first = seed % (len(starts) - 1)
-    stop = next((k for k in range(first + 1, len(starts)) if starts[k] - starts[first] >= WINDOW_CHARS), None)
-    return (starts[first], len(full) if stop is None else starts[stop]), (first, stop)
 
 
 def _token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:

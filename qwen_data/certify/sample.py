@@ -32,6 +32,7 @@ LONG_BYTES = 2 * WINDOW_BYTES
 # piece). NFC composes nothing across either, so the ids of the text on either side of such a cut
 # are the whole text's ids there.
 CUT = re.compile(rb"(?<=\n)(?=[A-Za-z])|(?<=[A-Za-z])(?= [A-Za-z])")
+CUT_TEXT = re.compile(CUT.pattern.decode())  # the same cuts in a str (an SFT sample's render)
 
 
 class Sampling:
@@ -63,17 +64,18 @@ def record_hash(path: str, record, seed: int) -> int:
     return h ^ (h >> 16)
 
 
-def window(data: bytes, seed: int) -> tuple[int, int] | None:
-    """The bytes [start, stop) of a long normalized text that the reference checks: WINDOW_BYTES
-    or a little more from the first cut (`CUT`) at or after a point the seed picks, to the first cut
-    after that (or the end); None where the text is short, or has no cut (checked whole)."""
+def window(data: bytes | str, seed: int) -> tuple[int, int] | None:
+    """The bytes (or characters) [start, stop) of a long normalized text that the reference checks:
+    WINDOW_BYTES or a little more from the first cut (`CUT`) at or after a point the seed picks, to
+    the first cut after that (or the end); None where the text is short, or has no cut (checked whole)."""
     if len(data) <= LONG_BYTES:
         return None
-    first = CUT.search(data, 1 + seed % (len(data) - WINDOW_BYTES))
+    cut = CUT_TEXT if isinstance(data, str) else CUT
+    first = cut.search(data, 1 + seed % (len(data) - WINDOW_BYTES))
     if first is None:
         return None
     start = first.start()
-    last = CUT.search(data, start + WINDOW_BYTES)
+    last = cut.search(data, start + WINDOW_BYTES)
     return start, last.start() if last else len(data)
 
 

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
-from ..certify.checks import CertificateError, add_counts, checks_for, read_back
+from ..certify.checks import CertificateError, add_counts, checkers, checks_for, read_back
 from ..errors import InputFileError
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
@@ -46,9 +46,6 @@ WORKER_CACHES = 1536 << 20
 # for end-of-document and template tokens. A result that does not fit goes through the pipe.
 SLOT_BYTES_PER_CHUNK_BYTE = 4
 SLOT_MARGIN = 1 << 20
-# Workers whose picked records one checking process keeps up with (`run.certifier`): HF encodes
-# ~1 MB/s, the workers 30-80 MB/s each, and a sample of a few thousand records is a few MB.
-WORKERS_PER_CHECKER = 4
 UNCERTIFIED = {"certified": False, "why": "--no-certify: no record was checked against the reference libraries"}
 CHECKED_BY_CALLER = {"certified": False, "why": "the records picked were handed to the caller to check"}
 
@@ -155,7 +152,7 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     early = []
     if config.certify and config.check_here:
         early = Certifier.early(os.path.join(resolve_tokenizer_dir(config.tokenizer.name)[1], "tokenizer.json"),
-                                max(1, config.workers // WORKERS_PER_CHECKER))
+                                checkers(step, config.workers))
     try:
         return _run(step, config, start, early, progress)
     finally:

@@ -766,10 +766,9 @@ def test_verify_certify_checks_records_with_literals(tmp_path):
     assert "records_with_literals_skipped" not in recheck
 
 
-def test_a_long_chat_is_checked_on_a_window_of_whole_turns_and_a_fault_there_fails_the_run(tmp_path, monkeypatch,
-                                                                                             capsys):
+def test_a_long_chat_is_checked_on_a_window_and_a_fault_there_fails_the_run(tmp_path, monkeypatch, capsys):
     """Ids that spell the same bytes in other pieces, in every turn of long chats: the reference's
-    window of whole turns finds them."""
+    window, cut where HF's pre-tokenizer cuts, finds them."""
     words = " ".join(f"word{k} hello" for k in range(60))
     chats = [{"messages": [m for t in range(4) for m in ({"role": "user", "content": f"turn {t}: {words}"},
                                                          {"role": "assistant", "content": f"answer {t}: {words}"})]}
@@ -796,7 +795,26 @@ def test_a_long_chat_is_checked_on_a_window_of_whole_turns_and_a_fault_there_fai
     monkeypatch.setattr(SampleEncoder, "encode", resegmented)
     assert main([*args, "-o", str(tmp_path / "bad")]) == 2
     error = capsys.readouterr().err
-    assert f"{corpus}:1" in error and "(its turns" in error and "our ids differ from the reference's" in error
+    assert f"{corpus}:1 (the window of its tokens" in error and "our ids differ from the reference's" in error
+
+
+def test_a_long_chat_rendered_otherwise_outside_its_window_fails_the_run(tmp_path, monkeypatch, capsys):
+    """The reference encodes a window of a long render, and compares the whole render, as bytes,
+    with what our ids spell: a parser's fault anywhere in it is found."""
+    words = " ".join(f"word{k} hello" for k in range(60))
+    chats = [{"messages": [{"role": "system", "content": "Be brief."}] + [
+        m for t in range(4) for m in ({"role": "user", "content": f"turn {t}: {words}"},
+                                      {"role": "assistant", "content": f"answer {t}: {words}"})]}]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    args = ["sft", corpus, "--quiet", "--workers", "1", *REFERENCE, reference_template()]
+
+    def drop_system(record, conversation):
+        conversation.messages[:] = [m for m in conversation.messages if m["role"] != "system"]
+
+    wrapped_parser(monkeypatch, drop_system)
+    assert main([*args, "-o", str(tmp_path / "bad")]) == 2
+    error = capsys.readouterr().err
+    assert f"{corpus}:1: its ids spell other bytes than the template's render from byte " in error
 
 
 def test_an_sft_sample_the_writer_corrupts_is_found_in_the_written_files(tmp_path, monkeypatch, capsys):
