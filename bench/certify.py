@@ -1,7 +1,8 @@
 """What the certificate costs: whole `qwen-data` commands certified against `--no-certify`, one run.
 
-Each case runs both ways in turn, N rounds (the order flips every round, so load from others and a
-warm page cache favour neither side), every run a whole process timed as a user would time it:
+Each case runs once certified untimed (the tokenizer's caches are built by a machine's first run, once),
+then both ways in turn, N rounds (the order flips every round, so load from others and a warm page
+cache favour neither side), every run a whole process timed as a user would time it:
 wall, CPU of the process tree, peak summed RSS of the tree (`measure.run_measured`). A case's figures
 are the medians over the rounds of certified / no-certify (and of the seconds certified adds). Every
 certified run must say `certified: true` and write the same data (the manifest's fingerprint) as
@@ -295,6 +296,8 @@ def main() -> None:
         results = {"host": {"cores": len(os.sched_getaffinity(0)), "cpu": cpu_model(),
                             "python": platform.python_version()},
                    "rounds": args.rounds, "method": __doc__.split("\n\n")[1], "corpora": CORPORA, "cases": {}}
+        for argv, extra in todo.values():  # warm-up, untimed: the tokenizer's caches built, the input read once
+            run(argv, extra, True, work)
         for k in range(args.rounds):
             one_round(k, todo, results, work)
             if args.json:

@@ -18,6 +18,7 @@ built, the same check in numpy, a quarter of encoding); where a document fails, 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -67,17 +68,21 @@ class Spelling:
         self.lengths = np.diff(starts)
         self.lengths32 = self.lengths.astype(np.int32)  # half the memory traffic of the hot path
         self.every_id = np.ones(len(self.lengths), dtype=np.uint8)  # `spells`: any id may stand anywhere
-        # Each id's first 8 bytes as one little-endian word, and the mask of the bytes it has:
-        # comparing a word per token instead of a byte per byte is what makes checking every
-        # document cheap (`matches`).
+
+    @functools.cached_property
+    def _words(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each id's first 8 bytes as one little-endian word, and the mask of the bytes it has: numpy's
+        `matches` compares a word per token instead of a byte per byte (built on first use: the C
+        loop needs neither)."""
+        starts, flat = self.starts, self.flat
         padded = np.zeros((len(self.lengths), 8), dtype=np.uint8)
         short = np.minimum(self.lengths, 8)
         rows = np.repeat(np.arange(len(short)), short)
         padded[rows, np.arange(len(rows)) - np.repeat(np.cumsum(short) - short, short)] = \
             flat[np.repeat(starts[:-1] - (np.cumsum(short) - short), short) + np.arange(len(rows))]
-        self.words = padded.view("<u8")[:, 0].copy()
         bits = short.astype(np.uint64) * np.uint64(8)
-        self.masks = np.where(short == 8, np.uint64(~np.uint64(0)), (np.uint64(1) << (bits % np.uint64(64))) - np.uint64(1))
+        masks = np.where(short == 8, np.uint64(~np.uint64(0)), (np.uint64(1) << (bits % np.uint64(64))) - np.uint64(1))
+        return padded.view("<u8")[:, 0].copy(), masks
 
     def __reduce__(self):
         return Spelling, (self.starts, self.flat)  # the rest is derived again where it is unpickled
@@ -138,7 +143,8 @@ class Spelling:
         text = np.frombuffer(expected + bytes(8), dtype=np.uint8)
         # every position's next 8 bytes, read as one word (a view: nothing is copied)
         words = np.ndarray((len(expected) + 1,), dtype="<u8", buffer=text, strides=(1,))
-        if not np.array_equal(words[starts] & self.masks[ids], self.words[ids]):
+        ours, masks = self._words
+        if not np.array_equal(words[starts] & masks[ids], ours[ids]):
             return False
         long = np.flatnonzero(lengths > 8)  # their bytes after the 8th, one by one
         if not len(long):
