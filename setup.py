@@ -1,7 +1,6 @@
-"""The one compiled part: the certificate's spelling loop (`qwen_data/certify/_spell.c`). Optional: where
-it cannot be built, the same check runs in numpy, slower (`certify.spelling`)."""
+"""The one compiled part, `qwen_data/_native.c`: the loops that must run at memory speed (the
+certificate's spelling check, the .bin's joinable hash)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("qwen_data.certify._spell", ["qwen_data/certify/_spell.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+setup(ext_modules=[Extension("qwen_data._native", ["qwen_data/_native.c"], extra_compile_args=["-O2"])])

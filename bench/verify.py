@@ -38,7 +38,7 @@ def files(prefix: str) -> list[str]:
 def build(prefix: str, kind: str, tokens: int, seq_length: int, seed: int = 0) -> None:
     """A prefix of about `tokens` random tokens, laid out as the pipelines lay it out."""
     from qwen_data.formats.indexed import IndexedDatasetWriter, MaskedWriter, token_dtype
-    from qwen_data.formats.manifest import Manifest, SFTSection, fingerprint
+    from qwen_data.formats.manifest import Manifest, SFTSection, fingerprinted
     from qwen_data.formats.outputs import atomic_file
     from qwen_data.qwen import DEFAULT_PAD_ID
     from qwen_data.text.tokenizer import QwenTokenizer, TokenizerConfig
@@ -66,7 +66,7 @@ def build(prefix: str, kind: str, tokens: int, seq_length: int, seed: int = 0) -
         sft.update(rows=ids.documents, sample_tokens=ids.tokens - sft["pad_tokens"])
     manifest = Manifest(kind=kind, tokenizer=tokenizer.identity(), eod_id=tokenizer.eod_id, pad_id=DEFAULT_PAD_ID,
                         dtype=dtype.name, documents=ids.documents, sequences=ids.sequences, tokens=ids.tokens,
-                        fingerprint=fingerprint(digests), sft=SFTSection.from_json(sft) if sft else None)
+                        **fingerprinted(digests), sft=SFTSection.from_json(sft) if sft else None)
     with atomic_file(prefix + ".json") as f:  # a prefix is reused only once complete
         f.write(manifest.text())
 

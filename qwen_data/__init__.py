@@ -1,3 +1,3 @@
 """qwen-data: turn jsonl corpora and chats into Megatron indexed datasets for Qwen."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

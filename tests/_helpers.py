@@ -65,15 +65,20 @@ def edit_value(prefix, position, value, channel=""):
 
 def refingerprint(prefix):
     """The manifest's fingerprint made that of the files as they are now (an edit that hides itself)."""
-    from qwen_data.formats.indexed import file_digest
-    from qwen_data.formats.manifest import fingerprint
-
-    channels = [c for c in ("", ".lossmask") if os.path.exists(prefix + c + ".bin")]
     m = manifest(prefix)
-    m["fingerprint"] = fingerprint([(file_digest(prefix + c + ".idx"), file_digest(prefix + c + ".bin"))
-                                    for c in channels])
+    m.update(data_fingerprint(prefix))
     with open(prefix + ".json", "w", encoding="utf-8") as f:
         json.dump(m, f)
+
+
+def data_fingerprint(prefix):
+    """A manifest's fingerprint fields for the files of `prefix` as they are now."""
+    from qwen_data.formats import digest
+    from qwen_data.formats.indexed import file_digest
+    from qwen_data.formats.manifest import fingerprinted
+
+    channels = [prefix + c for c in ("", ".lossmask") if os.path.exists(prefix + c + ".bin")]
+    return fingerprinted([(file_digest(c + ".idx"), digest.file_digest(c + ".bin")) for c in channels])
 
 
 # -- small generated corpora and the CLI runs over them --------------------------------------------

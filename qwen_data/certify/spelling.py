@@ -12,13 +12,12 @@ alone (`structure_mask`: each `<|im_start|>assistant\\n` control token opens a s
 on the next `<|im_end|>` control token, cut as the run's --assistant-span says) and must equal the
 mask the run made from its labelled segments.
 
-Costs: each token's bytes compared once, in C (`_spell.c`, ~2% of encoding; where it could not be
-built, the same check in numpy, a quarter of encoding); where a document fails, why is found in Python.
+Costs: each token's bytes compared once, in C (`_native.misspelled`, ~0.3 CPU s per 100 MB); where a
+document fails, why is found in Python.
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import re
@@ -28,10 +27,7 @@ import numpy as np
 
 from ..qwen import FIRST_ADDED_ID, IM_END, IM_END_ID, IM_START_ID
 
-try:
-    from ._spell import misspelled as _misspelled
-except ImportError:  # not built (setup.py: optional)
-    _misspelled = None
+from .._native import misspelled
 
 BLOCK_TOKENS = 1 << 22  # ids decoded at a time: a 58 MB record is spelled in bounded memory
 HEADER = b"<|im_start|>assistant\n"
@@ -66,23 +62,7 @@ class Spelling:
     def __init__(self, starts: np.ndarray, flat: np.ndarray) -> None:
         self.starts, self.flat = starts, flat
         self.lengths = np.diff(starts)
-        self.lengths32 = self.lengths.astype(np.int32)  # half the memory traffic of the hot path
         self.every_id = np.ones(len(self.lengths), dtype=np.uint8)  # `spells`: any id may stand anywhere
-
-    @functools.cached_property
-    def _words(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each id's first 8 bytes as one little-endian word, and the mask of the bytes it has: numpy's
-        `matches` compares a word per token instead of a byte per byte (built on first use: the C
-        loop needs neither)."""
-        starts, flat = self.starts, self.flat
-        padded = np.zeros((len(self.lengths), 8), dtype=np.uint8)
-        short = np.minimum(self.lengths, 8)
-        rows = np.repeat(np.arange(len(short)), short)
-        padded[rows, np.arange(len(rows)) - np.repeat(np.cumsum(short) - short, short)] = \
-            flat[np.repeat(starts[:-1] - (np.cumsum(short) - short), short) + np.arange(len(rows))]
-        bits = short.astype(np.uint64) * np.uint64(8)
-        masks = np.where(short == 8, np.uint64(~np.uint64(0)), (np.uint64(1) << (bits % np.uint64(64))) - np.uint64(1))
-        return padded.view("<u8")[:, 0].copy(), masks
 
     def __reduce__(self):
         return Spelling, (self.starts, self.flat)  # the rest is derived again where it is unpickled
@@ -124,42 +104,9 @@ class Spelling:
         return cls(starts, np.frombuffer(b"".join(pieces), dtype=np.uint8).copy())
 
     def spells(self, text: str, ids: np.ndarray) -> bool:
-        """Whether `ids` spell exactly `text` as UTF-8 (in C where it was built)."""
-        if _misspelled is None:
-            return self.matches(ids, text.encode("utf-8"))
-        return _misspelled(np.ascontiguousarray(ids, dtype=np.int32), np.array([len(ids)], dtype=np.int64), [text],
-                           self.starts, self.flat, self.every_id, 0) < 0
-
-    def matches(self, ids: np.ndarray, expected: bytes) -> bool:
-        """Whether `ids` spell exactly `expected`."""
-        if len(expected) >= 1 << 31:  # (int32 offsets)
-            return all(self.matches(part, data) for part, data in self._halves(ids, expected))
-        ids = ids.astype(np.intp)
-        lengths = self.lengths32[ids]
-        starts = np.cumsum(lengths, dtype=np.int32)
-        if (int(starts[-1]) if len(starts) else 0) != len(expected):
-            return False
-        starts -= lengths
-        text = np.frombuffer(expected + bytes(8), dtype=np.uint8)
-        # every position's next 8 bytes, read as one word (a view: nothing is copied)
-        words = np.ndarray((len(expected) + 1,), dtype="<u8", buffer=text, strides=(1,))
-        ours, masks = self._words
-        if not np.array_equal(words[starts] & masks[ids], ours[ids]):
-            return False
-        long = np.flatnonzero(lengths > 8)  # their bytes after the 8th, one by one
-        if not len(long):
-            return True
-        rest = lengths[long] - 8
-        offsets = np.arange(int(rest.sum())) - np.repeat(np.cumsum(rest) - rest, rest)
-        ours = self.flat[np.repeat(self.starts[ids[long]] + 8, rest) + offsets]
-        return np.array_equal(text[np.repeat(starts[long] + 8, rest) + offsets], ours)
-
-    def _halves(self, ids: np.ndarray, expected: bytes):
-        """`ids` cut in two where their bytes reach half of `expected` (None where they do not fit)."""
-        ends = np.cumsum(self.lengths[ids.astype(np.intp)])
-        k = int(np.searchsorted(ends, len(expected) // 2))
-        cut = int(ends[k]) if k < len(ends) else len(expected)
-        return [(ids[:k + 1], expected[:cut]), (ids[k + 1:], expected[cut:])]
+        """Whether `ids` spell exactly `text` as UTF-8."""
+        return misspelled(np.ascontiguousarray(ids, dtype=np.int32), np.array([len(ids)], dtype=np.int64), [text],
+                          self.starts, self.flat, self.every_id, 0) < 0
 
     def spell(self, ids: np.ndarray) -> bytes:
         """The bytes `ids` stand for."""
@@ -202,25 +149,11 @@ class Speller:
 
     def first_misspelled(self, texts: list[str], ids: np.ndarray, counts: np.ndarray, first: int = 0) -> int:
         """The first of `texts` from `first` whose ids (`counts[k]` of `ids` each) do not spell it
-        exactly or hold an id it may not; -1 where none. In numpy where the C loop was not built."""
+        exactly or hold an id it may not; -1 where none."""
         if first >= len(texts):
             return -1
-        counts = np.ascontiguousarray(counts, dtype=np.int64)
-        if _misspelled is not None:
-            return _misspelled(np.ascontiguousarray(ids, dtype=np.int32), counts, texts, self.table.starts,
-                               self.table.flat, self.may_hold, first)
-        ends = np.cumsum(counts)
-        own, data = ids[ends[first] - counts[first]:], [t.encode("utf-8") for t in texts[first:]]
-        # all at once, and each document's bytes where its ids end (an id moved across documents)
-        if not self.spells(b"".join(data), own) or len(own) and not np.array_equal(
-                np.cumsum(self.table.lengths[own.astype(np.intp)])[ends[first:] - ends[first] + counts[first] - 1][counts[first:] > 0],
-                np.cumsum(np.fromiter(map(len, data), np.int64, len(data)))[counts[first:] > 0]):
-            return next(k for k in range(first, len(texts)) if not self.spells(texts[k], ids[ends[k] - counts[k]:ends[k]]))
-        return -1
-
-    def spells(self, text: str | bytes, ids: np.ndarray) -> bool:
-        data = text.encode("utf-8") if isinstance(text, str) else text
-        return not len(self.wrong_ids(ids)) and self.table.matches(ids, data)
+        return misspelled(np.ascontiguousarray(ids, dtype=np.int32), np.ascontiguousarray(counts, dtype=np.int64),
+                          texts, self.table.starts, self.table.flat, self.may_hold, first)
 
     def wrong_ids(self, ids: np.ndarray) -> np.ndarray:
         """The ids of `ids` a document may not hold (outside the table, spelling nothing, or control

@@ -11,7 +11,8 @@ SFT writes one document per packed row whose sequences are its samples.
 
 The per-sequence lengths and document ends stream to side files while tokens are written, so
 memory stays flat however large the corpus; `finalize` assembles the index from them. The writer
-hashes both files as it writes them (`digests`), so a fingerprint of the data never re-reads it.
+hashes both files as it writes them (`digests`: sha256 of the .idx, the .bin's joinable hash of
+`formats.digest`), so a fingerprint of the data never re-reads it.
 `read_index` reads an index back as megatron-core does, checking its header and size; `check` also
 checks its entries against each other and against the .bin before a reader relies on them, and
 `check_same_index` that a loss mask has its ids' very index.
@@ -28,6 +29,8 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+
+from .digest import BinDigest
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -47,7 +50,7 @@ DTYPE_CODES = {
 }
 
 _CHUNK = 1 << 20  # index entries handled at a time in finalize
-# The content hash of .bin/.idx files: with SHA-NI, sha256 is the fastest hashlib offers on one core
+# The content hash of .idx files (a .bin's: `formats.digest`): with SHA-NI, sha256 is the fastest hashlib offers on one core
 # (about twice blake2b), so hashing while writing costs the pipelines next to nothing.
 new_hash = hashlib.sha256
 
@@ -69,7 +72,7 @@ class IndexedDatasetWriter:
         self._bin = open(bin_path, "wb", buffering=0)  # written through at once: `_bin_hash` reads it back
         self._lengths = open(idx_path + ".lengths", "wb")
         self._doc_ends = open(idx_path + ".docends", "wb")
-        self._bin_hash, self._idx_hash = TrailingDigest(bin_path) if hashed else None, new_hash()
+        self._bin_hash, self._idx_hash = TrailingDigest(bin_path, BinDigest()) if hashed else None, new_hash()
         self.sequences = 0
         self.documents = 0
         self.tokens = 0
@@ -192,17 +195,16 @@ HASH_BLOCK = 1 << 20
 
 
 class TrailingDigest:
-    """`new_hash` of a file as it is appended to, taken by a thread that reads back each part once
+    """`digest` of a file as it is appended to, taken by a thread that reads back each part once
     it is written (from the page cache): the writer never waits for the hash, whose cost per byte
-    is the largest of the writing process's (sha256 runs at about 1 GB/s, a worker pool's output
-    can come faster). `pause_hashing` ends every such thread before the process forks, so a
+    is the largest of the writing process's (~0.75-1.3 GB/s, a worker pool's output can come faster). `pause_hashing` ends every such thread before the process forks, so a
     worker is never forked beside one (`workers.ordered_map`'s `before_fork`)."""
 
     _live: "weakref.WeakSet[TrailingDigest]" = weakref.WeakSet()
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, digest) -> None:
         self._fd = os.open(path, os.O_RDONLY)
-        self._digest = new_hash()
+        self._digest = digest
         self._written = self._hashed = 0
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
@@ -225,7 +227,7 @@ class TrailingDigest:
                     block = os.pread(self._fd, min(upto - self._hashed, HASH_BLOCK), self._hashed)
                     if not block:
                         raise OSError(f"the file being hashed ends at {self._hashed:,} bytes, {upto:,} were written")
-                    self._digest.update(block)  # hashlib lets go of the GIL
+                    self._digest.update(block)  # (both hashes let go of the GIL)
                     self._hashed += len(block)
         except BaseException as exc:  # raised where the digest is asked for
             self._error = exc
@@ -317,7 +319,7 @@ def fill(f, view) -> int:
 
 
 def file_digest(path: str) -> str:
-    """`new_hash` of a whole file, read in blocks."""
+    """`new_hash` of a whole file (an .idx), read in blocks."""
     digest = new_hash()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 24), b""):

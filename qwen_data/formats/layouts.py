@@ -26,7 +26,7 @@ from ..qwen import DEFAULT_PAD_ID
 from . import pai
 from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, check,
                       check_same_index)
-from .manifest import Manifest, SFTSection, fingerprint
+from .manifest import Manifest, SFTSection, fingerprinted
 from .outputs import AtomicOutputs
 from .packing import PackPlan, RowBuffers, padded_rows, windows
 
@@ -372,7 +372,7 @@ def counts_of(data: IndexedDatasetWriter, digests: list[tuple[str, str]]) -> dic
     """The manifest's fields of finished data: its first channel's dtype and counts, the
     fingerprint of all its channels."""
     return dict(dtype=data.dtype.name, documents=data.documents, sequences=data.sequences, tokens=data.tokens,
-                fingerprint=fingerprint(digests))
+                **fingerprinted(digests))
 
 
 def trained_tokens(data: MaskedWriter) -> int:

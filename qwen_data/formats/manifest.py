@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import __version__
+from .digest import DESCRIPTION
 from .indexed import DTYPE_CODES, MASK_SUFFIX, token_dtype
 
 FORMAT = "qwen-data/1"
@@ -106,6 +107,11 @@ class Manifest:
     sequences: int
     tokens: int
     fingerprint: str  # see `fingerprint`
+    # Each channel's (.idx, .bin) content hashes the fingerprint is made of (`formats.digest`): what a
+    # merge joins without reading the parts' .bin. Absent before qwen-data 0.4, whose .bin hashes were
+    # sha256 (they still verify).
+    digests: list | None = None
+    fingerprint_scheme: str | None = None  # `digest.DESCRIPTION`, where `digests` is given
     sft: SFTSection | None = None  # SFT: template, mask policy, packing and sample counts
     shard: dict | None = None  # {"index", "count"}: one part of a sharded run, to be joined by `merge`
     inputs: list[dict] = field(default_factory=list)  # `input_entry` of each input read, in order
@@ -237,6 +243,11 @@ def _is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def fingerprinted(channels: list[tuple[str, str]]) -> dict:
+    """A manifest's fields vouching for its data: the fingerprint, the hashes it is made of, their scheme."""
+    return dict(fingerprint=fingerprint(channels), digests=[list(c) for c in channels], fingerprint_scheme=DESCRIPTION)
+
+
 def fingerprint(channels: list[tuple[str, str]]) -> str:
     """Changes whenever the data does: a hash of each channel's (.idx, .bin) content hashes, in order.
 
@@ -254,8 +265,18 @@ def fingerprint_problem(prefix: str, manifest: Manifest, digests: list[tuple[str
     """The sentence saying that the files of `channels` (NAME of NAME.bin/.idx), whose content hashes
     are `digests`, are not the data the manifest's fingerprint names; None when they are."""
     recomputed = fingerprint(digests)
-    if recomputed == manifest.fingerprint:
+    recorded = [tuple(c) for c in manifest.digests] if manifest.digests is not None else None
+    if recomputed == manifest.fingerprint and recorded in (None, digests):
         return None
+    if recorded is not None and recomputed == fingerprint(recorded) != manifest.fingerprint:
+        return f"{prefix}.json: fingerprint {manifest.fingerprint[:16]}… is not the one its own digests make: the manifest was edited"
+    if recorded is not None and len(recorded) == len(digests):
+        changed = [f"{name}{ext}" for name, ours, theirs in zip(channels, digests, recorded)
+                   for ext, a, b in ((".idx", ours[0], theirs[0]), (".bin", ours[1], theirs[1])) if a != b]
+        if changed:
+            return (f"{prefix}.json: fingerprint {manifest.fingerprint[:16]}… is not the data's: {', '.join(changed)} "
+                    f"no longer hash{'es' if len(changed) == 1 else ''} to the digests it is made of: changed after the manifest was "
+                    "written")
     files = ", ".join(f"{name}.bin/.idx" for name in channels)
     return (f"{prefix}.json: fingerprint {manifest.fingerprint[:16]}… is not the data's "
             f"{recomputed[:16]}…: {files} changed after the manifest was written, or the manifest was edited"

@@ -14,9 +14,11 @@ their manifests record differ: `manifest.input_entry`); already packed data and 
 Refused before anything is written (`formats.claims`): an output that is a file of a part, or an
 existing file that is not an earlier merge's or run's output of this kind at this prefix.
 Refused, naming the file: a part whose index is malformed or disagrees with its manifest, whose
-.bin is not the size its manifest says, or whose files no longer hash to its manifest's fingerprint
-(each part is hashed as it lies in the output once copied; the merged output is then left unwritten). The counts of the
-output are the parts' manifests' (trained tokens included): the data they describe is checked.
+.bin is not the size its manifest says, or whose .idx no longer hashes as its manifest says. No .bin
+byte is read: the output's hash is the parts' recorded hashes joined (`formats.digest`), so a part
+changed after it was made gives an output that fails `verify`, never one that vouches for the change.
+(Parts made before those hashes are read back once copied and checked against their sha256.) The
+counts of the output are the parts' manifests' (trained tokens included).
 """
 
 from __future__ import annotations
@@ -24,17 +26,17 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from ..certify.checks import join_certificates
+from ..formats.digest import bin_hash, join
 from ..formats.indexed import (HASH_BLOCK, Index, IndexFormatError, MaskedWriter, check_same_index, file_digest,
-                               join_indexes, new_hash, read_index)
+                               join_indexes, read_index)
 from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
@@ -201,16 +203,20 @@ class StagedSamples(NamedTuple):  # SFT samples staged for `layouts.finish`, as 
 def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype,
           progress: Progress) -> tuple[list[Channel], np.ndarray]:
     """Each channel of the parts joined into `paths` (.bin, .idx per channel): the .bin files copied
-    back to back in the kernel, a thread per part, each part's copy hashed as it lies in the output
-    (MergeError unless the parts' files are the data their manifests' fingerprints say) while one
-    thread hashes the whole output; → the channels and the sequence lengths."""
+    back to back in the kernel, a thread per part, and their hashes joined (`formats.digest.join`)
+    from the parts' manifests, never read. A part made before those hashes (a sha256 of each .bin)
+    is read back from the output once copied, its sha256 checked and its joinable hash taken. Each
+    part's .idx is hashed against its manifest (MergeError where a part's files are not the data its
+    manifest says: a .bin changed since is found by `verify` of the output, whose hash is the parts'
+    recorded ones joined); → the channels and the sequence lengths."""
     names = [[name for name, _ in layout_of(m).channels(prefix, dtype)] for prefix, m in parts]
     dtypes = [d for _, d in layout_of(parts[0][1]).channels(parts[0][0], dtype)]
     indexes = [[read_index(name + ".idx") for name in part_names] for part_names in names]
     with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 1)) as pool:
         channels, found = [], [[] for _ in parts]
         for c, channel_dtype in enumerate(dtypes):
-            sources = [(part_names[c], part_indexes[c]) for part_names, part_indexes in zip(names, indexes)]
+            sources = [(part_names[c], part_indexes[c], m.digests[c] if m.digests is not None else None)
+                       for part_names, part_indexes, (_, m) in zip(names, indexes, parts)]
             channel, digests = _join_channel(sources, paths[2 * c], paths[2 * c + 1], channel_dtype, pool)
             channels.append(channel)
             for k, digest in enumerate(digests):
@@ -229,42 +235,39 @@ def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype,
     return channels, np.concatenate([np.asarray(ids.lengths, np.int64) for ids, *_ in indexes])
 
 
-def _join_channel(sources: list[tuple[str, Index]], bin_path: str, idx_path: str, dtype: np.dtype,
+def _join_channel(sources: list[tuple[str, Index, list | None]], bin_path: str, idx_path: str, dtype: np.dtype,
                   pool) -> tuple[Channel, list[tuple[str, str]]]:
-    """The parts' `sources` (NAME of NAME.bin/.idx, and that index read) joined into bin_path/idx_path;
-    → the channel, and each part's (.idx, .bin) hashes, its .bin's as read back from the output."""
-    names = [name for name, _ in sources]
+    """The parts' `sources` (NAME of NAME.bin/.idx, that index read, the (.idx, .bin) hashes its
+    manifest records or None) joined into bin_path/idx_path; → the channel, and each part's (.idx,
+    .bin) hashes as found (a recorded .bin hash taken as it is)."""
+    names = [name for name, _, _ in sources]
     sizes = [os.path.getsize(name + ".bin") for name in names]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    copied = [threading.Event() for _ in sources]
-    with open(bin_path, "w+b") as out:  # read back too: each part's hash, and the whole one
-        fd = out.fileno()
-        parts = [pool.submit(_copy_part, name, fd, offset, size, done)
-                 for name, offset, size, done in zip(names, offsets, sizes, copied)]
-        whole = _follow(fd, list(zip(offsets, sizes, copied)))
-        wait(parts)  # every part ended (each sets its event), so no thread reads the file once it is closed
-        bin_digests = [part.result() for part in parts]  # first: a part's own failure is the one to report
-        bin_digest = whole.result()
-    idx_digest, counts = join_indexes([index for _, index in sources], idx_path, dtype)
-    digests = [(file_digest(name + ".idx"), digest) for name, digest in zip(names, bin_digests)]
-    channel = Channel(bin_path, dtype, *counts, digests=(idx_digest, bin_digest))
+    with open(bin_path, "w+b") as out:  # read back only for a part whose manifest has no joinable hash
+        copies = [pool.submit(_copy_part, name, out.fileno(), offset, size, recorded is None)
+                  for (name, _, recorded), offset, size in zip(sources, offsets, sizes)]
+        wait(copies)
+        read = [copy.result() for copy in copies]  # a part's own failure is the one to report
+    joinable = [recorded[1] if recorded is not None else again[1] for (_, _, recorded), again in zip(sources, read)]
+    idx_digest, counts = join_indexes([index for _, index, _ in sources], idx_path, dtype)
+    digests = [(file_digest(name + ".idx"), recorded[1] if recorded is not None else again[0])
+               for (name, _, recorded), again in zip(sources, read)]
+    channel = Channel(bin_path, dtype, *counts, digests=(idx_digest, join(joinable)))
     return channel, digests
 
 
-def _copy_part(source: str, out_fd: int, offset: int, size: int, done: threading.Event) -> str:
-    """SOURCE.bin copied into the output at `offset` (in the kernel where it can); its hash read back from there."""
-    try:
-        with open(source + ".bin", "rb") as f:
-            copied = 0
-            while copied < size:
-                n = _copy_range(f.fileno(), out_fd, size - copied, copied, offset + copied)
-                if n == 0:
-                    raise MergeError(f"{source}.bin ends at byte {copied:,}, {size:,} were expected: "
-                                     f"{_remedy(source)}")
-                copied += n
-    finally:
-        done.set()
-    return _hash_range(out_fd, offset, size)
+def _copy_part(source: str, out_fd: int, offset: int, size: int, read_back: bool) -> tuple[str, str] | None:
+    """SOURCE.bin copied into the output at `offset` (in the kernel where it can); `read_back`: its
+    (sha256, joinable hash) read back from there."""
+    with open(source + ".bin", "rb") as f:
+        copied = 0
+        while copied < size:
+            n = _copy_range(f.fileno(), out_fd, size - copied, copied, offset + copied)
+            if n == 0:
+                raise MergeError(f"{source}.bin ends at byte {copied:,}, {size:,} were expected: "
+                                 f"{_remedy(source)}")
+            copied += n
+    return _hash_range(out_fd, offset, size) if read_back else None
 
 
 def _copy_range(src: int, dst: int, count: int, src_offset: int, dst_offset: int) -> int:
@@ -277,34 +280,17 @@ def _copy_range(src: int, dst: int, count: int, src_offset: int, dst_offset: int
     return os.pwrite(dst, block, dst_offset) if block else 0
 
 
-def _hash_range(fd: int, offset: int, size: int, digest=None):
-    """`new_hash` of `size` bytes of `fd` from `offset` (continuing `digest` when given)."""
-    digest = new_hash() if digest is None else digest
-    end = offset + size
+def _hash_range(fd: int, offset: int, size: int) -> tuple[str, str]:
+    """(sha256, joinable hash) of `size` bytes of `fd` from `offset`."""
+    sha, joinable, end = bin_hash(False), bin_hash(), offset + size
     while offset < end:
         block = os.pread(fd, min(end - offset, HASH_BLOCK), offset)
-        if not block:  # (a part whose copy failed: that failure is the one reported)
+        if not block:
             raise MergeError(f"the merged data ends at byte {offset:,}, {end:,} were written")
-        digest.update(block)  # hashlib lets go of the GIL
+        sha.update(block)  # (both hashes let go of the GIL)
+        joinable.update(block)
         offset += len(block)
-    return digest.hexdigest()
-
-
-def _follow(fd: int, ranges: list[tuple[int, int, threading.Event]]) -> Future:
-    """The hash of the ranges of `fd` in order, each read once its event is set, in a thread of its own:
-    the one pass over the whole output that cannot be split (sha256 chains each block to the ones before)."""
-    def run() -> str:
-        digest = new_hash()
-        for offset, size, done in ranges:
-            done.wait()
-            _hash_range(fd, offset, size, digest)
-        return digest.hexdigest()
-
-    pool = ThreadPoolExecutor(max_workers=1)
-    try:
-        return pool.submit(run)
-    finally:
-        pool.shutdown(wait=False)
+    return sha.hexdigest(), joinable.hexdigest()
 
 
 def _manifest(parts: list[tuple[str, Manifest]], channels: list[Channel]) -> Manifest:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import RecordError
 from ..formats.indexed import IndexedDatasetWriter, token_dtype
-from ..formats.manifest import Manifest, fingerprint, train_problems
+from ..formats.manifest import Manifest, fingerprinted, train_problems
 from ..formats.outputs import AtomicOutputs
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, check_unicode
@@ -146,7 +146,7 @@ class PretrainWriter:
                 eod_token=config.eod_token, pad_id=DEFAULT_PAD_ID, text_key=key,
                 special_tokens=config.special_tokens, special_token_records=self.special_records,
                 dtype=self.dtype.name, documents=writer.documents, sequences=writer.sequences,
-                tokens=writer.tokens, fingerprint=fingerprint([writer.digests]),
+                tokens=writer.tokens, **fingerprinted([writer.digests]),
             )
         return manifests
 

@@ -34,7 +34,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ..formats.indexed import IndexFormatError, check_same_index, file_digest, fill, new_hash, read_index
+from ..formats.digest import bin_hash
+from ..formats.indexed import IndexFormatError, check_same_index, file_digest, fill, read_index
 from ..formats.layouts import Block, check_offsets
 from ..formats.layouts import index_tokens as _tokens
 from ..formats.layouts import layout_of
@@ -161,7 +162,7 @@ def _stream(indexes, manifest: Manifest, layout, sound: bool, problems: list[str
     mask_buf = np.empty(block, np.uint8)
     found = _Found()
     stats = _Stats()
-    hashes = [new_hash(), new_hash()]
+    hashes = [bin_hash(manifest.digests is not None) for _ in range(2)]  # (sha256 in manifests before 0.4)
     position = 0  # tokens before this block
     with open(ids_path, "rb") as ids_f, (open(mask_path, "rb") if mask_path else nullcontext()) as mask_f:
         while True:

@@ -11,11 +11,10 @@ import re
 import numpy as np
 import pytest
 
-from _helpers import sft, write_jsonl
+from _helpers import data_fingerprint, sft, write_jsonl
 from qwen_data.formats import pai
-from qwen_data.formats.indexed import IndexedDatasetWriter, IndexFormatError, MaskedWriter, file_digest
+from qwen_data.formats.indexed import IndexedDatasetWriter, IndexFormatError, MaskedWriter
 from qwen_data.formats.layouts import DocumentLayout, MaskLayout, PackedMaskLayout, PaiLayout
-from qwen_data.formats.manifest import fingerprint
 from qwen_data.formats.outputs import AtomicOutputs
 from qwen_data.formats.packing import next_fit, one_per_row
 from qwen_data.run.merge import MergeError, merge
@@ -189,8 +188,7 @@ def test_every_reader_refuses_a_mask_with_another_index(tmp_path):
     sentence = f"{prefix}.lossmask.idx: document indices differ from {prefix}.idx at entry 1: not the same index"
     with open(prefix + ".json", encoding="utf-8") as f:
         manifest = json.load(f)
-    manifest["fingerprint"] = fingerprint([(file_digest(channel + ".idx"), file_digest(channel + ".bin"))
-                                           for channel in (prefix, prefix + ".lossmask")])
+    manifest.update(data_fingerprint(prefix))
     with open(prefix + ".json", "w", encoding="utf-8") as f:
         json.dump(manifest, f)
     assert sentence in verify(prefix)

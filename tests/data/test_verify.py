@@ -7,12 +7,12 @@ import os
 
 import numpy as np
 import pytest
-from _helpers import copy_prefix, manifest
+from _helpers import copy_prefix, data_fingerprint, manifest
 
 from qwen_data.blend.build import BlendError, plan_blend
 from qwen_data.cli import EXAMPLES, main
-from qwen_data.formats.indexed import file_digest, read_index
-from qwen_data.formats.manifest import fingerprint
+from qwen_data.formats.indexed import read_index
+from qwen_data.tools.verify import verify as verify_prefix
 
 EOD, PAD = 151643, 151654
 SEQ = 256
@@ -49,9 +49,8 @@ def problems(capsys, prefix):
 
 def refingerprint(prefix):
     """Make the manifest's fingerprint the data's again, so that only the other checks can object."""
-    channels = [prefix] + ([prefix + ".lossmask"] if os.path.exists(prefix + ".lossmask.idx") else [])
     m = manifest(prefix)
-    m["fingerprint"] = fingerprint([(file_digest(c + ".idx"), file_digest(c + ".bin")) for c in channels])
+    m.update(data_fingerprint(prefix))
     write(prefix, m)
 
 
@@ -95,7 +94,7 @@ def test_flipped_byte_in_bin_only_the_fingerprint_sees(prefixes, tmp_path, capsy
         f.seek(4 * k)
         f.write(bytes([int(ids[k]) & 0xFF ^ 1]))
     found = problems(capsys, prefix)
-    assert len(found) == 1 and "fingerprint" in found[0] and f"{prefix}.bin/.idx changed" in found[0]
+    assert len(found) == 1 and "fingerprint" in found[0] and f"{prefix}.bin no longer hashes" in found[0]
 
 
 @corrupts
@@ -105,7 +104,7 @@ def test_flipped_byte_in_loss_mask(prefixes, tmp_path, capsys):
     mask[int(np.argmax(mask == 1))] = 0  # a trained token untrained: still a valid mask
     mask.tofile(prefix + ".lossmask.bin")
     found = problems(capsys, prefix)
-    assert any("fingerprint" in p and f"{prefix}.lossmask.bin/.idx" in p for p in found)
+    assert any("fingerprint" in p and f"{prefix}.lossmask.bin no longer hashes" in p for p in found)
     assert any("sft.trained_tokens" in p for p in found)
 
 
@@ -363,18 +362,14 @@ def _same_counts_other_lengths(prefix):
 
 @corrupts
 @pytest.mark.parametrize("name, damage, cause", [
-    ("web", lambda p: _flip(p + ".bin", 4 * 7), "hash to fingerprint"),
     ("web", lambda p: _flip(p + ".idx", os.path.getsize(p + ".idx") - 3), "document indices run from 0 to"),
     ("web", _same_counts_other_lengths, "hash to fingerprint"),
     ("web", lambda p: os.truncate(p + ".bin", os.path.getsize(p + ".bin") - 4), "truncated or extended"),
     ("web", lambda p: os.truncate(p + ".idx", os.path.getsize(p + ".idx") - 8), "truncated or corrupt"),
-    ("unpacked", lambda p: _flip(p + ".bin", 4 * 3), "hash to fingerprint"),
-    ("unpacked", lambda p: _flip(p + ".lossmask.bin", 5), "hash to fingerprint"),
     ("unpacked", lambda p: _same_counts_other_lengths(p + ".lossmask"), "hash to fingerprint"),
     ("unpacked", lambda p: os.truncate(p + ".lossmask.bin", os.path.getsize(p + ".lossmask.bin") - 1),
      "truncated or extended"),
-], ids=["bin", "idx", "idx-well-formed", "bin-truncated", "idx-truncated", "sft-bin", "lossmask-bin",
-        "lossmask-idx-well-formed", "lossmask-truncated"])
+], ids=["idx", "idx-well-formed", "bin-truncated", "idx-truncated", "lossmask-idx-well-formed", "lossmask-truncated"])
 def test_merge_refuses_a_changed_part_by_name(prefixes, tmp_path, capsys, name, damage, cause):
     """A part whose files are not what its manifest says is refused, naming it and the cause; the
     merged output is not written (a fresh fingerprint would vouch for the damaged data)."""
@@ -390,11 +385,27 @@ def test_merge_refuses_a_changed_part_by_name(prefixes, tmp_path, capsys, name, 
     assert main(["merge", "--quiet", whole, whole, "-o", out]) == 0  # undamaged, it merges
 
 
+@corrupts
+@pytest.mark.parametrize("name, channel, position", [("web", "", 4 * 7), ("unpacked", "", 4 * 3),
+                                                     ("unpacked", ".lossmask", 5)],
+                         ids=["bin", "sft-bin", "lossmask-bin"])
+def test_a_part_whose_bin_changed_merges_into_an_output_verify_refuses(prefixes, tmp_path, name, channel, position):
+    """A merge reads no part's .bin: the output's hash is the parts' recorded ones joined, so the
+    changed bytes are never vouched for, and `verify` of the output names its file."""
+    whole = copy_prefix(prefixes[name], str(tmp_path / "whole"))
+    part = copy_prefix(prefixes[name], str(tmp_path / "part"))
+    _flip(part + channel + ".bin", position)
+    out = str(tmp_path / "m")
+    assert main(["merge", "--quiet", whole, part, "-o", out]) == 0
+    found = verify_prefix(out)
+    assert any(f"{out}{channel}.bin no longer hashes" in p for p in found), found
+
+
 @pytest.mark.parametrize("name", ["web", "unpacked"])
 def test_merge_joins_many_shards_with_or_without_copy_file_range(prefixes, tmp_path, monkeypatch, name):
     """More shards than this host has cores, copied in the kernel or (a file system without
-    copy_file_range) by reads and writes: the bytes and the fingerprint of the whole run (whose
-    hash is taken apart from the shards' own, by another thread)."""
+    copy_file_range) by reads and writes: the bytes and the fingerprint of the whole run (its .bin's
+    hash the shards' joined)."""
     args = {"web": ["pretrain"], "unpacked": ["sft", CHATS]}[name]
     shards = [str(tmp_path / f"s{k}") for k in range(5)]
     for k, shard in enumerate(shards):

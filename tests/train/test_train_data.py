@@ -109,7 +109,7 @@ def test_sft_samples_equal_the_files(prefixes, kind):
 def write_sft_prefix(prefix, documents, like):
     """An SFT prefix from [(tokens, mask, sequence lengths)], with `like`'s manifest fields."""
     from qwen_data.formats.indexed import IndexedDatasetWriter
-    from qwen_data.formats.manifest import fingerprint
+    from qwen_data.formats.manifest import fingerprinted
 
     ids = IndexedDatasetWriter(prefix + ".bin", prefix + ".idx", np.int32)
     mask = IndexedDatasetWriter(prefix + ".lossmask.bin", prefix + ".lossmask.idx", np.uint8)
@@ -120,7 +120,7 @@ def write_sft_prefix(prefix, documents, like):
     mask.finalize()
     m = manifest(like)
     m.update(documents=ids.documents, sequences=ids.sequences, tokens=ids.tokens,
-             fingerprint=fingerprint([ids.digests, mask.digests]))
+             **fingerprinted([ids.digests, mask.digests]))
     m["sft"].update(pad_tokens=0)
     with open(prefix + ".json", "w") as f:
         json.dump(m, f)
