@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .digest import BinDigest
+from .digest import BinDigest, join
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -63,8 +63,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class IndexedDatasetWriter:
     """Streams documents into `bin_path` and writes the matching index at `idx_path`."""
 
-    def __init__(self, bin_path: str, idx_path: str, dtype, hashed: bool = True) -> None:
-        """`hashed`: take the .bin's hash for `digests` (False: data staged on its way elsewhere)."""
+    def __init__(self, bin_path: str, idx_path: str, dtype, hashed: bool | str = True) -> None:
+        """`hashed`: take the .bin's hash for `digests` (False: data staged on its way elsewhere;
+        "given": each batch comes with its bytes' joinable hash, joined here, no byte read)."""
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} has no Megatron code")
@@ -72,7 +73,8 @@ class IndexedDatasetWriter:
         self._bin = open(bin_path, "wb", buffering=0)  # written through at once: `_bin_hash` reads it back
         self._lengths = open(idx_path + ".lengths", "wb")
         self._doc_ends = open(idx_path + ".docends", "wb")
-        self._bin_hash, self._idx_hash = TrailingDigest(bin_path, BinDigest()) if hashed else None, new_hash()
+        self._bin_hash = TrailingDigest(bin_path, BinDigest()) if hashed is True else None
+        self._idx_hash, self._given = new_hash(), [] if hashed == "given" else None
         self.sequences = 0
         self.documents = 0
         self.tokens = 0
@@ -83,11 +85,14 @@ class IndexedDatasetWriter:
         lengths = [len(tokens)] if sequence_lengths is None else sequence_lengths
         self.add_batch(tokens, np.asarray(lengths), np.asarray([len(lengths)]))
 
-    def add_batch(self, tokens, sequence_lengths, sequences_per_document=None) -> None:
+    def add_batch(self, tokens, sequence_lengths, sequences_per_document=None, digest: str | None = None) -> None:
         """Many documents at once: `tokens` is all their sequences back to back.
 
-        `sequences_per_document` defaults to one sequence per document.
+        `sequences_per_document` defaults to one sequence per document; `digest`: the joinable hash
+        of the bytes `tokens` are written as (a writer made with hashed="given" takes one a batch).
         """
+        if (digest is None) != (self._given is None):
+            raise ValueError("a writer made with hashed='given' takes each batch's digest, and only it")
         tokens = np.asarray(tokens)
         lengths = np.asarray(sequence_lengths, dtype=np.int64)
         if int(lengths.sum()) != len(tokens):
@@ -108,6 +113,8 @@ class IndexedDatasetWriter:
         _write_all(self._bin, data)
         if self._bin_hash is not None:
             self._bin_hash.advance(data.nbytes)
+        if self._given is not None:
+            self._given.append(digest)
         self._lengths.write(lengths.astype(np.int32).tobytes())
         self._doc_ends.write((self.sequences + np.cumsum(per_doc)).astype(np.int64).tobytes())
         self.sequences += len(lengths)
@@ -139,7 +146,7 @@ class IndexedDatasetWriter:
     @property
     def digests(self) -> tuple[str, str]:
         """(.idx, .bin) content hashes, hex; valid after `finalize`."""
-        return self._idx_hash.hexdigest(), self._bin_hash.hexdigest()
+        return self._idx_hash.hexdigest(), join(self._given) if self._given is not None else self._bin_hash.hexdigest()
 
     def abort(self) -> None:
         """Close and remove everything written so far."""

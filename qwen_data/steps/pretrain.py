@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import RecordError
+from ..formats.digest import BinDigest
 from ..formats.indexed import IndexedDatasetWriter, token_dtype
 from ..formats.manifest import Manifest, fingerprinted, train_problems
 from ..formats.outputs import AtomicOutputs
@@ -43,6 +44,9 @@ class PretrainConfig(RunConfig):
 class Documents(ChunkResult):
     ids: list[np.ndarray]  # per text key: tokens of the chunk's documents, eod included
     lengths: list[np.ndarray]  # per text key: each document's length
+    # per text key: the joinable hash of `ids` as the .bin holds them, taken in the worker that made
+    # them (`formats.digest`): the writer joins them and hashes no byte itself
+    digests: list[str]
 
 
 def run(config: PretrainConfig, progress=None) -> list[Manifest]:
@@ -94,8 +98,9 @@ class Tokenize:
             ids.append(doc_ids)
             lengths.append(doc_lengths)
         records = len(texts.by_key[0])
+        dtype = token_dtype(self.tokenizer.vocab_size)
         result = Documents(rejects.entries, records, texts.text_bytes, sum(map(len, ids)), texts.special_records,
-                           ids, lengths)
+                           ids, lengths, [_digest(doc_ids.astype(dtype, copy=False)) for doc_ids in ids])
         if self.checks is not None:
             result.misspelled, result.spelled = misspelled, 0 if misspelled else records
             ends = [np.cumsum(n) for n in lengths]
@@ -118,6 +123,12 @@ class Tokenize:
         return PretrainWriter(self, outputs)
 
 
+def _digest(ids: np.ndarray) -> str:
+    digest = BinDigest()
+    digest.update(ids)
+    return digest.hexdigest()
+
+
 class PretrainWriter:
     """One indexed dataset per text key, documents aligned."""
 
@@ -125,14 +136,14 @@ class PretrainWriter:
         self.step = step
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.writers = {
-            p: IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), self.dtype)
+            p: IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), self.dtype, hashed="given")
             for p in step.prefixes()
         }
         self.documents = self.special_records = 0
 
     def add(self, result: Documents) -> None:
-        for writer, ids, lengths in zip(self.writers.values(), result.ids, result.lengths):
-            writer.add_batch(ids, lengths)
+        for writer, ids, lengths, digest in zip(self.writers.values(), result.ids, result.lengths, result.digests):
+            writer.add_batch(ids, lengths, digest=digest)
         self.documents += result.records
         self.special_records += result.special_records
 

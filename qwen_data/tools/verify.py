@@ -30,11 +30,13 @@ stays flat whatever the size. Problems are plain sentences naming the file; none
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 
 import numpy as np
 
 from ..formats.digest import bin_hash
+from ..formats.digest import file_digest as file_digest_of_bin
 from ..formats.indexed import IndexFormatError, check_same_index, file_digest, fill, read_index
 from ..formats.layouts import Block, check_offsets
 from ..formats.layouts import index_tokens as _tokens
@@ -76,7 +78,14 @@ def verify(prefix: str) -> list[str]:
     if sound and len(indexes) == 2:
         sound = _same_index(indexes[0], indexes[1], problems)
     sound = sound and layout.check_index(indexes[0], problems)
-    stats = _stream(indexes, manifest, layout, sound, problems)
+    # The .bin files hashed by ranges in threads (joinable hashes) while the layout reads them once more
+    # (from the page cache); a manifest before 0.4 has them hashed by sha256 in that one pass.
+    joinable = manifest.digests is not None
+    with ThreadPoolExecutor(1) as pool:
+        hashed = [pool.submit(file_digest_of_bin, index.path[:-4] + ".bin") for index in indexes] if joinable else []
+        stats = _stream(indexes, manifest, layout, sound, problems, hashed=not joinable)
+        if joinable:
+            stats.bin_digests = [h.result() for h in hashed]
     _check_fingerprint(prefix, indexes, stats, manifest, problems)
     if sound:
         _check_sft_stats(prefix, layout.expected(indexes[0], stats), manifest, problems)
@@ -149,9 +158,10 @@ class _Stats:
         self.document_ends = None  # pretraining: each document's end, handed out block by block
 
 
-def _stream(indexes, manifest: Manifest, layout, sound: bool, problems: list[str]) -> _Stats:
-    """Hash the .bin files and have the layout check every value, block by block (whole rows when
-    its rows have one size). Layout checks that locate rows need `sound` indexes."""
+def _stream(indexes, manifest: Manifest, layout, sound: bool, problems: list[str], hashed: bool) -> _Stats:
+    """Have the layout check every value of the .bin files, block by block (whole rows when its rows
+    have one size), `hashed`: hashing them by sha256 too. Layout checks that locate rows need `sound`
+    indexes."""
     ids_index = indexes[0]
     ids_path = ids_index.path[: -len(".idx")] + ".bin"
     mask_path = indexes[1].path[: -len(".idx")] + ".bin" if len(indexes) == 2 else None
@@ -162,7 +172,7 @@ def _stream(indexes, manifest: Manifest, layout, sound: bool, problems: list[str
     mask_buf = np.empty(block, np.uint8)
     found = _Found()
     stats = _Stats()
-    hashes = [bin_hash(manifest.digests is not None) for _ in range(2)]  # (sha256 in manifests before 0.4)
+    hashes = [bin_hash(joinable=False) for _ in range(2)]
     position = 0  # tokens before this block
     with open(ids_path, "rb") as ids_f, (open(mask_path, "rb") if mask_path else nullcontext()) as mask_f:
         while True:
@@ -170,8 +180,9 @@ def _stream(indexes, manifest: Manifest, layout, sound: bool, problems: list[str
             got_mask = fill(mask_f, memoryview(mask_buf)) if mask_path else 0
             if not got and not got_mask:
                 break
-            hashes[0].update(memoryview(ids_buf).cast("B")[:got])
-            hashes[1].update(memoryview(mask_buf)[:got_mask])
+            if hashed:
+                hashes[0].update(memoryview(ids_buf).cast("B")[:got])
+                hashes[1].update(memoryview(mask_buf)[:got_mask])
             ids = ids_buf[: got // ids_buf.itemsize]
             layout.check_block(Block(ids, mask_buf[:got_mask], position, ids_index, sound, manifest), found, stats)
             position += len(ids)
