@@ -25,6 +25,13 @@ the cache effect taken out.
     python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
     python3 bench/cores.py --megatron /path/Megatron-LM --megatron-mb 300 --ray --rss-mb 1000,4000
+    python3 bench/cores.py --unique --text FILE --corpus-mb 2000 --workers 1,16 --jobs pretrain
+
+--unique: pretrain on a corpus in which no document repeats (bench/certify.py's: the text corpus, then passes
+over it with every document's words shuffled, seeded; a real text's bytes and tokens per byte, an order never
+seen; every line hashed and one met before left out), at --corpus-mb; raw and raw_parallel are measured on it
+(each process on its own part of it), and pretrain at the most workers on the repeated corpus of the same size
+runs beside it (job pretrain-repeated). --text / --chats: the bench corpora, where this host cannot build them.
 Writes --out (default bench/results/cpu/cores.json).
 """
 
@@ -220,6 +227,9 @@ def main() -> None:
                                                        "them (default 16 where --workers holds it, else the most)")
     parser.add_argument("--also-out", help="also pretrain at the most workers writing under this folder (/dev/shm: "
                                            "whether the output disk limits the run)")
+    parser.add_argument("--unique", action="store_true", help="pretrain on a corpus in which no document repeats")
+    parser.add_argument("--text", help="the bench text corpus (default: bench/corpora.py's cache)")
+    parser.add_argument("--chats", help="the bench chat corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--out", default=os.path.join(measure.REPO_ROOT, "bench", "results", "cpu", "cores.json"))
     args = parser.parse_args()
     import corpora
@@ -231,7 +241,20 @@ def main() -> None:
         counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= info["cores"]]
     top = max(counts)
     at = args.compare_at or (16 if 16 in counts else top)
-    text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000)
+    repeated = text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000, args.text)
+    corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": True,
+                   "how": "the bench text corpus (40 MB) repeated to size"}
+    if args.unique:
+        import certify
+
+        source, size = args.text or corpora.text_corpus(), args.corpus_mb * 1_000_000
+        made: dict = {}
+        text = certify.derived(f"text-unique-{args.corpus_mb}MB.jsonl", source, size,
+                               lambda manifest: certify.unique_lines(source, size, manifest))
+        with open(text + ".json", encoding="utf-8") as f:
+            made = json.load(f)
+        corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": False, "how": certify.CORPORA,
+                       "made": made}
     # Each raw figure is the better of two tries: a fresh GPU host's memory grows as it is first
     # used, which slowed the first try of one host by a third.
     raw, raw_warm = max(raw_mb_per_s(text), raw_mb_per_s(text))
@@ -247,14 +270,14 @@ def main() -> None:
     corpus_of = {"pretrain": text}
     jobs = args.jobs.split(",")
     if "sft-chat" in jobs:
-        corpus_of["sft-chat"] = corpora.scaled_sft_corpus("chat", args.sft_mb * 1_000_000)
+        corpus_of["sft-chat"] = corpora.scaled_sft_corpus("chat", args.sft_mb * 1_000_000, args.chats)
     if "sft-alpaca" in jobs:
-        corpus_of["sft-alpaca"] = corpora.scaled_sft_corpus("alpaca", args.sft_mb * 1_000_000)
+        corpus_of["sft-alpaca"] = corpora.scaled_sft_corpus("alpaca", args.sft_mb * 1_000_000, args.chats)
     runs: list[dict] = []
 
     def write() -> None:  # after every run: a run cut short keeps what it measured
         efficiencies(runs, raw)
-        result = {"host": info, "raw_mb_per_s": round(raw, 1), "raw_warm_mb_per_s": round(raw_warm, 1),
+        result = {"host": info, "corpus": corpus_info, "raw_mb_per_s": round(raw, 1), "raw_warm_mb_per_s": round(raw_warm, 1),
                   "raw_parallel": [{"processes": n, "mb_per_s": round(cold, 1), "vs_raw": round(cold / raw, 2),
                                     "warm_mb_per_s": round(warm, 1), "warm_vs_raw_warm": round(warm / raw_warm, 2)}
                                    for n, (cold, warm) in raw_parallel.items()],
@@ -276,6 +299,10 @@ def main() -> None:
                     for path in os.listdir(work):
                         if path.startswith(f"{job}-{n}."):
                             os.remove(os.path.join(work, path))
+        if args.unique and "pretrain" in jobs:
+            prefix = os.path.join(work, "repeated")
+            runs.append(record("pretrain-repeated", top, repeated, ours("pretrain", repeated, prefix, top), prefix))
+            write()
         for size in filter(None, args.rss_mb.split(",")):
             big = corpora.scaled_text_corpus(int(size) * 1_000_000)
             runs.append(record("pretrain", at, big, ours("pretrain", big, os.path.join(work, "big"), at)))

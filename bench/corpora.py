@@ -478,10 +478,10 @@ def _up_to(target_bytes: int, lines):
             return
 
 
-def scaled_text_corpus(target_bytes: int) -> str:
-    """The text corpus repeated to `target_bytes`; each copy in its own order with its own prefix,
-    so no two documents are the same."""
-    source = text_corpus()
+def scaled_text_corpus(target_bytes: int, source: str | None = None) -> str:
+    """The text corpus (or `source`, a copy of it) repeated to `target_bytes`; each copy in its own
+    order with its own prefix, so no two documents are the same."""
+    source = source or text_corpus()
     path = os.path.join(CACHE_DIR, "scaled", f"text-{target_bytes // 1_000_000}MB.jsonl")
     if _cached(path, False, target_bytes):
         return path
@@ -501,13 +501,13 @@ def scaled_text_corpus(target_bytes: int) -> str:
     return path
 
 
-def scaled_sft_corpus(kind: str, target_bytes: int) -> str:
+def scaled_sft_corpus(kind: str, target_bytes: int, source: str | None = None) -> str:
     """The chat corpus repeated to `target_bytes`: as chats (`kind` "chat"), or as alpaca records
     (`kind` "alpaca": each conversation's first user turn is the instruction, the assistant's answer
     to it the output). Repeats of a record are the same sample: packing and tokenizing see real text."""
     if kind not in ("chat", "alpaca"):
         raise ValueError(f"kind must be chat or alpaca, not {kind!r}")
-    source = chat_corpus()
+    source = source or chat_corpus()
     path = os.path.join(CACHE_DIR, "scaled", f"{kind}-{target_bytes // 1_000_000}MB.jsonl")
     if _cached(path, False, target_bytes):
         return path
