@@ -223,7 +223,7 @@ class ChatChecks(_Checks):
                  "whose literals became control ids under --special-tokens parse")
         picked = (f"the reference's, for the first {MASKED} records checked: renders of the record's messages up "
                   "to each trained assistant turn, with and without the generation prompt (never our masking code); "
-                  "the other picked samples, those checked on a window of turns, and those where a turn's render is "
+                  "the other picked samples, those checked on a window of their render, and those where a turn's render is "
                   "not a prefix of the whole (Qwen3 strips earlier reasoning) are masks_not_checked")
         return {"every_sample": every, "picked_samples": picked}
 

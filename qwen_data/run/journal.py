@@ -1,0 +1,152 @@
+"""A run's journal: the chunks it has written, so that a run killed at any point and run again with
+the same command goes on from where it was, and ends with the bytes of an uninterrupted run.
+
+PREFIX.journal lies beside the staged files (`AtomicOutputs`: FILE.tmp, and the index writer's side
+files). Its first line names the run (`identity`: everything that decides the output's bytes, never
+--workers); then one line per chunk written, in order, once its records picked for the certificate
+have been checked: for each staged file, where the chunk's bytes end and their joinable hash
+(`formats.digest`), with the chunk's counts and the certificate's. A run that finds a journal of the
+same identity checks it before using it: each file's ranges hashed again, in threads, the files cut
+back to the last chunk whose every range holds what the journal says; the chunks after it are done
+again. Nothing in it is trusted unchecked: a journal of another run, damaged or cut short, or a file
+shorter than it says, only means less work is reused. The commit removes it, and so does a run that
+fails (only a killed or interrupted run leaves its staged files and journal behind).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..formats.digest import BinDigest, join
+
+SUFFIX = ".journal"
+HASH_BYTES = 1 << 22  # read back and hashed at a time, checking a journal
+
+
+def identity(config, inputs: list[dict]) -> str:
+    """What decides a run's output bytes: its settings but the workers, progress and the certificate's
+    process choices, and the pins of its inputs (`manifest.input_entry`); hashed."""
+    settings = {k: v for k, v in sorted(vars(config).items()) if k not in ("workers", "quiet", "check_here")}
+    text = json.dumps({"settings": settings, "inputs": inputs}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class Resumed:
+    """What a journal let a run reuse: its first `chunks` chunks, each as the journal recorded it."""
+
+    chunks: list[dict] = field(default_factory=list)
+
+    @property
+    def ends(self) -> dict[str, int]:
+        """Where each staged file ends after the chunks reused."""
+        return dict(self.chunks[-1]["files"]) if self.chunks else {}
+
+    def digests(self, path: str) -> list[str]:
+        """The joinable hashes of `path`'s ranges, chunk after chunk."""
+        return [chunk["hashes"][path] for chunk in self.chunks]
+
+    def total(self, name: str) -> int:
+        return sum(chunk[name] for chunk in self.chunks)
+
+
+class Journal:
+    def __init__(self, prefix: str, run: str) -> None:
+        self.path, self.run = prefix + SUFFIX, run
+        self._file = None
+        self._ends: dict[str, int] = {}
+
+    def resumable(self, files: list[str]) -> Resumed:
+        """The chunks of an earlier run of this identity whose bytes in `files` (staged paths) are
+        still what the journal says, each file cut back to the last of them; none where there is no
+        such run (the files are then written anew)."""
+        chunks = _read(self.path, self.run)
+        if not chunks or not all(os.path.exists(f) for f in files):
+            return Resumed()
+        good = _checked(chunks, files)
+        resumed = Resumed(chunks[:good])
+        for path in files:
+            os.truncate(path, resumed.ends.get(path, 0))
+        return resumed
+
+    def start(self, resumed: Resumed) -> None:
+        """Write the journal anew: this run's identity, then the chunks reused."""
+        self._file = open(self.path, "w", encoding="utf-8")
+        self._file.write(json.dumps({"run": self.run}) + "\n")
+        for chunk in resumed.chunks:
+            self._file.write(json.dumps(chunk) + "\n")
+        self._file.flush()
+        self._ends = resumed.ends
+
+    def chunk(self, files: dict[str, str | None], counts: dict) -> None:
+        """A chunk written: `files` maps each staged file to the joinable hash of the bytes the chunk
+        added to it (None: hashed here, read back from the page cache), `counts` its counts."""
+        ends, hashes = {}, {}
+        for path, digest in files.items():
+            end = os.path.getsize(path)
+            start = self._ends.get(path, 0)
+            hashes[path] = digest if digest is not None else _range_digest(path, start, end - start)
+            ends[path] = end
+        self._ends = ends
+        self._file.write(json.dumps({**counts, "files": ends, "hashes": hashes}) + "\n")
+        self._file.flush()  # in the page cache: a killed process's writes outlive it
+
+    def remove(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def _read(path: str, run: str) -> list[dict]:
+    """The chunk lines of the journal at `path` if it is `run`'s: up to the first line cut short."""
+    if not os.path.exists(path):
+        return []
+    chunks = []
+    with open(path, encoding="utf-8") as f:
+        try:
+            if json.loads(f.readline()).get("run") != run:
+                return []
+            for line in f:
+                chunks.append(json.loads(line))
+        except (ValueError, AttributeError):  # a line cut short by the kill, or no journal of ours
+            pass
+    return [c for c in chunks if isinstance(c, dict) and "files" in c and "hashes" in c]
+
+
+def _checked(chunks: list[dict], files: list[str]) -> int:
+    """How many of `chunks`, from the first, have every file's range hold the bytes they hashed."""
+    ranges = []
+    for k, chunk in enumerate(chunks):
+        if set(chunk["files"]) != set(files):
+            return k
+        before = chunks[k - 1]["files"] if k else {}
+        ranges += [(k, path, before.get(path, 0), chunk["files"][path] - before.get(path, 0), chunk["hashes"][path])
+                   for path in files]
+    with ThreadPoolExecutor(min(len(ranges), os.cpu_count() or 1) or 1) as pool:
+        held = list(pool.map(lambda r: r[3] >= 0 and _range_digest(r[1], r[2], r[3]) == r[4], ranges))
+    bad = [k for (k, *_), ok in zip(ranges, held) if not ok]
+    return min(bad) if bad else len(chunks)
+
+
+def _range_digest(path: str, offset: int, size: int) -> str | None:
+    """The joinable hash of `size` bytes of `path` from `offset`; None where the file is shorter."""
+    digest, end = BinDigest(), offset + size
+    with open(path, "rb", buffering=0) as f:
+        while offset < end:
+            block = os.pread(f.fileno(), min(end - offset, HASH_BYTES), offset)
+            if not block:
+                return None
+            digest.update(block)
+            offset += len(block)
+    return digest.hexdigest()
+
+
+def joined(resumed: Resumed, path: str) -> str:
+    """The joinable hash of `path`'s bytes the chunks reused wrote."""
+    return join(resumed.digests(path))
