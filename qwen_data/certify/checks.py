@@ -123,6 +123,17 @@ class TextChecks(_Checks):
         number, position, parts = item
         return [(where, k, documents + position, a, b, ours) for k, (_, ours, a, b) in enumerate(parts)]
 
+    @staticmethod
+    def item_json(item: tuple) -> list:
+        """An item as a run's journal keeps it (`run.journal`), to be checked by the run that resumes."""
+        number, position, parts = item
+        return [number, position, [[text, ours.tolist(), a, b] for text, ours, a, b in parts]]
+
+    @staticmethod
+    def item_from_json(value: list) -> tuple:
+        number, position, parts = value
+        return number, position, [(text, np.asarray(ours, dtype=np.int32), a, b) for text, ours, a, b in parts]
+
     def load(self) -> None:
         self.reference.load()
 

@@ -63,21 +63,39 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class IndexedDatasetWriter:
     """Streams documents into `bin_path` and writes the matching index at `idx_path`."""
 
-    def __init__(self, bin_path: str, idx_path: str, dtype, hashed: bool | str = True) -> None:
+    def __init__(self, bin_path: str, idx_path: str, dtype, hashed: bool | str = True,
+                 resumed: str | None = None) -> None:
         """`hashed`: take the .bin's hash for `digests` (False: data staged on its way elsewhere;
-        "given": each batch comes with its bytes' joinable hash, joined here, no byte read)."""
+        "given": each batch comes with its bytes' joinable hash, joined here, no byte read).
+        `resumed`: go on after what the files (`files`) hold, whose .bin bytes have this joinable
+        hash (a run resumed from its journal, `run.journal`; hashed "given" only)."""
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} has no Megatron code")
         self.bin_path, self.idx_path = bin_path, idx_path
-        self._bin = open(bin_path, "wb", buffering=0)  # written through at once: `_bin_hash` reads it back
-        self._lengths = open(idx_path + ".lengths", "wb")
-        self._doc_ends = open(idx_path + ".docends", "wb")
+        mode = "ab" if resumed is not None else "wb"
+        self._bin = open(bin_path, mode, buffering=0)  # written through at once: `_bin_hash` reads it back
+        self._lengths = open(idx_path + ".lengths", mode)
+        self._doc_ends = open(idx_path + ".docends", mode)
         self._bin_hash = TrailingDigest(bin_path, BinDigest()) if hashed is True else None
         self._idx_hash, self._given = new_hash(), [] if hashed == "given" else None
-        self.sequences = 0
-        self.documents = 0
-        self.tokens = 0
+        if resumed is not None and self._given is None:
+            raise ValueError("only a writer given its batches' hashes resumes")
+        if resumed is not None:
+            self._given.append(resumed)
+        self.sequences = self._lengths.tell() // 4
+        self.documents = self._doc_ends.tell() // 8
+        self.tokens = self._bin.tell() // self.dtype.itemsize
+
+    @staticmethod
+    def files(bin_path: str, idx_path: str) -> list[str]:
+        """The files a writer appends to as it goes (the index is made from the last two at the end)."""
+        return [bin_path, idx_path + ".lengths", idx_path + ".docends"]
+
+    def flush(self) -> None:
+        """Everything added so far handed to the kernel (a killed process's writes then outlive it)."""
+        self._lengths.flush()
+        self._doc_ends.flush()
 
     def add_document(self, tokens, sequence_lengths=None) -> None:
         """One document; `sequence_lengths` splits it into sequences (default: one)."""

@@ -44,8 +44,11 @@ class AtomicOutputs:
     the run leaves it out (a stale rejects file from an earlier run, say).
     """
 
-    def __init__(self, final_paths: list[str]) -> None:
+    def __init__(self, final_paths: list[str], keep_on_interrupt: bool = False) -> None:
+        """`keep_on_interrupt`: Ctrl-C or SIGTERM leave the tmp files (a run that resumes from them,
+        `run.journal`); any other failure removes them."""
         self._declared = list(dict.fromkeys(final_paths))
+        self._keep_on_interrupt = keep_on_interrupt
         for directory in {os.path.dirname(os.path.abspath(p)) for p in self._declared}:
             os.makedirs(directory, exist_ok=True)
         self._locks: list[tuple[str, object]] = []
@@ -83,11 +86,17 @@ class AtomicOutputs:
 
     def commit(self, markers: list[str]) -> None:
         """Rename every tmp file into place, the `markers` last (they must be among the tmp files)."""
-        for path in markers + self._obsolete + self._files:
-            if os.path.lexists(path):
-                os.remove(path)
-        for path in sorted(self._files, key=lambda p: p in markers):
-            os.replace(path + TMP_SUFFIX, path)
+        renamed, removed = self.plan(markers)
+        finish_commit(renamed, removed)
+        self._release()
+
+    def plan(self, markers: list[str]) -> tuple[list[str], list[str]]:
+        """What `commit` does: the final paths its tmp files are renamed to, in order, and the old
+        files it removes (markers first, so that no old manifest stands beside new data)."""
+        return sorted(self._files, key=lambda p: p in markers), markers + self._obsolete + self._files
+
+    def release(self) -> None:
+        """Let go of the locks, writing nothing (a commit finished otherwise: `run.journal`)."""
         self._release()
 
     def abort(self) -> None:
@@ -111,12 +120,25 @@ class AtomicOutputs:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self._keep_on_interrupt:
+            self._release()
+        elif exc_type is not None:
             self.abort()
             if isinstance(exc, OSError) and exc.filename is None:
                 # a failed write (disk full ...) names no file: name the outputs it was for
                 exc.filename = self._declared[0].rsplit(".", 1)[0] + ".*"
         return False
+
+
+def finish_commit(renamed: list[str], removed: list[str]) -> None:
+    """A commit (`AtomicOutputs.plan`), or the rest of one a killed run began: the old files removed
+    where no tmp file is left to take their place, then each tmp file renamed, in order."""
+    for path in removed:
+        if os.path.lexists(path) and (path not in renamed or os.path.exists(path + TMP_SUFFIX)):
+            os.remove(path)
+    for path in renamed:
+        if os.path.exists(path + TMP_SUFFIX):
+            os.replace(path + TMP_SUFFIX, path)
 
 
 @contextlib.contextmanager

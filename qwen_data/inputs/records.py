@@ -166,13 +166,14 @@ class RejectLog:
 
     SHOWN = 5
 
-    def __init__(self, path: str, max_rejects: int | None = None) -> None:
+    def __init__(self, path: str, max_rejects: int | None = None, resumed: dict[str, int] | None = None) -> None:
+        """`resumed`: the rejects (by reason) a killed run wrote to `path`, which this one goes on from."""
         self.path = path
         self.max_rejects = max_rejects
-        self.by_reason: dict[str, int] = {}
-        self.count = 0
+        self.by_reason: dict[str, int] = dict(resumed or {})
+        self.count = sum(self.by_reason.values())
         # backslashreplace: a lone surrogate of a record (quoted in a message) becomes its JSON escape
-        self._file = open(path, "w", encoding="utf-8", errors="backslashreplace")
+        self._file = open(path, "a" if resumed is not None else "w", encoding="utf-8", errors="backslashreplace")
 
     def add(self, entries: list[dict]) -> None:
         for entry in entries:
@@ -186,6 +187,9 @@ class RejectLog:
                 f"more than --max-rejects {self.max_rejects} rejected records; last: "
                 f"{entries[-1]['file']}:{entries[-1]['record']}: {entries[-1]['message']}"
             )
+
+    def flush(self) -> None:
+        self._file.flush()
 
     def close(self) -> None:
         self._file.close()

@@ -31,6 +31,11 @@ class Certifier:
         self.waiting: list[list] = []  # items picked while the checking processes load
         self.loading = bool(self.sides)
         self.sent = 0
+        # Each batch of items added gets a number, in order (batch b goes to side b % sides); the
+        # counts of those answered so far, by number (`run.journal` writes a chunk once its batch is).
+        self.added = 0
+        self.answered: dict[int, dict] = {}
+        self._taken = [0] * len(self.sides)
         for side in self.sides:
             side.send(("checks", checks))
 
@@ -58,29 +63,42 @@ class Certifier:
         certifier.kept = step.picked = []
         return certifier
 
-    def add(self, items: list) -> None:
-        """`items`: (where, what the worker made of a picked record), where being file:line.
-        CertificateError at the first mismatch known."""
+    def add(self, items: list) -> int:
+        """`items`: (where, what the worker made of a picked record), where being file:line; → the
+        batch's number. CertificateError at the first mismatch known."""
+        batch, self.added = self.added, self.added + 1
         if self.kept is not None:
             self.kept += items
-            return
+            return batch
         if not self.sides:
-            take(self.counts, self.checks.check(items))
-            return
+            self._take(batch, self.checks.check(items))
+            return batch
         self.waiting.append(items)
-        for side in self.sides:
+        for k, side in enumerate(self.sides):
             for answer in side.arrived():
                 self.loading = False  # a first answer says the reference is loaded
-                take(self.counts, answer)
+                self._answer(k, answer)
         if not self.loading:
             self._send_waiting()
+        return batch
+
+    def _answer(self, side: int, answer) -> None:
+        """An answer of checking process `side`: the next batch it was sent (loads answer nothing)."""
+        if answer is None:  # to "load" or "checks": no batch
+            return
+        self._take(side + len(self.sides) * self._taken[side], answer)
+        self._taken[side] += 1
+
+    def _take(self, batch: int, answer) -> None:
+        take(self.counts, answer)
+        self.answered[batch] = answer[0]
 
     def finish(self) -> dict:
         """The summed counts of every check; CertificateError at the first mismatch."""
         self._send_waiting()
-        for side in self.sides:
+        for k, side in enumerate(self.sides):
             for answer in side.answers():
-                take(self.counts, answer)
+                self._answer(k, answer)
             side.end(kill=False)
         self.sides = []
         return self.counts
@@ -107,15 +125,15 @@ def take(counts: dict, answer: tuple[dict, str | None]) -> None:
 _CHECKS = None  # the checking process's checker, once sent
 
 
-def _check(item) -> tuple[dict, str | None]:
+def _check(item) -> tuple[dict, str | None] | None:
     """In the checking process: load HF's tokenizer, take the checker (and load the rest of its
     reference), then check."""
     global _CHECKS
     if isinstance(item, tuple) and item[0] == "load":
         preload(item[1])
-        return {}, None
+        return None
     if isinstance(item, tuple) and item[0] == "checks":
         _CHECKS = item[1]
         _CHECKS.load()
-        return {}, None
+        return None
     return _CHECKS.check(item)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..formats.digest import BinDigest, join
+from ..formats.digest import BinDigest, file_digest, is_joinable, join
+from ..formats.outputs import TMP_SUFFIX, finish_commit
 
 SUFFIX = ".journal"
 HASH_BYTES = 1 << 22  # read back and hashed at a time, checking a journal
@@ -37,9 +37,11 @@ def identity(config, inputs: list[dict]) -> str:
 
 @dataclass
 class Resumed:
-    """What a journal let a run reuse: its first `chunks` chunks, each as the journal recorded it."""
+    """What a journal let a run reuse: its first `chunks` chunks, each as the journal recorded it, and
+    the certificate's counts of those whose picked records were checked (by the chunk's number)."""
 
     chunks: list[dict] = field(default_factory=list)
+    answers: dict[int, dict] = field(default_factory=dict)
 
     @property
     def ends(self) -> dict[str, int]:
@@ -57,6 +59,7 @@ class Resumed:
 class Journal:
     def __init__(self, prefix: str, run: str) -> None:
         self.path, self.run = prefix + SUFFIX, run
+        self.chunks = 0  # chunk lines written
         self._file = None
         self._ends: dict[str, int] = {}
 
@@ -64,11 +67,11 @@ class Journal:
         """The chunks of an earlier run of this identity whose bytes in `files` (staged paths) are
         still what the journal says, each file cut back to the last of them; none where there is no
         such run (the files are then written anew)."""
-        chunks = _read(self.path, self.run)
+        chunks, answers = _read(self.path, self.run)
         if not chunks or not all(os.path.exists(f) for f in files):
             return Resumed()
         good = _checked(chunks, files)
-        resumed = Resumed(chunks[:good])
+        resumed = Resumed(chunks[:good], {k: a for k, a in answers.items() if k < good})
         for path in files:
             os.truncate(path, resumed.ends.get(path, 0))
         return resumed
@@ -79,48 +82,105 @@ class Journal:
         self._file.write(json.dumps({"run": self.run}) + "\n")
         for chunk in resumed.chunks:
             self._file.write(json.dumps(chunk) + "\n")
+        for k, checked in resumed.answers.items():
+            self._file.write(json.dumps({"answered": k, "checked": checked}) + "\n")
         self._file.flush()
         self._ends = resumed.ends
+        self.chunks = len(resumed.chunks)
 
-    def chunk(self, files: dict[str, str | None], counts: dict) -> None:
-        """A chunk written: `files` maps each staged file to the joinable hash of the bytes the chunk
-        added to it (None: hashed here, read back from the page cache), `counts` its counts."""
+    def written(self, files: dict[str, str | None]) -> dict:
+        """Where each staged file ends now a chunk is written, and the joinable hash of the bytes it
+        added (`files`: path → that hash, or None: read back here, from the page cache)."""
         ends, hashes = {}, {}
         for path, digest in files.items():
-            end = os.path.getsize(path)
+            ends[path] = end = os.path.getsize(path)
             start = self._ends.get(path, 0)
             hashes[path] = digest if digest is not None else _range_digest(path, start, end - start)
-            ends[path] = end
         self._ends = ends
-        self._file.write(json.dumps({**counts, "files": ends, "hashes": hashes}) + "\n")
+        return {"files": ends, "hashes": hashes}
+
+    def chunk(self, entry: dict) -> None:
+        """A chunk's line (`written`'s, with its counts and picked records), numbered in turn."""
+        self._line(entry)
+        self.chunks += 1
+
+    def answer(self, chunk: int, checked: dict) -> None:
+        """The certificate's counts of chunk `chunk`'s picked records, checked."""
+        self._line({"answered": chunk, "checked": checked})
+
+    def _line(self, value: dict) -> None:
+        self._file.write(json.dumps(value) + "\n")
         self._file.flush()  # in the page cache: a killed process's writes outlive it
 
-    def remove(self) -> None:
+    def committing(self, renamed: list[str], removed: list[str], bins: dict[str, str]) -> None:
+        """The commit about to begin (`AtomicOutputs.plan`), with the hash of each file it renames:
+        a .bin's joinable hash (`bins`, from its manifest), every other file's sha256 (read here: an
+        index, a manifest, the rejects). A run killed during it finishes it (`finish_commit`)."""
+        hashes = {path: bins.get(path) or _sha256(path + TMP_SUFFIX) for path in renamed}
+        self._line({"commit": {"renamed": renamed, "removed": removed, "hashes": hashes}})
+
+    def finish_commit(self) -> list[str] | None:
+        """Where this run's journal says its commit began and every file it renames holds the bytes
+        it hashed (renamed or not yet), the commit finished; → the files renamed. None otherwise."""
+        if not os.path.exists(self.path):
+            return None
+        with open(self.path, encoding="utf-8") as f:
+            try:
+                lines = [json.loads(line) for line in f]
+            except ValueError:
+                return None
+        if not lines or lines[0].get("run") != self.run or "commit" not in lines[-1]:
+            return None
+        commit = lines[-1]["commit"]
+        for path in commit["renamed"]:
+            where = path + TMP_SUFFIX if os.path.exists(path + TMP_SUFFIX) else path
+            if not os.path.exists(where):
+                return None
+            found = file_digest(where) if is_joinable(commit["hashes"][path]) else _sha256(where)
+            if found != commit["hashes"][path]:
+                return None
+        finish_commit(commit["renamed"], commit["removed"])
+        self.remove()
+        return commit["renamed"]
+
+    def close(self) -> None:
+        """Left for the next run (an interrupted one)."""
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def remove(self) -> None:
+        self.close()
         if os.path.exists(self.path):
             os.remove(self.path)
 
 
-def _read(path: str, run: str) -> list[dict]:
-    """The chunk lines of the journal at `path` if it is `run`'s: up to the first line cut short."""
+def _read(path: str, run: str) -> tuple[list[dict], dict[int, dict]]:
+    """The chunk lines of the journal at `path` if it is `run`'s, up to the first line cut short, and
+    its answers by chunk."""
+    chunks: list[dict] = []
+    answers: dict[int, dict] = {}
     if not os.path.exists(path):
-        return []
-    chunks = []
+        return chunks, answers
     with open(path, encoding="utf-8") as f:
         try:
             if json.loads(f.readline()).get("run") != run:
-                return []
+                return chunks, answers
             for line in f:
-                chunks.append(json.loads(line))
-        except (ValueError, AttributeError):  # a line cut short by the kill, or no journal of ours
+                value = json.loads(line)
+                if "answered" in value:
+                    answers[value["answered"]] = value["checked"]
+                elif "files" in value and "hashes" in value:
+                    chunks.append(value)
+        except (ValueError, AttributeError, KeyError, TypeError):  # a line cut short by the kill, or no journal of ours
             pass
-    return [c for c in chunks if isinstance(c, dict) and "files" in c and "hashes" in c]
+    return chunks, answers
 
 
 def _checked(chunks: list[dict], files: list[str]) -> int:
     """How many of `chunks`, from the first, have every file's range hold the bytes they hashed."""
+    from concurrent.futures import ThreadPoolExecutor  # (a run that resumes nothing never needs it)
+
     ranges = []
     for k, chunk in enumerate(chunks):
         if set(chunk["files"]) != set(files):
@@ -132,6 +192,14 @@ def _checked(chunks: list[dict], files: list[str]) -> int:
         held = list(pool.map(lambda r: r[3] >= 0 and _range_digest(r[1], r[2], r[3]) == r[4], ranges))
     bad = [k for (k, *_), ok in zip(ranges, held) if not ok]
     return min(bad) if bad else len(chunks)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _range_digest(path: str, offset: int, size: int) -> str | None:

@@ -28,12 +28,13 @@ from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
 from ..formats.indexed import pause_hashing
 from ..formats.manifest import Manifest, input_entry
-from ..formats.outputs import AtomicOutputs
+from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
 from ..inputs.readers import (DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, LineNumbers, Shard, estimated_records,
                               expand, read_chunks)
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig, resolve_tokenizer_dir
 from .certifier import NOTHING_WRITTEN, Certifier
+from .journal import Journal, Resumed, identity
 from .progress import Progress
 
 # A worker is replaced once its resident memory has grown this much (its share of this budget, at
@@ -169,37 +170,85 @@ def _run(step: Step, config: RunConfig, start: float, early, progress: Progress 
         for side in early:  # no reference here (SFT without the template's Jinja): nothing to check
             side.end()
         early.clear()
+    # A step whose writer appends chunk by chunk keeps a journal: a killed run resumes (`journal`).
+    journal = Journal(config.output_prefix, identity(config, inputs)) \
+        if config.check_here and hasattr(step, "journaled") and STDIN not in config.inputs else None
+    if journal is not None:  # a commit a killed run began is finished first, its files checked
+        held = AtomicOutputs(step.files() + [config.rejects_path])
+        try:
+            if journal.finish_commit() is not None:
+                for side in early:
+                    side.end()
+                return [Manifest.read(prefix) for prefix in step.prefixes()]
+        finally:
+            held.release()
     check_outputs(step.files() + [config.rejects_path], [s.path for s in sources if s.path != STDIN],
                   dataset_owner(step.prefixes(), step.kind))
-    with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
-        writer = step.open(outputs)
-        rejects = RejectLog(outputs.tmp(config.rejects_path), config.max_rejects)
-        total = sum(s.size for s in sources)
-        if progress is None:
-            progress = Progress(total if config.shard is None else total // config.shard.count,
-                                enabled=not config.quiet)
-        checked = _consume(step, config, sources, writer, rejects, progress, early)
-        if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
-            raise empty_output(config.output_prefix, rejects)
-        manifests = writer.close()
-        if checked.read_back:  # the picked documents as written, before anything is committed
-            files = step.checks.staged_files(list(manifests))
-            read_back(checked.read_back, [(outputs.staged(b), outputs.staged(i)) for b, i in files])
-        for prefix, manifest in manifests.items():
-            manifest.inputs, manifest.rejects = inputs, rejects.summary()
-            manifest.certificate = (
-                UNCERTIFIED if not config.certify
-                else {**CHECKED_BY_CALLER, "records_spelled": checked.counts.get("records_spelled", 0),
-                      "records_kept": checked.records}
-                if not config.check_here else step.checks.certificate(checked.counts, checked.records, manifest.fingerprint))
-            manifest.shard = None if config.shard is None else {"index": config.shard.index,
-                                                                "count": config.shard.count}
-            manifest.wall_seconds = round(time.monotonic() - start, 3)
-            manifest.write(outputs.tmp(prefix + ".json"))
-        if rejects.count == 0:
-            outputs.discard(config.rejects_path)
-        outputs.commit(markers=[prefix + ".json" for prefix in manifests])
+    try:
+        with AtomicOutputs(step.files() + [config.rejects_path], keep_on_interrupt=journal is not None) as outputs:
+            resumed = journal.resumable([*step.journaled(), config.rejects_path + TMP_SUFFIX]) if journal else Resumed()
+            writer = step.open(outputs, resumed) if journal else step.open(outputs)
+            rejects = RejectLog(outputs.tmp(config.rejects_path), config.max_rejects,
+                                _summed(resumed, "rejects") if resumed.chunks else None)
+            if journal:
+                journal.start(resumed)
+            manifests = _written(step, config, sources, inputs, outputs, writer, rejects, progress, early,
+                                 journal, resumed, start)
+    except KeyboardInterrupt:  # (and SIGTERM): the staged files and the journal stay, for the next run
+        if journal is not None:
+            journal.close()
+        raise
+    except BaseException:
+        if journal is not None:
+            journal.remove()
+        raise
+    if journal is not None:
+        journal.remove()
     return list(manifests.values())
+
+
+def _written(step: Step, config: RunConfig, sources: list[InputFile], inputs: list[dict], outputs: AtomicOutputs,
+             writer: Writer, rejects: RejectLog, progress: Progress | None, early, journal, resumed: Resumed,
+             start: float) -> dict[str, Manifest]:
+    """Every chunk written, the manifests made and everything committed; → the manifests."""
+    total = sum(s.size for s in sources)
+    if progress is None:
+        progress = Progress(total if config.shard is None else total // config.shard.count,
+                            enabled=not config.quiet)
+    checked = _consume(step, config, sources, writer, rejects, progress, early, journal, resumed)
+    if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
+        raise empty_output(config.output_prefix, rejects)
+    manifests = writer.close()
+    if checked.read_back:  # the picked documents as written, before anything is committed
+        files = step.checks.staged_files(list(manifests))
+        read_back(checked.read_back, [(outputs.staged(b), outputs.staged(i)) for b, i in files])
+    for prefix, manifest in manifests.items():
+        manifest.inputs, manifest.rejects = inputs, rejects.summary()
+        manifest.certificate = (
+            UNCERTIFIED if not config.certify
+            else {**CHECKED_BY_CALLER, "records_spelled": checked.counts.get("records_spelled", 0),
+                  "records_kept": checked.records}
+            if not config.check_here else step.checks.certificate(checked.counts, checked.records, manifest.fingerprint))
+        manifest.shard = None if config.shard is None else {"index": config.shard.index,
+                                                            "count": config.shard.count}
+        manifest.wall_seconds = round(time.monotonic() - start, 3)
+        manifest.write(outputs.tmp(prefix + ".json"))
+    if rejects.count == 0:
+        outputs.discard(config.rejects_path)
+    markers = [prefix + ".json" for prefix in manifests]
+    if journal is not None:  # (a step that journals writes one channel a prefix: PREFIX.bin)
+        journal.committing(*outputs.plan(markers), {prefix + ".bin": m.digests[0][1] for prefix, m in manifests.items()})
+    outputs.commit(markers=markers)
+    return manifests
+
+
+def _summed(resumed: Resumed, name: str) -> dict[str, int]:
+    """The chunks' `name` counts (by key) added up."""
+    total: dict[str, int] = {}
+    for chunk in resumed.chunks:
+        for key, n in chunk[name].items():
+            total[key] = total.get(key, 0) + n
+    return total
 
 
 def input_list(sources: list[InputFile]) -> list[dict]:
@@ -224,9 +273,10 @@ class RunChecks:
 
 
 def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Writer, rejects: RejectLog,
-             progress: Progress, early) -> RunChecks:
-    """Every chunk processed and written; what the certificate checked."""
+             progress: Progress, early, journal: Journal | None, resumed: Resumed) -> RunChecks:
+    """Every chunk processed and written (after the chunks `resumed` reuses); what the certificate checked."""
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
+    chunks = itertools.islice(chunks, len(resumed.chunks), None)  # (chunks are planned the same every run)
     # per chunk handed out: (input bytes, first, span, path)
     handed: deque[tuple[int, int | None, bool, str]] = deque()
 
@@ -243,19 +293,36 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     certifier = None
     if checks is not None and not checks.uncertified:  # (without a reference, nothing is picked)
         certifier = Certifier(checks, early) if config.check_here else Certifier.keeping(step)
+    numbers = LineNumbers()
+    chunk_of: dict[int, int] = {}  # a batch of picked records handed to the certifier → its chunk in the journal
+    for k, chunk in enumerate(resumed.chunks):  # what the chunks reused wrote and checked, as the journal says
+        numbers.shift(chunk["first"], chunk["span"], chunk["lines"])
+        checked.records += chunk["records"]
+        add_counts(checked.counts, {"records_spelled": chunk["spelled"], **resumed.answers.get(k, {})})
+        progress.update(chunk["records"], chunk["text_bytes"], chunk["tokens"], chunk["input_bytes"])
+        if chunk["picked"] and k not in resumed.answers and certifier is not None:  # not checked before the kill: now
+            chunk_of[certifier.add([(where, checks.item_from_json(item)) for where, item in chunk["picked"]])] = k
     try:
         results = _results(step, config, chunks, in_process)
-        numbers = LineNumbers()
         for result in results:
             input_bytes, first, span, path = handed.popleft()
             shift = numbers.shift(first, span, result.lines)  # a worker numbered a span's lines from 1
             for entry in result.rejects:
                 entry["record"] += shift
+            batch = None
             if checks is not None:
-                _take_checks(checks, certifier, checked, result, f"{path}:", shift, writer.documents)
+                batch = _take_checks(checks, certifier, checked, result, f"{path}:", shift, writer.documents)
             writer.add(result)
             rejects.add(result.rejects)
             progress.update(result.records, result.text_bytes, result.tokens, input_bytes)
+            if journal is not None:
+                _journal(journal, writer, rejects, result, first, span, input_bytes,
+                         [] if batch is None else [[f"{path}:{item[0] + shift}", checks.item_json(item)]
+                                                   for item in result.to_check])
+                if batch is not None:
+                    chunk_of[batch] = journal.chunks - 1
+                for batch in [b for b in chunk_of if b in certifier.answered]:
+                    journal.answer(chunk_of.pop(batch), certifier.answered[batch])
         progress.close()
         rejects.close()
         # A mismatch raises here, before anything is committed: the run leaves no output.
@@ -267,9 +334,25 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
             certifier.end()
 
 
+def _journal(journal: Journal, writer: Writer, rejects: RejectLog, result: ChunkResult, first: int | None,
+             span: bool, input_bytes: int, picked: list) -> None:
+    """A chunk written, in the journal at once: its counts, where its bytes end in each staged file
+    and their hashes, and its records picked for the certificate (checked by the run that resumes
+    where their answer is not in the journal)."""
+    rejects.flush()
+    reasons: dict[str, int] = {}
+    for entry in result.rejects:
+        reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
+    journal.chunk({"first": first, "span": span, "lines": result.lines, "records": result.records,
+                   "text_bytes": result.text_bytes, "tokens": result.tokens, "input_bytes": input_bytes,
+                   "special_records": result.special_records, "spelled": result.spelled, "rejects": reasons,
+                   "picked": picked, **journal.written(writer.flush() | {rejects.path: None})})
+
+
 def _take_checks(checks, certifier: Certifier, checked: RunChecks, result: ChunkResult, path: str, shift: int,
-                 documents: int) -> None:
-    """A result's part of the certificate: a document that did not spell its text stops the run."""
+                 documents: int) -> int | None:
+    """A result's part of the certificate: a document that did not spell its text stops the run; →
+    the number of the batch of its picked records handed to the certifier (None: none picked)."""
     if result.misspelled is not None:
         number, why = result.misspelled
         raise CertificateError(f"{path}{number + shift}: {why}; {NOTHING_WRITTEN}")
@@ -278,7 +361,8 @@ def _take_checks(checks, certifier: Certifier, checked: RunChecks, result: Chunk
     if result.to_check:
         items = [(f"{path}{item[0] + shift}", item) for item in result.to_check]
         checked.read_back += [entry for where, item in items for entry in checks.to_read_back(where, item, documents)]
-        certifier.add(items)
+        return certifier.add(items)
+    return None
 
 
 def _results(step: Step, config: RunConfig, chunks: Iterator[Chunk], in_process: bool) -> Iterator[ChunkResult]:

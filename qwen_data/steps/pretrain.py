@@ -19,11 +19,12 @@ from ..errors import RecordError
 from ..formats.digest import BinDigest
 from ..formats.indexed import IndexedDatasetWriter, token_dtype
 from ..formats.manifest import Manifest, fingerprinted, train_problems
-from ..formats.outputs import AtomicOutputs
+from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, check_unicode
 from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..run import pipeline
+from ..run.journal import Resumed, joined
 from ..run.pipeline import ChunkResult, RunConfig
 from ..certify.spelling import SpellingError
 from ..text.tokenizer import QwenTokenizer
@@ -119,8 +120,12 @@ class Tokenize:
             return texts.numbers[wrong.index], str(wrong)
         return None
 
-    def open(self, outputs: AtomicOutputs) -> "PretrainWriter":
-        return PretrainWriter(self, outputs)
+    def open(self, outputs: AtomicOutputs, resumed: Resumed | None = None) -> "PretrainWriter":
+        return PretrainWriter(self, outputs, resumed)
+
+    def journaled(self) -> list[str]:
+        """The staged files a run appends to chunk by chunk (`run.journal`): a killed run resumes."""
+        return [f for p in self.prefixes() for f in IndexedDatasetWriter.files(p + ".bin" + TMP_SUFFIX, p + ".idx" + TMP_SUFFIX)]
 
 
 def _digest(ids: np.ndarray) -> str:
@@ -132,18 +137,33 @@ def _digest(ids: np.ndarray) -> str:
 class PretrainWriter:
     """One indexed dataset per text key, documents aligned."""
 
-    def __init__(self, step: Tokenize, outputs: AtomicOutputs) -> None:
+    def __init__(self, step: Tokenize, outputs: AtomicOutputs, resumed: Resumed | None = None) -> None:
+        """`resumed`: the chunks a killed run wrote, which the files hold (`run.journal`)."""
         self.step = step
         self.dtype = token_dtype(step.tokenizer.vocab_size)
+        reused = resumed is not None and bool(resumed.chunks)
         self.writers = {
-            p: IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), self.dtype, hashed="given")
+            p: IndexedDatasetWriter(outputs.tmp(p + ".bin"), outputs.tmp(p + ".idx"), self.dtype, hashed="given",
+                                    resumed=joined(resumed, outputs.staged(p + ".bin")) if reused else None)
             for p in step.prefixes()
         }
-        self.documents = self.special_records = 0
+        self.documents = next(iter(self.writers.values())).documents
+        self.special_records = resumed.total("special_records") if reused else 0
+
+    def flush(self) -> dict[str, str | None]:
+        """Each appended file handed to the kernel; → the joinable hash of what the last result added
+        to each (None: the journal reads it back), for `run.journal`."""
+        hashes = {}
+        for writer, digest in zip(self.writers.values(), self._last):
+            writer.flush()
+            lengths, ends = IndexedDatasetWriter.files(writer.bin_path, writer.idx_path)[1:]
+            hashes |= {writer.bin_path: digest, lengths: None, ends: None}
+        return hashes
 
     def add(self, result: Documents) -> None:
         for writer, ids, lengths, digest in zip(self.writers.values(), result.ids, result.lengths, result.digests):
             writer.add_batch(ids, lengths, digest=digest)
+        self._last = result.digests
         self.documents += result.records
         self.special_records += result.special_records
 

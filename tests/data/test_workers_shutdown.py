@@ -13,6 +13,8 @@ import time
 import psutil
 import pytest
 
+from qwen_data.cli import main
+
 from qwen_data.run.workers import WorkerError, ordered_map
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -131,8 +133,9 @@ def test_ctrl_c_ends_everything_quietly(tmp_path, corpus):
 @pytest.mark.parametrize("to", ["main", "group"])
 def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, corpus, to):
     """SIGTERM, from `kill` (the main process) or from `timeout` or a scheduler (the whole group),
-    ends the run as Ctrl-C does: workers gone, no temporary file or lock left, one line, status 143
-    (128 + SIGTERM). It used to end the process where it stood, .tmp and .lock files left behind."""
+    ends the run as Ctrl-C does: workers gone, no lock left, one line, status 143 (128 + SIGTERM);
+    its staged files and journal stay, and the same command run again resumes from them and leaves
+    nothing else behind. (It used to end the process where it stood, .lock files left behind.)"""
     out = tmp_path / "out"
     out.mkdir()
     with open(tmp_path / "stderr", "w+") as err:
@@ -150,7 +153,11 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, corpus, to):
             assert err.read().splitlines() == [TERMINATED]
         finally:
             end_group(proc.pid)
-    assert os.listdir(out) == []
+    left = os.listdir(out)
+    assert "web.journal" in left and all(name.endswith((".tmp", ".lengths", ".docends", ".journal")) for name in left)
+    assert main(["pretrain", corpus, "-o", str(out / "web"), "--workers", "2", "--backend", "hf", "--chunk-mb",
+                 "0.05", "--quiet"]) == 0
+    assert sorted(os.listdir(out)) == ["web.bin", "web.idx", "web.json"]
 
 
 STRESS = textwrap.dedent(

@@ -1,0 +1,93 @@
+"""A pretrain run killed (SIGKILL) and run again with the same command goes on from its journal
+(`run.journal`) and ends with the bytes of a run never killed; what it reuses is checked, never trusted.
+
+Each kill is made deterministic by a child process that runs `qwen-data` with one function wrapped
+to kill the process at its N-th call: after a chunk's journal line (between chunks), half-way
+through writing a chunk (its ids written, its index entries not), and half-way through the commit
+(which the next run finishes, once each file holds what the journal hashed).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from _helpers import corpus, manifest
+
+from qwen_data.cli import main
+
+KILLER = """
+import os, signal, sys
+from qwen_data.cli import main
+where, after = sys.argv[1], int(sys.argv[2])
+calls = [0]
+
+def killing(function):
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if where == "mid-chunk" and calls[0] == after:
+            function(*args, **kwargs)  # the .bin written ...
+            os.kill(os.getpid(), signal.SIGKILL)  # ... its index entries and journal line not
+        result = function(*args, **kwargs)
+        if where != "mid-chunk" and calls[0] == after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    return wrapped
+
+if where == "between-chunks":
+    from qwen_data.run.journal import Journal
+    Journal.chunk = killing(Journal.chunk)
+elif where == "mid-chunk":
+    from qwen_data.formats import indexed
+    original = indexed._write_all
+    indexed._write_all = killing(original)
+elif where == "commit":  # the N-th file renamed into place, the others not
+    from qwen_data.formats import outputs
+    commit = outputs.AtomicOutputs.commit
+
+    def killing_commit(self, markers):
+        os.replace = killing(os.replace)
+        return commit(self, markers)
+
+    outputs.AtomicOutputs.commit = killing_commit
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    return corpus(tmp_path_factory.mktemp("resume") / "c.jsonl", seed=11, documents=6000, longest=300)
+
+
+@pytest.fixture(scope="module")
+def whole(text, tmp_path_factory):
+    prefix = str(tmp_path_factory.mktemp("whole") / "w")
+    assert main(["pretrain", text, "-o", prefix, "--quiet", "--workers", "2", "--chunk-mb", "0.1"]) == 0
+    return manifest(prefix)
+
+
+@pytest.mark.parametrize("where, after", [("between-chunks", 5), ("mid-chunk", 9), ("commit", 2)])
+def test_a_killed_run_resumes_to_the_same_bytes(text, whole, tmp_path, where, after):
+    prefix = str(tmp_path / "p")
+    args = ["pretrain", text, "-o", prefix, "--quiet", "--workers", "2", "--chunk-mb", "0.1"]
+    killed = subprocess.run([sys.executable, "-c", KILLER, where, str(after), *args], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not os.path.exists(prefix + ".json")
+    with open(prefix + ".journal", encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f][1:]
+    if where == "between-chunks":
+        assert len(lines) == after
+    if where != "commit":  # what was written but not journaled is done again: a few chunks at most
+        written, journaled = os.path.getsize(prefix + ".bin.tmp"), lines[-1]["files"][prefix + ".bin.tmp"]
+        assert (written - journaled) / (whole["tokens"] * 4) <= 0.10
+    assert main(args) == 0
+    again = manifest(prefix)
+    assert again["fingerprint"] == whole["fingerprint"] and again["digests"] == whole["digests"]
+    for name in ("documents", "tokens", "rejects"):
+        assert again[name] == whole[name]
+    ours, theirs = again["certificate"], whole["certificate"]
+    assert ours["certified"] and ours["records_checked"] == theirs["records_checked"]
+    assert ours["lines_checked"] == theirs["lines_checked"]
+    assert not [name for name in os.listdir(tmp_path) if name.endswith((".tmp", ".journal", ".lengths", ".docends"))]
