@@ -1,6 +1,7 @@
 import glob
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -10,9 +11,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 CORRUPTS = "corrupts_outputs"
 SLOW = "slow"
-# The modules whose tests start torch, megatron-core, torchrun or Ray: the slow tier. The rest is the
-# fast tier (`-m "not slow"`), the one to run while changing the data side.
-SLOW_MODULES = ("test_train_", "test_hf_checkpoints", "test_ray")
+# A module whose tests start torch, megatron-core models, torchrun or Ray is marked slow (`pytestmark`):
+# the slow tier. The rest is the fast tier (`-m "not slow"`), the one to run while changing the data
+# side. A module that imports what starts them and is not marked is refused at collection (`unmarked`).
+STARTS_SLOW = re.compile(r"^(import|from) (torch|ray)\b|^(import|from) _train\b|\bray_instance\b", re.M)
 
 
 def pytest_configure(config):
@@ -22,10 +24,17 @@ def pytest_configure(config):
                                        "the fast tier is -m 'not slow'")
 
 
+def unmarked(source: str) -> bool:
+    """Whether a test module's source starts torch, torchrun or Ray without being marked slow."""
+    return bool(STARTS_SLOW.search(source)) and not re.search(r"^pytestmark = pytest\.mark\.slow\b", source, re.M)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if os.path.basename(str(item.fspath)).startswith(SLOW_MODULES):
-            item.add_marker(SLOW)
+    for path in sorted({str(item.fspath) for item in items}):
+        with open(path, encoding="utf-8") as f:
+            if unmarked(f.read()):
+                raise pytest.UsageError(f"{path} starts torch, torchrun or Ray: mark it "
+                                        "`pytestmark = pytest.mark.slow` (the slow tier)")
 
 
 def written_prefixes(directory):

@@ -215,3 +215,15 @@ def test_one_module_maps_a_bin():
     mapping = {str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "qwen_data").rglob("*.py")
                if "np.memmap(" in p.read_text(encoding="utf-8")}
     assert mapping == {"qwen_data/formats/indexed.py"}
+
+
+def test_a_module_that_starts_torch_torchrun_or_ray_is_marked_slow_or_refused():
+    """The tiers are by marker (`conftest.py`): a test module that imports torch, Ray or the torchrun
+    helper at its top, unmarked, stops the collection; one importing them inside a test (megatron-core
+    reading our files) stays in the fast tier."""
+    from conftest import unmarked
+
+    assert unmarked("import pytest\nimport torch\n")
+    assert unmarked("from _train import torchrun\n")
+    assert not unmarked("import pytest\nimport torch\n\npytestmark = pytest.mark.slow  # why\n")
+    assert not unmarked("def test_reads():\n    from megatron.core.datasets import indexed_dataset\n")

@@ -124,7 +124,7 @@ class ModelConfig(Section):
     # attention and compile as asked ("auto" included); the trainer resolves them.
     attention: str = option("--attention", default="auto", choices=ATTENTION_CHOICES,
                             help="core attention: te (Transformer Engine), sdpa (PyTorch), local (megatron-core's "
-                                 "unfused); auto: te where Transformer Engine runs on CUDA in bf16, else sdpa")
+                                 "unfused); auto: sdpa (measured faster than te on H100s; train/plan.py says why)")
     cross_entropy: str = option(
         "--cross-entropy", default="fused", choices=CROSS_ENTROPY_CHOICES,
         help="fused: output layer and loss by chunks, no logits kept (train/loss.py); megatron: megatron-core's "

@@ -17,10 +17,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .config import COMPILE_CHOICES, FP8_RECIPES, TrainConfig, check_seq_length
+from .config import ATTENTION_CHOICES, COMPILE_CHOICES, FP8_RECIPES, TrainConfig, check_seq_length
 from .shapes import ModelShape
 
-ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")
 # What `auto` runs where Transformer Engine is installed, and why: on an H100 (bench/gpu.sh te,
 # bench/results/gpu/te.json) TE's fused attention took 0.95× PyTorch's tokens/s pretraining and 0.91×
 # on packed SFT, Qwen2.5-0.5B at seq 4096: cuDNN's causal kernel is slower than SDPA's flash kernel at

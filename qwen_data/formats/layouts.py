@@ -67,7 +67,7 @@ class DataLayout:
     unit: ClassVar[str] = "document"  # what one document of the index is, in messages
     has_mask: ClassVar[bool] = False  # a loss-mask channel beside the ids
     pads: ClassVar[bool] = False  # pad ids lie in the ids channel
-    staged: ClassVar[bool] = False  # rows need every sample: a run stages its samples and `finish`es them
+    staged: ClassVar[bool] = False  # rows are laid out from windows of samples (a shard's: by `merge`, `finish`)
     described: ClassVar[str] = ""  # "packed", "in the pai layout": why shards of it cannot be joined
     width_in_format: ClassVar[bool] = False  # readers must know seq_length to read a row
     needs_seq_length: ClassVar[str | None] = None  # the refusal when seq_length is not given

@@ -10,8 +10,8 @@ is one row of exactly N tokens: its sequences are its samples, then one sequence
 if the row is not full, so a reader knows every boundary and samples never need to see each other.
 `--layout pai` writes what Pai-Megatron-Patch's trainer reads instead (`qwen_data.formats.pai`);
 `qwen_data.formats.layouts` says what each layout is.
-Packing and the Pai layout need every sample: a run stages its samples at PREFIX.unpacked and
-`finish` writes the final rows from them (a shard leaves that to `merge`).
+Packing and the Pai layout lay a run's samples out in rows window by window as they come
+(`packing.Windows`); a shard leaves its samples as they are, and `merge` lays them out (`layouts.finish`).
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ import time
 import pytest
 from _helpers import chats, corpus, manifest, pretrain, sft, write_jsonl
 
+pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
+
 ray = pytest.importorskip("ray")
 
 SHARDS = "3"

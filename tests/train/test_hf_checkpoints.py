@@ -18,6 +18,8 @@ from _helpers import write_jsonl
 from _train import docs_of, run, run_convert, run_train, torchrun
 from qwen_data.cli import main as qwen_data
 
+pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
+
 WORDS = "data model token river stone light cloud 北京 数据 Grüße café δεδομένα данные".split()
 SEQ = ["--seq-length", "256", "--micro-batch-size", "2", "--global-batch-size", "4", "--num-workers", "0",
        "--log-interval", "1", "--train-iters", "1"]

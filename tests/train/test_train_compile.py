@@ -6,6 +6,8 @@ which runs dynamo's tracing, and its graph breaks, without a compiler."""
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
+
 
 @pytest.fixture(scope="module")
 def megatron_cpu():

@@ -22,6 +22,8 @@ from qwen_data.blend.files import load_source
 from qwen_data.cli import main
 from qwen_data.formats.layouts import PaiRows
 
+pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
+
 pytest.importorskip("megatron.core")
 from qwen_data_train import data  # noqa: E402  (imports megatron-core, ~8 s, once for the module)
 

@@ -6,6 +6,8 @@ tensor parallelism the TP=2 × DP=2 run of tests/train/test_train_smoke.py check
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
+
 
 @pytest.fixture(scope="module")
 def megatron_cpu():

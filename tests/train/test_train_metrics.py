@@ -25,6 +25,8 @@ from qwen_data_train.data import boundaries
 from qwen_data_train.metrics import ClockWatch, busy_lines, clock_report, document_squares, kernel_seconds
 from qwen_data_train.shapes import PRESETS
 
+pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
+
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 RESULTS = os.path.join(BENCH, "results", "gpu")
 PAD = 151643 + 100  # any id the documents do not hold

@@ -10,6 +10,8 @@ import torch
 
 from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing
 
+pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
+
 PYPROJECT = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
 MISSING = object()
 

@@ -28,6 +28,8 @@ from _train import torchrun
 
 from qwen_data.cli import main as qwen_data
 
+pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
+
 WORDS = ("data model token river stone light cloud number garden window paper music "
          "北京 数据 模型 Grüße café naïve 東京 δεδομένα данные").split()
 TRAIN = ["--model", "tiny", "--seq-length", "128", "--micro-batch-size", "2", "--global-batch-size", "4",
