@@ -60,6 +60,7 @@ class Journal:
     def __init__(self, prefix: str, run: str) -> None:
         self.path, self.run = prefix + SUFFIX, run
         self.chunks = 0  # chunk lines written
+        self._awaited: dict[int, int] = {}  # the certifier's batch of a chunk's picked records → the chunk
         self._file = None
         self._ends: dict[str, int] = {}
 
@@ -99,14 +100,22 @@ class Journal:
         self._ends = ends
         return {"files": ends, "hashes": hashes}
 
-    def chunk(self, entry: dict) -> None:
-        """A chunk's line (`written`'s, with its counts and picked records), numbered in turn."""
+    def chunk(self, entry: dict, batch: int | None = None) -> None:
+        """A chunk's line (`written`'s, with its counts and picked records), numbered in turn;
+        `batch`: the certifier's number of its picked records (`answers`)."""
         self._line(entry)
+        if batch is not None:
+            self.awaiting(batch, self.chunks)
         self.chunks += 1
 
-    def answer(self, chunk: int, checked: dict) -> None:
-        """The certificate's counts of chunk `chunk`'s picked records, checked."""
-        self._line({"answered": chunk, "checked": checked})
+    def awaiting(self, batch: int, chunk: int) -> None:
+        """Chunk `chunk`'s picked records are the certifier's batch `batch`, not answered yet."""
+        self._awaited[batch] = chunk
+
+    def answers(self, answered: dict[int, dict]) -> None:
+        """The certificate's counts of each chunk whose batch is now `answered`, one line each."""
+        for batch in [b for b in self._awaited if b in answered]:
+            self._line({"answered": self._awaited.pop(batch), "checked": answered[batch]})
 
     def _line(self, value: dict) -> None:
         self._file.write(json.dumps(value) + "\n")

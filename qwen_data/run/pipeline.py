@@ -277,15 +277,7 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     """Every chunk processed and written (after the chunks `resumed` reuses); what the certificate checked."""
     chunks = read_chunks(sources, config.chunk_bytes, config.shard, step.columns())
     chunks = itertools.islice(chunks, len(resumed.chunks), None)  # (chunks are planned the same every run)
-    # per chunk handed out: (input bytes, first, span, path)
-    handed: deque[tuple[int, int | None, bool, str]] = deque()
-
-    def counted(chunks) -> Iterator[Chunk]:
-        for chunk in chunks:
-            handed.append((chunk.input_bytes, chunk.first, chunk.span is not None, chunk.path))
-            yield chunk
-
-    chunks = counted(chunks)
+    chunks, handed = _handed(chunks)
     head = list(itertools.islice(chunks, 2))
     chunks = itertools.chain(head, chunks)
     in_process = config.workers == 0 or len(head) < 2
@@ -294,14 +286,7 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     if checks is not None and not checks.uncertified:  # (without a reference, nothing is picked)
         certifier = Certifier(checks, early) if config.check_here else Certifier.keeping(step)
     numbers = LineNumbers()
-    chunk_of: dict[int, int] = {}  # a batch of picked records handed to the certifier → its chunk in the journal
-    for k, chunk in enumerate(resumed.chunks):  # what the chunks reused wrote and checked, as the journal says
-        numbers.shift(chunk["first"], chunk["span"], chunk["lines"])
-        checked.records += chunk["records"]
-        add_counts(checked.counts, {"records_spelled": chunk["spelled"], **resumed.answers.get(k, {})})
-        progress.update(chunk["records"], chunk["text_bytes"], chunk["tokens"], chunk["input_bytes"])
-        if chunk["picked"] and k not in resumed.answers and certifier is not None:  # not checked before the kill: now
-            chunk_of[certifier.add([(where, checks.item_from_json(item)) for where, item in chunk["picked"]])] = k
+    _replay(resumed, numbers, checked, progress, certifier, journal)
     try:
         results = _results(step, config, chunks, in_process)
         for result in results:
@@ -316,13 +301,10 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
             rejects.add(result.rejects)
             progress.update(result.records, result.text_bytes, result.tokens, input_bytes)
             if journal is not None:
-                _journal(journal, writer, rejects, result, first, span, input_bytes,
+                _journal(journal, writer, rejects, result, first, span, input_bytes, batch,
                          [] if batch is None else [[f"{path}:{item[0] + shift}", checks.item_json(item)]
                                                    for item in result.to_check])
-                if batch is not None:
-                    chunk_of[batch] = journal.chunks - 1
-                for batch in [b for b in chunk_of if b in certifier.answered]:
-                    journal.answer(chunk_of.pop(batch), certifier.answered[batch])
+                journal.answers(certifier.answered if certifier is not None else {})
         progress.close()
         rejects.close()
         # A mismatch raises here, before anything is committed: the run leaves no output.
@@ -334,8 +316,34 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
             certifier.end()
 
 
+def _handed(chunks: Iterator[Chunk]) -> tuple[Iterator[Chunk], deque]:
+    """`chunks`, each noted as it is handed out: (input bytes, first, span, path), in order."""
+    handed: deque[tuple[int, int | None, bool, str]] = deque()
+
+    def counted(chunks) -> Iterator[Chunk]:
+        for chunk in chunks:
+            handed.append((chunk.input_bytes, chunk.first, chunk.span is not None, chunk.path))
+            yield chunk
+
+    return counted(chunks), handed
+
+
+def _replay(resumed: Resumed, numbers: LineNumbers, checked: RunChecks, progress: Progress,
+            certifier: Certifier | None, journal: Journal | None) -> None:
+    """What the chunks a run reuses wrote and checked, as its journal says, counted as if done here;
+    their picked records whose check had not come back handed to `certifier` again."""
+    for k, chunk in enumerate(resumed.chunks):
+        numbers.shift(chunk["first"], chunk["span"], chunk["lines"])
+        checked.records += chunk["records"]
+        add_counts(checked.counts, {"records_spelled": chunk["spelled"], **resumed.answers.get(k, {})})
+        progress.update(chunk["records"], chunk["text_bytes"], chunk["tokens"], chunk["input_bytes"])
+        if chunk["picked"] and k not in resumed.answers and certifier is not None:
+            journal.awaiting(certifier.add([(where, certifier.checks.item_from_json(item))
+                                            for where, item in chunk["picked"]]), k)
+
+
 def _journal(journal: Journal, writer: Writer, rejects: RejectLog, result: ChunkResult, first: int | None,
-             span: bool, input_bytes: int, picked: list) -> None:
+             span: bool, input_bytes: int, batch: int | None, picked: list) -> None:
     """A chunk written, in the journal at once: its counts, where its bytes end in each staged file
     and their hashes, and its records picked for the certificate (checked by the run that resumes
     where their answer is not in the journal)."""
@@ -346,7 +354,7 @@ def _journal(journal: Journal, writer: Writer, rejects: RejectLog, result: Chunk
     journal.chunk({"first": first, "span": span, "lines": result.lines, "records": result.records,
                    "text_bytes": result.text_bytes, "tokens": result.tokens, "input_bytes": input_bytes,
                    "special_records": result.special_records, "spelled": result.spelled, "rejects": reasons,
-                   "picked": picked, **journal.written(writer.flush() | {rejects.path: None})})
+                   "picked": picked, **journal.written(writer.flush() | {rejects.path: None})}, batch)
 
 
 def _take_checks(checks, certifier: Certifier, checked: RunChecks, result: ChunkResult, path: str, shift: int,
