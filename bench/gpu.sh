@@ -84,7 +84,7 @@ torchruns() {  # torchruns STAGE ONLY "NAME:PROCESSES:STEPS:ARGS;...": each run 
     rm -f "$OUT/$stage-$name.jsonl"
     # shellcheck disable=SC2086  # args are words
     run "$stage-$name" timeout 500 torchrun --nproc-per-node "$nproc" -m train $D --train-iters "$steps" \
-      --log-interval 5 $args --log-json "$OUT/$stage-$name.jsonl"
+      --log-interval 5 $args --profile --log-json "$OUT/$stage-$name.jsonl"
   done
 }
 
@@ -140,12 +140,12 @@ pretrain)
     | tee -a "$OUT/device.txt"
   run pretrain python3 -m train --data .gpu/pretrain_blend.txt "${COMMON[@]}" --train-iters 220 \
     --warmup-iters 20 --lr 6e-4 --min-lr 6e-5 --eval-interval 110 --eval-iters 4 --log-interval 10 \
-    --log-json "$OUT/pretrain.jsonl" ;;
+    --profile --log-json "$OUT/pretrain.jsonl" ;;
 sft)
   run packed_check python3 bench/train_gpu.py packed --data .gpu/sft_packed.json --model qwen2.5-0.5b --rows 4
   for kind in packed unpacked; do
     run "sft_$kind" python3 -m train --data ".gpu/sft_$kind.json" "${COMMON[@]}" --train-iters 40 \
-      --warmup-iters 5 --lr 1e-4 --min-lr 1e-5 --log-interval 10 --log-json "$OUT/sft_$kind.jsonl"
+      --warmup-iters 5 --lr 1e-4 --min-lr 1e-5 --log-interval 10 --profile --log-json "$OUT/sft_$kind.jsonl"
   done ;;
 parallel)
   # The fast settings (micro batch 4; 2 with stages, so a step holds 4 micro-batches to pipeline).
@@ -160,7 +160,7 @@ pp2_mb1:2:--micro-batch-size 1 --pp 2;dp2:2:--micro-batch-size 4;q3_tp1:1:$Q3;q3
     IFS=':' read -r name nproc args <<< "$spec"
     rm -f "$OUT/$name.jsonl"
     # shellcheck disable=SC2086  # args are words
-    run "$name" torchrun --nproc-per-node "$nproc" -m train "${P[@]}" $args --log-json "$OUT/$name.jsonl"
+    run "$name" torchrun --nproc-per-node "$nproc" -m train "${P[@]}" $args --profile --log-json "$OUT/$name.jsonl"
   done
   logs() { for n in "$@"; do [ -f "$OUT/$n.jsonl" ] && echo "$OUT/$n.jsonl"; done; }
   # shellcheck disable=SC2046
@@ -185,7 +185,7 @@ sft-fast:40:$SFT $FAST;1.5b-fast:20:$PT --model qwen2.5-1.5b $FAST;qwen3-0.6b-fa
     # shellcheck disable=SC2086  # args are words
     run "speed-$name" timeout 300 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --global-batch-size 8 \
       --num-workers 2 --train-iters "$steps" --warmup-iters 10 --lr 3e-4 --log-interval 10 $args \
-      --log-json "$OUT/speed-$name.jsonl"
+      --profile --log-json "$OUT/speed-$name.jsonl"
   done
   python3 bench/gpu_table.py "$OUT"/speed-*.jsonl | tee "$OUT/speed.md"
   python3 bench/gpu_table.py --flash | tee "$OUT/flash.txt"
@@ -253,7 +253,7 @@ sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te;$FP8"
       TRAIN=(--model qwen2.5-0.5b --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 10 --lr 3e-4)
       # shellcheck disable=SC2086  # args are words
       TORCH_LOGS=recompiles run "te-$what" timeout 400 python3 -m train "${TRAIN[@]}" --train-iters "$steps" \
-        --log-interval 10 $args --log-json "$OUT/te-$what.jsonl"
+        --log-interval 10 $args --profile --log-json "$OUT/te-$what.jsonl"
       if [ "${TE_PROFILE:-0}" = 1 ] && [ "$round" = 1 ] && [[ $name == fp8-* ]]; then
         # shellcheck disable=SC2086
         timeout 300 python3 bench/train_gpu.py profile --warm 4 --steps 2 -- "${TRAIN[@]}" --train-iters 10 $args \

@@ -12,8 +12,9 @@ MFU is given as the two counts peers publish, which differ only in the attention
               document of a row on its own (Σ sᵢ² of its lengths, pad positions left out)
   mfu_full    torchtitan's and llm-foundry's: the whole score matrix of every row (rows × s²)
 The summary is also the log's last JSON line ("summary": true), with what the run was (`Metrics`'
-`run`: model, gpus, fp8, packed, ep), the share of a step the GPU's kernels ran (`gpu_busy_share`,
-on a GPU: `Metrics.measure`) and the machine it ran on.
+`run`: model, gpus, fp8, packed, ep), the machine it ran on and, with --profile on a GPU, the share of
+a step the GPU's kernels ran (`gpu_busy_share`: `Metrics.measure`) and the SM clock and power over
+the run (`ClockWatch`): a run measures nothing it was not asked to.
 """
 
 from __future__ import annotations
@@ -372,6 +373,7 @@ class Metrics:
         self.expert_load, self.run = expert_load, run or {}
         self.device, self.layout, self.shape, self.total_iters = device, layout, shape, total_iters
         self.log_interval, self.json_path = config.log_interval, config.log_json
+        self.profiled = config.profile and device.type == "cuda"  # --profile: `measure`, `ClockWatch`
         self.peak = peak_flops(device, config.peak_tflops)
         self.history: list[StepRecord] = []
         self.totals = _Totals()
@@ -394,10 +396,10 @@ class Metrics:
             self.window.started += time.perf_counter() - started
 
     def measure(self, iteration: int, step: Callable[[], StepStats]) -> StepStats:
-        """`step()`, iteration `iteration`'s; on a GPU, PROFILED_ITERATION's kernels are timed
-        (`kernel_seconds`): their share of the step's time says whether the GPU or the host's
-        kernel launches set the pace (FP8 saves GPU time only)."""
-        if iteration != PROFILED_ITERATION or self.device.type != "cuda":
+        """`step()`, iteration `iteration`'s; with --profile on a GPU, PROFILED_ITERATION's kernels
+        are timed (`kernel_seconds`): their share of the step's time says whether the GPU or the
+        host's kernel launches set the pace (FP8 saves GPU time only)."""
+        if iteration != PROFILED_ITERATION or not self.profiled:
             return step()
         stats, kernels, seconds = kernel_seconds(step)
         if kernels > 0:  # none recorded: the profiler could not trace this GPU
@@ -436,7 +438,7 @@ class Metrics:
         self._json(record.as_dict())
         self.sinks.scalars(iteration, {f"train/{k}": v for k, v in record.as_dict().items()
                                        if k not in ("iteration", "expert_tokens")})
-        if len(self.history) == 1 and self.device.type == "cuda" and is_rank0():
+        if len(self.history) == 1 and self.profiled and is_rank0():
             # over the steady state, as the summary's rates
             self.watch = ClockWatch(f"GPU-{torch.cuda.get_device_properties(self.device).uuid}")
         self.restart_clock()
