@@ -151,9 +151,6 @@ def _pretrain_options(p: argparse.ArgumentParser) -> None:
 
 
 def _sft_options(p: argparse.ArgumentParser) -> None:
-    from .formats.indexed import MASK_SUFFIX
-    from .formats.manifest import LAYOUTS
-    from .formats.packing import PACKINGS
     from .text.conversations import FORMATS
     from .text.masking import MASK_POLICIES
     from .text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES
@@ -162,20 +159,7 @@ def _sft_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template", default="qwen2p5", choices=TEMPLATE_NAMES + ("auto",),
                    help="chat template: qwen2, qwen2p5, qwen3, or auto (the --tokenizer directory's chat_template)")
     p.add_argument("--format", default="auto", choices=FORMATS, help="record format (auto: detected per record)")
-    p.add_argument("--seq-length", type=bounded(int, 2, MAX_SEQ_LENGTH), default=None,
-                   help=f"longest sample / packed row length in tokens, at most {MAX_SEQ_LENGTH:,} (four times the "
-                        f"longest Qwen context, Qwen2.5-1M's {LONGEST_CONTEXT:,}; with --layout pai a row holds 2 x "
-                        "--seq-length values) (none: no limit)")
-    p.add_argument("--pack", action="store_true", help="pack samples into rows of exactly --seq-length tokens")
-    p.add_argument("--packing", default="best-fit", choices=sorted(PACKINGS),
-                   help="how --pack fills rows: best-fit (fewest rows) or next-fit (input order, as Pai-Megatron-Patch)")
-    p.add_argument("--layout", default="mask", choices=LAYOUTS,
-                   help=f"mask: ids + a loss-mask dataset (PREFIX{MASK_SUFFIX}); pai: "
-                        "Pai-Megatron-Patch's rows of 2 x --seq-length (ids, then labels with -100), with its defaults "
-                        "for --overlong, --assistant-span and --input-separator")
-    p.add_argument("--overlong", default=None, choices=["drop", "truncate"],
-                   help="samples over --seq-length: set aside in the rejects file (drop) or truncate "
-                        "(default: drop; truncate with --layout pai)")
+    _sft_layout_options(p)
     p.add_argument("--input-separator", default=None, metavar="TEXT",
                    help="between an alpaca instruction and its input (default: a newline; nothing with --layout pai)")
     p.add_argument("--mask", default="assistant", choices=MASK_POLICIES,
@@ -193,17 +177,39 @@ def _sft_options(p: argparse.ArgumentParser) -> None:
                    help="render with enable_thinking=False (Qwen3)")
     p.add_argument("--parse-tool-arguments", action="store_true",
                    help="tool-call arguments given as JSON strings are parsed to objects before rendering")
+    p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
+    p.add_argument("--reference-template", default=None, metavar="FILE",
+                   help="the template's official Jinja (a .jinja file, or a tokenizer_config.json holding it) for the "
+                        "certificate, where neither the tokenizer folder nor the local Hugging Face cache holds it; "
+                        "one that is not the template's official Jinja is refused, naming it (none: look there)")
+    _add_column_options(p)
+    p.set_defaults(func=_run_sft)
+
+
+def _sft_layout_options(p: argparse.ArgumentParser) -> None:
+    """How samples are cut, packed, padded and laid out in the files."""
+    from .formats.indexed import MASK_SUFFIX
+    from .formats.manifest import LAYOUTS
+    from .formats.packing import PACKINGS
+
+    p.add_argument("--seq-length", type=bounded(int, 2, MAX_SEQ_LENGTH), default=None,
+                   help=f"longest sample / packed row length in tokens, at most {MAX_SEQ_LENGTH:,} (four times the "
+                        f"longest Qwen context, Qwen2.5-1M's {LONGEST_CONTEXT:,}; with --layout pai a row holds 2 x "
+                        "--seq-length values) (none: no limit)")
+    p.add_argument("--pack", action="store_true", help="pack samples into rows of exactly --seq-length tokens")
+    p.add_argument("--packing", default="best-fit", choices=sorted(PACKINGS),
+                   help="how --pack fills rows: best-fit (fewest rows) or next-fit (input order, as Pai-Megatron-Patch)")
+    p.add_argument("--layout", default="mask", choices=LAYOUTS,
+                   help=f"mask: ids + a loss-mask dataset (PREFIX{MASK_SUFFIX}); pai: "
+                        "Pai-Megatron-Patch's rows of 2 x --seq-length (ids, then labels with -100), with its defaults "
+                        "for --overlong, --assistant-span and --input-separator")
+    p.add_argument("--overlong", default=None, choices=["drop", "truncate"],
+                   help="samples over --seq-length: set aside in the rejects file (drop) or truncate "
+                        "(default: drop; truncate with --layout pai)")
     p.add_argument("--pad-id", type=bounded(int, 0, INT32_MAX), default=None,
                    help=f"pad id (none: {DEFAULT_PAD_ID} {DEFAULT_PAD_TOKEN}; with --layout pai, "
                         "the tokenizer's first free id, where Pai-Megatron-Patch adds <|extra_0|>)")
     p.add_argument("--pad-token", default=None, help="pad token by its text, e.g. '<|fim_pad|>' (none: as --pad-id)")
-    p.add_argument("--special-tokens", default="safe", choices=SPECIAL_POLICIES, help=SPECIAL_HELP)
-    p.add_argument("--reference-template", default=None, metavar="FILE",
-                   help="the template's official Jinja, for the certificate where the tokenizer folder's chat "
-                        "template is another (used only when its sha256 is the template's) (none: the tokenizer "
-                        "folder's)")
-    _add_column_options(p)
-    p.set_defaults(func=_run_sft)
 
 
 def _add_column_options(p: argparse.ArgumentParser) -> None:
