@@ -127,23 +127,60 @@ def pack(lengths, capacity: int) -> PackPlan:
     group_starts = np.flatnonzero(np.diff(sorted_lengths)) + 1
     bounds = np.concatenate(([0], group_starts, [n])).tolist()
     group_sizes = sorted_lengths[np.asarray(bounds[:-1])].tolist()
-    smallest = group_sizes[-1]  # rows with less space left than this are closed for good
-
+    rows = _BestFitRows(capacity, smallest=group_sizes[-1])
     row_of_sorted = np.empty(n, dtype=np.int64)
-    open_rows: dict[int, list[int]] = {}  # free space -> rows with exactly that much left
-    free_spaces: list[int] = []  # keys of open_rows, ascending
-    rows_opened = 0
+    for g, s in enumerate(group_sizes):  # the samples of one length at a time, longest first
+        takers, counts = rows.deal(s, bounds[g + 1] - bounds[g])
+        row_of_sorted[bounds[g] : bounds[g + 1]] = np.repeat(
+            np.asarray(takers, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+        )
+    return _plan_in_input_order(lengths, by_size, row_of_sorted, rows.opened, capacity)
 
-    for g, s in enumerate(group_sizes):
-        left = bounds[g + 1] - bounds[g]
-        takers: list[int] = []  # rows receiving samples, in the order samples are dealt
-        counts: list[int] = []  # how many samples each of those rows receives
+
+class _BestFitRows:
+    """The rows of `pack` as samples of one length after another are dealt to them: each sample to
+    the open row with the least free space it fits in (best fit), rows found by their free space."""
+
+    def __init__(self, capacity: int, smallest: int) -> None:
+        self.capacity = capacity
+        self.smallest = smallest  # rows with less space left than this are closed for good
+        self.open: dict[int, list[int]] = {}  # free space -> rows with exactly that much left
+        self.spaces: list[int] = []  # keys of `open`, ascending
+        self.opened = 0
+
+    def deal(self, s: int, count: int) -> tuple[list[int], list[int]]:
+        """`count` samples of length `s` dealt: (the rows receiving them, in order; how many each)."""
+        takers: list[int] = []
+        counts: list[int] = []
         moves: list[tuple[list[int], int]] = []  # (rows, their new free space)
+        left = self._fill_open(s, count, takers, counts, moves)
+        if left:
+            per = self.capacity // s
+            full, rest = divmod(left, per)
+            new = list(range(self.opened, self.opened + full + (rest > 0)))
+            self.opened += len(new)
+            takers += new
+            counts += [per] * full + ([rest] if rest else [])
+            moves.append((new[:full], self.capacity - per * s))
+            if rest:
+                moves.append((new[full:], self.capacity - rest * s))
+        for rows, space in moves:
+            if space < self.smallest or not rows:
+                continue
+            if space in self.open:
+                self.open[space] += rows
+            else:
+                self.open[space] = list(rows)
+                bisect.insort(self.spaces, space)
+        return takers, counts
 
-        first = i = bisect.bisect_left(free_spaces, s)
-        while left and i < len(free_spaces):
-            r = free_spaces[i]
-            bucket = open_rows[r]
+    def _fill_open(self, s: int, left: int, takers: list, counts: list, moves: list) -> int:
+        """Open rows with room for a sample of length `s` take as many of the `left` as fit, the
+        tightest first; → the samples still left."""
+        first = i = bisect.bisect_left(self.spaces, s)
+        while left and i < len(self.spaces):
+            r = self.spaces[i]
+            bucket = self.open[r]
             per = r // s
             if len(bucket) * per <= left:
                 # Every row of this bucket fills up with samples of length s.
@@ -151,7 +188,7 @@ def pack(lengths, capacity: int) -> PackPlan:
                 counts += [per] * len(bucket)
                 moves.append((bucket, r - per * s))
                 left -= len(bucket) * per
-                del open_rows[r]
+                del self.open[r]
                 i += 1
                 continue
             full, rest = divmod(left, per)
@@ -164,35 +201,10 @@ def pack(lengths, capacity: int) -> PackPlan:
                 moves.append((used[full:], r - rest * s))
             left = 0
             if not bucket:
-                del open_rows[r]
+                del self.open[r]
                 i += 1
-        del free_spaces[first:i]  # the buckets emptied above, contiguous from `first`
-
-        if left:
-            per = capacity // s
-            full, rest = divmod(left, per)
-            new = list(range(rows_opened, rows_opened + full + (rest > 0)))
-            rows_opened += len(new)
-            takers += new
-            counts += [per] * full + ([rest] if rest else [])
-            moves.append((new[:full], capacity - per * s))
-            if rest:
-                moves.append((new[full:], capacity - rest * s))
-
-        for rows, space in moves:
-            if space < smallest or not rows:
-                continue
-            if space in open_rows:
-                open_rows[space] += rows
-            else:
-                open_rows[space] = list(rows)
-                bisect.insort(free_spaces, space)
-
-        row_of_sorted[bounds[g] : bounds[g + 1]] = np.repeat(
-            np.asarray(takers, dtype=np.int64), np.asarray(counts, dtype=np.int64)
-        )
-
-    return _plan_in_input_order(lengths, by_size, row_of_sorted, rows_opened, capacity)
+        del self.spaces[first:i]  # the buckets emptied above, contiguous from `first`
+        return left
 
 
 def next_fit(lengths, capacity: int) -> PackPlan:
