@@ -681,17 +681,8 @@ def json_array_elements(read, block: int = 1 << 20) -> Iterator[bytes]:
     it becomes a carriage return, which is no more allowed there). Elements are found by brackets
     and strings alone, not parsed: the workers parse them, and refuse what is not JSON as a record.
     NotAnArray when the whole is no array: another top level, an empty element, a missing `]`."""
-    buf, offset = read(block), 0  # offset: bytes of the input dropped before buf
-    while len(buf) < 3 and (more := read(block)):
-        buf += more
-    if buf.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
-        buf, offset = buf[3:], 3
-    while not buf.strip(_WHITESPACE) and (more := read(block)):
-        buf, offset = more, offset + len(buf)
-    pos = len(buf) - len(buf.lstrip(_WHITESPACE))
-    if buf[pos:pos + 1] != b"[":
-        raise NotAnArray(f"it starts with {buf[pos:pos + 20]!r}" if buf[pos:] else "it is empty")
-    start = pos = pos + 1  # the current element's first byte
+    buf, offset, pos = _array_start(read, block)  # offset: bytes of the input dropped before buf
+    start = pos  # the current element's first byte
     depth = count = 0
     while True:
         match = _STRUCTURE.search(buf, pos)
@@ -731,6 +722,22 @@ def json_array_elements(read, block: int = 1 << 20) -> Iterator[bytes]:
                 return
         else:
             raise NotAnArray(f"an unmatched {chr(char)!r} at byte {offset + pos}")
+
+
+def _array_start(read, block: int) -> tuple[bytes, int, int]:
+    """(the first bytes read, how many were dropped before them, where the array's first element
+    may begin): past a byte order mark and whitespace, the `[`; NotAnArray where there is none."""
+    buf, offset = read(block), 0
+    while len(buf) < 3 and (more := read(block)):
+        buf += more
+    if buf.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+        buf, offset = buf[3:], 3
+    while not buf.strip(_WHITESPACE) and (more := read(block)):
+        buf, offset = more, offset + len(buf)
+    pos = len(buf) - len(buf.lstrip(_WHITESPACE))
+    if buf[pos:pos + 1] != b"[":
+        raise NotAnArray(f"it starts with {buf[pos:pos + 20]!r}" if buf[pos:] else "it is empty")
+    return buf, offset, pos + 1
 
 
 def _string_end(buf: bytes, i: int) -> int:
