@@ -269,18 +269,7 @@ def _render_qwen3(messages: list[dict], tools, add_generation_prompt: bool, enab
         )
     elif first_is_system:
         out.context("<|im_start|>system\n" + messages[0]["content"] + "<|im_end|>\n")
-
-    # Think blocks survive only after the last real user query (not a <tool_response> wrapper);
-    # without one, the template's default index n - 1 keeps them nowhere.
-    last_query = n - 1
-    for i in range(n - 1, -1, -1):
-        message = messages[i]
-        if message["role"] == "user":
-            content = message["content"]
-            if isinstance(content, str) and not _is_tool_response_wrapper(content):
-                last_query = i
-                break
-
+    last_query = _last_query(messages)
     turn = 0
     for i, message in enumerate(messages):
         role = message["role"]
@@ -290,35 +279,7 @@ def _render_qwen3(messages: list[dict], tools, add_generation_prompt: bool, enab
         if role == "user" or (role == "system" and i != 0):
             out.context("<|im_start|>" + role + "\n" + content + "<|im_end|>\n")
         elif role == "assistant":
-            reasoning = message.get("reasoning_content")
-            if not isinstance(reasoning, str):
-                reasoning = ""
-                if "</think>" in content:
-                    reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
-                    content = content.split("</think>")[-1].lstrip("\n")
-            think = ""
-            body = content
-            if i > last_query and (i == n - 1 or reasoning):
-                think = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n"
-                body = content.lstrip("\n")
-            tool_calls = message.get("tool_calls")
-            if tool_calls:
-                parts = [body]
-                for j, call in enumerate(tool_calls):
-                    # the separator tests the content before its '\n's were stripped, as the template does
-                    if j or content:
-                        parts.append("\n")
-                    function = _call_function(call)
-                    arguments = function["arguments"]
-                    parts.append(
-                        '<tool_call>\n{"name": "'
-                        + function["name"]
-                        + '", "arguments": '
-                        + (arguments if isinstance(arguments, str) else _tojson(arguments))
-                        + "}\n</tool_call>"
-                    )
-                body = "".join(parts)
-            out.assistant(turn, think, body)
+            out.assistant(turn, *_qwen3_assistant(message, content, i > last_query, i == n - 1))
             turn += 1
         elif role == "tool":
             _tool_responses(out, messages, i, content)
@@ -327,6 +288,46 @@ def _render_qwen3(messages: list[dict], tools, add_generation_prompt: bool, enab
         if enable_thinking is False:
             out.context("<think>\n\n</think>\n\n")
     return out.finish()
+
+
+def _last_query(messages: list[dict]) -> int:
+    """The last real user query (not a <tool_response> wrapper): think blocks survive only after it;
+    without one, the template's default index n - 1 keeps them nowhere."""
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if message["role"] == "user":
+            content = message["content"]
+            if isinstance(content, str) and not _is_tool_response_wrapper(content):
+                return i
+    return len(messages) - 1
+
+
+def _qwen3_assistant(message: dict, content: str, after_query: bool, last: bool) -> tuple[str, str]:
+    """(think block, the rest) of an assistant message as Qwen3's template renders it."""
+    reasoning = message.get("reasoning_content")
+    if not isinstance(reasoning, str):
+        reasoning = ""
+        if "</think>" in content:
+            reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+            content = content.split("</think>")[-1].lstrip("\n")
+    think = ""
+    body = content
+    if after_query and (last or reasoning):
+        think = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n"
+        body = content.lstrip("\n")
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        parts = [body]
+        for j, call in enumerate(tool_calls):
+            # the separator tests the content before its '\n's were stripped, as the template does
+            if j or content:
+                parts.append("\n")
+            function = _call_function(call)
+            arguments = function["arguments"]
+            parts.append('<tool_call>\n{"name": "' + function["name"] + '", "arguments": '
+                         + (arguments if isinstance(arguments, str) else _tojson(arguments)) + "}\n</tool_call>")
+        body = "".join(parts)
+    return think, body
 
 
 # ---------------------------------------------------------------------------------------------
