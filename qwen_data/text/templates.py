@@ -439,7 +439,6 @@ class HFTemplate(ChatTemplate):
         positions = conversation.assistant_indices
         wanted = range(len(positions)) if label_turns is None else sorted(label_turns)
         marker = self.end_marker
-        closing = marker.rstrip()
         segments: list[Segment] = []
         cursor = 0
         for turn in wanted:
@@ -467,24 +466,29 @@ class HFTemplate(ChatTemplate):
                 )
             if before[cursor:]:
                 segments.append(Segment(before[cursor:], CONTEXT, -1))
-            generation_prompt = prompt[len(before) :]
-            newline = generation_prompt.find("\n")
-            if newline < 0:
-                segments.append(Segment(generation_prompt, HEADER, turn))
-                lead = ""
-            else:
-                segments.append(Segment(generation_prompt[:newline], HEADER, turn))
-                segments.append(Segment("\n", HEADER_NL, turn))
-                lead = generation_prompt[newline + 1 :]
-            body = lead + turn_text[: len(turn_text) - len(marker)]
-            if body:
-                segments.append(Segment(body, BODY, turn))
-            segments.append(Segment(closing, END, turn))
-            if marker[len(closing) :]:
-                segments.append(Segment(marker[len(closing) :], END_NL, turn))
+            segments += self._turn(turn, prompt[len(before) :], turn_text)
             cursor = len(upto)
         if full[cursor:]:
             segments.append(Segment(full[cursor:], CONTEXT, -1))
+        return segments
+
+    def _turn(self, turn: int, generation_prompt: str, turn_text: str) -> list[Segment]:
+        """Assistant turn `turn`'s segments: the generation prompt (HEADER, up to its first newline,
+        then HEADER_NL), the body, the end marker (END, then its trailing whitespace, END_NL)."""
+        marker = self.end_marker
+        closing = marker.rstrip()
+        newline = generation_prompt.find("\n")
+        if newline < 0:
+            segments, lead = [Segment(generation_prompt, HEADER, turn)], ""
+        else:
+            segments = [Segment(generation_prompt[:newline], HEADER, turn), Segment("\n", HEADER_NL, turn)]
+            lead = generation_prompt[newline + 1 :]
+        body = lead + turn_text[: len(turn_text) - len(marker)]
+        if body:
+            segments.append(Segment(body, BODY, turn))
+        segments.append(Segment(closing, END, turn))
+        if marker[len(closing) :]:
+            segments.append(Segment(marker[len(closing) :], END_NL, turn))
         return segments
 
     def __repr__(self) -> str:
