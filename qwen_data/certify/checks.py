@@ -184,8 +184,10 @@ class ChatChecks(_Checks):
 
     def to_read_back(self, where: str, item: tuple, documents: int) -> list:
         """A sample is one document, ids and mask, where the run writes them as they come (unpacked,
-        or a shard's); packed rows and Pai's are laid out at the end: `verify` checks their structure."""
-        if self.config.stages:
+        or a shard's), one sequence of the packed rows (`documents`: the samples before its chunk's;
+        the writer tells its sequence, `SFTWriter.placed`); Pai's rows store samples otherwise:
+        `verify` checks their structure."""
+        if self.config.stages and self.config.layout != "mask":
             return []
         named = (lambda k, n: f"{where} (sample {k + 1})" if n > 1 else where)
         count = item[1][1]

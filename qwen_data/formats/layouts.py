@@ -15,6 +15,7 @@ windows of samples close (`finish`: from the samples a merge staged);
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -336,11 +337,26 @@ class LaidOut:
         self.layout_name, self.packing, self.seq_length = layout_name, packing, seq_length
         self.writer = sft_layout(layout_name, packing is not None, seq_length).rows(outputs, prefix, dtype, pad_id)
         self.rows = self.tokens = self.trained = 0
+        # Where each sample went, where its layout keeps samples as sequences (mask, packed): per
+        # window (its first sample, its first sequence, its samples' sequences from there).
+        self.sequences = self.samples = 0
+        self._placed: list[tuple[int, int, np.ndarray]] = []
+        self.sequenced = layout_name == "mask" and packing is not None
 
     def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan) -> None:
         self.trained += self.writer.add(ids, mask, lengths, plan)
         self.rows += plan.rows
         self.tokens += plan.tokens
+        if self.sequenced:
+            self._placed.append((self.samples, self.sequences, plan.sample_sequences()))
+            self.sequences += int(plan.row_sizes.sum() + (plan.row_tokens < plan.capacity).sum())
+        self.samples += len(plan.order)
+
+    def sequence_of(self, sample: int) -> int:
+        """The sequence of the rows holding sample `sample` (counting every sample laid out from 0)."""
+        k = bisect.bisect_right([first for first, _, _ in self._placed], sample) - 1
+        first, sequence, placed = self._placed[k]
+        return sequence + int(placed[sample - first])
 
     def close(self, section: SFTSection) -> tuple[dict, SFTSection]:
         """The manifest's counts, and `section` with what was laid out (nothing left to merge)."""

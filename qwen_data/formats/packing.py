@@ -98,17 +98,26 @@ class PackPlan:
             )
         ):
             raise ValueError("these are not the lengths this plan was made from")
+        pads, per_doc, is_sample = self._slots()
+        out = np.empty(len(is_sample), dtype=np.int64)
+        out[is_sample] = lengths[self.order]
+        out[~is_sample] = pads[pads > 0]
+        return out, per_doc
+
+    def sample_sequences(self) -> np.ndarray:
+        """Each sample's sequence among the rows' (`sequence_layout`), by the sample's index."""
+        at = np.empty(len(self.order), dtype=np.int64)
+        at[self.order] = np.flatnonzero(self._slots()[2])
+        return at
+
+    def _slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(each row's pad tokens, its sequences, whether each sequence of the rows is a sample)."""
         pads = self.capacity - self.row_tokens
         has_pad = pads > 0
         per_doc = self.row_sizes + has_pad
-        out = np.empty(int(per_doc.sum()), dtype=np.int64)
-        doc_ends = np.cumsum(per_doc)
-        pad_slots = doc_ends[has_pad] - 1
-        is_sample = np.ones(len(out), dtype=bool)
-        is_sample[pad_slots] = False
-        out[is_sample] = lengths[self.order]
-        out[pad_slots] = pads[has_pad]
-        return out, per_doc
+        is_sample = np.ones(int(per_doc.sum()), dtype=bool)
+        is_sample[np.cumsum(per_doc)[has_pad] - 1] = False
+        return pads, per_doc, is_sample
 
 
 def pack(lengths, capacity: int) -> PackPlan:

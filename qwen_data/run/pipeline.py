@@ -221,7 +221,8 @@ def _written(step: Step, config: RunConfig, sources: list[InputFile], inputs: li
     manifests = writer.close()
     if checked.read_back:  # the picked documents as written, before anything is committed
         files = step.checks.staged_files(list(manifests))
-        read_back(checked.read_back, [(outputs.staged(b), outputs.staged(i)) for b, i in files])
+        entries = writer.placed(checked.read_back) if hasattr(writer, "placed") else checked.read_back
+        read_back(entries, [(outputs.staged(b), outputs.staged(i)) for b, i in files])
     for prefix, manifest in manifests.items():
         manifest.inputs, manifest.rejects = inputs, rejects.summary()
         manifest.certificate = (

@@ -366,6 +366,14 @@ class SFTWriter:
     def documents(self) -> int:
         return sum(map(len, self.lengths))
 
+    def placed(self, entries: list) -> list:
+        """`certify.checks.read_back`'s entries, each sample's number among the run's (what
+        `ChatChecks.to_read_back` gives) made its place in the files: in packed rows, its sequence."""
+        if not self.step.config.stages:
+            return entries
+        return [(where, dataset, self.laid_out.sequence_of(sample), a, b, ours)
+                for where, dataset, sample, a, b, ours in entries]
+
     def add(self, result: SampleBatch) -> None:
         if self.step.config.stages:
             for window in self.windows.add(result.ids, result.mask, result.lengths):

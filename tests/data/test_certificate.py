@@ -833,3 +833,27 @@ def test_an_sft_sample_the_writer_corrupts_is_found_in_the_written_files(tmp_pat
     assert main([*args, "-o", str(tmp_path / "s")]) == 2
     assert "the written document differs from what was encoded" in capsys.readouterr().err
     assert not [name for name in os.listdir(tmp_path) if name.startswith("s")]
+
+
+@pytest.mark.parametrize("packing", ["best-fit", "next-fit"])
+def test_a_packed_sample_the_row_writer_corrupts_is_found_in_the_written_rows(tmp_path, monkeypatch, capsys, packing):
+    """Packed rows are laid out in the main process from windows of samples: each picked sample is
+    read back from its sequence of the staged rows, found by the packing plan, before the commit."""
+    from qwen_data.formats import layouts
+
+    chats = os.path.join(EXAMPLES, "chats.jsonl")
+    args = ["sft", chats, "--quiet", "--workers", "1", "--pack", "--seq-length", "512", "--packing", packing,
+            *REFERENCE, reference_template()]
+    assert main([*args, "-o", str(tmp_path / "ok")]) == 0  # (every sample read back from its row)
+    assert certificate(tmp_path / "ok")["certified"]
+    padded_rows = layouts.padded_rows
+
+    def corrupting(ids, mask, lengths, plan, pad_id, buffers=None):
+        out_ids, out_mask = padded_rows(ids, mask, lengths, plan, pad_id, buffers)
+        out_ids[3] = (int(out_ids[3]) + 1) % 1000  # a token of the first row's first sample
+        return out_ids, out_mask
+
+    monkeypatch.setattr(layouts, "padded_rows", corrupting)
+    assert main([*args, "-o", str(tmp_path / "s")]) == 2
+    assert "the written document differs from what was encoded" in capsys.readouterr().err
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("s")]
