@@ -353,6 +353,11 @@ class SFTDataset(MegatronDataset):
 # Building
 
 
+# megatron-core's own default: how many more samples a blend's datasets build than their share asks,
+# so that rounding never leaves the blend short.
+MID_LEVEL_SURPLUS = 0.005
+
+
 def build_datasets(
     blend,
     seq_length: int,
@@ -366,11 +371,8 @@ def build_datasets(
     reset_position_ids: bool = False,
     reset_attention_mask: bool = False,
     eod_mask_loss: bool = False,
-    create_attention_mask: bool = False,
     overlong: str = "error",
     shuffle_sft: bool = True,
-    mid_level_dataset_surplus: float = 0.005,
-    is_built_on_rank=None,
     allow_uncertified: bool = False,
 ):
     """(train, valid, test) datasets, each a megatron-core BlendedDataset, a single dataset or None.
@@ -386,17 +388,17 @@ def build_datasets(
     sizes = _sizes([train_samples, valid_samples, test_samples], named)
     common = dict(random_seed=seed, sequence_length=seq_length, blend=named.blend, blend_per_split=named.per_split,
                   split=named.split, path_to_cache=cache_path(cache_dir, blend, sources),
-                  tokenizer=ManifestTokenizer(sources), mid_level_dataset_surplus=mid_level_dataset_surplus)
+                  tokenizer=ManifestTokenizer(sources), mid_level_dataset_surplus=MID_LEVEL_SURPLUS)
     if sources[0].kind == "pretrain":
         cls, config = PretrainDataset, GPTDatasetConfig(
             **common, reset_position_ids=reset_position_ids, reset_attention_mask=reset_attention_mask,
-            eod_mask_loss=eod_mask_loss, create_attention_mask=create_attention_mask)
+            eod_mask_loss=eod_mask_loss, create_attention_mask=False)  # (the model masks causally itself)
     else:
         cls, config = SFTDataset, SFTDatasetConfig(**common, overlong=overlong, shuffle=shuffle_sft)
     if named.blend is not None:
         config.split_matrix = _requested_split_matrix(config.split_matrix, sizes, sources)
     with megatron_core():
-        datasets = BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank or (lambda: True), config).build()
+        datasets = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()  # (on every rank)
     return tuple(datasets)
 
 
