@@ -190,14 +190,14 @@ def _sft_layout_options(p: argparse.ArgumentParser) -> None:
     """How samples are cut, packed, padded and laid out in the files."""
     from .formats.indexed import MASK_SUFFIX
     from .formats.manifest import LAYOUTS
-    from .formats.packing import PACKINGS
+    from .formats.packing import DEFAULT_PACKING, PACKINGS
 
     p.add_argument("--seq-length", type=bounded(int, 2, MAX_SEQ_LENGTH), default=None,
                    help=f"longest sample / packed row length in tokens, at most {MAX_SEQ_LENGTH:,} (four times the "
                         f"longest Qwen context, Qwen2.5-1M's {LONGEST_CONTEXT:,}; with --layout pai a row holds 2 x "
                         "--seq-length values) (none: no limit)")
     p.add_argument("--pack", action="store_true", help="pack samples into rows of exactly --seq-length tokens")
-    p.add_argument("--packing", default="best-fit", choices=sorted(PACKINGS),
+    p.add_argument("--packing", default=DEFAULT_PACKING, choices=sorted(PACKINGS),
                    help="how --pack fills rows: best-fit (fewest rows) or next-fit (input order, as Pai-Megatron-Patch)")
     p.add_argument("--layout", default="mask", choices=LAYOUTS,
                    help=f"mask: ids + a loss-mask dataset (PREFIX{MASK_SUFFIX}); pai: "

@@ -234,6 +234,7 @@ def one_per_row(lengths, capacity: int) -> PackPlan:
 
 
 PACKINGS = {"best-fit": pack, "next-fit": next_fit}
+DEFAULT_PACKING = "best-fit"  # the fewest rows; a manifest from before `packing` was recorded was packed so
 # Best fit packs the samples of this many tokens at a time (`next_window`): enough that only a
 # window's last rows are short of full (realistic chats fill 99.97% of 4096-token rows, 99.99%
 # packed all at once; tests/data/test_packing.py), little enough to hold (5 bytes a token, twice).

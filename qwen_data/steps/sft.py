@@ -28,7 +28,7 @@ from ..formats.indexed import MaskedWriter, token_dtype
 from ..formats.layouts import DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import AtomicOutputs
-from ..formats.packing import PACKINGS, Windows
+from ..formats.packing import DEFAULT_PACKING, PACKINGS, Windows
 from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
@@ -50,7 +50,7 @@ class SFTConfig(RunConfig):
     format: str = "auto"
     seq_length: int | None = None
     pack: bool = False
-    packing: str = "best-fit"  # a key of packing.PACKINGS
+    packing: str = DEFAULT_PACKING  # a key of packing.PACKINGS
     layout: str = "mask"
     overlong: str | None = None  # None: the layout's default, as the two below
     mask: str = "assistant"
