@@ -29,7 +29,7 @@ from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError
                       check_same_index)
 from .manifest import Manifest, SFTSection, fingerprinted
 from .outputs import AtomicOutputs
-from .packing import PackPlan, RowBuffers, padded_rows, windows
+from .packing import PackPlan, RowBuffers, padded_rows, window_plans
 
 CHUNK = 1 << 20  # index entries checked at a time
 
@@ -148,8 +148,8 @@ class MaskLayout(DataLayout):
     unit = "sample"
     has_mask = True
 
-    def rows(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> "_MaskRows":
-        return _MaskRows(outputs, prefix, dtype, pad_id)
+    def rows(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> "_MaskRowWriter":
+        return _MaskRowWriter(outputs, prefix, dtype, pad_id)
 
     def check_index(self, index: Index, problems: list[str]) -> bool:
         if not super().check_index(index, problems):
@@ -229,8 +229,8 @@ class PaiLayout(DataLayout):
     def default_pad_id(self, vocab_size: int) -> int:
         return pai.pad_id(vocab_size)
 
-    def rows(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> "_PaiRows":
-        return _PaiRows(outputs, prefix, pad_id)
+    def rows(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> "_PaiRowWriter":
+        return _PaiRowWriter(outputs, prefix, pad_id)
 
     @property
     def row_values(self) -> int:
@@ -289,10 +289,10 @@ def layout_of(manifest: Manifest) -> DataLayout:
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing: staged samples → the final rows
+# Writing: windows of samples → the final rows (readers of rows: `PaiRows`, `StoredDocuments` below)
 
 
-class _MaskRows:
+class _MaskRowWriter:
     """Rows of ids and loss mask, each padded to its capacity (`MaskLayout`)."""
 
     def __init__(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> None:
@@ -311,7 +311,7 @@ class _MaskRows:
         return counts_of(self.data.ids, self.data.digests)
 
 
-class _PaiRows:
+class _PaiRowWriter:
     """Rows of ids then labels (`PaiLayout`); the loss-mask channel of an older run goes."""
 
     def __init__(self, outputs: AtomicOutputs, prefix: str, pad_id: int) -> None:
@@ -329,8 +329,8 @@ class _PaiRows:
 
 
 class LaidOut:
-    """A staged layout's rows, written as windows of samples close (`packing.Windows` in a run,
-    `packing.windows` over the samples a merge staged), in the layout named."""
+    """A staged layout's rows, written as windows of samples close (`packing.SampleWindows` in a run,
+    `packing.window_plans` over the samples a merge staged), in the layout named."""
 
     def __init__(self, outputs: AtomicOutputs, prefix: str, layout_name: str, packing: str | None,
                  seq_length: int, dtype, pad_id: int) -> None:
@@ -376,7 +376,7 @@ def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: 
     named, window after window as a run lays them out. `LaidOut.close`'s counts and section."""
     laid_out = LaidOut(outputs, prefix, layout_name, packing, section.seq_length, samples.ids.dtype, pad_id)
     with open(samples.ids.bin_path, "rb") as ids, open(samples.mask.bin_path, "rb") as mask:
-        for lengths, plan in windows(lengths, packing, section.seq_length):  # windows follow each other
+        for lengths, plan in window_plans(lengths, packing, section.seq_length):  # windows follow each other
             laid_out.add(np.fromfile(ids, samples.ids.dtype, plan.tokens), np.fromfile(mask, np.uint8, plan.tokens),
                          lengths, plan)
     for path in MaskedWriter.files(prefix + UNPACKED):

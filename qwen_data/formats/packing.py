@@ -5,7 +5,7 @@ writes each row as one document whose sequences are its samples, then one pad se
 row is not full. `next_fit` keeps the input order instead (Pai-Megatron-Patch packs that way), and
 `one_per_row` is the plan of unpacked data. PACKINGS names the packing algorithms.
 
-A run lays out rows as its samples come, window after window (`Windows`, `next_window`): best fit
+A run lays out rows as its samples come, window after window (`SampleWindows`, `next_window`): best fit
 packs each PACK_WINDOW tokens of consecutive samples on their own, the others write every row
 that can take no more samples. No pass over all samples is left for the end, where one process
 would do it while the workers wait, and a merge of shards (`windows`) writes the same rows.
@@ -307,7 +307,7 @@ def next_window(lengths: np.ndarray, packing: str | None, capacity: int, final: 
     return PackPlan(plan.order[:taken], plan.row_sizes[:closed], plan.row_tokens[:closed], capacity)
 
 
-class Windows:
+class SampleWindows:
     """Samples as a run makes them, in order; out come the windows of `next_window` as they
     close, each with its plan (`add`, then `close` for the last ones). The samples wait in one
     buffer per channel, reused from window to window."""
@@ -348,8 +348,8 @@ class Windows:
         self._lengths, self._tokens = [lengths[first:]], rest
 
 
-def windows(lengths: np.ndarray, packing: str | None, capacity: int):
-    """(samples, plan) of every window, with all samples at hand (a merge's), as `Windows` gives them."""
+def window_plans(lengths: np.ndarray, packing: str | None, capacity: int):
+    """(samples, plan) of every window, with all samples at hand (a merge's), as `SampleWindows` gives them."""
     lengths = np.asarray(lengths, dtype=np.int64)
     first = 0
     while first < len(lengths):

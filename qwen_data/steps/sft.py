@@ -11,7 +11,7 @@ if the row is not full, so a reader knows every boundary and samples never need 
 `--layout pai` writes what Pai-Megatron-Patch's trainer reads instead (`qwen_data.formats.pai`);
 `qwen_data.formats.layouts` says what each layout is.
 Packing and the Pai layout lay a run's samples out in rows window by window as they come
-(`packing.Windows`); a shard leaves its samples as they are, and `merge` lays them out (`layouts.finish`).
+(`packing.SampleWindows`); a shard leaves its samples as they are, and `merge` lays them out (`layouts.finish`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..formats.indexed import MaskedWriter, token_dtype
 from ..formats.layouts import DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import AtomicOutputs
-from ..formats.packing import DEFAULT_PACKING, PACKINGS, Windows
+from ..formats.packing import DEFAULT_PACKING, PACKINGS, SampleWindows
 from ..inputs.columns import ColumnMap
 from ..inputs.readers import Chunk
 from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
@@ -345,7 +345,7 @@ def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):
 
 class SFTWriter:
     """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), or,
-    for a staged layout, its rows, written as windows of samples close (`packing.Windows`)."""
+    for a staged layout, its rows, written as windows of samples close (`packing.SampleWindows`)."""
 
     def __init__(self, step: ChatSamples, outputs: AtomicOutputs) -> None:
         self.step = step
@@ -354,7 +354,7 @@ class SFTWriter:
         self.prefix = config.output_prefix
         if config.stages:
             packing = config.packing if config.pack else None
-            self.windows = Windows(packing, config.seq_length, self.dtype)
+            self.windows = SampleWindows(packing, config.seq_length, self.dtype)
             self.laid_out = LaidOut(outputs, self.prefix, config.layout, packing, config.seq_length, self.dtype,
                                     step.pad_id)
         else:

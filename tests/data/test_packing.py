@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from qwen_data.formats import packing
-from qwen_data.formats.packing import PACKINGS, PackPlan, Windows, next_fit, one_per_row, pack, padded_rows, windows
+from qwen_data.formats.packing import PACKINGS, PackPlan, SampleWindows, next_fit, one_per_row, pack, padded_rows, window_plans
 
 PAD_ID = 151654
 
@@ -291,16 +291,16 @@ def test_one_per_row():
 # -- windows: rows written as the samples come --------------------------------------------------------
 @pytest.mark.parametrize("method", ["best-fit", "next-fit", None])
 def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monkeypatch, method):
-    """A run feeds `Windows` chunk by chunk; a merge lays out all its shards' samples at once
+    """A run feeds `SampleWindows` chunk by chunk; a merge lays out all its shards' samples at once
     (`windows`): the windows, their plans and so the rows must be the same whatever the pieces."""
     monkeypatch.setattr(packing, "PACK_WINDOW", 5000)
     lengths = realistic_sft_lengths(400, capacity=1024, seed=3)
     ids = np.arange(lengths.sum(), dtype=np.int32)
     mask = (ids % 3 == 0).astype(np.uint8)
-    at_once = list(windows(lengths, method, 1024))
+    at_once = list(window_plans(lengths, method, 1024))
     rng = np.random.default_rng(0)
     cuts = np.sort(rng.choice(np.arange(1, len(lengths)), 40, replace=False))
-    stream, fed = Windows(method, 1024, np.int32), []
+    stream, fed = SampleWindows(method, 1024, np.int32), []
     ends = np.cumsum(lengths)
     for a, b in zip([0, *cuts], [*cuts, len(lengths)]):
         first = int(ends[a - 1]) if a else 0
@@ -330,7 +330,7 @@ def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monke
 def test_best_fit_in_windows_fills_realistic_rows_at_4096():
     """The fill of best fit window by window, at the real window size, over several windows."""
     lengths = realistic_sft_lengths(100_000, capacity=4096, seed=1)
-    plans = [plan for _, plan in windows(lengths, "best-fit", 4096)]
+    plans = [plan for _, plan in window_plans(lengths, "best-fit", 4096)]
     assert len(plans) >= 4
     fill = sum(p.tokens for p in plans) / (sum(p.rows for p in plans) * 4096)
     assert fill >= 0.995, fill
