@@ -18,7 +18,7 @@ from ..formats.claims import blend_owner
 from ..formats.claims import check as check_outputs
 from ..formats.layouts import layout_of
 from .files import BLEND_FORMAT, Blend, BlendError, BlendPaths, megatron_flags, output_paths, write_blend
-from .weights import Budget, BudgetRow, budget_rows, plan_blend
+from .weights import Budget, BudgetRow, budget_rows, weighed_blend
 
 
 @dataclass
@@ -56,8 +56,8 @@ class BlendResult:
 
 def make_blend(config: BlendConfig) -> BlendResult:
     """Check and weigh the sources, write the blend files, and cost the budget if one is given."""
-    blend = plan_blend(config.train, config.valid, config.test, by=config.by, temperature=config.temperature,
-                       ratio_unit=config.ratio_unit, split=config.split, absolute=config.absolute)
+    blend = weighed_blend(config.train, config.valid, config.test, by=config.by, temperature=config.temperature,
+                          ratio_unit=config.ratio_unit, split=config.split, absolute=config.absolute)
     budget = config.budget
     if budget is not None and budget.samples is not None and blend.kind == "pretrain" and not budget.seq_length:
         raise BlendError("a budget in samples or iterations needs --seq-length for pretraining data")

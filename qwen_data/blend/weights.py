@@ -99,7 +99,7 @@ def parse_split(split: str) -> list[float]:
 # Planning a blend
 
 
-def plan_blend(
+def weighed_blend(
     train: list[str],
     valid: list[str] = (),
     test: list[str] = (),

@@ -232,7 +232,7 @@ def _stored_samples(prefix: str, manifest: Manifest):
 
 def _stored_in_record_order(prefix: str, manifest: Manifest, ours: _OurSamples, rejected: dict):
     """The prefix's samples in the order of the records that made them: a best-fit window's rows
-    hold its samples in plan order (`PackPlan.order`), put back here."""
+    hold its samples in plan order (`RowGroups.order`), put back here."""
     stored, sft = _stored_samples(prefix, manifest), manifest.sft
     if not sft.packed or sft.packing != "best-fit":
         yield from stored

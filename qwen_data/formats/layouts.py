@@ -29,7 +29,7 @@ from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError
                       check_same_index)
 from .manifest import Manifest, SFTSection, fingerprinted
 from .outputs import AtomicOutputs
-from .packing import PackPlan, RowBuffers, padded_rows, window_plans
+from .packing import RowBuffers, RowGroups, padded_rows, window_plans
 
 CHUNK = 1 << 20  # index entries checked at a time
 
@@ -300,7 +300,7 @@ class _MaskRowWriter:
         self.pad_id = pad_id
         self.buffers = RowBuffers()
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan) -> int:
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups) -> int:
         """The rows of `plan` from its samples back to back; how many tokens they train."""
         rows_ids, rows_mask = padded_rows(ids, mask, lengths, plan, self.pad_id, self.buffers)
         self.data.add_batch(rows_ids, rows_mask, *plan.sequence_layout(lengths))
@@ -320,7 +320,7 @@ class _PaiRowWriter:
         for path in MaskedWriter.files(prefix)[2:]:
             outputs.leave_out(path)
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan) -> int:
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups) -> int:
         return pai.write_rows(ids, mask, lengths, plan, self.data, self.pad_id)
 
     def close(self) -> dict:
@@ -343,7 +343,7 @@ class LaidOut:
         self._placed: list[tuple[int, int, np.ndarray]] = []
         self.sequenced = layout_name == "mask" and packing is not None
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan) -> None:
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups) -> None:
         self.trained += self.writer.add(ids, mask, lengths, plan)
         self.rows += plan.rows
         self.tokens += plan.tokens

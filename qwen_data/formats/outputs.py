@@ -86,11 +86,11 @@ class AtomicOutputs:
 
     def commit(self, markers: list[str]) -> None:
         """Rename every tmp file into place, the `markers` last (they must be among the tmp files)."""
-        renamed, removed = self.plan(markers)
+        renamed, removed = self.commit_order(markers)
         finish_commit(renamed, removed)
         self._release()
 
-    def plan(self, markers: list[str]) -> tuple[list[str], list[str]]:
+    def commit_order(self, markers: list[str]) -> tuple[list[str], list[str]]:
         """What `commit` does: the final paths its tmp files are renamed to, in order, and the old
         files it removes (markers first, so that no old manifest stands beside new data)."""
         return sorted(self._files, key=lambda p: p in markers), markers + self._obsolete + self._files
@@ -131,7 +131,7 @@ class AtomicOutputs:
 
 
 def finish_commit(renamed: list[str], removed: list[str]) -> None:
-    """A commit (`AtomicOutputs.plan`), or the rest of one a killed run began: the old files removed
+    """A commit (`AtomicOutputs.commit_order`), or the rest of one a killed run began: the old files removed
     where no tmp file is left to take their place, then each tmp file renamed, in order."""
     for path in removed:
         if os.path.lexists(path) and (path not in renamed or os.path.exists(path + TMP_SUFFIX)):

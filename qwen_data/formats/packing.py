@@ -39,7 +39,7 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class PackPlan:
+class RowGroups:
     """Which samples share each row.
 
     `order` lists sample indices row after row; `row_sizes[i]` is how many of them row i holds,
@@ -120,7 +120,7 @@ class PackPlan:
         return pads, per_doc, is_sample
 
 
-def pack(lengths, capacity: int) -> PackPlan:
+def pack(lengths, capacity: int) -> RowGroups:
     """Pack samples of the given token lengths into rows of `capacity` tokens.
 
     Raises ValueError naming the first sample whose length is not in 1..capacity.
@@ -216,7 +216,7 @@ class _BestFitRows:
         return left
 
 
-def next_fit(lengths, capacity: int) -> PackPlan:
+def next_fit(lengths, capacity: int) -> RowGroups:
     """Samples in input order, a new row whenever the next one does not fit in the current row."""
     lengths = _validated(lengths, capacity)
     row_of = np.empty(len(lengths), dtype=np.int64)  # 0 rows for no samples
@@ -228,9 +228,9 @@ def next_fit(lengths, capacity: int) -> PackPlan:
     return _plan(lengths, row_of, row + 1, capacity)
 
 
-def one_per_row(lengths, capacity: int) -> PackPlan:
+def one_per_row(lengths, capacity: int) -> RowGroups:
     lengths = _validated(lengths, capacity)
-    return PackPlan(np.arange(len(lengths)), np.ones(len(lengths), np.int64), lengths, capacity)
+    return RowGroups(np.arange(len(lengths)), np.ones(len(lengths), np.int64), lengths, capacity)
 
 
 PACKINGS = {"best-fit": pack, "next-fit": next_fit}
@@ -241,7 +241,7 @@ DEFAULT_PACKING = "best-fit"  # the fewest rows; a manifest from before `packing
 PACK_WINDOW = 1 << 23
 
 
-def _plan_in_input_order(lengths, by_size, row_of_sorted, rows, capacity) -> PackPlan:
+def _plan_in_input_order(lengths, by_size, row_of_sorted, rows, capacity) -> RowGroups:
     row_of = np.empty_like(row_of_sorted)
     row_of[by_size] = row_of_sorted
     # Renumber rows by their smallest sample index: first appearances, scanning indices upward.
@@ -251,14 +251,14 @@ def _plan_in_input_order(lengths, by_size, row_of_sorted, rows, capacity) -> Pac
     return _plan(lengths, renumber[row_of], rows, capacity)
 
 
-def _plan(lengths, row_of, rows, capacity) -> PackPlan:
+def _plan(lengths, row_of, rows, capacity) -> RowGroups:
     """The plan from each sample's row (rows numbered in output order)."""
     order = np.argsort(row_of, kind="stable")  # stable: index order inside each row
     row_sizes = np.bincount(row_of, minlength=rows).astype(np.int64)
     starts = np.zeros(rows, dtype=np.int64)
     np.cumsum(row_sizes[:-1], out=starts[1:])
     row_tokens = np.add.reduceat(lengths[order], starts) if rows else np.zeros(0, np.int64)
-    return PackPlan(order, row_sizes, row_tokens, capacity)
+    return RowGroups(order, row_sizes, row_tokens, capacity)
 
 
 def _validated(lengths, capacity) -> np.ndarray:
@@ -283,7 +283,7 @@ def _validated(lengths, capacity) -> np.ndarray:
     return array
 
 
-def next_window(lengths: np.ndarray, packing: str | None, capacity: int, final: bool) -> PackPlan | None:
+def next_window(lengths: np.ndarray, packing: str | None, capacity: int, final: bool) -> RowGroups | None:
     """The plan of the next window of samples, from `lengths`: the samples not yet laid out, in
     input order (the window is the first `len(plan.order)` of them). None while samples still to
     come could change it; `final`: none will.
@@ -304,7 +304,7 @@ def next_window(lengths: np.ndarray, packing: str | None, capacity: int, final: 
     if final or packing is None or plan.rows < 2:
         return plan if final or packing is None else None
     closed, taken = plan.rows - 1, int(plan.row_starts[-2])  # all rows but the last, which may grow
-    return PackPlan(plan.order[:taken], plan.row_sizes[:closed], plan.row_tokens[:closed], capacity)
+    return RowGroups(plan.order[:taken], plan.row_sizes[:closed], plan.row_tokens[:closed], capacity)
 
 
 class SampleWindows:
@@ -358,7 +358,7 @@ def window_plans(lengths: np.ndarray, packing: str | None, capacity: int):
         first += len(plan.order)
 
 
-def padded_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan,
+def padded_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups,
                 pad_id: int, buffers: "RowBuffers | None" = None) -> tuple[np.ndarray, np.ndarray]:
     """The rows of `plan` from its samples laid back to back in input order, each padded to
     exactly its capacity: (ids, mask), rows back to back. Each channel is one concatenation of the

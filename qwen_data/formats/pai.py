@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .indexed import IndexedDatasetWriter
-from .packing import PackPlan
+from .packing import RowGroups
 
 IGNORE = -100  # a label that is not trained (torch's cross-entropy ignore_index)
 DTYPE = np.dtype(np.int32)
@@ -30,7 +30,7 @@ def pad_id(vocab_size: int) -> int:
     return vocab_size
 
 
-def write_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: PackPlan, out: IndexedDatasetWriter,
+def write_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups, out: IndexedDatasetWriter,
                pad: int) -> int:
     """Samples (ids + loss mask, back to back in input order) as the rows of `plan`, into `out`;
     how many labels are trained."""

@@ -427,7 +427,7 @@ def _row(table, i: int):
 def read_chunks(sources: list[InputFile], chunk_bytes: int = DEFAULT_CHUNK_BYTES, shard: Shard | None = None,
                 columns: list[str] | None = None) -> Iterator[Chunk]:
     """`columns`: the keys the step uses (None: all); parquet and Arrow files read only those."""
-    for source, part in plan(sources, shard):
+    for source, part in shard_parts(sources, shard):
         _check_size(source)
         try:
             try:
@@ -478,7 +478,7 @@ def _check_read_whole(source: InputFile, read: int) -> None:
 
 
 # -- shards ---------------------------------------------------------------------------------------
-def plan(sources: list[InputFile], shard: Shard | None) -> Iterator[tuple[InputFile, object]]:
+def shard_parts(sources: list[InputFile], shard: Shard | None) -> Iterator[tuple[InputFile, object]]:
     """Each source with the part of it to read: None for all of it; for a shard, a byte range
     (start, stop) of an uncompressed jsonl file, a list of row groups of a parquet file."""
     if shard is None:

@@ -122,7 +122,7 @@ class Journal:
         self._file.flush()  # in the page cache: a killed process's writes outlive it
 
     def committing(self, renamed: list[str], removed: list[str], bins: dict[str, str]) -> None:
-        """The commit about to begin (`AtomicOutputs.plan`), with the hash of each file it renames:
+        """The commit about to begin (`AtomicOutputs.commit_order`), with the hash of each file it renames:
         a .bin's joinable hash (`bins`, from its manifest), every other file's sha256 (read here: an
         index, a manifest, the rejects). A run killed during it finishes it (`finish_commit`)."""
         hashes = {path: bins.get(path) or _sha256(path + TMP_SUFFIX) for path in renamed}

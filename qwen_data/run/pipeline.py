@@ -238,7 +238,8 @@ def _written(step: Step, config: RunConfig, sources: list[InputFile], inputs: li
         outputs.discard(config.rejects_path)
     markers = [prefix + ".json" for prefix in manifests]
     if journal is not None:  # (a step that journals writes one channel a prefix: PREFIX.bin)
-        journal.committing(*outputs.plan(markers), {prefix + ".bin": m.digests[0][1] for prefix, m in manifests.items()})
+        journal.committing(*outputs.commit_order(markers),
+                           {prefix + ".bin": m.digests[0][1] for prefix, m in manifests.items()})
     outputs.commit(markers=markers)
     return manifests
 

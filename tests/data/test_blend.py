@@ -11,7 +11,7 @@ import pytest
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft, words, write_jsonl
 
 from qwen_data.blend.files import BlendError, drawn_shares, load_source, read_blend
-from qwen_data.blend.weights import parse_split, plan_blend
+from qwen_data.blend.weights import parse_split, weighed_blend
 from qwen_data.cli import main
 
 
@@ -54,14 +54,14 @@ def test_ratio_blend_files(prefixes, tmp_path):
 
 def test_by_tokens_and_temperature(prefixes, tmp_path):
     web, code = real_tokens(prefixes["web"]), real_tokens(prefixes["code"])
-    b = plan_blend([prefixes["web"], prefixes["code"]])  # no weights: by tokens
+    b = weighed_blend([prefixes["web"], prefixes["code"]])  # no weights: by tokens
     assert b.by == "tokens"
     assert [e.weight for e in b.splits["train"]] == pytest.approx([web / (web + code), code / (web + code)])
     for t in (0.5, 2.0, 5.0):
-        b = plan_blend([prefixes["web"], prefixes["code"]], temperature=t)
+        b = weighed_blend([prefixes["web"], prefixes["code"]], temperature=t)
         raw = [web ** (1 / t), code ** (1 / t)]
         assert [e.weight for e in b.splits["train"]] == pytest.approx([r / sum(raw) for r in raw])
-    hot = plan_blend([prefixes["web"], prefixes["code"]], temperature=1000.0)
+    hot = weighed_blend([prefixes["web"], prefixes["code"]], temperature=1000.0)
     assert [e.weight for e in hot.splits["train"]] == pytest.approx([0.5, 0.5], abs=1e-3)
 
 
@@ -70,7 +70,7 @@ def test_sft_weights_are_per_sample(prefixes):
     chat, tools = manifest(prefixes["chat"]), manifest(prefixes["tools"])
     per_sample = [real_tokens(prefixes["chat"]) / chat["documents"], real_tokens(prefixes["tools"]) / tools["documents"]]
     assert per_sample[0] > 2 * per_sample[1]  # packed rows against short single chats: a real difference
-    b = plan_blend([f"{prefixes['chat']}=0.7", f"{prefixes['tools']}=0.3"])
+    b = weighed_blend([f"{prefixes['chat']}=0.7", f"{prefixes['tools']}=0.3"])
     weights = [e.weight for e in b.splits["train"]]
     raw = [0.7 / per_sample[0], 0.3 / per_sample[1]]
     assert weights == pytest.approx([r / sum(raw) for r in raw])
@@ -78,11 +78,11 @@ def test_sft_weights_are_per_sample(prefixes):
     tokens = [w * t for w, t in zip(weights, per_sample)]
     assert [t / sum(tokens) for t in tokens] == pytest.approx([0.7, 0.3])
     # By tokens: every source consumed at the same rate, i.e. samples in proportion to documents.
-    b = plan_blend([prefixes["chat"], prefixes["tools"]], by="tokens")
+    b = weighed_blend([prefixes["chat"], prefixes["tools"]], by="tokens")
     docs = [chat["documents"], tools["documents"]]
     assert [e.weight for e in b.splits["train"]] == pytest.approx([d / sum(docs) for d in docs])
     # Unless the ratios are meant as samples.
-    b = plan_blend([f"{prefixes['chat']}=0.7", f"{prefixes['tools']}=0.3"], ratio_unit="samples")
+    b = weighed_blend([f"{prefixes['chat']}=0.7", f"{prefixes['tools']}=0.3"], ratio_unit="samples")
     assert [e.weight for e in b.splits["train"]] == pytest.approx([0.7, 0.3])
 
 
@@ -175,7 +175,7 @@ def test_refuses_bad_arguments(prefixes, tmp_path, capsys):
         err = refusal(capsys, prefixes["web"], *args, "-o", prefixes["web"] + ".json")
         assert f"over the input {prefixes['web']}.json" in err and os.path.isfile(prefixes["web"] + ".json")
     with pytest.raises(BlendError, match="whitespace"):
-        plan_blend(["a b"])
+        weighed_blend(["a b"])
 
 
 def test_command_line_entry_point(prefixes, tmp_path):
@@ -220,7 +220,7 @@ def test_huge_and_tiny_weights_keep_their_ratio_for_megatron(prefixes, tmp_path)
 
     from qwen_data.blend.files import load_source
 
-    huge = plan_blend([f"{prefixes['web']}=1e308", f"{prefixes['code']}=1.7e308"])
+    huge = weighed_blend([f"{prefixes['web']}=1e308", f"{prefixes['code']}=1.7e308"])
     assert [e.weight for e in huge.splits["train"]] == pytest.approx([1 / 2.7, 1.7 / 2.7])
     out = tmp_path / "b.json"
     assert blend(f"{prefixes['web']}=1e-15", f"{prefixes['code']}=1", "-o", out) == 0
@@ -287,18 +287,18 @@ def test_trained_token_weights(trained_pair, prefixes):
     tokens_per_sample = [real_tokens(p) / manifest(p)["documents"] for p in trained_pair]
     fractions = [t / n for t, n in zip(per_sample, tokens_per_sample)]
     assert fractions[1] > 4 * fractions[0]  # the prompts' parts really differ
-    b = plan_blend([f"{asks}=0.7", f"{answers}=0.3"], ratio_unit="trained-tokens")
+    b = weighed_blend([f"{asks}=0.7", f"{answers}=0.3"], ratio_unit="trained-tokens")
     raw = [0.7 / per_sample[0], 0.3 / per_sample[1]]
     assert [e.weight for e in b.splits["train"]] == pytest.approx([r / sum(raw) for r in raw])
     assert b.drawn_shares("train", "trained-tokens") == pytest.approx([0.7, 0.3])
-    tokens = plan_blend([f"{asks}=0.7", f"{answers}=0.3"])  # shares of tokens: the trained shares are far off
+    tokens = weighed_blend([f"{asks}=0.7", f"{answers}=0.3"])  # shares of tokens: the trained shares are far off
     assert tokens.drawn_shares("train", "trained-tokens")[0] < 0.4
     docs = [manifest(p)["documents"] for p in trained_pair]
     for by in ("tokens", None):
-        b = plan_blend([asks, answers], by=by, ratio_unit="trained-tokens")
+        b = weighed_blend([asks, answers], by=by, ratio_unit="trained-tokens")
         assert [e.weight for e in b.splits["train"]] == pytest.approx([d / sum(docs) for d in docs])
     trained = [manifest(p)["sft"]["trained_tokens"] for p in trained_pair]
-    b = plan_blend([asks, answers], temperature=3.0, ratio_unit="trained-tokens")
+    b = weighed_blend([asks, answers], temperature=3.0, ratio_unit="trained-tokens")
     assert [e.share for e in b.splits["train"]] == pytest.approx([t ** (1 / 3) / sum(x ** (1 / 3) for x in trained)
                                                                   for t in trained])
     pretraining = [f"{prefixes['web']}=0.7", f"{prefixes['code']}=0.3"], [prefixes["web"], prefixes["code"]]
@@ -306,7 +306,7 @@ def test_trained_token_weights(trained_pair, prefixes):
         for temperature in (None, 2.0):
             if temperature and "=" in train[0]:
                 continue
-            same = [plan_blend(train, temperature=temperature, ratio_unit=unit).splits["train"]
+            same = [weighed_blend(train, temperature=temperature, ratio_unit=unit).splits["train"]
                     for unit in ("tokens", "trained-tokens")]
             assert [(e.weight, e.share) for e in same[0]] == [(e.weight, e.share) for e in same[1]]
 

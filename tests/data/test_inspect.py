@@ -246,14 +246,14 @@ def test_stats_count_rejects_by_reason(data, capsys):
 
 
 def test_stats_of_a_blend_with_a_budget(data, capsys):
-    from qwen_data.blend.weights import Budget, budget_rows, plan_blend
+    from qwen_data.blend.weights import Budget, budget_rows, weighed_blend
     from qwen_data.tools.stats import blend_stats
 
     blend = str(data["dir"] / "blend.json")
     train = [f"{data['chat']}=0.3", f"{data['packed']}=0.7"]
     run(capsys, "blend", *train, "-o", blend)
     budget = Budget(tokens=50_000)
-    want = budget_rows(plan_blend(train), budget)
+    want = budget_rows(weighed_blend(train), budget)
     got = blend_stats(blend, budget)
     assert [r.prefix for r in got.budget] == [r.prefix for r in want]
     for g, w in zip(got.budget, want):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from qwen_data.formats import packing
-from qwen_data.formats.packing import PACKINGS, PackPlan, SampleWindows, next_fit, one_per_row, pack, padded_rows, window_plans
+from qwen_data.formats.packing import PACKINGS, RowGroups, SampleWindows, next_fit, one_per_row, pack, padded_rows, window_plans
 
 PAD_ID = 151654
 
@@ -41,7 +41,7 @@ def realistic_sft_lengths(n: int, capacity: int = 4096, seed: int = 0) -> np.nda
     return np.concatenate(kept)[:n]
 
 
-def assert_valid(plan: PackPlan, lengths, capacity: int) -> None:
+def assert_valid(plan: RowGroups, lengths, capacity: int) -> None:
     """Everything a consumer relies on, checked from scratch."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)

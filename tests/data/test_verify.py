@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from _helpers import copy_prefix, data_fingerprint, manifest
 
-from qwen_data.blend.build import BlendError, plan_blend
+from qwen_data.blend.build import BlendError
+from qwen_data.blend.weights import weighed_blend
 from qwen_data.cli import EXAMPLES, main
 from qwen_data.formats.indexed import read_index
 from qwen_data.tools.verify import verify as verify_prefix
@@ -233,7 +234,7 @@ def test_blend_reads_the_index_with_the_reader(prefixes, tmp_path):
     prefix = copy_prefix(prefixes["web"], str(tmp_path / "web"))
     os.truncate(prefix + ".idx", os.path.getsize(prefix + ".idx") - 8)
     with pytest.raises(BlendError, match="web.idx: .* truncated or corrupt"):
-        plan_blend([prefix])
+        weighed_blend([prefix])
 
 
 @corrupts
