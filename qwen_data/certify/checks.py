@@ -187,7 +187,7 @@ class ChatChecks(_Checks):
         or a shard's), one sequence of the packed rows (`documents`: the samples before its chunk's;
         the writer tells its sequence, `SFTWriter.placed`); Pai's rows store samples otherwise:
         `verify` checks their structure."""
-        if self.config.stages and self.config.layout != "mask":
+        if self.config.lays_out_here and self.config.layout != "mask":
             return []
         named = (lambda k, n: f"{where} (sample {k + 1})" if n > 1 else where)
         count = item[1][1]

@@ -8,8 +8,9 @@ finished samples become its rows, how they are read back (`open`), and what `ver
                     its sequences, then one sequence of pad ids (mask 0) when the row is not full
   PaiLayout         Pai-Megatron-Patch's rows (`pai`): 2 × seq_length values, ids then labels
 
-`layout_of(manifest)` names the layout of a prefix; `LaidOut` writes a staged layout's rows as
-windows of samples close (`finish`: from the samples a merge staged);
+`layout_of(manifest)` names the layout of a prefix; `LaidOut` writes the rows of a layout that lays
+them out (packed, pai) as windows of samples close (`finish`: from the samples a merge gathered at
+PREFIX.unpacked);
 `layout.open(prefix)` gives its documents back (`StoredDocuments`), as every reader of ours takes them.
 """
 
@@ -68,7 +69,7 @@ class DataLayout:
     unit: ClassVar[str] = "document"  # what one document of the index is, in messages
     has_mask: ClassVar[bool] = False  # a loss-mask channel beside the ids
     pads: ClassVar[bool] = False  # pad ids lie in the ids channel
-    staged: ClassVar[bool] = False  # rows are laid out from windows of samples (a shard's: by `merge`, `finish`)
+    lays_out_rows: ClassVar[bool] = False  # rows are laid out from windows of samples (a shard's: by `merge`, `finish`)
     described: ClassVar[str] = ""  # "packed", "in the pai layout": why shards of it cannot be joined
     width_in_format: ClassVar[bool] = False  # readers must know seq_length to read a row
     needs_seq_length: ClassVar[str | None] = None  # the refusal when seq_length is not given
@@ -174,7 +175,7 @@ class MaskLayout(DataLayout):
 
 
 class PackedMaskLayout(MaskLayout):
-    pads = staged = True
+    pads = lays_out_rows = True
     described = "packed"
     needs_seq_length = "--pack needs --seq-length"
 
@@ -221,7 +222,7 @@ class PackedMaskLayout(MaskLayout):
 class PaiLayout(DataLayout):
     name = "pai"
     unit = "row"
-    pads = staged = width_in_format = True
+    pads = lays_out_rows = width_in_format = True
     described = "in the pai layout"
     needs_seq_length = "--layout pai needs --seq-length (its every row holds 2 x seq-length values)"
     defaults = dict(overlong="truncate", assistant_span="turn", input_separator="")
@@ -329,8 +330,9 @@ class _PaiRowWriter:
 
 
 class LaidOut:
-    """A staged layout's rows, written as windows of samples close (`packing.SampleWindows` in a run,
-    `packing.window_plans` over the samples a merge staged), in the layout named."""
+    """The rows of a layout that lays them out, written as windows of samples close
+    (`packing.SampleWindows` in a run, `packing.window_plans` over the samples a merge gathered),
+    in the layout named."""
 
     def __init__(self, outputs: AtomicOutputs, prefix: str, layout_name: str, packing: str | None,
                  seq_length: int, dtype, pad_id: int) -> None:
@@ -371,7 +373,7 @@ class LaidOut:
 
 def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, section: SFTSection,
            layout_name: str, packing: str | None, pad_id: int) -> tuple[dict, SFTSection]:
-    """Lay out the samples a merge staged at PREFIX.unpacked (removed here): packed by the
+    """Lay out the samples a merge gathered at PREFIX.unpacked (removed here): packed by the
     algorithm `packing` (None: one sample per row) into rows of `section.seq_length`, in the layout
     named, window after window as a run lays them out. `LaidOut.close`'s counts and section."""
     laid_out = LaidOut(outputs, prefix, layout_name, packing, section.seq_length, samples.ids.dtype, pad_id)

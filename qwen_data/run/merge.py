@@ -83,7 +83,7 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
         manifest = _manifest(parts, channels)
         if finishes:
             s = manifest.sft
-            counts, manifest.sft = finish(outputs, output, StagedSamples(*channels), lengths, s,
+            counts, manifest.sft = finish(outputs, output, UnpackedSamples(*channels), lengths, s,
                                           s.layout_on_merge or s.layout,
                                           (s.packing or DEFAULT_PACKING) if s.pack_on_merge else None, first.pad_id)
             for name, value in counts.items():
@@ -136,9 +136,9 @@ def _check_alike(parts: list[tuple[str, Manifest]]) -> None:
     settings = _settings(base)
     for prefix, m in parts:
         layout = layout_of(m)
-        if layout.staged:
-            raise MergeError(f"{prefix} is {layout.described}, which cannot be joined: run the shards with --shard K/N and the "
-                             "same --pack/--layout (they leave their samples for merge to pack and lay out)")
+        if layout.lays_out_rows:
+            raise MergeError(f"{prefix} is {layout.described}, which cannot be joined: run the shards with --shard K/N "
+                             "and the same --pack/--layout (they leave their samples for merge to pack and lay out)")
         mine = _settings(m)
         differ = [name for name in settings if mine.get(name) != settings[name]]
         if differ:
@@ -196,7 +196,7 @@ class Channel:
     digests: tuple[str, str]  # (.idx, .bin) hashes, as `IndexedDatasetWriter.digests`
 
 
-class StagedSamples(NamedTuple):  # SFT samples staged for `layouts.finish`, as a MaskedWriter holds them
+class UnpackedSamples(NamedTuple):  # SFT samples gathered for `layouts.finish`, as a MaskedWriter holds them
     ids: Channel
     mask: Channel
 

@@ -90,10 +90,10 @@ class SFTConfig(RunConfig):
         return sft_layout(self.layout, self.pack, self.seq_length)
 
     @property
-    def stages(self) -> bool:
-        """Whether this run lays out its samples in a staged layout's rows: a shard leaves them as
-        they are, for `merge` to lay out all shards' samples as one run would."""
-        return self.data_layout.staged and self.shard is None
+    def lays_out_here(self) -> bool:
+        """Whether this run lays out its samples in rows itself (packed, pai): a shard leaves them
+        as they are, for `merge` to lay out all shards' samples as one run would."""
+        return self.data_layout.lays_out_rows and self.shard is None
 
     @property
     def rendered_history(self) -> str:
@@ -345,14 +345,14 @@ def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):
 
 class SFTWriter:
     """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), or,
-    for a staged layout, its rows, written as windows of samples close (`packing.SampleWindows`)."""
+    for a layout that lays out rows, its rows, written as windows of samples close (`packing.SampleWindows`)."""
 
     def __init__(self, step: ChatSamples, outputs: AtomicOutputs) -> None:
         self.step = step
         config = step.config
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.prefix = config.output_prefix
-        if config.stages:
+        if config.lays_out_here:
             packing = config.packing if config.pack else None
             self.windows = SampleWindows(packing, config.seq_length, self.dtype)
             self.laid_out = LaidOut(outputs, self.prefix, config.layout, packing, config.seq_length, self.dtype,
@@ -369,13 +369,13 @@ class SFTWriter:
     def placed(self, entries: list) -> list:
         """`certify.checks.read_back`'s entries, each sample's number among the run's (what
         `ChatChecks.to_read_back` gives) made its place in the files: in packed rows, its sequence."""
-        if not self.step.config.stages:
+        if not self.step.config.lays_out_here:
             return entries
         return [(where, dataset, self.laid_out.sequence_of(sample), a, b, ours)
                 for where, dataset, sample, a, b, ours in entries]
 
     def add(self, result: SampleBatch) -> None:
-        if self.step.config.stages:
+        if self.step.config.lays_out_here:
             for window in self.windows.add(result.ids, result.mask, result.lengths):
                 self.laid_out.add(*window)
         else:
@@ -388,17 +388,17 @@ class SFTWriter:
         config, step = self.step.config, self.step
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         section = self._section(lengths)
-        if config.stages:
+        if config.lays_out_here:
             for window in self.windows.close():
                 self.laid_out.add(*window)
             counts, section = self.laid_out.close(section)
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
             self.samples.finalize()
             counts = counts_of(self.samples.ids, self.samples.digests)
-            staged = config.data_layout.staged
+            lays_out = config.data_layout.lays_out_rows
             section = section.replace(trained_tokens=trained_tokens(self.samples), pack_on_merge=config.pack or None,
                                       packing=config.packing if config.pack else None,
-                                      layout_on_merge=config.layout if staged else None)
+                                      layout_on_merge=config.layout if lays_out else None)
         manifest = Manifest(kind="sft", tokenizer=step.tokenizer.identity(), eod_id=step.tokenizer.eod_id,
                             pad_id=step.pad_id, sft=section, **counts)
         return {self.prefix: manifest}
