@@ -80,11 +80,7 @@ def file_digest(path: str, joinable: bool = True, threads: int | None = None) ->
     """A .bin's hash (`joinable`: p61x2, by ranges hashed in threads at once, then joined; else sha256)."""
     size = os.path.getsize(path)
     if not joinable:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        return sha256_of(path)
     from concurrent.futures import ThreadPoolExecutor  # (not imported by a run: it hashes as it writes)
 
     ranges = [(start, min(RANGE_BYTES, size - start)) for start in range(0, size, RANGE_BYTES)] or [(0, 0)]
@@ -94,6 +90,15 @@ def file_digest(path: str, joinable: bool = True, threads: int | None = None) ->
             return join(list(pool.map(lambda r: _range_digest(fd, *r), ranges)))
     finally:
         os.close(fd)
+
+
+def sha256_of(path: str) -> str:
+    """The sha256 of a whole file (an .idx, a manifest; a .bin of a manifest before 0.4), read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _range_digest(fd: int, offset: int, size: int) -> str:

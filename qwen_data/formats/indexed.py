@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .digest import BinDigest, join
+from .digest import BinDigest, join, sha256_of
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -343,13 +343,7 @@ def fill(f, view) -> int:
     return done
 
 
-def file_digest(path: str) -> str:
-    """`new_hash` of a whole file (an .idx), read in blocks."""
-    digest = new_hash()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
+file_digest = sha256_of  # `new_hash` of a whole file (an .idx), read in blocks
 
 
 class IndexFormatError(ValueError):

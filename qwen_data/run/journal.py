@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ..formats.digest import BinDigest, file_digest, is_joinable, join
+from ..formats.digest import BinDigest, file_digest, is_joinable, join, sha256_of
 from ..formats.outputs import TMP_SUFFIX, finish_commit
 
 SUFFIX = ".journal"
@@ -125,7 +125,7 @@ class Journal:
         """The commit about to begin (`AtomicOutputs.commit_order`), with the hash of each file it renames:
         a .bin's joinable hash (`bins`, from its manifest), every other file's sha256 (read here: an
         index, a manifest, the rejects). A run killed during it finishes it (`finish_commit`)."""
-        hashes = {path: bins.get(path) or _sha256(path + TMP_SUFFIX) for path in renamed}
+        hashes = {path: bins.get(path) or sha256_of(path + TMP_SUFFIX) for path in renamed}
         self._line({"commit": {"renamed": renamed, "removed": removed, "hashes": hashes}})
 
     def finish_commit(self) -> list[str] | None:
@@ -145,7 +145,7 @@ class Journal:
             where = path + TMP_SUFFIX if os.path.exists(path + TMP_SUFFIX) else path
             if not os.path.exists(where):
                 return None
-            found = file_digest(where) if is_joinable(commit["hashes"][path]) else _sha256(where)
+            found = file_digest(where) if is_joinable(commit["hashes"][path]) else sha256_of(where)
             if found != commit["hashes"][path]:
                 return None
         finish_commit(commit["renamed"], commit["removed"])
@@ -201,14 +201,6 @@ def _checked(chunks: list[dict], files: list[str]) -> int:
         held = list(pool.map(lambda r: r[3] >= 0 and _range_digest(r[1], r[2], r[3]) == r[4], ranges))
     bad = [k for (k, *_), ok in zip(ranges, held) if not ok]
     return min(bad) if bad else len(chunks)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _range_digest(path: str, offset: int, size: int) -> str | None:
