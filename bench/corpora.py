@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import glob
 import gzip
-import hashlib
 import heapq
 import itertools
 import html.parser
@@ -33,6 +32,7 @@ import unicodedata
 import xml.etree.ElementTree as ET
 import zipfile
 
+from qwen_data.formats.digest import sha256_of
 from qwen_data.formats.outputs import atomic_file
 from qwen_data.text.tokenizer import QwenTokenizer, TokenizerConfig
 
@@ -68,12 +68,7 @@ def has_added_token(text: str) -> bool:
 # --- fetching packages ---
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+file_sha256 = sha256_of  # (the product's: a whole file's sha256)
 
 
 def _downloads() -> str:
