@@ -31,7 +31,7 @@ import numpy as np
 from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 from .messages import NotMappable, RecordReading, read_record
 from .render import ChatJinja, named_tokens
-from .sample import window
+from .sample import LONG_RENDER, window
 from .spelling import normalized
 
 SHOWN = 6  # ids shown either side of the first difference
@@ -111,14 +111,9 @@ class TextReference:
         return _pattern(flavour - kept)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """The ids of each text, as `encode` gives them; the texts without literals in one call
-        of HF's batch encoder (its threads: one text at a time, HF encodes ~1.5 MB/s)."""
-        every, kept = self._patterns
-        plain = [i for i, text in enumerate(texts) if every.pattern == kept.pattern or not every.search(text)]
-        ids: list[list[int] | None] = [None] * len(texts)
-        for i, encoding in zip(plain, self._full.encode_batch([texts[i] for i in plain], add_special_tokens=False)):
-            ids[i] = encoding.ids
-        return [self.encode(text)[0] if found is None else found for text, found in zip(texts, ids)]
+        """The ids of each text, as `encode` gives them, one text after another: HF's batch encoder
+        runs a thread per core, which on a run's busy host spun for as much CPU as it encoded."""
+        return [self.encode(text)[0] for text in texts]
 
     def spelled(self, text: str, unmark: dict | None = None) -> str:
         """What `text`'s ids spell: its placeholders put back, normalized as HF normalizes it."""
@@ -268,7 +263,7 @@ class ChatReference:
         """(ids, mask, window) of each sample a record makes, from the record itself
         (`messages.read_record`, `RecordReading`), never from our parser's conversation; NotMappable
         where the documented mapping or the template cannot take it. `window_seed`: a sample's render
-        above LONG_BYTES characters gives the ids of a window of it only (`sample.window`), its mask
+        above LONG_RENDER characters gives the ids of a window of it only (`sample.window`), its mask
         None and `window` (the text the whole render's ids spell, the window's first byte, its end)
         (else None); `masks`: False leaves every mask None (the renders up to each turn are most of a
         record's cost)."""
@@ -307,7 +302,7 @@ class ChatReference:
         prompt)`), training the assistant messages at indices `trained` (see `record_samples`); mask
         None where it cannot be derived. `unmark`: the placeholders' table (`placeholders`)."""
         full = rendered(n)
-        if window_seed is not None and (cut := window(full, window_seed)) is not None:
+        if window_seed is not None and (cut := window(full, window_seed, LONG_RENDER)) is not None:
             # The whole render is compared as bytes with what our ids spell; HF encodes a window of it.
             a, b = cut
             start = len(self.text.spelled(full[:a], unmark).encode("utf-8"))

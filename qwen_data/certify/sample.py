@@ -23,10 +23,14 @@ import zlib
 
 TARGET = 3500  # records the reference is meant to check: 3,000 and more (1 - 0.999 ** 3000 = 0.95)
 UNKNOWN_RECORDS = 1_000_000  # standard input's guess: it cannot be looked at before it is read
-# HF encodes ~1-1.5 MB/s a core, ~50 times slower than the run: the reference checks about 512 bytes of a
-# longer record, so that its whole cost is a few MB whatever the corpus.
-WINDOW_BYTES = 512  # of a record above LONG_BYTES, in bytes of its normalized text
+# HF encodes ~1-1.5 MB/s a core, ~50 times slower than the run: the reference checks about 256 bytes of a
+# longer record, so that its whole cost is about a MB whatever the corpus (the sample's power is in
+# records; a window cut where the pre-tokenizer cuts is exact at any size).
+WINDOW_BYTES = 256  # of a record above LONG_BYTES, in bytes of its normalized text
 LONG_BYTES = 2 * WINDOW_BYTES
+# An SFT render is checked whole up to here: its reference mask comes from whole renders only, and its
+# cost is the renders more than the window's encoding.
+LONG_RENDER = 1024
 # Where a piece of Qwen's pre-tokenizer must begin: after a newline before an ASCII letter (no piece
 # holds both), or at a space between two ASCII letters (a letter run ends before it; " word" is a
 # piece). NFC composes nothing across either, so the ids of the text on either side of such a cut
@@ -50,7 +54,7 @@ class Sampling:
         return {"rule": "fmix32(crc32(record, seed) ^ seed) < rate * 2**32; a record is its jsonl line or .json "
                         "element as bytes, a parquet or Arrow row file:row",
                 "seed": self.seed, "rate": self.rate, "estimated_records": self.estimated,
-                "window_bytes": WINDOW_BYTES, "long_bytes": LONG_BYTES}
+                "window_bytes": WINDOW_BYTES, "long_bytes": LONG_BYTES, "long_render_chars": LONG_RENDER}
 
 
 def record_hash(path: str, record, seed: int) -> int:
@@ -64,11 +68,12 @@ def record_hash(path: str, record, seed: int) -> int:
     return h ^ (h >> 16)
 
 
-def window(data: bytes | str, seed: int) -> tuple[int, int] | None:
+def window(data: bytes | str, seed: int, long: int = LONG_BYTES) -> tuple[int, int] | None:
     """The bytes (or characters) [start, stop) of a long normalized text that the reference checks:
     WINDOW_BYTES or a little more from the first cut (`CUT`) at or after a point the seed picks, to
-    the first cut after that (or the end); None where the text is short, or has no cut (checked whole)."""
-    if len(data) <= LONG_BYTES:
+    the first cut after that (or the end); None where the text is short (`long` or less), or has no
+    cut (checked whole)."""
+    if len(data) <= long:
         return None
     cut = CUT_TEXT if isinstance(data, str) else CUT
     first = cut.search(data, 1 + seed % (len(data) - WINDOW_BYTES))

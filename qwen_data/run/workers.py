@@ -21,6 +21,10 @@ ending the map is killing the workers. (multiprocessing.Pool shares one locked t
 forks replacements from a thread; terminating it hung when a worker forked at the wrong moment
 held that lock.)
 
+Messages cross the pipes pickled by Python's C pickler (multiprocess's own pickles with dill, in pure
+Python: ~50 µs an object, which made the certificate's picked records cost a large run seconds of
+its main process); dill only for what the C pickler refuses (`_dumps`).
+
 Stopping: workers end with the main process, at once and quietly.
 - Killed main process (even SIGKILL): the kernel kills the workers (Linux PR_SET_PDEATHSIG), or,
   without prctl, a worker thread sees the parent pid change within 0.1 s; a worker that writes
@@ -39,6 +43,7 @@ import contextlib
 import ctypes
 import mmap
 import os
+import pickle
 import queue
 import signal
 import threading
@@ -218,14 +223,14 @@ class _Worker:
 
     def _send(self, message) -> None:
         try:
-            self.conn.send(message)
+            self.conn.send_bytes(_dumps(message))
         except ConnectionError:  # BrokenPipeError would read as our own stdout's reader gone
             raise self._died() from None
 
     def result(self) -> tuple[int, int, object]:
         """(index, slot, result) of the next task this worker answers."""
         try:
-            index, slot, ok, value, where, rss = self.conn.recv()
+            index, slot, ok, value, where, rss = pickle.loads(self.conn.recv_bytes())
         except (EOFError, ConnectionError):
             raise self._died() from None
         self.outstanding -= 1
@@ -333,7 +338,7 @@ def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initar
     while (task := tasks.get()) is not _STOP:
         index, slot, item = task
         if failed is not None:
-            conn.send((index, slot, False, *failed, 0))
+            conn.send_bytes(_dumps((index, slot, False, *failed, 0)))
             continue
         try:
             result = fn(item)
@@ -343,20 +348,29 @@ def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initar
         except Exception as exc:
             answer = (index, slot, False, exc, traceback.format_exc(), 0)
         try:
-            conn.send(answer)
+            conn.send_bytes(_dumps(answer))
         except Exception:  # an exception that cannot be pickled: send its text
-            conn.send((index, slot, False, WorkerError(f"{answer[3]!r}"), answer[4], 0))
+            conn.send_bytes(_dumps((index, slot, False, WorkerError(f"{answer[3]!r}"), answer[4], 0)))
 
 
 def _receive(conn, tasks: queue.SimpleQueue) -> None:
     while True:
         try:
-            task = conn.recv()
+            task = pickle.loads(conn.recv_bytes())
         except EOFError:
             task = _STOP
         tasks.put(task)
         if task is _STOP:
             return
+
+
+def _dumps(message) -> bytes:
+    try:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):  # a lambda, a local class: dill's
+        import dill
+
+        return dill.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _rss() -> int:
