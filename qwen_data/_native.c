@@ -14,6 +14,10 @@
  *   first    the text to start from
  * Returns the index of the first text from `first` whose ids do not spell it (or hold an id not
  * allowed or outside the table), or -1 where all do.
+ *
+ * structure_mask: the loss mask an SFT sample's ChatML structure gives (`certify.spelling`), read from
+ * its ids through the same table in one pass, where numpy's version took three times the spelling
+ * check's time (byte offsets by cumsum, the samples' bytes joined, a Python loop over turns).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -185,8 +189,143 @@ static PyObject *poly(PyObject *self, PyObject *args) {
     return Py_BuildValue("KK", (unsigned long long)a1, (unsigned long long)a2);
 }
 
+/* structure_mask(ids, sample_ends, starts, flat, im_start, im_end, span, last_only, empty_think)
+ *     -> bytes, one 0/1 per id
+ *   sample_ends  int64: each sample's end in ids (samples lie back to back)
+ *   im_start, im_end  the control ids; span: 0 im_end_nl, 1 im_end, 2 trl, 3 turn
+ * In a sample, each im_start token whose bytes and the next ones' spell HEADER opens a turn that the
+ * sample's next im_end token closes; the turn's trained bytes are cut as `span` says (from the
+ * content, or the newline before it under trl, or the turn's first byte; to the end of <|im_end|>,
+ * or the newline after it where there is one); `last_only`: the sample's last turn only;
+ * `empty_think`: an empty think block opening the content is left out. A token is trained when any
+ * of its bytes is. The bytes are the concatenation of every id's spelling, samples included (a
+ * newline after <|im_end|> is looked for there even across a sample's end, as numpy's did). */
+static const char HEADER[] = "<|im_start|>assistant\n", EMPTY_THINK[] = "<think>\n\n</think>\n\n";
+
+typedef struct {
+    const int32_t *ids;
+    const int64_t *pos;  /* pos[t]: token t's first byte; pos[n]: the end */
+    const int64_t *table;
+    const uint8_t *flat;
+    Py_ssize_t n;
+} Stream;
+
+/* Whether the bytes from `offset` (within token `tok` or after it) are `pattern`. */
+static int spells_at(const Stream *s, Py_ssize_t tok, int64_t offset, const char *pattern, size_t length) {
+    for (size_t k = 0; k < length; k++, offset++) {
+        while (tok < s->n && s->pos[tok + 1] <= offset) tok++;
+        if (tok >= s->n) return 0;
+        if (s->flat[s->table[s->ids[tok]] + (offset - s->pos[tok])] != (uint8_t)pattern[k]) return 0;
+    }
+    return 1;
+}
+
+/* Marks the tokens touching bytes [a, b): from the first ending after a to the last starting before b. */
+static void mark(const Stream *s, uint8_t *mask, int64_t a, int64_t b) {
+    if (b <= a) return;
+    Py_ssize_t lo = 0, hi = s->n;
+    while (lo < hi) {  /* the first token whose end is past a */
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (s->pos[mid + 1] > a) hi = mid; else lo = mid + 1;
+    }
+    for (Py_ssize_t t = lo; t < s->n && s->pos[t] < b; t++) mask[t] = 1;
+}
+
+static PyObject *structure_mask(PyObject *self, PyObject *args) {
+    PyObject *ids_obj, *ends_obj, *starts_obj, *flat_obj;
+    int im_start, im_end, span, last_only, empty_think;
+    if (!PyArg_ParseTuple(args, "OOOOiiipp", &ids_obj, &ends_obj, &starts_obj, &flat_obj, &im_start, &im_end,
+                          &span, &last_only, &empty_think))
+        return NULL;
+    if (span < 0 || span > 3) {
+        PyErr_SetString(PyExc_ValueError, "span: 0 to 3");
+        return NULL;
+    }
+    Py_buffer ids_b, ends_b, starts_b, flat_b;
+    if (view(ids_obj, &ids_b, 4, "ids") < 0) return NULL;
+    if (view(ends_obj, &ends_b, 8, "sample_ends") < 0) goto ids;
+    if (view(starts_obj, &starts_b, 8, "starts") < 0) goto ends;
+    if (view(flat_obj, &flat_b, 1, "flat") < 0) goto starts;
+
+    Stream s = {ids_b.buf, NULL, starts_b.buf, flat_b.buf, ids_b.len / 4};
+    const int64_t *sample_ends = ends_b.buf;
+    Py_ssize_t n_samples = ends_b.len / 8;
+    int64_t n_table = starts_b.len / 8 - 1;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, s.n);
+    int64_t *pos = PyMem_Malloc((size_t)(s.n + 1) * sizeof(int64_t));
+    if (out == NULL || pos == NULL) {
+        Py_XDECREF(out);
+        PyMem_Free(pos);
+        PyErr_NoMemory();
+        goto flat;
+    }
+    uint8_t *mask = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(mask, 0, (size_t)s.n);
+    pos[0] = 0;
+    for (Py_ssize_t t = 0; t < s.n; t++) {
+        int32_t id = s.ids[t];
+        if (id < 0 || id >= n_table) {  /* the spelling check refuses these first */
+            Py_DECREF(out);
+            PyMem_Free(pos);
+            PyErr_Format(PyExc_ValueError, "id %d outside the table", (int)id);
+            goto flat;
+        }
+        pos[t + 1] = pos[t] + (s.table[id + 1] - s.table[id]);
+    }
+    s.pos = pos;
+    Py_ssize_t begin = 0, closing = -1;  /* the last im_end found, and the head it was found for */
+    for (Py_ssize_t k = 0; k < n_samples; k++) {
+        Py_ssize_t end = sample_ends[k] < s.n ? (Py_ssize_t)sample_ends[k] : s.n;
+        int64_t last[4] = {0, 0, 0, 0};  /* the sample's last turn's pieces, under last_only */
+        int turns = 0;
+        for (Py_ssize_t h = begin; h < end; h++) {
+            if (s.ids[h] != im_start || !spells_at(&s, h, pos[h], HEADER, sizeof HEADER - 1)) continue;
+            if (closing <= h)
+                for (closing = h + 1; closing < s.n && s.ids[closing] != im_end; closing++) {}
+            if (closing >= end) continue;  /* no im_end in the sample after it */
+            int64_t start = pos[h], content = start + (int64_t)(sizeof HEADER - 1), close = pos[closing + 1];
+            int64_t stop = close + spells_at(&s, closing, close, "\n", 1);
+            int64_t first = span == 2 ? content - 1 : span == 3 ? start : content;
+            int64_t piece[4] = {first, span == 1 ? close : stop, 0, 0};
+            if (empty_think && spells_at(&s, h, content, EMPTY_THINK, sizeof EMPTY_THINK - 1)) {
+                piece[2] = content + (int64_t)(sizeof EMPTY_THINK - 1);
+                piece[3] = piece[1];
+                piece[1] = content;
+            }
+            if (last_only) {
+                memcpy(last, piece, sizeof piece);
+                turns++;
+            } else {
+                mark(&s, mask, piece[0], piece[1]);
+                mark(&s, mask, piece[2], piece[3]);
+            }
+        }
+        if (last_only && turns) {
+            mark(&s, mask, last[0], last[1]);
+            mark(&s, mask, last[2], last[3]);
+        }
+        begin = end;
+    }
+    PyMem_Free(pos);
+    PyBuffer_Release(&flat_b);
+    PyBuffer_Release(&starts_b);
+    PyBuffer_Release(&ends_b);
+    PyBuffer_Release(&ids_b);
+    return out;
+flat:
+    PyBuffer_Release(&flat_b);
+starts:
+    PyBuffer_Release(&starts_b);
+ends:
+    PyBuffer_Release(&ends_b);
+ids:
+    PyBuffer_Release(&ids_b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"misspelled", misspelled, METH_VARARGS, "The first text whose ids do not spell it, or -1."},
+    {"structure_mask", structure_mask, METH_VARARGS, "The loss mask the samples' ChatML structure gives."},
     {"poly", poly, METH_VARARGS, "The .bin hash (h1, h2) going on over data."},
     {NULL, NULL, 0, NULL},
 };

@@ -25,13 +25,11 @@ import unicodedata
 
 import numpy as np
 
-from ..qwen import FIRST_ADDED_ID, IM_END, IM_END_ID, IM_START_ID
+from ..qwen import FIRST_ADDED_ID, IM_END_ID, IM_START_ID
 
-from .._native import misspelled
+from .._native import misspelled, structure_mask as _native_structure_mask
 
 BLOCK_TOKENS = 1 << 22  # ids decoded at a time: a 58 MB record is spelled in bounded memory
-HEADER = b"<|im_start|>assistant\n"
-EMPTY_THINK = b"<think>\n\n</think>\n\n"
 
 
 class SpellingError(ValueError):
@@ -169,10 +167,10 @@ class Speller:
         spelled = as_encoded if as_encoded is not None else [normalized(t) for t in texts]
         self._check(texts, spelled, ids, counts)
 
-    def _check(self, texts: list[str], spelled: list[str], ids: np.ndarray, counts: np.ndarray) -> bool:
+    def _check(self, texts: list[str], spelled: list[str], ids: np.ndarray, counts: np.ndarray) -> None:
         """SpellingError for the first of `texts` whose ids do not spell it as `spelled` has it, nor
-        under any other normalization HF may apply (`differs`); whether all spell `spelled` itself."""
-        ends, k, exact = np.cumsum(counts), -1, True
+        under any other normalization HF may apply (`differs`)."""
+        ends, k = np.cumsum(counts), -1
         while (k := self.first_misspelled(spelled, ids, counts, k + 1)) >= 0:
             own = ids[ends[k] - counts[k]:ends[k]]
             wrong = self.wrong_ids(own)
@@ -184,8 +182,6 @@ class Speller:
             why = self.differs(texts[k], own)
             if why:
                 raise SpellingError(k, why)
-            exact = False
-        return exact
 
     def check_samples(self, texts: list[str], encoded: list[tuple[np.ndarray, np.ndarray]], free: list[bool],
                       structure: dict) -> None:
@@ -199,14 +195,12 @@ class Speller:
         ids = np.concatenate([e[0] for e in encoded])
         counts = np.fromiter((len(e[0]) for e in encoded), dtype=np.int64, count=len(encoded))
         as_spelled = [normalized(t) for t in texts]
-        exact = self._check(texts, as_spelled, ids, counts)
-        # what the ids spell (where HF's older tables normalized a text otherwise, spelled again)
-        spelled = "".join(as_spelled).encode("utf-8") if exact else self.table.spell(ids)
+        self._check(texts, as_spelled, ids, counts)
         ours = np.concatenate([e[1] for e in encoded])
         if structure is None:
             derived = np.ones(len(ids), dtype=np.uint8)
         else:
-            derived = structure_mask(spelled, ids, bytes_before(self.table, ids), np.cumsum(counts), **structure)
+            derived = structure_mask(self.table, ids, np.cumsum(counts), **structure)
         if np.array_equal(derived, ours) or all(free):
             return
         ends = np.cumsum(counts)
@@ -232,45 +226,20 @@ class Speller:
                 f"{wanted[max(0, at - 20):at + 20]!r}")
 
 
-def structure_mask(spelled: bytes, ids: np.ndarray, token_starts: np.ndarray, sample_ends: np.ndarray,
-                   span: str, last_only: bool, empty_think_is_prompt: bool) -> np.ndarray:
+SPANS = ("im_end_nl", "im_end", "trl", "turn")  # --assistant-span's cuts, as _native numbers them
+
+
+def structure_mask(table: Spelling, ids: np.ndarray, sample_ends: np.ndarray, span: str, last_only: bool,
+                   empty_think_is_prompt: bool) -> np.ndarray:
     """The loss mask the template's structure gives samples laid end to end (`sample_ends`: each
-    one's end, in tokens; `spelled`: the bytes the ids spell, `token_starts` where each begins),
-    from their ids alone: in a sample, each `<|im_start|>` control token spelling
-    `<|im_start|>assistant\\n` opens a span that the sample's next `<|im_end|>` control token
-    closes; `span` cuts it as --assistant-span does (im_end_nl: the content, `<|im_end|>` and the
-    newline; im_end: without the newline; trl: with the newline before; turn: the whole turn);
-    `last_only`: a sample's last span only; `empty_think_is_prompt`: an empty think block opening
-    the content is left out. A token is trained when any of its bytes falls in a span."""
-    heads, ends = np.flatnonzero(ids == IM_START_ID), np.flatnonzero(ids == IM_END_ID)
-    closing = np.searchsorted(ends, heads)
-    samples = np.searchsorted(sample_ends, heads, side="right")
-    by_sample: dict[int, list] = {}
-    for h, k, s in zip(heads.tolist(), closing.tolist(), samples.tolist()):
-        start = int(token_starts[h])
-        if spelled[start:start + len(HEADER)] != HEADER or k == len(ends) or ends[k] >= sample_ends[s]:
-            continue
-        content, close = start + len(HEADER), int(token_starts[ends[k]]) + len(IM_END)
-        stop = close + (spelled[close:close + 1] == b"\n")
-        first = {"im_end_nl": content, "im_end": content, "trl": content - 1, "turn": start}[span]
-        last = close if span == "im_end" else stop
-        turn = [(first, last)]
-        if empty_think_is_prompt and spelled.startswith(EMPTY_THINK, content):
-            turn = [(first, content), (content + len(EMPTY_THINK), last)]
-        by_sample.setdefault(s, []).append(turn)
-    pieces = [piece for turns in by_sample.values() for turn in (turns[-1:] if last_only else turns)
-              for piece in turn if piece[1] > piece[0]]
-    trained = np.zeros(len(ids) + 1, dtype=np.int32)
-    if pieces:
-        a, b = np.asarray(pieces, dtype=np.int64).T
-        token_ends = np.append(token_starts[1:], len(spelled))
-        # the tokens touching bytes [a, b): from the first ending after a to the last starting before b
-        np.add.at(trained, np.searchsorted(token_ends, a, side="right"), 1)
-        np.add.at(trained, np.searchsorted(token_starts, b, side="left"), -1)
-    return (np.cumsum(trained[:-1]) > 0).astype(np.uint8)
-
-
-def bytes_before(table: Spelling, ids: np.ndarray) -> np.ndarray:
-    """Each token's first byte in the bytes `ids` spell."""
-    lengths = table.lengths[ids.astype(np.intp)]
-    return np.cumsum(lengths) - lengths
+    one's end, in tokens), from their ids alone, read through `table`: in a sample, each
+    `<|im_start|>` control token spelling `<|im_start|>assistant\\n` opens a span that the sample's
+    next `<|im_end|>` control token closes; `span` cuts it as --assistant-span does (im_end_nl: the
+    content, `<|im_end|>` and the newline; im_end: without the newline; trl: with the newline before;
+    turn: the whole turn); `last_only`: a sample's last span only; `empty_think_is_prompt`: an empty
+    think block opening the content is left out. A token is trained when any of its bytes falls in a
+    span. (In C, `_native.structure_mask`: one pass over the ids.)"""
+    mask = _native_structure_mask(np.ascontiguousarray(ids, dtype=np.int32),
+                                  np.ascontiguousarray(sample_ends, dtype=np.int64), table.starts, table.flat,
+                                  IM_START_ID, IM_END_ID, SPANS.index(span), last_only, empty_think_is_prompt)
+    return np.frombuffer(mask, dtype=np.uint8)

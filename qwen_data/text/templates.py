@@ -28,6 +28,7 @@ spans to tokens instead.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -97,8 +98,8 @@ class Sample:
     trained_turns: frozenset[int]
     marked_text: str | None = None
 
-    @property
-    def text(self) -> str:
+    @functools.cached_property
+    def text(self) -> str:  # (joined once: the encoder and the certificate's spelling both read it)
         return "".join(segment.text for segment in self.segments)
 
 

@@ -55,3 +55,76 @@ def test_an_id_moved_across_documents_or_a_text_cut_short_is_found(encoded):
     short[1] += 1
     assert speller.first_misspelled(TEXTS, ids, short) == 0
     assert speller.first_misspelled(TEXTS[:1] + ["plain tex"] + TEXTS[2:], ids, counts) == 1
+
+
+# -- the structure mask (`_native.structure_mask`) against numpy's way of deriving it ------------------
+HEADER, EMPTY_THINK = b"<|im_start|>assistant\n", b"<think>\n\n</think>\n\n"
+
+
+def _numpy_structure_mask(spelled, ids, token_starts, sample_ends, span, last_only, empty_think_is_prompt):
+    """The mask as the previous numpy version derived it, byte offsets first: the oracle here."""
+    from qwen_data.qwen import IM_END_ID, IM_START_ID
+
+    heads, ends = np.flatnonzero(ids == IM_START_ID), np.flatnonzero(ids == IM_END_ID)
+    closing = np.searchsorted(ends, heads)
+    samples = np.searchsorted(sample_ends, heads, side="right")
+    by_sample = {}
+    for h, k, s in zip(heads.tolist(), closing.tolist(), samples.tolist()):
+        start = int(token_starts[h])
+        if spelled[start:start + len(HEADER)] != HEADER or k == len(ends) or ends[k] >= sample_ends[s]:
+            continue
+        content, close = start + len(HEADER), int(token_starts[ends[k]]) + len("<|im_end|>")
+        stop = close + (spelled[close:close + 1] == b"\n")
+        first = {"im_end_nl": content, "im_end": content, "trl": content - 1, "turn": start}[span]
+        last = close if span == "im_end" else stop
+        turn = [(first, last)]
+        if empty_think_is_prompt and spelled.startswith(EMPTY_THINK, content):
+            turn = [(first, content), (content + len(EMPTY_THINK), last)]
+        by_sample.setdefault(s, []).append(turn)
+    pieces = [p for turns in by_sample.values() for turn in (turns[-1:] if last_only else turns)
+              for p in turn if p[1] > p[0]]
+    trained = np.zeros(len(ids) + 1, dtype=np.int32)
+    if pieces:
+        a, b = np.asarray(pieces, dtype=np.int64).T
+        token_ends = np.append(token_starts[1:], len(spelled))
+        np.add.at(trained, np.searchsorted(token_ends, a, side="right"), 1)
+        np.add.at(trained, np.searchsorted(token_starts, b, side="left"), -1)
+    return (np.cumsum(trained[:-1]) > 0).astype(np.uint8)
+
+
+CHATML = ["<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n",
+          "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\na1<|im_end|>\n"
+          "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n<think>\nwhy\n</think>\n\na2<|im_end|>",
+          "<|im_start|>assistant\ncut short, no end",
+          "<|im_start|>assistantx\nnot a header<|im_end|>\n<|im_start|>assistant\n\n<|im_end|><|im_end|>\n",
+          "<|im_start|>assistant\n<|im_start|>assistant\ntwo heads<|im_end|>\nafter"]
+
+
+@pytest.mark.parametrize("span", ["im_end_nl", "im_end", "trl", "turn"])
+def test_the_structure_mask_is_numpys(span):
+    from qwen_data.certify.spelling import structure_mask
+    from qwen_data.qwen import IM_END_ID, IM_START_ID
+
+    tokenizer = QwenTokenizer()
+    speller = Speller(tokenizer, "parse")
+    rng = np.random.default_rng(5)
+    texts = CHATML * 3
+    ids, counts = tokenizer.encode_batch(texts, "parse")
+    cases = [(ids, counts)]
+    for _ in range(20):  # control ids put anywhere, samples cut anywhere: every branch, any order
+        mixed = ids.copy()
+        at = rng.integers(0, len(mixed), 12)
+        mixed[at] = rng.choice([IM_START_ID, IM_END_ID], 12)
+        cuts = np.sort(rng.choice(np.arange(1, len(mixed)), 6, replace=False))
+        cases.append((mixed, np.diff(np.concatenate([[0], cuts, [len(mixed)]]))))
+    for case_ids, case_counts in cases:
+        spelled = speller.table.spell(case_ids)
+        lengths = speller.table.lengths[case_ids.astype(np.intp)]
+        starts = np.cumsum(lengths) - lengths
+        for last_only in (False, True):
+            for think in (False, True):
+                ends = np.cumsum(case_counts)
+                expected = _numpy_structure_mask(spelled, case_ids, starts, ends, span, last_only, think)
+                found = structure_mask(speller.table, case_ids, ends, span, last_only, think)
+                assert np.array_equal(found, expected), (span, last_only, think)
+    assert structure_mask(speller.table, ids, np.cumsum(counts), span, False, False).any()
