@@ -3,4 +3,4 @@ certificate's spelling check, the .bin's joinable hash)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("qwen_data._native", ["qwen_data/_native.c"], extra_compile_args=["-O2"])])
+setup(ext_modules=[Extension("qwen_data._native", ["qwen_data/_native.c"], extra_compile_args=["-O3"])])

@@ -9,7 +9,10 @@ from qwen_data.qwen import FIRST_ADDED_ID
 from qwen_data.text.tokenizer import QwenTokenizer
 
 TEXTS = ["plain text", "caf\u00e9 \U0001F600 \u00fcn\u00efc\u00f6d\u00e9", "", "a <|im_start|> literal kept as text",
-         "x" * 5000 + " long words " * 300, "\r\n\t tabs and 12345"]
+         "x" * 5000 + " long words " * 300, "\r\n\t tabs and 12345",
+         # each width of str (Latin-1, two bytes, four): the check makes their UTF-8 itself
+         "na\u00efve caf\u00e9s and r\u00e9sum\u00e9s, " * 9, "\u201cquoted\u201d \u041a\u0438\u0440\u0438\u043b\u043b\u0438\u0446\u0430 \u4e2d\u6587 ascii run " * 9,
+         "\U0001F600 four-byte \U00010348 " * 9]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,11 @@ def test_an_id_moved_across_documents_or_a_text_cut_short_is_found(encoded):
     short[1] += 1
     assert speller.first_misspelled(TEXTS, ids, short) == 0
     assert speller.first_misspelled(TEXTS[:1] + ["plain tex"] + TEXTS[2:], ids, counts) == 1
+    for k in (6, 7, 8):  # one character changed in a text of each width
+        changed = TEXTS[k][:40] + ("y" if TEXTS[k][40] != "y" else "z") + TEXTS[k][41:]
+        assert speller.first_misspelled(TEXTS[:k] + [changed] + TEXTS[k + 1:], ids, counts) == k
+    # a lone surrogate has no UTF-8: the text is named, for the slower check to say why
+    assert speller.first_misspelled(TEXTS[:7] + [TEXTS[7] + "\ud800"] + TEXTS[8:], ids, counts) == 7
 
 
 # -- the structure mask (`_native.structure_mask`) against numpy's way of deriving it ------------------
