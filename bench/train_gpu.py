@@ -31,6 +31,7 @@ from qwen_data_train.attention import compiled_flex_attention, document_mask
 from qwen_data_train.data import samples_of_row
 from qwen_data_train.distributed import init_distributed
 from qwen_data_train.model import build_model
+from qwen_data_train.plan import RunPlan
 from qwen_data_train.shapes import PRESETS
 from qwen_data_train.step import ForwardSpec, forward
 
@@ -42,7 +43,8 @@ def packed(args) -> None:
     train, _, _ = build_datasets(args.data, args.seq_length, train_samples=args.rows, valid_samples=0,
                                  test_samples=0, seed=args.seed)
     torch.manual_seed(args.seed)
-    model = build_model(PRESETS[args.model], attention=args.attention, max_sequence_length=args.seq_length)
+    model = build_model(RunPlan.for_model(PRESETS[args.model], attention=args.attention,
+                                          max_sequence_length=args.seq_length, cuda=True))
     model = model.to(device).eval()
     print(f"{args.model}, attention {args.attention}, {args.rows} packed rows of {args.seq_length} from {args.data}")
     for autocast in (True, False) if args.attention != "te" else (True,):
@@ -146,7 +148,7 @@ def profile(args) -> None:
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.distributed import distributed
     from qwen_data_train.loop import Trainer, model_of
-    from qwen_data_train.plan import Environment, RunPlan
+    from qwen_data_train.plan import Environment
     from qwen_data_train.patches import megatron_core
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler

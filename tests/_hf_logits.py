@@ -38,7 +38,7 @@ def main(out, tokens_file, *folders):
             shape = shape_from_config(read_config(folder), folder)
             for tp in (1, 2):
                 init_distributed(tp)
-                model = build_model(shape, RunPlan.for_model(shape, attention="sdpa", tp=tp, initialize=False)).eval()
+                model = build_model(RunPlan.for_model(shape, attention="sdpa", tp=tp, initialize=False)).eval()
                 load_hf_weights(model, folder, shape)
                 logits = gather_from_tensor_model_parallel_region(model(tokens, positions, None))
                 results.setdefault(folder, {})[str(tp)] = (logits - expected).abs().max().item()

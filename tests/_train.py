@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -59,6 +61,32 @@ def run_convert(args, nproc=1) -> str:
     if nproc == 1:
         return run([sys.executable, "-m", "qwen_data.cli", "convert"] + list(args))
     return run(torchrun(nproc) + ["-m", "qwen_data_train.convert"] + list(args))
+
+
+WORDS = ("data model token river stone light cloud number garden window paper music "
+         "北京 数据 模型 Grüße café naïve 東京 δεδομένα данные").split()
+
+
+def train_prefixes(d: Path) -> Path:
+    """In folder `d`: pretraining prefixes web and code, a packed SFT prefix chat (rows of 256), and
+    their blends pretrain_blend.json (web 0.7, code 0.3) and sft_blend.json, written by the CLI."""
+    from qwen_data.cli import main as qwen_data
+
+    from _helpers import write_jsonl
+
+    rng = random.Random(7)
+    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    for name, docs in (("web", 300), ("code", 120)):
+        src = write_jsonl(d / f"{name}.jsonl", [{"text": words(rng.randint(5, 120))} for _ in range(docs)])
+        assert qwen_data(["pretrain", src, "-o", str(d / name), "--workers", "1", "--quiet"]) == 0
+    chats = write_jsonl(d / "chats.jsonl", [
+        {"messages": [{"role": "user", "content": words(rng.randint(2, 30))},
+                      {"role": "assistant", "content": words(rng.randint(2, 40))}]} for _ in range(120)])
+    assert qwen_data(["sft", chats, "-o", str(d / "chat"), "--template", "qwen2p5", "--seq-length", "256",
+                      "--pack", "--workers", "1", "--quiet"]) == 0
+    assert qwen_data(["blend", f"{d / 'web'}=0.7", f"{d / 'code'}=0.3", "-o", str(d / "pretrain_blend.json")]) == 0
+    assert qwen_data(["blend", str(d / "chat"), "-o", str(d / "sft_blend.json")]) == 0
+    return d
 
 
 def raw_documents(prefix):

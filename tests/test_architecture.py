@@ -30,7 +30,8 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            # `from . import marks` imports the module marks (the package only runs its __init__)
+            targets = ([base] if node.module else []) + [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
         for target in targets:
@@ -109,25 +110,28 @@ MAY_IMPORT = {
 }
 # The train stage's rooms, floor by floor; each takes the data side's contract (TRAIN_MAY_IMPORT) and
 # the rooms named. The plan decides before anything is built, so it sees no model, no process group;
-# the model is built from a plan; Hugging Face folders know the model's shape, never the trainer, its
-# checkpoints or its runs; only the loop, convert and the commands see the whole.
+# the model is built from a plan; the shapes and the marks stand on the ground, so Hugging Face
+# folders, the loss and the gradients' reduction read them without the model's builder above them;
+# Hugging Face folders never know the trainer, its checkpoints or its runs; only the loop, convert and
+# the commands see the whole.
 TRAIN_MAY_IMPORT = {"qwen_data.qwen", "qwen_data.options", "qwen_data.formats", "qwen_data.text", "qwen_data.blend"}
 TRAIN_FLOORS = {
     "shapes": set(),
+    "marks": set(),
     "attention": set(),
     "config": {"shapes"},
     "plan": {"attention", "config", "shapes"},
     "patches": {"attention"},
-    "model": {"attention", "config", "plan", "shapes"},
-    "hf": {"model", "shapes"},
-    "loss": {"model"},
-    "distributed": {"model"},
+    "model": {"attention", "config", "marks", "plan", "shapes"},
+    "hf": {"marks", "shapes"},
+    "loss": {"marks"},
+    "distributed": {"marks"},
     "data": {"config", "patches"},
-    "loader": {"config", "data"},
-    "step": {"attention", "distributed", "loss", "model"},
-    "optimizer": {"config", "model"},
-    "metrics": {"config", "distributed", "shapes"},
-    "checkpoint": {"config", "distributed", "hf", "model", "optimizer"},
+    "loader": {"config", "data", "plan"},
+    "step": {"attention", "distributed", "loss", "marks", "model"},
+    "optimizer": {"config", "marks"},
+    "metrics": {"config", "distributed", "plan", "shapes"},
+    "checkpoint": {"config", "distributed", "hf", "optimizer", "shapes"},
     "loop": {"checkpoint", "config", "distributed", "hf", "loader", "metrics", "model", "optimizer", "patches", "plan",
              "shapes", "step"},
     "convert": {"checkpoint", "config", "distributed", "hf", "model", "patches", "plan"},
@@ -227,3 +231,29 @@ def test_a_module_that_starts_torch_torchrun_or_ray_is_marked_slow_or_refused():
     assert unmarked("from _train import torchrun\n")
     assert not unmarked("import pytest\nimport torch\n\npytestmark = pytest.mark.slow  # why\n")
     assert not unmarked("def test_reads():\n    from megatron.core.datasets import indexed_dataset\n")
+
+
+def _model_asks(source: str) -> list[str]:
+    """What a module of the model's builder asks of the machine or of megatron-core's groups' sizes:
+    `torch.cuda...`, `*_world_size(...)`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "cuda" and isinstance(node.value, ast.Name) \
+                and node.value.id == "torch":
+            found.append("torch.cuda")
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        if name.endswith("_world_size"):
+            found.append(name)
+    return found
+
+
+def test_the_model_takes_its_sizes_and_machine_from_the_plan():
+    """The plan settled the layout and looked at the machine: the builder asks neither again (which
+    pipeline stage or expert rank this process is stays parallel_state's to say)."""
+    files = sorted((REPO_ROOT / "train" / "model").glob("*.py"))
+    assert len(files) >= 8
+    for path in files:
+        assert _model_asks(path.read_text(encoding="utf-8")) == [], path.name
+    # the check can fail
+    assert _model_asks("x = parallel_state.get_pipeline_model_parallel_world_size()\ny = torch.cuda.is_available()") \
+        == ["get_pipeline_model_parallel_world_size", "torch.cuda"]

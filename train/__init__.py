@@ -11,14 +11,13 @@ Modules, in the order a run uses them:
   config          the command lines (`qwen-data train --help`): config sections that own their options,
                   and the frozen `TrainConfig` made of them
   shapes          `ModelShape` and the presets with the real models' shapes
-  plan            `RunPlan`: every choice of a run resolved, and every cross-feature rule checked, before
-                  anything is built
+  marks           the marks set on parameters and on the model and read elsewhere, one accessor each
+  plan            `RunPlan`: every choice of a run resolved (the layout of a step included), and every
+                  cross-feature rule checked, before anything is built; every builder takes it
   patches/        what megatron-core needs around it, entered once (`megatron_core()`): cpu stand-ins,
                   compat backports, autocast fixes for float32 masters
-  distributed     process groups, the `ParallelLayout` of a step, the data-parallel wrapper, the gradient
-                  reductions across ranks
-  model/          the GPTModel build of a shape and a plan: layers, experts, balance loss, the layer spec
-                  as converters, parameter marks
+  distributed     process groups, the data-parallel wrapper, the gradient reductions across ranks
+  model/          the GPTModel build of a plan: layers, experts, balance loss, the layer spec as converters
   hf/config       a Hugging Face config.json ↔ the model shape (unsupported checkpoints refused), a folder's model
   attention       fused core attention and the document mask for packed rows
   loss            the output layer and cross-entropy fused by chunks (no logits kept)

@@ -26,7 +26,7 @@ from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_p
 from .config import CheckpointConfig
 from .distributed import is_rank0, log0
 from .hf.checkpoint import HFExport, save_hf
-from .model import ModelShape
+from .shapes import ModelShape
 from .optimizer import MOMENTS, AdamW, DistributedAdamW
 
 LATEST = "latest_checkpointed_iteration.txt"

@@ -300,7 +300,7 @@ class LogConfig(Section):
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a run is told; its fields in the order of `--help`. Frozen: what depends on the
-    ranks (the default global batch) is worked out by the trainer (`distributed.ParallelLayout`)."""
+    ranks (the default global batch) is worked out by the plan (`plan.RunPlan.global_batch`)."""
 
     data: DataConfig
     model: ModelConfig

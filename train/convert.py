@@ -36,9 +36,9 @@ from .plan import RunPlan
 from .patches import megatron_core
 
 
-def hf_to_mcore(hf_model: str, root: str, tp: int) -> None:
+def hf_to_mcore(hf_model: str, root: str, tp: int, pp: int = 1) -> None:
     shape, hf_config, generation = model_of_folder(hf_model)
-    model = build_model(shape, RunPlan.for_model(shape, attention="sdpa", tp=tp, initialize=False))
+    model = build_model(RunPlan.for_model(shape, attention="sdpa", tp=tp, pp=pp, initialize=False))
     load_hf_weights(model, hf_model, shape)
     has_tokenizer = os.path.isfile(os.path.join(hf_model, "tokenizer.json"))
     tokenizer = folder_identity(hf_model) if has_tokenizer else None
@@ -47,7 +47,7 @@ def hf_to_mcore(hf_model: str, root: str, tp: int) -> None:
                  tokenizer=tokenizer).save_megatron(root, 0, 0)
 
 
-def mcore_to_hf(root: str, out: str, tp: int, tokenizer_dir: Optional[str]) -> None:
+def mcore_to_hf(root: str, out: str, tp: int, pp: int, tokenizer_dir: Optional[str]) -> None:
     path = latest(root)
     if path is None:
         raise FileNotFoundError(f"{root}: no checkpoint (no latest_checkpointed_iteration.txt)")
@@ -60,7 +60,7 @@ def mcore_to_hf(root: str, out: str, tp: int, tokenizer_dir: Optional[str]) -> N
         tokenizer_dir = directory_of(common["tokenizer"])
     if tokenizer_dir is None:
         log0(f"note: {path} names no tokenizer: {out} gets none (give --tokenizer DIR)")
-    model = build_model(shape, RunPlan.for_model(shape, attention="sdpa", tp=tp, initialize=False))
+    model = build_model(RunPlan.for_model(shape, attention="sdpa", tp=tp, pp=pp, initialize=False))
     export = HFExport(shape, hf_config, config_dtype(hf_config), tokenizer_dir, common["generation"])
     Checkpointer(CheckpointConfig(save=None, save_interval=0, load=root, save_hf=None), model, None, export).load()
     save_hf(model, export, out)
@@ -72,10 +72,10 @@ def convert(args: argparse.Namespace) -> int:
         if device.type == "cuda":  # megatron-core's layers draw their initial weights from its CUDA generators
             tensor_parallel.model_parallel_cuda_manual_seed(0)
         if args.direction == "hf-to-mcore":
-            hf_to_mcore(args.hf_model, args.checkpoint, args.tp)
+            hf_to_mcore(args.hf_model, args.checkpoint, args.tp, args.pp)
             log0(f"wrote {args.checkpoint} (load it with --load {args.checkpoint})")
         else:
-            mcore_to_hf(args.checkpoint, args.hf_out, args.tp, args.tokenizer)
+            mcore_to_hf(args.checkpoint, args.hf_out, args.tp, args.pp, args.tokenizer)
             log0(f"wrote {args.hf_out}")
     return 0
 

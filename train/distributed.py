@@ -1,6 +1,6 @@
 """Process groups: torch.distributed (nccl on GPUs, gloo on the CPU) and megatron-core's
-tensor/pipeline/data-parallel groups, how a global batch spreads over them (`ParallelLayout`), and
-the gradient reductions across them that a step needs besides DDP's."""
+tensor/pipeline/data-parallel groups (of the sizes the plan settled: `plan.RunPlan`), the
+data-parallel wrapper, and the gradient reductions across them that a step needs besides DDP's."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import os
 import socket
 import sys
 import traceback
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -20,7 +19,8 @@ from megatron.core.distributed import DistributedDataParallelConfig, finalize_mo
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
-from .model import is_expert_parallel, marks
+from . import marks
+from .marks import is_expert_parallel
 
 
 def _free_port() -> int:
@@ -98,56 +98,25 @@ def log0(*args) -> None:
         print(*args, flush=True)
 
 
-@dataclass(frozen=True)
-class ParallelLayout:
-    """The parallel layout of a step: TP × PP × CP × DP ranks; each pipeline runs `accumulation`
-    micro-batches (the CP ranks of a pipeline, the same ones)."""
-
-    tp: int
-    pp: int
-    dp: int
-    world: int
-    micro_batch: int
-    global_batch: int
-    cp: int = 1
-
-    @property
-    def accumulation(self) -> int:
-        return self.global_batch // (self.micro_batch * self.dp)
-
-    @classmethod
-    def current(cls, micro_batch: int, global_batch: Optional[int]) -> ParallelLayout:
-        """Of the groups `init_distributed` made; `global_batch` None = one micro-batch per DP rank."""
-        dp = parallel_state.get_data_parallel_world_size()
-        global_batch = global_batch or micro_batch * dp  # a multiple of micro_batch * dp: plan.RULES
-        return cls(parallel_state.get_tensor_model_parallel_world_size(),
-                   parallel_state.get_pipeline_model_parallel_world_size(), dp, dist.get_world_size(),
-                   micro_batch, global_batch, parallel_state.get_context_parallel_world_size())
-
-    @property
-    def gradient_ranks(self) -> int:
-        """The ranks over which a gradient is averaged (`gradient_group`)."""
-        return self.dp * self.cp
-
-
 def gradient_group():
     """Data-parallel ranks and, with them, context-parallel ones: each holds part of the step's
     loss, and a parameter's gradient is averaged over all of them."""
     return parallel_state.get_data_parallel_group(with_context_parallel=True)
 
 
-def data_parallel(core: torch.nn.Module, kind: str, device: torch.device, parallel) -> torch.nn.Module:
-    """The model as the step runs it, for the plan's data-parallel `kind` (plan.RunPlan.data_parallel;
-    `parallel`: config.ParallelConfig, for the overlap options):
+def data_parallel(core: torch.nn.Module, plan, device: torch.device) -> torch.nn.Module:
+    """The model as the step runs it, for the plan's data-parallel kind (`plan.RunPlan.data_parallel`,
+    and its overlap options):
       megatron  megatron-core's DistributedDataParallel (contiguous float32 gradient buckets,
                 reduce-scattered for the DistributedOptimizer; its finalize_model_grads does every
                 reduction a step needs);
       torch     torch DDP (all-reduce overlapping backward): DP × CP > 1 without pipeline stages;
       none      the model itself (`reduce_grads` after the schedule)."""
+    kind = plan.data_parallel
     if kind == "megatron":
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
-                                            overlap_grad_reduce=parallel.overlap_grad_reduce,
-                                            overlap_param_gather=parallel.overlap_param_gather)
+                                            overlap_grad_reduce=plan.overlap_grad_reduce,
+                                            overlap_param_gather=plan.overlap_param_gather)
         model = MegatronDDP(config=core.config, ddp_config=ddp, module=core)
         core.config.no_sync_func = model.no_sync  # the schedule: reduce only after the last micro-batch
         core.config.finalize_model_grads_func = finalize_model_grads

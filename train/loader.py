@@ -13,6 +13,7 @@ from qwen_data.blend.read import read_train_blend
 
 from .config import DataConfig, TrainConfig
 from .data import build_datasets, check_data
+from .plan import RunPlan
 
 
 class StepBatches(torch.utils.data.Sampler):
@@ -36,15 +37,16 @@ class StepBatches(torch.utils.data.Sampler):
         return max(0, (self.total - self.consumed) // (self.mbs * self.dp_size * self.accumulation))
 
 
-def make_loader(dataset, consumed: int, micro_batch_size: int, accumulation: int, num_workers: int,
-                device: torch.device) -> Iterator[dict]:
-    """This rank's micro-batches from sample `consumed` on (CPU tensors, pinned for a GPU).
+def make_loader(dataset, consumed: int, plan: RunPlan, num_workers: int, device: torch.device) -> Iterator[dict]:
+    """This rank's micro-batches from sample `consumed` on (CPU tensors, pinned for a GPU), as many a
+    step as the plan's accumulation, over its data-parallel ranks.
 
     Workers collate a whole step at a time: handing over each micro-batch on its own took ~3 ms of
     the training process's time a micro-batch (~1% of a 7B step of 32 micro-batches over two
     pipeline stages, whose GPUs wait for it)."""
+    micro_batch_size, accumulation = plan.micro_batch_size, plan.accumulation
     sampler = StepBatches(len(dataset), consumed, micro_batch_size, accumulation,
-                          parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
+                          parallel_state.get_data_parallel_rank(), plan.dp)
     pin = device.type == "cuda"
     if pin:
         same_threads_as_pinning()

@@ -33,14 +33,14 @@ from qwen_data.text.tokenizer import directory_of
 
 from .checkpoint import Checkpointer, latest, stored
 from .config import TrainConfig
-from .distributed import MegatronDDP, ParallelLayout, data_parallel, distributed, log0, reduce_grads, whole_parameters
+from .distributed import data_parallel, distributed, log0, reduce_grads, whole_parameters
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, check_inputs, make_loader
 from .metrics import ExpertLoad, Metrics, StepStats, Summary, document_squares
 from .model import build_model
 from .optimizer import AdamW, DistributedAdamW, Schedule
-from .plan import Environment, RunPlan, pipeline_split
+from .plan import Environment, RunPlan
 from .patches import megatron_core
 from .shapes import PRESETS, ModelShape
 from .step import ForwardSpec, evaluate, forward_backward
@@ -55,43 +55,40 @@ class Trainer:
         group may leave it to the trainer."""
         self.config, self.device = config, device
         self.shape, hf_config, generation = model_of(config)
-        self.plan = plan or RunPlan.resolve(config, self.shape, Environment.current())
-        self.layout = ParallelLayout.current(config.micro_batch_size, config.global_batch_size)
-        plan = self.plan
+        self.plan = plan = plan or RunPlan.resolve(config, self.shape, Environment.current())
         weights = "bf16 weights split from their float32 masters" if plan.bf16_weights else "float32 weights"
         log0(f"attention {plan.attention} ({plan.attention_why}), compile {plan.compile}, "
              f"{weights} ({plan.bf16_weights_why})"
              + (f", FP8 {plan.fp8} (Transformer Engine's linear layers)" if plan.fp8 else ""))
-        self.train_ds, self.valid_ds = build_splits(config, self.layout.global_batch)
+        self.train_ds, self.valid_ds = build_splits(config, plan.global_batch)
         tokenizer = self.train_ds.config.tokenizer
         for line in tokenizer.certificates:
             log0(line)
-        tokenizer.check_embedding(self.shape.vocab_size, config.model.hf_model or self.shape.name)
+        tokenizer.check_embedding(self.shape.vocab_size, plan.weights_from or self.shape.name)
         self.pad = tokenizer.pad
-        self.spec = ForwardSpec(self.plan.attention, device, autocast=self.plan.autocast,
-                                cross_entropy=config.model.cross_entropy, seq_length=config.seq_length, pad=self.pad)
+        self.spec = ForwardSpec(plan.attention, device, autocast=plan.autocast, cross_entropy=plan.cross_entropy,
+                                seq_length=config.seq_length, pad=self.pad)
         self.core = self._build_model()
         # AdamW splits its bf16 weights before torch's DDP wraps the model, which leaves them to the
         # SplitGradReduction data_parallel installs.
-        whole = None if config.parallel.distributed_optimizer else AdamW(self.core, config.optim,
-                                                                           bf16_weights=self.plan.bf16_weights)
-        self.model = data_parallel(self.core, self.plan.data_parallel, device, config.parallel)
+        whole = None if plan.data_parallel == "megatron" else AdamW(self.core, config.optim,
+                                                                     bf16_weights=plan.bf16_weights)
+        self.model = data_parallel(self.core, plan, device)
         self.optimizer = whole if whole is not None else DistributedAdamW(self.model, config.optim)
         self.schedule = Schedule.of(config.optim, config.train_iters)
         export = HFExport(self.shape, hf_config, config_dtype(hf_config),
                           directory_of(tokenizer.identity) if config.checkpoint.save_hf else None, generation)
         self.checkpointer = Checkpointer(config.checkpoint, self.core, self.optimizer, export,
                                          tokenizer=tokenizer.identity, seq_length=config.seq_length,
-                                         global_batch_size=self.layout.global_batch)
+                                         global_batch_size=plan.global_batch)
         self.iteration, self.consumed = self.checkpointer.load()
         self.batches = self._loader(self.train_ds, self.consumed)
-        self.metrics = Metrics(config.log, device, self.layout, self.shape, config.train_iters,
+        self.metrics = Metrics(config.log, device, plan, config.train_iters,
                                run_config=dataclasses.asdict(config),
                                expert_load=ExpertLoad(self.core, self.shape.num_experts, device) if self.shape.moe
                                else None,
-                               run={"model": self.shape.name, "gpus": self.layout.world, "fp8": self.plan.fp8,
-                                    "packed": tokenizer.packed, "ep": self.plan.ep,
-                                    "bf16_weights": self.plan.bf16_weights})
+                               run={"model": self.shape.name, "gpus": plan.world, "fp8": plan.fp8,
+                                    "packed": tokenizer.packed, "ep": plan.ep, "bf16_weights": plan.bf16_weights})
         self._announce()
 
     def run(self) -> Summary:
@@ -100,7 +97,7 @@ class Trainer:
         while self.iteration < config.train_iters:
             self.metrics.add(self.metrics.measure(self.iteration + 1, self.train_step))
             self.iteration += 1
-            self.consumed += self.layout.global_batch
+            self.consumed += self.plan.global_batch
             if self.metrics.due(self.iteration):
                 self.metrics.log(self.iteration, self.consumed)
             if self._evaluation_due():
@@ -117,7 +114,7 @@ class Trainer:
     def train_step(self) -> StepStats:
         # Fetch the whole step first: the trained-token count normalises every micro-batch's loss.
         started = time.perf_counter()
-        micro = [next(self.batches) for _ in range(self.layout.accumulation)]
+        micro = [next(self.batches) for _ in range(self.plan.accumulation)]
         data_seconds = time.perf_counter() - started
         loss = self._forward_backward(micro)
         lr = self.schedule(self.iteration)
@@ -132,7 +129,7 @@ class Trainer:
     def _forward_backward(self, micro: list[dict]) -> torch.Tensor:
         """Gradients of the global batch's mean masked loss; → [Σ loss × mask, Σ mask] here."""
         masks = [mb["loss_mask"].to(self.device, non_blocking=True) for mb in micro]
-        if isinstance(self.model, MegatronDDP):
+        if self.plan.data_parallel == "megatron":
             # megatron-core's DDP sums over DP, and its finalize_model_grads (which the schedule
             # calls) divides by the step's trained tokens, summed over every rank.
             self.model.zero_grad_buffer()
@@ -140,7 +137,7 @@ class Trainer:
         trained = torch.stack([m.sum() for m in masks]).sum()
         dist.all_reduce(trained, group=parallel_state.get_data_parallel_group())
         # DDP averages over DP × CP: undo that, divide by the global count
-        scale = self.layout.gradient_ranks / trained.clamp(min=1)
+        scale = self.plan.gradient_ranks / trained.clamp(min=1)
         # Gradients are all-reduced over DP × CP once per step, with the last micro-batch's backward
         # (the schedule holds DDP's no_sync until then: `distributed.data_parallel`).
         total = forward_backward(self.model, micro, masks, scale, self.spec)
@@ -150,9 +147,9 @@ class Trainer:
     def evaluate(self) -> Optional[float]:
         """Validation loss on the next `eval_iters` global batches of the validation split (each
         evaluation reads its own)."""
-        evals, global_batch = self.config.eval, self.layout.global_batch
+        evals, global_batch = self.config.eval, self.plan.global_batch
         skip = (self.iteration // evals.eval_interval - 1) * evals.eval_iters * global_batch
-        loss = evaluate(self.model, self._loader(self.valid_ds, skip), evals.eval_iters * self.layout.accumulation,
+        loss = evaluate(self.model, self._loader(self.valid_ds, skip), evals.eval_iters * self.plan.accumulation,
                         self.spec)
         self.metrics.validation(self.iteration, loss)
         return loss
@@ -162,40 +159,38 @@ class Trainer:
         return self.valid_ds is not None and every > 0 and self.iteration % every == 0
 
     def _build_model(self) -> torch.nn.Module:
-        seed, model = self.plan.seed, self.config.model
-        torch.manual_seed(seed)  # the same weights on every rank and under every TP layout
+        plan = self.plan
+        torch.manual_seed(plan.seed)  # the same weights on every rank and under every TP layout
         if self.device.type == "cuda":
-            tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        core = build_model(self.shape, self.plan)
-        if model.hf_model:
-            load_hf_weights(core, model.hf_model, self.shape)
+            tensor_parallel.model_parallel_cuda_manual_seed(plan.seed)
+        core = build_model(plan)
+        if plan.weights_from:
+            load_hf_weights(core, plan.weights_from, self.shape)
         return core.to(self.device)
 
     def _loader(self, dataset, consumed: int):
-        return make_loader(dataset, consumed, self.config.micro_batch_size, self.layout.accumulation,
-                           self.config.data.num_workers, self.device)
+        return make_loader(dataset, consumed, self.plan, self.config.data.num_workers, self.device)
 
     def _announce(self) -> None:
-        c, lay, spec, cuda = self.config, self.layout, self.spec, self.device.type == "cuda"
-        stages = " + ".join(map(str, pipeline_split(self.shape.num_layers, lay.pp, c.parallel.first_stage_layers,
-                                                    c.parallel.last_stage_layers)))
+        c, p, spec, cuda = self.config, self.plan, self.spec, self.device.type == "cuda"
+        stages = " + ".join(map(str, p.stage_layers))
         log0(f"model {self.shape.name}: {self.shape.parameters() / 1e6:.1f}M parameters, "
-             f"cross-entropy {c.model.cross_entropy}, "
-             f"TP {lay.tp}{' (sequence parallel)' if c.parallel.sequence_parallel else ''} × PP {lay.pp}"
-             f"{f' × CP {lay.cp}' if lay.cp > 1 else ''} × DP {lay.dp}"
-             f"{f' (experts over EP {c.parallel.ep})' if c.parallel.ep > 1 else ''}, "
-             f"{f'stages of {stages} layers, ' if lay.pp > 1 else ''}"
-             + (f"experts {'grouped' if c.model.grouped_experts else 'sequential'}, balance loss {self.plan.balance}, "
+             f"cross-entropy {p.cross_entropy}, "
+             f"TP {p.tp}{' (sequence parallel)' if p.sequence_parallel else ''} × PP {p.pp}"
+             f"{f' × CP {p.cp}' if p.cp > 1 else ''} × DP {p.dp}"
+             f"{f' (experts over EP {p.ep})' if p.ep > 1 else ''}, "
+             f"{f'stages of {stages} layers, ' if p.pp > 1 else ''}"
+             + (f"experts {'grouped' if p.grouped_experts else 'sequential'}, balance loss {p.balance}, "
                 if self.shape.moe else "")
-             + f"micro batch {lay.micro_batch} × {lay.accumulation} accumulation, "
-             f"global batch {lay.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
+             + f"micro batch {p.micro_batch_size} × {p.accumulation} accumulation, "
+             f"global batch {p.global_batch} × seq {c.seq_length}, {len(self.train_ds)} train samples, "
              f"device {torch.cuda.get_device_name(self.device) if cuda else 'cpu'}, "
              f"{'bf16 autocast' if spec.autocast else 'float32'}")
-        optimizer = "distributed over DP" if c.parallel.distributed_optimizer else "whole on each DP rank"
+        optimizer = "distributed over DP" if p.data_parallel == "megatron" else "whole on each DP rank"
         log0(f"optimizer AdamW, {optimizer}: {self.optimizer.state_bytes() / 2**30:.3f} GiB of state a GPU"
-             + (f", recompute {c.model.recompute}" + (f" ({c.model.recompute_modules})"
-                                                      if c.model.recompute == "selective" else "")
-                if c.model.recompute else ""))
+             + (f", recompute {p.recompute}" + (f" ({','.join(p.recompute_modules)})"
+                                                if p.recompute == "selective" else "")
+                if p.recompute else ""))
 
 
 def model_of(config: TrainConfig) -> tuple[ModelShape, dict, dict]:

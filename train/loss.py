@@ -23,7 +23,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
                                                     gather_from_sequence_parallel_region)
 
-from .model import marks
+from . import marks
 
 # Positions per chunk: 4096 × 151,936 bf16 logits = 1.2 GB at a time, big enough matmuls.
 CHUNK_TOKENS = 4096

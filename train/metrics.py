@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 
 from .config import LogConfig
-from .distributed import ParallelLayout, gradient_group, is_rank0, log0
-from .shapes import ModelShape
+from .distributed import gradient_group, is_rank0, log0
+from .plan import RunPlan
 
 T = TypeVar("T")
 
@@ -201,23 +201,20 @@ def _number(text: str) -> Optional[float]:
 
 class ScalarSinks:
     """TensorBoard and W&B, on rank 0, as the run's LogConfig asks: each record's fields as
-    `train/<field>`, validation losses as `validation/loss`, against the iteration."""
+    `train/<field>`, validation losses as `validation/loss`, against the iteration. (The plan refused
+    a sink whose package is not installed, before anything was built.)"""
 
     def __init__(self, config: LogConfig, run_config: Optional[dict] = None) -> None:
         self.tensorboard = self.wandb = None
         if not is_rank0():
             return
         if config.tensorboard_dir:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise SystemExit(f"--tensorboard-dir needs the tensorboard package ({e}): pip install tensorboard")
+            from torch.utils.tensorboard import SummaryWriter
+
             self.tensorboard = SummaryWriter(config.tensorboard_dir)
         if config.wandb_project:
-            try:
-                import wandb
-            except ImportError as e:
-                raise SystemExit(f"--wandb-project needs the wandb package ({e}): pip install wandb")
+            import wandb
+
             self.wandb = wandb.init(project=config.wandb_project, config=run_config)
 
     def scalars(self, iteration: int, values: dict[str, float]) -> None:
@@ -367,11 +364,12 @@ class Metrics:
     `run`: what the run was ({model, gpus, fp8, packed, ep}), for the summary line, so that a log
     names its run without its command line."""
 
-    def __init__(self, config: LogConfig, device: torch.device, layout: ParallelLayout, shape: ModelShape,
-                 total_iters: int, run_config: Optional[dict] = None,
-                 expert_load: Optional[ExpertLoad] = None, run: Optional[dict] = None) -> None:
+    def __init__(self, config: LogConfig, device: torch.device, plan: RunPlan, total_iters: int,
+                 run_config: Optional[dict] = None, expert_load: Optional[ExpertLoad] = None,
+                 run: Optional[dict] = None) -> None:
+        """`plan`: the run's (`plan.RunPlan`): its model's shape, its ranks."""
         self.expert_load, self.run = expert_load, run or {}
-        self.device, self.layout, self.shape, self.total_iters = device, layout, shape, total_iters
+        self.device, self.plan, self.shape, self.total_iters = device, plan, plan.shape, total_iters
         self.log_interval, self.json_path = config.log_interval, config.log_json
         self.profiled = config.profile and device.type == "cuda"  # --profile: `measure`, `ClockWatch`
         self.peak = peak_flops(device, config.peak_tflops)
@@ -431,7 +429,7 @@ class Metrics:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - w.started
         if self.history:  # not the first interval
-            self.totals.add(w, self.layout.dp, elapsed)
+            self.totals.add(w, self.plan.dp, elapsed)
         record = self._record(iteration, consumed_samples, loss, elapsed)
         self.history.append(record)
         log0(record.line(self.total_iters))
@@ -458,7 +456,7 @@ class Metrics:
                 f.write(json.dumps(record) + "\n")
 
     def _record(self, iteration: int, consumed_samples: int, loss: torch.Tensor, elapsed: float) -> StepRecord:
-        w, dp = self.window, self.layout.dp
+        w, dp = self.window, self.plan.dp
         cuda = self.device.type == "cuda"
         experts = self.expert_load.take() if self.expert_load else None
         return StepRecord(
@@ -484,7 +482,7 @@ class Metrics:
         if not self.peak:
             return {}
         matmul = tokens * self.shape.matmul_flops_per_token()
-        per_second = seconds * self.layout.world * self.peak
+        per_second = seconds * self.plan.world * self.peak
         return {"mfu_causal": (matmul + self.shape.attention_flops(document_squares, causal=True)) / per_second,
                 "mfu_full": (matmul + self.shape.attention_flops(row_squares, causal=False)) / per_second}
 

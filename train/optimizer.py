@@ -33,7 +33,8 @@ from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_du
 from megatron.core.transformer.module import param_is_not_shared
 
 from .config import OptimConfig
-from .model import is_expert_parallel, marks
+from . import marks
+from .marks import is_expert_parallel
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's state of a parameter besides its step count
 

@@ -3,16 +3,19 @@
 `RunPlan.resolve(config, shape, env)` turns what was asked (the command line's `TrainConfig`), the
 model's shape and where the run is (`Environment`: CUDA, the GPU, Transformer Engine, the ranks)
 into what will run: the attention and why, the FP8 recipe, the compile mode, the balance loss,
-autocast, the data-parallel kind, bf16 weights and the parallel layout. Every rule that ties one
-feature to another is a line of `RULES`, and every refusal is raised here, before a process group,
-a weight or a GPU buffer exists. The trainer, the model builder and data parallelism read the plan;
-none of them decides again. Nothing here imports megatron-core, and torch only to look at the
+autocast, the data-parallel kind, bf16 weights, and the layout of a step: TP × PP × CP × DP ranks
+of the world, micro and global batch, accumulation, the ranks a gradient is averaged over, the layers
+of each pipeline stage. Every rule that ties one feature to another is a line of `RULES`, and every
+refusal is raised here, before a process group, a weight or a GPU buffer exists. The trainer, the
+model builder, data parallelism, the loader and the metrics read the plan; none of them decides
+again, nor asks megatron-core's parallel_state for a size. Nothing here imports megatron-core, and torch only to look at the
 machine (`Environment.current`), so the rules are tested without building a model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -29,6 +32,10 @@ AUTO_WITH_TE = ("sdpa", "PyTorch's attention measured faster than Transformer En
                 "(pretraining 1.05×, packed SFT 1.10×)")
 
 
+# The options that log to a scalar sink, and the package each needs.
+SINK_PACKAGES = {"--tensorboard-dir": "tensorboard", "--wandb-project": "wandb"}
+
+
 @dataclass(frozen=True)
 class Environment:
     """Where the run is: the facts a plan depends on besides what was asked."""
@@ -37,6 +44,7 @@ class Environment:
     te_installed: bool = False
     capability: Optional[tuple[int, int]] = None  # the GPU's compute capability
     world_size: int = 1  # ranks of the run
+    installed: frozenset[str] = frozenset(SINK_PACKAGES.values())  # the scalar sinks' packages importable here
 
     @classmethod
     def current(cls) -> Environment:
@@ -49,7 +57,8 @@ class Environment:
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
         return cls(cuda=cuda, te_installed=have_transformer_engine(),
                    capability=torch.cuda.get_device_capability() if cuda else None,
-                   world_size=world or int(os.environ.get("WORLD_SIZE", "1")))
+                   world_size=world or int(os.environ.get("WORLD_SIZE", "1")),
+                   installed=frozenset(p for p in SINK_PACKAGES.values() if importlib.util.find_spec(p)))
 
 
 @dataclass(frozen=True)
@@ -72,12 +81,17 @@ class RunPlan:
     ep: int = 1
     cp: int = 1
     dp: int = 1
+    world: int = 1  # ranks of the run: tp × pp × cp × dp
     sequence_parallel: bool = False
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
     recompute: Optional[str] = None
     recompute_modules: tuple[str, ...] = ("mlp",)
     grouped_experts: bool = True
+    cross_entropy: str = "fused"
+    weights_from: Optional[str] = None  # a Hugging Face folder the weights are loaded from
+    overlap_grad_reduce: bool = False  # megatron-core's data parallelism (data_parallel "megatron")
+    overlap_param_gather: bool = False
     max_sequence_length: Optional[int] = None
     seed: int = 0
     initialize: bool = True
@@ -85,6 +99,33 @@ class RunPlan:
     cuda: bool = False
     micro_batch_size: int = 1
     global_batch_size: Optional[int] = None  # None: one micro-batch per data-parallel rank
+    sinks: tuple[str, ...] = ()  # the scalar sinks asked for (SINK_PACKAGES' options)
+    installed: frozenset[str] = frozenset(SINK_PACKAGES.values())  # Environment.installed
+
+    @property
+    def global_batch(self) -> int:
+        """Rows a step takes over every data-parallel rank (a multiple of micro batch × DP: RULES)."""
+        return self.global_batch_size or self.micro_batch_size * self.dp
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches each pipeline runs a step (the CP ranks of a pipeline, the same ones)."""
+        return self.global_batch // (self.micro_batch_size * self.dp)
+
+    @property
+    def gradient_ranks(self) -> int:
+        """The ranks over which a gradient is averaged (`distributed.gradient_group`): DP × CP."""
+        return self.dp * self.cp
+
+    @property
+    def stage_layers(self) -> list[int]:
+        """The layers of each pipeline stage (`pipeline_split`; checked by RULES)."""
+        return pipeline_split(self.shape.num_layers, self.pp, self.first_stage_layers, self.last_stage_layers,
+                              self.shape.name)
+
+    def layer_offset(self, stage: int) -> int:
+        """The layers of the pipeline stages before `stage`: its layer k is the model's layer offset + k."""
+        return sum(self.stage_layers[:stage])
 
     @classmethod
     def resolve(cls, config: TrainConfig, shape: ModelShape, env: Environment) -> RunPlan:
@@ -102,13 +143,17 @@ class RunPlan:
             data_parallel=("megatron" if parallel.distributed_optimizer
                            else "torch" if dp * parallel.cp > 1 and parallel.pp == 1 else "none"),
             bf16_weights=bool(config.optim.bf16_weights),
-            tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, cp=parallel.cp, dp=dp,
+            tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, cp=parallel.cp, dp=dp, world=env.world_size,
             sequence_parallel=parallel.sequence_parallel,
             first_stage_layers=parallel.first_stage_layers, last_stage_layers=parallel.last_stage_layers,
             recompute=model.recompute, recompute_modules=tuple(model.recompute_modules.split(",")),
-            grouped_experts=model.grouped_experts, max_sequence_length=config.seq_length, seed=config.seed,
+            grouped_experts=model.grouped_experts, cross_entropy=model.cross_entropy, weights_from=model.hf_model,
+            overlap_grad_reduce=parallel.overlap_grad_reduce, overlap_param_gather=parallel.overlap_param_gather,
+            max_sequence_length=config.seq_length, seed=config.seed,
             initialize=model.hf_model is None, cuda=env.cuda, micro_batch_size=config.micro_batch_size,
-            global_batch_size=config.global_batch_size)
+            global_batch_size=config.global_batch_size, installed=env.installed,
+            sinks=tuple(option for option, asked in (("--tensorboard-dir", config.log.tensorboard_dir),
+                                                     ("--wandb-project", config.log.wandb_project)) if asked))
         check_seq_length(config.seq_length, shape.max_position_embeddings, model.hf_model or shape.name)
         if env.world_size % (parallel.tp * parallel.pp * parallel.cp):
             raise ValueError(f"world size {env.world_size} is not a multiple of --tp {parallel.tp} × --pp "
@@ -125,6 +170,8 @@ class RunPlan:
         """A plan for building `shape` outside a train run (conversion, logits, tests): `choices` as the
         fields, checked by the rules of a build (BUILD_RULES; a forward pass needs no more)."""
         plan = cls(shape=shape, **choices)
+        if "world" not in choices:
+            plan = dataclasses.replace(plan, world=plan.tp * plan.pp * plan.cp * plan.dp)
         check(plan, BUILD_RULES)
         return plan
 
@@ -236,6 +283,23 @@ def _fp8_moe(p: RunPlan) -> Optional[str]:
         return "--fp8 with a mixture-of-experts model is not built: train it in bf16 (no --fp8)"
 
 
+def _shape_splits_over_tp(p: RunPlan) -> Optional[str]:
+    s = p.shape
+    sizes = {"{:,} attention heads": s.num_attention_heads, "{:,} key/value heads": s.num_query_groups,
+             "an MLP {:,} wide": s.ffn_hidden_size, **({"experts {:,} wide": s.moe_ffn_hidden_size} if s.moe else {})}
+    uneven = [what.format(n) for what, n in sizes.items() if n % p.tp]
+    if uneven:
+        return (f"--tp {p.tp} does not split {s.name} evenly ({', '.join(uneven)}): take a --tp that divides "
+                f"its {s.num_query_groups} key/value heads")
+
+
+def _sink_packages(p: RunPlan) -> Optional[str]:
+    missing = [f"{option} needs the {SINK_PACKAGES[option]} package (pip install {SINK_PACKAGES[option]})"
+               for option in p.sinks if SINK_PACKAGES[option] not in p.installed]
+    if missing:
+        return "; ".join(missing)
+
+
 def _ep_without_experts(p: RunPlan) -> Optional[str]:
     if p.ep > 1 and not p.shape.moe:
         return f"--ep {p.ep} splits experts: {p.shape.name} has none"
@@ -310,6 +374,7 @@ RULES: tuple[Rule, ...] = (
     _distributed_optimizer_on_cpu,
     _fp8_moe,                     # TE's FP8 linears are not built into the experts
     _ep_without_experts,
+    _shape_splits_over_tp,        # megatron-core's TP layers split heads and widths evenly
     _moe_tp_needs_sp,             # megatron-core's MoE under TP
     _sp_needs_tp,
     _compiled_layers_sp,          # measured wrong gradients (resolve_compile)
@@ -319,12 +384,13 @@ RULES: tuple[Rule, ...] = (
     _cp_attention,
     _cp_distributed_optimizer,
     _bf16_weights,                # autocast, no FP8, dense, not megatron-core's optimizer
+    _sink_packages,               # refused before the model is built, not after
 )
 
 
 # What building a model needs of its plan, trained or not (megatron-core builds MoE layers under TP
 # without sequence parallelism; only training them is refused).
-BUILD_RULES: tuple[Rule, ...] = (_sp_needs_tp, _balance_in_one_stage, _stages)
+BUILD_RULES: tuple[Rule, ...] = (_shape_splits_over_tp, _sp_needs_tp, _balance_in_one_stage, _stages)
 
 
 def check(plan: RunPlan, rules: tuple[Rule, ...] = RULES) -> None:

@@ -19,7 +19,7 @@ from megatron.core import parallel_state
 from .attention import context_mask, context_positions, document_mask, thd_mask
 from .distributed import gradient_group, unwrapped
 from .loss import linear_cross_entropy
-from .model import marks
+from . import marks
 from .model.experts import weights_shared
 
 

@@ -197,7 +197,7 @@ def test_a_checkpoint_of_another_model_is_refused(hf, converted):
     config = read_config(hf["qwen2"])
     shape = shape_from_config(config, hf["qwen2"])
     with megatron_core(), distributed(1):
-        model = build_model(shape, RunPlan.for_model(shape, attention="sdpa"))
+        model = build_model(RunPlan.for_model(shape, attention="sdpa"))
         checkpointer = Checkpointer(CheckpointConfig(save=None, save_interval=0, load=str(converted), save_hf=None),
                                     model, None, HFExport(shape, config, torch.float32, None, {}))
         with pytest.raises(ValueError, match="holds another model: .*qk_norm True .checkpoint. vs False"):
@@ -261,7 +261,7 @@ def test_moe_balance_loss_takes_transformers_gradients(hf, form, padded):
                  position_ids=torch.arange(48).expand_as(tokens),
                  segment_ids=torch.zeros_like(tokens, dtype=torch.int32))
     with megatron_core(), distributed(1):
-        mine = build_model(shape, RunPlan.for_model(shape, attention="sdpa", initialize=False, balance=form))
+        mine = build_model(RunPlan.for_model(shape, attention="sdpa", initialize=False, balance=form))
         load_hf_weights(mine, folder, shape)
         mine.train()
         spec = ForwardSpec("sdpa", torch.device("cpu"), autocast=False, cross_entropy="megatron", seq_length=48,

@@ -31,6 +31,8 @@ REFUSED = [
     (["--distributed-optimizer"], {}, "--distributed-optimizer runs on CUDA"),
     (["--fp8", "tensorwise"], dict(model="tiny-qwen3-moe", env=H100), "--fp8 with a mixture-of-experts"),
     (["--ep", "2"], dict(env=Environment(world_size=2)), "splits experts: tiny has none"),
+    (["--tp", "3"], dict(model="qwen2.5-0.5b", env=Environment(world_size=3)),
+     "--tp 3 does not split qwen2.5-0.5b evenly (14 attention heads, 2 key/value heads, an MLP 4,864 wide)"),
     (["--tp", "2"], dict(model="tiny-qwen3-moe", env=Environment(world_size=2)), "add --sequence-parallel"),
     (["--sequence-parallel"], {}, "it needs --tp 2 or more"),
     (["--tp", "2", "--sequence-parallel", "--compile", "layers"], dict(env=Environment(world_size=2)),
@@ -44,6 +46,8 @@ REFUSED = [
     (["--cp", "2", "--distributed-optimizer"], dict(env=Environment(cuda=True, world_size=2)),
      "--cp with --distributed-optimizer is not built yet"),
     (["--bf16-weights"], {}, "--bf16-weights: it computes under bf16 autocast"),
+    (["--tensorboard-dir", "tb", "--wandb-project", "p"], dict(env=Environment(installed=frozenset({"wandb"}))),
+     "--tensorboard-dir needs the tensorboard package (pip install tensorboard)"),
 ]
 
 
@@ -183,3 +187,13 @@ def test_a_plan_for_building_a_model_alone_is_checked_by_the_build_rules():
         RunPlan.for_model(PRESETS["tiny"], sequence_parallel=True)
     with pytest.raises(ValueError, match="do not split over --pp 2"):
         RunPlan.for_model(PRESETS["tiny"], pp=2, first_stage_layers=2)
+
+
+def test_the_plan_holds_the_layout_of_a_step():
+    """World, batches, accumulation and the gradient's ranks: the plan's, read by every builder."""
+    p = plan("--tp", "2", "--micro-batch-size", "2", "--global-batch-size", "16", env=Environment(world_size=8))
+    assert (p.tp, p.dp, p.world, p.global_batch, p.accumulation, p.gradient_ranks) == (2, 4, 8, 16, 2, 4)
+    p = plan("--cp", "2", env=Environment(world_size=4))
+    assert (p.dp, p.global_batch, p.accumulation, p.gradient_ranks) == (2, 2, 1, 4)
+    assert plan("--pp", "2", env=Environment(world_size=2)).stage_layers == [1, 1]
+    assert RunPlan.for_model(PRESETS["tiny"], tp=2).world == 2

@@ -29,7 +29,7 @@ def test_compiled_layers_trace_whole(megatron_cpu, name):
         pytest.skip("counts graphs on the CPU: on an H100 with megatron-core 0.19 a layer traced as 3 graphs with "
                     "no graph break; GPU runs count recompiles instead (bench/gpu.sh te)")
     torch.manual_seed(3)
-    model = build_model(PRESETS[name], RunPlan.for_model(PRESETS[name], attention="sdpa", max_sequence_length=128)).to(megatron_cpu)
+    model = build_model(RunPlan.for_model(PRESETS[name], attention="sdpa", max_sequence_length=128)).to(megatron_cpu)
     b, s = 2, 64
     batch = dict(tokens=torch.randint(0, 1000, (b, s)), labels=torch.randint(0, 1000, (b, s)),
                  position_ids=torch.arange(s).repeat(b, 1), segment_ids=torch.zeros(b, s, dtype=torch.long))
@@ -74,7 +74,7 @@ def _no_recompiles_across_sample_counts(device, attention, autocast):
 
     torch.manual_seed(3)
     s = 64
-    model = build_model(PRESETS["tiny"], RunPlan.for_model(PRESETS["tiny"], attention=attention, max_sequence_length=s)).to(device)
+    model = build_model(RunPlan.for_model(PRESETS["tiny"], attention=attention, max_sequence_length=s)).to(device)
     spec = ForwardSpec(attention, device, autocast=autocast, cross_entropy="fused", seq_length=s)
     torch._dynamo.reset()
     counters.clear()
@@ -120,7 +120,7 @@ def test_fp8_layers_compile_around_transformer_engines_linears(megatron_cpu):
     runs = []
     for compiled in (False, True):
         torch.manual_seed(3)
-        model = build_model(PRESETS["tiny"], RunPlan.for_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise",
+        model = build_model(RunPlan.for_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise",
                             compile="layers" if compiled else "swiglu")).to(megatron_cpu)
         try:
             for _ in range(2):
@@ -155,7 +155,7 @@ def test_attention_around_eager_linears_compiles_rope_once(megatron_cpu, name):
     spec = ForwardSpec("sdpa", megatron_cpu, autocast=False, cross_entropy="fused", seq_length=s)
     weights = torch.ones(2, s, device=megatron_cpu)
     torch.manual_seed(3)
-    model = build_model(PRESETS[name], RunPlan.for_model(PRESETS[name], attention="sdpa", max_sequence_length=s))
+    model = build_model(RunPlan.for_model(PRESETS[name], attention="sdpa", max_sequence_length=s))
     model = model.to(megatron_cpu)
     eager = masked_loss(model, batch, weights, spec).item()
     torch._dynamo.reset()
@@ -185,6 +185,8 @@ def test_pinned_loader_leaves_compiled_code_valid_in_threads_started_later(megat
     import warnings
 
     from qwen_data_train.loader import make_loader
+    from qwen_data_train.plan import RunPlan
+    from qwen_data_train.shapes import PRESETS
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # more than the pin-memory thread's 1, on any machine
@@ -192,7 +194,7 @@ def test_pinned_loader_leaves_compiled_code_valid_in_threads_started_later(megat
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a CPU-only torch warns that it pins nothing
-            next(make_loader(samples, 0, 1, 1, 0, torch.device("cuda")))
+            next(make_loader(samples, 0, RunPlan.for_model(PRESETS["tiny"]), 0, torch.device("cuda")))
         graphs = []
 
         def backend(graph, inputs):  # counts the compiles
@@ -233,7 +235,7 @@ def test_fp8_weights_are_cast_again_each_step_under_torch_ddp(megatron_cpu):
     mask, one = torch.ones(2, s, device=megatron_cpu), torch.ones((), device=megatron_cpu)
     spec = ForwardSpec("sdpa", megatron_cpu, autocast=True, cross_entropy="fused", seq_length=s)
     torch.manual_seed(3)
-    model = build_model(PRESETS["tiny"], RunPlan.for_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise")).to(megatron_cpu)
+    model = build_model(RunPlan.for_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=s, fp8="tensorwise")).to(megatron_cpu)
     ddp = DistributedDataParallel(model, device_ids=[megatron_cpu.index])
 
     def loss_of(sums):

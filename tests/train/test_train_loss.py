@@ -43,7 +43,7 @@ def test_fused_equals_megatron_loss_and_gradients(megatron_cpu, monkeypatch, nam
 
     monkeypatch.setattr(loss_module, "CHUNK_TOKENS", 96)  # 400 positions: 4 chunks of 96 and one of 16
     torch.manual_seed(5)
-    model = build_model(PRESETS[name], RunPlan.for_model(PRESETS[name], attention="sdpa", max_sequence_length=256))
+    model = build_model(RunPlan.for_model(PRESETS[name], attention="sdpa", max_sequence_length=256))
     batch, weights = _batch()
     spec = ForwardSpec("sdpa", megatron_cpu, autocast=False, cross_entropy="fused", seq_length=200)
     theirs, theirs_grads = _loss_and_grads(

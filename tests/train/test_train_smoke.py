@@ -14,7 +14,6 @@ dataset builder.
 
 import json
 import os
-import random
 import re
 import subprocess
 import sys
@@ -24,34 +23,18 @@ import pytest
 import torch
 from _helpers import write_jsonl
 from _train import run_train as _train
-from _train import torchrun
+from _train import torchrun, train_prefixes
 
-from qwen_data.cli import main as qwen_data
 
 pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
 
-WORDS = ("data model token river stone light cloud number garden window paper music "
-         "北京 数据 模型 Grüße café naïve 東京 δεδομένα данные").split()
 TRAIN = ["--model", "tiny", "--seq-length", "128", "--micro-batch-size", "2", "--global-batch-size", "4",
          "--log-interval", "1", "--num-workers", "0", "--lr", "1e-2", "--min-lr", "1e-3", "--warmup-iters", "1"]
 
 
 @pytest.fixture(scope="module")
 def prefixes(tmp_path_factory):
-    d = tmp_path_factory.mktemp("train_data")
-    rng = random.Random(7)
-    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
-    for name, docs in (("web", 300), ("code", 120)):
-        src = write_jsonl(d / f"{name}.jsonl", [{"text": words(rng.randint(5, 120))} for _ in range(docs)])
-        assert qwen_data(["pretrain", src, "-o", str(d / name), "--workers", "1", "--quiet"]) == 0
-    chats = write_jsonl(d / "chats.jsonl", [
-        {"messages": [{"role": "user", "content": words(rng.randint(2, 30))},
-                      {"role": "assistant", "content": words(rng.randint(2, 40))}]} for _ in range(120)])
-    assert qwen_data(["sft", chats, "-o", str(d / "chat"), "--template", "qwen2p5", "--seq-length", "256",
-                      "--pack", "--workers", "1", "--quiet"]) == 0
-    assert qwen_data(["blend", f"{d / 'web'}=0.7", f"{d / 'code'}=0.3", "-o", str(d / "pretrain_blend.json")]) == 0
-    assert qwen_data(["blend", str(d / "chat"), "-o", str(d / "sft_blend.json")]) == 0
-    return d
+    return train_prefixes(tmp_path_factory.mktemp("train_data"))
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +192,7 @@ def test_recompute_gives_the_same_gradients(megatron_cpu):
 
     def losses_and_grads(recompute):
         torch.manual_seed(0)
-        model = build_model(PRESETS["tiny"], RunPlan.for_model(PRESETS["tiny"], attention="sdpa", recompute=recompute)).train()
+        model = build_model(RunPlan.for_model(PRESETS["tiny"], attention="sdpa", recompute=recompute)).train()
         loss = model(tokens, positions, None, labels=tokens.roll(-1, 1)).sum()
         loss.backward()
         return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -291,7 +274,7 @@ def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autoca
 
     def run(grouped):
         torch.manual_seed(3)
-        model = build_model(PRESETS["tiny-qwen3-moe"], RunPlan.for_model(PRESETS["tiny-qwen3-moe"], attention="sdpa", max_sequence_length=128,
+        model = build_model(RunPlan.for_model(PRESETS["tiny-qwen3-moe"], attention="sdpa", max_sequence_length=128,
                             grouped_experts=grouped)).to(megatron_cpu)
         losses, grads = [], []
         for step in range(2):
@@ -320,7 +303,7 @@ def test_moe_tokens_are_dispatched_in_the_autocast_dtype(megatron_cpu):
     from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
 
-    model = build_model(PRESETS["tiny-qwen3-moe"], RunPlan.for_model(PRESETS["tiny-qwen3-moe"], attention="sdpa",
+    model = build_model(RunPlan.for_model(PRESETS["tiny-qwen3-moe"], attention="sdpa",
                                                                      max_sequence_length=128)).to(megatron_cpu)
     moe = model.decoder.layers[0].mlp
     seen = []
@@ -390,7 +373,7 @@ def test_bf16_weights_train_as_float32_weights_under_autocast(megatron_cpu, monk
 
     def train(bf16_weights):
         torch.manual_seed(0)
-        model = build_model(shape, RunPlan.for_model(shape, attention="sdpa")).train()
+        model = build_model(RunPlan.for_model(shape, attention="sdpa")).train()
         first = {n: p.detach().clone() for n, p in model.named_parameters()}
         optimizer = AdamW(model, optim, bf16_weights=bf16_weights)
         losses, norms = [], []
@@ -454,9 +437,10 @@ positions = torch.arange(64).expand(2, -1)
 
 def train(bf16_weights, device):
     torch.manual_seed(0)
-    core = build_model(shape, RunPlan.for_model(shape, attention="sdpa")).train()
+    plan = RunPlan.for_model(shape, attention="sdpa", data_parallel="torch", dp=2)
+    core = build_model(plan).train()
     optimizer = AdamW(core, config.optim, bf16_weights=bf16_weights)  # split before DDP, as the trainer does
-    model = data_parallel(core, "torch", device, config.parallel)
+    model = data_parallel(core, plan, device)
     norms, started = [], []
     reduction = model.split_grad_reduction
     for step in range(3):
@@ -517,7 +501,8 @@ def test_split_weights_save_and_resume_as_their_float32_masters(megatron_cpu, tm
     from qwen_data_train.config import CheckpointConfig, TrainConfig
     from qwen_data_train.hf.checkpoint import HFExport
     from qwen_data_train.loop import model_of
-    from qwen_data_train.model import build_model, marks
+    from qwen_data_train import marks
+    from qwen_data_train.model import build_model
     from qwen_data_train.optimizer import AdamW
     from qwen_data_train.plan import RunPlan
 
@@ -527,7 +512,7 @@ def test_split_weights_save_and_resume_as_their_float32_masters(megatron_cpu, tm
 
     def made(seed):
         torch.manual_seed(seed)
-        core = build_model(shape, RunPlan.for_model(shape, attention="sdpa"))
+        core = build_model(RunPlan.for_model(shape, attention="sdpa"))
         return core, AdamW(core, config.optim, bf16_weights=True)
 
     def state(core, optimizer):
@@ -773,7 +758,7 @@ def _model(name, attention):
     from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
     torch.manual_seed(3)
-    return build_model(PRESETS[name], RunPlan.for_model(PRESETS[name], attention=attention, max_sequence_length=256)).eval()
+    return build_model(RunPlan.for_model(PRESETS[name], attention=attention, max_sequence_length=256)).eval()
 
 
 def _spec(attention, device):

@@ -33,7 +33,8 @@ from safetensors.torch import save_file
 
 from qwen_data.formats.outputs import atomic_file
 
-from ..model import ModelShape, is_expert_parallel, layer_offset
+from ..marks import is_expert_parallel, layer_offset
+from ..shapes import ModelShape
 from .config import CONFIG, GENERATION, UnsupportedCheckpoint
 from .weights import hf_source
 
@@ -91,7 +92,7 @@ def load_hf_weights(model: torch.nn.Module, directory: str, shape: ModelShape) -
     `model`; every tensor of the folder must find a place on some stage."""
     rank = parallel_state.get_tensor_model_parallel_rank()
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    offset, experts = layer_offset(model.config), expert_offset(shape)
+    offset, experts = layer_offset(model), expert_offset(shape)
     with SafetensorsFolder(directory) as folder, torch.no_grad():
         for name, param in model.named_parameters():
             slicing, names = hf_source(name, shape, offset, experts)
@@ -181,7 +182,7 @@ def _stage_tensors(model: torch.nn.Module, export: HFExport):
     """(HF name, whole tensor in the folder's dtype, on the model's device) of this pipeline
     stage, gathered over its tensor-parallel group, and experts also over the expert-parallel
     group (collective: every rank of those groups iterates)."""
-    offset = layer_offset(model.config)
+    offset = layer_offset(model)
     for name, param in model.named_parameters():
         if getattr(param, "shared", False):  # the last stage's copy of tied embeddings: the first stage writes them
             continue

@@ -22,7 +22,7 @@ import torch
 
 from qwen_data.qwen import EOD_ID, IM_END_ID
 
-from ..model import ModelShape
+from ..shapes import ModelShape
 
 CONFIG = "config.json"
 GENERATION = "generation_config.json"

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..model import ModelShape
+from ..shapes import ModelShape
 
 # read(hf_name, dim, start, stop) -> the tensor's [start:stop] along dim (dim None: all of it)
 Reader = Callable[[str, Optional[int], int, int], torch.Tensor]

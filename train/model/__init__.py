@@ -2,11 +2,9 @@
 HF configs, `shapes.PRESETS`, or a Hugging Face folder's).
 
     preset = PRESETS["qwen2.5-0.5b"]
-    model = build_model(preset, plan)          # a plan.RunPlan; after parallel_state.initialize_model_parallel
+    model = build_model(RunPlan.for_model(preset, attention="sdpa"))  # after parallel_state.initialize_model_parallel
 
-The package, bottom up:
-  marks        the marks set on parameters and the model, and read elsewhere (one accessor each)
-  stages       where this rank's pipeline stage begins
+The package, bottom up (the marks it sets on parameters and the model are train/marks.py's):
   layers       our layers in megatron-core's local spec (seeded layers, RMSNorm, row-parallel linears)
   experts      a mixture of experts' experts as grouped matrix products
   balance      transformers' load-balancing loss over all layers' routing
@@ -28,9 +26,6 @@ Attention, the core of megatron-core's local layer spec (whose other modules tor
   auto   `plan.resolve_attention`: the fastest of these that runs here.
 """
 
-from ..shapes import ModelShape
 from .build import build_model, model_parts
-from .marks import is_expert_parallel
-from .stages import layer_offset
 
-__all__ = ["ModelShape", "build_model", "is_expert_parallel", "layer_offset", "model_parts"]
+__all__ = ["build_model", "model_parts"]

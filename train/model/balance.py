@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from megatron.core.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from megatron.core.parallel_state import get_tensor_model_parallel_rank
 from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 from megatron.core.transformer.moe.router import TopKRouter
 
@@ -36,9 +36,10 @@ class BalanceLoss:
     probabilities. Counts are those of the whole micro-batch: ranks that hold parts of its
     sequence (sequence or context parallelism) add theirs up."""
 
-    def __init__(self, coeff: float, num_experts: int, num_layers: int, sequence_parallel: bool) -> None:
+    def __init__(self, coeff: float, num_experts: int, num_layers: int, sequence_parallel: bool,
+                 tensor_parallel: int = 1) -> None:
         self.coeff, self.num_experts, self.num_layers = coeff, num_experts, num_layers
-        self.sequence_parallel = sequence_parallel
+        self.sequence_parallel, self.tensor_parallel = sequence_parallel, tensor_parallel
         self.counts: dict[int, torch.Tensor] = {}  # layer number → [tokens routed to each expert..., positions]
         self.trained: Optional[torch.Tensor] = None
         self.real: Optional[torch.Tensor] = None  # [positions the routers see]: not a pad
@@ -50,8 +51,7 @@ class BalanceLoss:
         if tokens is not None and pad is not None:
             real = (tokens != pad).t()  # the routers see positions [s, b] flattened
             if self.sequence_parallel:  # this tensor-parallel rank's chunk of s
-                size, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
-                real = real.chunk(size)[rank]
+                real = real.chunk(self.tensor_parallel)[get_tensor_model_parallel_rank()]
             self.real = real.reshape(-1)
 
     def record(self, router: TopKRouter, routing_map: torch.Tensor) -> Optional[torch.Tensor]:
@@ -128,7 +128,9 @@ def install(model: torch.nn.Module, coeff: float) -> BalanceLoss:
     """Routes `model`'s mixture-of-experts layers through BalancedRouter (parameters unchanged) and
     returns the BalanceLoss they share."""
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
-    balance = BalanceLoss(coeff, model.config.num_moe_experts, len(routers), model.config.sequence_parallel)
+    config = model.config
+    balance = BalanceLoss(coeff, config.num_moe_experts, len(routers), config.sequence_parallel,
+                          config.tensor_model_parallel_size)
     for router in routers:
         router.__class__, router.balance = BalancedRouter, balance
     return balance

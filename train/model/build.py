@@ -1,5 +1,6 @@
-"""This rank's GPTModel from a `ModelShape` and the run's choices: `model_parts` turns the choices
-into the TransformerConfig and the layer spec, `build_model` builds from them."""
+"""This rank's GPTModel from the run's plan (its shape and choices): `model_parts` turns the plan into
+the TransformerConfig and the layer spec, `build_model` builds from them. Sizes come from the plan;
+megatron-core's parallel_state says only which pipeline stage this rank is."""
 
 from __future__ import annotations
 
@@ -7,31 +8,17 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
-from ..plan import RunPlan, pipeline_split
+from ..marks import mark_balance_loss, mark_layer_offset
+from ..plan import RunPlan
 from ..shapes import ModelShape
 from .balance import install as install_balance
-from .marks import mark_balance_loss
 from .spec import block_spec
 from .transformer import transformer_config
 
 
-def model_parts(shape: ModelShape, plan: RunPlan):
-    """(TransformerConfig, the decoder's spec) of this rank's stage; the layout's sizes beside the
-    tensor-parallel one come from parallel_state."""
-    stage_layers = pipeline_split(shape.num_layers, parallel_state.get_pipeline_model_parallel_world_size(),
-                                  plan.first_stage_layers, plan.last_stage_layers, shape.name
-                                  )[parallel_state.get_pipeline_model_parallel_rank()]
-    config = transformer_config(shape, attention=plan.attention, tensor_parallel=plan.tp,
-                                pipeline_parallel=parallel_state.get_pipeline_model_parallel_world_size(),
-                                expert_parallel=parallel_state.get_expert_model_parallel_world_size(),
-                                context_parallel=parallel_state.get_context_parallel_world_size(),
-                                sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
-                                recompute_modules=tuple(plan.recompute_modules), initialize=plan.initialize,
-                                fuse_swiglu=plan.compile != "none", fp8=plan.fp8, balance=plan.balance,
-                                first_stage_layers=plan.first_stage_layers, last_stage_layers=plan.last_stage_layers)
-    spec = block_spec(shape, plan.attention, plan.seed, plan.sequence_parallel, bool(plan.fp8), plan.grouped_experts,
-                      layers=stage_layers)
-    return config, spec
+def model_parts(plan: RunPlan):
+    """(TransformerConfig, the decoder's spec) of this rank's pipeline stage."""
+    return transformer_config(plan), block_spec(plan, parallel_state.get_pipeline_model_parallel_rank())
 
 
 def gpt_model(preset: ModelShape, config: TransformerConfig, spec, max_sequence_length: int | None) -> GPTModel:
@@ -50,14 +37,16 @@ def gpt_model(preset: ModelShape, config: TransformerConfig, spec, max_sequence_
     )
 
 
-def build_model(shape: ModelShape, plan: RunPlan) -> GPTModel:
+def build_model(plan: RunPlan) -> GPTModel:
     """This rank's GPTModel (its pipeline stage's layers) as `plan` says, on the CPU, float32 (move it
-    with `.to(device)`). Needs `parallel_state.initialize_model_parallel` first. Weights come from
-    `plan.seed` (the embedding and output layer from torch's generator as it stands, each layer from
-    the seed and its number), the same under every layout. The plan was checked when it was made
-    (plan.RULES): nothing is refused here."""
-    config, spec = model_parts(shape, plan)
+    with `.to(device)`). Needs `parallel_state.initialize_model_parallel` first, with the plan's sizes.
+    Weights come from `plan.seed` (the embedding and output layer from torch's generator as it stands,
+    each layer from the seed and its number), the same under every layout. The plan was checked when
+    it was made (plan.RULES): nothing is refused here."""
+    shape, stage = plan.shape, parallel_state.get_pipeline_model_parallel_rank()
+    config, spec = model_parts(plan)
     model = gpt_model(shape, config, spec, plan.max_sequence_length)
+    mark_layer_offset(model, plan.layer_offset(stage))
     if shape.moe and plan.balance == "transformers":
         mark_balance_loss(model, install_balance(model, shape.router_aux_loss_coef))
     if plan.compile == "layers":

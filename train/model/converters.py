@@ -43,10 +43,12 @@ def mlp_parts(spec: ModuleSpec):
     return _submodules(mlp.experts) if hasattr(mlp, "experts") else mlp
 
 
-def seeded_layers(seed: int) -> Converter:
-    """Each layer's weights drawn from `seed` and its global number (SeededTransformerLayer)."""
+def seeded_layers(seed: int, offset: int = 0) -> Converter:
+    """Each layer's weights drawn from `seed` and its global number (SeededTransformerLayer): its
+    number in the stage after the `offset` layers of the stages before."""
     def convert(spec):
-        spec.module, spec.params = SeededTransformerLayer, {**spec.params, "init_seed": seed}
+        spec.module = SeededTransformerLayer
+        spec.params = {**spec.params, "init_seed": seed, "layer_offset": offset}
         return spec
     return convert
 

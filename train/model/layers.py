@@ -14,8 +14,7 @@ from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import get_pg_rank, get_pg_size
 
-from .marks import mark_sequence_parallel
-from .stages import layer_offset
+from ..marks import mark_sequence_parallel
 
 
 class GroupedRowParallelLinear(RowParallelLinear):
@@ -39,8 +38,9 @@ class SeededTransformerLayer(TransformerLayer):
     number alone: a pipeline stage builds only its own layers, and without this a layer's weights
     would depend on how many were built before it on the same rank."""
 
-    def __init__(self, config, submodules, layer_number: int = 1, *args, init_seed: int = 0, **kwargs):
-        number = layer_number + layer_offset(config)
+    def __init__(self, config, submodules, layer_number: int = 1, *args, init_seed: int = 0, layer_offset: int = 0,
+                 **kwargs):
+        number = layer_number + layer_offset
         torch.manual_seed(init_seed * 1_000_003 + number)
         super().__init__(config, submodules, layer_number, *args, **kwargs)
         assert self.layer_number == number, "megatron-core numbers this layer otherwise"

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 
+from ..plan import RunPlan
 from ..shapes import ModelShape
 
 
@@ -29,7 +30,7 @@ def architecture(preset: ModelShape) -> dict:
     )
 
 
-def mixture_of_experts(preset: ModelShape, balance: str = "transformers") -> dict:
+def mixture_of_experts(preset: ModelShape, balance: str = "transformers", cuda: bool = False) -> dict:
     """The mixture of experts of `preset` in TransformerConfig's fields, computing what
     transformers' Qwen3MoeSparseMoeBlock does: a softmax router over all experts, the top k, their
     weights renormalised to sum to 1 (megatron-core: top k of the logits, then softmax over them,
@@ -42,7 +43,7 @@ def mixture_of_experts(preset: ModelShape, balance: str = "transformers") -> dic
     "per-layer", megatron-core's, one per layer divided by the top k, with a coefficient that makes
     the two the same size where layers route alike.
 
-    Tokens reach the experts by all-to-all on GPUs (megatron-core's choice for expert
+    Tokens reach the experts by all-to-all on GPUs (`cuda`: megatron-core's choice for expert
     parallelism) and by all-gather on the CPU (its all-to-all needs a CUDA stream)."""
     return dict(
         num_moe_experts=preset.num_experts,
@@ -53,26 +54,24 @@ def mixture_of_experts(preset: ModelShape, balance: str = "transformers") -> dic
         moe_router_load_balancing_type="aux_loss" if balance == "per-layer" else "none",
         moe_aux_loss_coeff=preset.router_aux_loss_coef * preset.moe_topk / preset.num_layers
         if balance == "per-layer" else 0.0,
-        moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather",
+        moe_token_dispatcher_type="alltoall" if cuda else "allgather",
         moe_grouped_gemm=False,
     )
 
 
-def parallel(tensor_parallel: int = 1, pipeline_parallel: int = 1, expert_parallel: int = 1,
-             context_parallel: int = 1, sequence_parallel: bool = False,
-             first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> dict:
+def parallel(plan: RunPlan) -> dict:
     """The parallel layout in TransformerConfig's fields. Pipeline stages pass float32 activations
-    (the residual stream stays float32 under autocast); they hold `first_stage_layers` and
-    `last_stage_layers` as `plan.pipeline_split` reads them (the plan checks them)."""
+    (the residual stream stays float32 under autocast); the first and last hold the layers the plan
+    gives them (`RunPlan.stage_layers`)."""
     return dict(
-        tensor_model_parallel_size=tensor_parallel,
-        pipeline_model_parallel_size=pipeline_parallel,
-        num_layers_in_first_pipeline_stage=first_stage_layers,
-        num_layers_in_last_pipeline_stage=last_stage_layers,
-        expert_model_parallel_size=expert_parallel,
-        context_parallel_size=context_parallel,
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
+        num_layers_in_first_pipeline_stage=plan.first_stage_layers,
+        num_layers_in_last_pipeline_stage=plan.last_stage_layers,
+        expert_model_parallel_size=plan.ep,
+        context_parallel_size=plan.cp,
         pipeline_dtype=torch.float32,
-        sequence_parallel=sequence_parallel,
+        sequence_parallel=plan.sequence_parallel,
     )
 
 
@@ -118,31 +117,24 @@ def fixed(fuse_swiglu: bool = False) -> dict:
     )
 
 
-def transformer_config(preset: ModelShape, *, attention: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                       expert_parallel: int = 1, context_parallel: int = 1,
-                       sequence_parallel: bool = False, recompute: str | None = None,
-                       recompute_modules: tuple[str, ...] = ("mlp",), initialize: bool = True,
-                       fuse_swiglu: bool = False,
-                       fp8: str | None = None, balance: str = "transformers",
-                       first_stage_layers: int | None = None, last_stage_layers: int | None = None
-                       ) -> TransformerConfig:
-    """megatron-core's TransformerConfig for `preset` (attention already resolved).
+def transformer_config(plan: RunPlan) -> TransformerConfig:
+    """megatron-core's TransformerConfig of the plan's model (its attention already resolved).
 
     Parameters stay float32 (the optimizer's master weights); the loop runs the model under bf16
     autocast. Weights are initialised on the CPU from the global seed and then split, so every
-    tensor-parallel layout starts from the same model. `initialize=False` (weights about to be
+    tensor-parallel layout starts from the same model. `plan.initialize` False (weights about to be
     loaded) initialises them where they live, the current device: faster, and any values do.
     (megatron's perform_initialization=False would skip marking the tensor-parallel split on
     the parameters, which the gradient norm and the checkpoints read.)
     """
+    shape = plan.shape
     return TransformerConfig(
-        **architecture(preset),
-        **(mixture_of_experts(preset, balance) if preset.moe else {}),
-        **fixed(fuse_swiglu),
-        **parallel(tensor_parallel, pipeline_parallel, expert_parallel, context_parallel, sequence_parallel,
-                   first_stage_layers, last_stage_layers),
-        **recomputing(recompute, recompute_modules),
-        use_cpu_initialization=initialize,
+        **architecture(shape),
+        **(mixture_of_experts(shape, plan.balance, plan.cuda) if shape.moe else {}),
+        **fixed(fuse_swiglu=plan.compile != "none"),
+        **parallel(plan),
+        **recomputing(plan.recompute, plan.recompute_modules),
+        use_cpu_initialization=plan.initialize,
         params_dtype=torch.float32,
-        **fp8_fields(fp8),
+        **fp8_fields(plan.fp8),
     )

@@ -9,17 +9,15 @@ The attribute names are part of the contract: megatron-core reads `sequence_para
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 import torch
-
-if TYPE_CHECKING:
-    from .balance import BalanceLoss
 
 FLOAT32_GRAD = "float32_grad"  # a bf16 weight split from its float32 master: its float32 gradient
 LOW_BITS = "low"  # that weight's other 16 bits (optimizer.split_float32)
 SEQUENCE_PARALLEL = "sequence_parallel"  # a norm of the sequence-split stream: its gradient summed over TP
-BALANCE_LOSS = "balance_loss"  # on the model: balance.py's BalanceLoss its routers share
+BALANCE_LOSS = "balance_loss"  # on the model: model/balance.py's BalanceLoss its routers share
+LAYER_OFFSET = "layer_offset"  # on the model: the layers the pipeline stages before this rank's hold
 EXPERT_ALLREDUCE = "allreduce"  # megatron-core's: False on the experts this expert-parallel rank holds alone
 SHARED_EMBEDDING = "shared_embedding"  # megatron-core's: the last stage's copy of tied embeddings
 
@@ -57,11 +55,11 @@ def is_sequence_parallel(param: torch.nn.Parameter) -> bool:
     return getattr(param, SEQUENCE_PARALLEL, False)
 
 
-def mark_balance_loss(model: torch.nn.Module, balance: BalanceLoss) -> None:
+def mark_balance_loss(model: torch.nn.Module, balance: Any) -> None:
     setattr(model, BALANCE_LOSS, balance)
 
 
-def balance_loss(model: torch.nn.Module) -> Optional[BalanceLoss]:
+def balance_loss(model: torch.nn.Module) -> Optional[Any]:
     """The load-balancing loss build_model installed (`balance.install`) on the model, unwrapped; None: none."""
     return getattr(model, BALANCE_LOSS, None)
 
@@ -74,3 +72,12 @@ def is_expert_parallel(param: torch.nn.Parameter) -> bool:
 def is_shared_embedding(param: torch.nn.Parameter) -> bool:
     """The last pipeline stage's copy of tied embeddings (megatron-core's mark)."""
     return getattr(param, SHARED_EMBEDDING, False)
+
+
+def mark_layer_offset(model: torch.nn.Module, offset: int) -> None:
+    setattr(model, LAYER_OFFSET, offset)
+
+
+def layer_offset(model: torch.nn.Module) -> int:
+    """Layer k of this stage's model is the whole model's layer `layer_offset(model) + k`."""
+    return getattr(model, LAYER_OFFSET)
