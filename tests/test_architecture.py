@@ -257,3 +257,15 @@ def test_the_model_takes_its_sizes_and_machine_from_the_plan():
     # the check can fail
     assert _model_asks("x = parallel_state.get_pipeline_model_parallel_world_size()\ny = torch.cuda.is_available()") \
         == ["get_pipeline_model_parallel_world_size", "torch.cuda"]
+
+
+def _long_functions(source: str, most: int = 50) -> list[str]:
+    return [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > most]
+
+
+def test_no_function_of_the_product_is_over_50_lines():
+    found = {str(p.relative_to(REPO_ROOT)): long for folder in PACKAGES.values()
+             for p in (REPO_ROOT / folder).rglob("*.py") if (long := _long_functions(p.read_text(encoding="utf-8")))}
+    assert found == {}
+    assert _long_functions("def f():\n" + "    x = 1\n" * 50) == ["f (51 lines)"]  # the check can fail

@@ -2,7 +2,7 @@
 
 Results come back in input order, but a task goes to whichever worker is free: a slow task holds
 back only the results after it, never the other workers, which go on with the next tasks while
-there is room. At most `max_in_flight` tasks are queued, running or finished and waiting for their
+there is room. At most SLOTS tasks a worker are queued, running or finished and waiting for their
 turn, so memory stays flat however long the input.
 
 Bulk results travel through shared memory: every worker position has an arena of slots mapped
@@ -63,72 +63,81 @@ SLOTS = 4  # per worker position: its queued tasks, and two finished ones waitin
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def ordered_map(
-    fn: Callable,
-    items: Iterable,
-    workers: int,
-    initializer: Callable | None = None,
-    initargs: tuple = (),
-    max_in_flight: int | None = None,
-    tasks_per_worker: int | None = None,
-    worker_growth: int | None = None,
-    shared_fields: tuple[str, ...] = (),
-    slot_bytes: int = 0,
-    before_fork: Callable[[], None] | None = None,
-) -> Iterator:
-    """`fn(item)` for every item, in order. `shared_fields`: attributes of a result holding numpy
-    arrays (or lists of them) that travel through slots of `slot_bytes` each."""
-    per_worker = max(1, (max_in_flight or SLOTS * workers) // workers)
-    positions = [_Position(per_worker, slot_bytes if shared_fields else 0) for _ in range(workers)]
-    start = (fn, initializer, initargs, shared_fields)
-    live: set[_Worker] = set()
-    done: dict[int, tuple[_Position, int, object]] = {}  # finished, waiting for their turn
-    items, sent, turn = iter(items), 0, 0
-    exhausted = finished = False
-    try:
-        while True:
-            while not exhausted and (position := _free(positions)) is not None:
-                item = next(items, _STOP)
-                if item is _STOP:
-                    exhausted = True
+def ordered_map(fn: Callable, items: Iterable, workers: int, tasks_per_worker: int | None = None,
+                worker_growth: int | None = None, shared_fields: tuple[str, ...] = (), slot_bytes: int = 0,
+                before_fork: Callable[[], None] | None = None) -> Iterator:
+    """`fn(item)` for every item, in order. A worker is replaced after `tasks_per_worker` tasks or
+    once it grew by `worker_growth` bytes; `shared_fields`: attributes of a result holding numpy
+    arrays (or lists of them) that travel through slots of `slot_bytes` each; `before_fork` runs
+    before each worker is forked."""
+    return _OrderedMap(fn, workers, tasks_per_worker, worker_growth, shared_fields, slot_bytes, before_fork).run(items)
+
+
+class _OrderedMap:
+    """`ordered_map`'s state: the worker positions, the live workers, the results waiting for their turn."""
+
+    def __init__(self, fn, workers, tasks_per_worker, worker_growth, shared_fields, slot_bytes, before_fork) -> None:
+        self.fn, self.shared_fields, self.slot_bytes = fn, shared_fields, slot_bytes
+        self.tasks_per_worker, self.worker_growth, self.before_fork = tasks_per_worker, worker_growth, before_fork
+        self.positions = [_Position(SLOTS, slot_bytes if shared_fields else 0) for _ in range(workers)]
+        self.live: set[_Worker] = set()
+        self.done: dict[int, tuple[_Position, int, object]] = {}  # finished, waiting for their turn
+        self.sent = 0
+
+    def run(self, items: Iterable) -> Iterator:
+        items, turn, exhausted, finished = iter(items), 0, False, False
+        try:
+            while True:
+                exhausted = exhausted or self._send_more(items)
+                if turn in self.done:
+                    position, slot, result = self.done.pop(turn)
+                    turn += 1
+                    yield result
+                    position.slots.append(slot)  # the consumer is done with the result's views
+                    continue
+                if exhausted and turn == self.sent:
                     break
-                worker = position.worker
-                if worker is None or worker.retired:
-                    if before_fork is not None:
-                        before_fork()
-                    with _stops_held():  # a worker started is a worker in `live`
-                        worker = position.worker = _Worker(*start, position, slot_bytes)
-                        live.add(worker)
-                worker.send(sent, position.slots.pop(), item)
-                if worker.assigned == tasks_per_worker:
-                    worker.retire()
-                sent += 1
-            if turn in done:
-                position, slot, result = done.pop(turn)
-                turn += 1
-                yield result
-                position.slots.append(slot)  # the consumer is done with the result's views
-                continue
-            if exhausted and turn == sent:
-                break
-            busy = {w.conn: w for w in live if w.outstanding}
-            for conn in wait(list(busy)):
-                worker = busy[conn]
-                index, slot, result = worker.result()
-                done[index] = (worker.position, slot, result)
-                if worker_growth is not None and worker.grown > worker_growth:
-                    worker.retire()
-                if worker.retired and not worker.outstanding:
-                    with _stops_held():
-                        worker.end(kill=False)
-                        live.discard(worker)
-        for worker in live:
-            worker.retire()  # each exits once it reads this: nothing is queued any more
-        finished = True
-    finally:
-        with _stops_held():
-            for worker in live:
-                worker.end(kill=not finished)
+                self._receive()
+            for worker in self.live:
+                worker.retire()  # each exits once it reads this: nothing is queued any more
+            finished = True
+        finally:
+            with _stops_held():
+                for worker in self.live:
+                    worker.end(kill=not finished)
+
+    def _send_more(self, items: Iterator) -> bool:
+        """Tasks to every free position; → whether `items` ran out."""
+        while (position := _free(self.positions)) is not None:
+            item = next(items, _STOP)
+            if item is _STOP:
+                return True
+            worker = position.worker
+            if worker is None or worker.retired:
+                if self.before_fork is not None:
+                    self.before_fork()
+                with _stops_held():  # a worker started is a worker in `live`
+                    worker = position.worker = _Worker(self.fn, self.shared_fields, position, self.slot_bytes)
+                    self.live.add(worker)
+            worker.send(self.sent, position.slots.pop(), item)
+            if worker.assigned == self.tasks_per_worker:
+                worker.retire()
+            self.sent += 1
+        return False
+
+    def _receive(self) -> None:
+        """The results that are ready (at least one), each kept for its turn; workers done ended."""
+        busy = {w.conn: w for w in self.live if w.outstanding}
+        for conn in wait(list(busy)):
+            worker = busy[conn]
+            index, slot, result = worker.result()
+            self.done[index] = (worker.position, slot, result)
+            if self.worker_growth is not None and worker.grown > self.worker_growth:
+                worker.retire()
+            if worker.retired and not worker.outstanding:
+                with _stops_held():
+                    worker.end(kill=False)
+                    self.live.discard(worker)
 
 
 class SideProcess:
@@ -139,7 +148,7 @@ class SideProcess:
 
     def __init__(self, fn: Callable) -> None:
         with _stops_held():
-            self._worker = _Worker(fn, None, (), (), _Position(0, 0), 0)
+            self._worker = _Worker(fn, (), _Position(0, 0), 0)
 
     def send(self, item) -> None:
         self._worker.send(self._worker.assigned, 0, item)
@@ -194,8 +203,7 @@ class _RemoteTraceback(Exception):
 
 
 class _Worker:
-    def __init__(self, fn: Callable, initializer: Callable | None, initargs: tuple, shared_fields: tuple,
-                 position: _Position, slot_bytes: int):
+    def __init__(self, fn: Callable, shared_fields: tuple, position: _Position, slot_bytes: int):
         self.conn, theirs = multiprocess.get_context("fork").Pipe()
         self.assigned = self.outstanding = 0
         self.retired = False
@@ -204,7 +212,7 @@ class _Worker:
         self.start_rss: int | None = None
         self.grown = 0
         self.process = multiprocess.get_context("fork").Process(
-            target=_serve, args=(theirs, os.getpid(), fn, initializer, initargs, shared_fields, arena, slot_bytes),
+            target=_serve, args=(theirs, os.getpid(), fn, shared_fields, arena, slot_bytes),
             daemon=True,
         )
         self.process.start()
@@ -319,8 +327,7 @@ def _view(arena: mmap.mmap, spot: _InSlot) -> np.ndarray:
 
 
 # -- the worker process ---------------------------------------------------------------------------
-def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initargs: tuple, shared_fields: tuple,
-           arena: mmap.mmap | None, slot_bytes: int) -> None:
+def _serve(conn, parent: int, fn: Callable, shared_fields: tuple, arena: mmap.mmap | None, slot_bytes: int) -> None:
     for signum in STOPPING:  # the main process decides, then kills us
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: end silently, no BrokenPipeError
@@ -329,17 +336,8 @@ def _serve(conn, parent: int, fn: Callable, initializer: Callable | None, initar
     # process waits for it to read a result.
     tasks: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_receive, args=(conn, tasks), daemon=True).start()
-    failed = None
-    if initializer is not None:
-        try:
-            initializer(*initargs)
-        except Exception as exc:  # answered to every task, so the main process raises it
-            failed = exc, traceback.format_exc()
     while (task := tasks.get()) is not _STOP:
         index, slot, item = task
-        if failed is not None:
-            conn.send_bytes(_dumps((index, slot, False, *failed, 0)))
-            continue
         try:
             result = fn(item)
             if arena is not None:
