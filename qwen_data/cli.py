@@ -21,7 +21,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from . import __version__
 from .errors import describe
-from .inputs.readers import DEFAULT_CHUNK_BYTES, Shard
+from .inputs.chunks import DEFAULT_CHUNK_BYTES
+from .inputs.files import Shard
 from .options import INT32_MAX, DefaultsHelpFormatter, bounded
 from .qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN, EOD_TOKEN, IM_END, LONGEST_CONTEXT, MAX_SEQ_LENGTH
 from .text.tokenizer import BACKENDS, SPECIAL_POLICIES, TokenizerConfig

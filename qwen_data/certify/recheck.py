@@ -31,7 +31,9 @@ from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest, describe_input, input_entry, pins_differ
 from ..formats.outputs import atomic_file
 from ..formats.packing import next_window
-from ..inputs.readers import LineNumbers, Shard, expand, read_chunks
+from ..inputs.chunks import LineNumbers
+from ..inputs.files import Shard, expand
+from ..inputs.readers import read_chunks
 from ..text import literals
 from ..text.conversations import to_conversation
 from ..text.masking import SampleEncoder

@@ -1,6 +1,6 @@
 """Records: parsing a jsonl line, and setting aside the records a run cannot use.
 
-Where records come from (files, chunks, shards) is `readers`, as `Record`s; each step decides what
+Where records come from (files, chunks, shards) is `files`, `chunks` and `readers`, as `Record`s; each step decides what
 makes a record unusable (it raises RecordError), `Rejects.sift` is the one place such a record is
 caught and set aside, and the run's `RejectLog` writes PREFIX.rejects.jsonl.
 """

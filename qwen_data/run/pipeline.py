@@ -29,8 +29,9 @@ from ..formats.claims import dataset_owner
 from ..formats.indexed import pause_hashing
 from ..formats.manifest import Manifest, input_entry
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
-from ..inputs.readers import (DEFAULT_CHUNK_BYTES, STDIN, Chunk, InputFile, LineNumbers, Shard, estimated_records,
-                              expand, read_chunks)
+from ..inputs.chunks import DEFAULT_CHUNK_BYTES, Chunk, LineNumbers
+from ..inputs.files import STDIN, InputFile, Shard, expand
+from ..inputs.readers import estimated_records, read_chunks
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig, resolve_tokenizer_dir
 from .certifier import NOTHING_WRITTEN, Certifier
@@ -55,7 +56,7 @@ CHECKED_BY_CALLER = {"certified": False, "why": "the records picked were handed 
 class RunConfig:
     """What every pipeline takes besides its step's own settings."""
 
-    inputs: list[str]  # as given: files, directories, globs, hf:NAME, - (see `readers`)
+    inputs: list[str]  # as given: files, directories, globs, hf:NAME, - (see `inputs.files`)
     output_prefix: str
     hf_split: str | None = None
     shard: Shard | None = None  # this run's part of the inputs; its output is for `merge`

@@ -59,7 +59,8 @@ from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
-from ..inputs.readers import STDIN, Shard, estimated_records, expand
+from ..inputs.files import STDIN, Shard, expand
+from ..inputs.readers import estimated_records
 from ..inputs.records import EmptyOutput
 from . import pipeline
 from .certifier import take

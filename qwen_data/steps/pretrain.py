@@ -20,7 +20,7 @@ from ..formats.digest import BinDigest
 from ..formats.indexed import IndexedDatasetWriter, token_dtype
 from ..formats.manifest import Manifest, fingerprinted, train_problems
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
-from ..inputs.readers import Chunk
+from ..inputs.chunks import Chunk
 from ..inputs.records import Record, Rejects, check_unicode
 from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..run import pipeline

@@ -30,7 +30,7 @@ from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import AtomicOutputs
 from ..formats.packing import DEFAULT_PACKING, PACKINGS, SampleWindows
 from ..inputs.columns import ColumnMap
-from ..inputs.readers import Chunk
+from ..inputs.chunks import Chunk
 from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
 from ..qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN
 from ..qwen import EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS

@@ -146,7 +146,7 @@ def test_records_picked_by_shards_are_checked_in_one_process_of_the_driver(tmp_p
 
     from _helpers import corpus, pretrain
 
-    from qwen_data.inputs.readers import Shard, expand
+    from qwen_data.inputs.files import Shard, expand
     from qwen_data.run import pipeline
     from qwen_data.run.ray import _DriverChecks
     from qwen_data.steps.pretrain import PretrainConfig, Tokenize

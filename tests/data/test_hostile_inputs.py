@@ -163,7 +163,7 @@ def test_a_line_far_longer_than_a_chunk_reads_in_linear_time(tmp_path):
                         ("long.json", lambda p: p.write_text(json.dumps([long, {"text": "after"}])))):
         path = tmp_path / name
         write(path)
-        script = ("import sys; from qwen_data.inputs.readers import expand, read_chunks; "
+        script = ("import sys; from qwen_data.inputs.files import expand; from qwen_data.inputs.readers import read_chunks; "
                   "print(sum(1 for c in read_chunks(expand([sys.argv[1]]), 1024) for r in c.records() "
                   "if r.value is not None))")
         try:
@@ -181,7 +181,8 @@ def test_an_input_that_changes_while_read_stops_the_run(tmp_path, name):
     import gzip
 
     from qwen_data.errors import InputFileError
-    from qwen_data.inputs.readers import expand, read_chunks
+    from qwen_data.inputs.files import expand
+    from qwen_data.inputs.readers import read_chunks
 
     records = read_jsonl(corpus(tmp_path / "src.jsonl", seed=2, documents=3000, longest=30))
     path = tmp_path / name

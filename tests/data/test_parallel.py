@@ -111,7 +111,8 @@ def test_spans_number_every_record_in_its_file_and_give_one_workers_bytes(tmp_pa
 def test_a_file_that_changes_while_workers_read_it_fails_the_run(tmp_path, capsys):
     src = tmp_path / "c.jsonl"
     lines_with_bad_ones(src, 4000, set())
-    from qwen_data.inputs.readers import expand, read_chunks
+    from qwen_data.inputs.files import expand
+    from qwen_data.inputs.readers import read_chunks
 
     chunks = read_chunks(expand([str(src)]), 4096)
     first = next(chunks)

@@ -126,7 +126,7 @@ def test_json_array_elements_are_what_json_loads_reads(tmp_path):
     brackets, commas, quotes and escapes, nested values, indented or not; broken arrays refused."""
     import io
 
-    from qwen_data.inputs.readers import NotAnArray, json_array_elements
+    from qwen_data.inputs.json_array import NotAnArray, json_array_elements
 
     rng = random.Random(13)
     atoms = ["", "a", "]", "[", ",", "{", "}", '"', "\\", '\\"', "é", "数据", "\n", "\u2028", "\U0001F600"]
@@ -154,7 +154,8 @@ def test_json_array_elements_are_what_json_loads_reads(tmp_path):
 
 
 def test_json_array_streams_and_its_bad_elements_are_rejects(tmp_path):
-    from qwen_data.inputs.readers import expand, read_chunks
+    from qwen_data.inputs.files import expand
+    from qwen_data.inputs.readers import read_chunks
 
     records = [{"text": f"document {i} " * 20} for i in range(2000)]
     path = _json_array(tmp_path / "big.json", records)
