@@ -102,7 +102,7 @@ class TextChecks(_Checks):
     one's) equal HF tokenizers' on the same text, under the run's special-token policy."""
 
     libraries = ("tokenizers",)
-    # HF encodes a window (~512 bytes) in ~0.35 ms: a sample's ~1.2 CPU s in one process, which keeps up
+    # HF encodes a window (~256 bytes) in ~0.3 ms: a sample's ~1 CPU s in one process, which keeps up
     # with any number of workers on a run of a few seconds.
     workers_per_checker = 32
 
