@@ -178,6 +178,7 @@ def test_standard_input(tmp_path):
     assert manifest(tmp_path / "stdin")["inputs"] == [{"path": "-", "bytes": 0}]
 
 
+@pytest.mark.slow  # imports `datasets` and builds its dataset builder: ~6 s
 def test_a_dataset_in_the_hub_cache_by_name(tmp_path):
     """hf:NAME reads the files `huggingface-cli download --repo-type dataset NAME` left in the cache."""
     source = corpus(tmp_path / "c.jsonl", seed=6, documents=120, longest=30)

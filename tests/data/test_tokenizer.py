@@ -85,6 +85,7 @@ def test_every_policy_matches_hf_where_normalization_meets_a_literal(special):
     assert split(*ours.encode_batch(texts, special)) == split(*hf.encode_batch(texts, special))
 
 
+@pytest.mark.slow  # builds the rank file from tokenizer.json: ~10 s
 def test_qwen_files_build_gigatoken_from_a_rank_file(tmp_path, monkeypatch):
     """Qwen's tokenizer.json (Qwen3's; Qwen2.5's added tokens) gives a rank file from which gigatoken
     builds the BPE it builds from the file: the same vocabulary and merges in the same order. A file

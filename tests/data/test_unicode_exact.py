@@ -283,6 +283,7 @@ def differences():
     return find_differences()
 
 
+@pytest.mark.slow  # every code point probed against HF: ~18 s
 def test_table_holds_every_code_point_whose_output_differs(differences):
     found, _, _ = differences
     assert found["marks"] and found["letters"] and found["pairs"], "the probes no longer find the known differences"
@@ -330,6 +331,7 @@ def test_nko_dantayalan_gets_hf_ids(ours):
         assert our_ids(ours, special, texts) == hf_ids(special, texts)
 
 
+@pytest.mark.slow  # every code point's NFC against HF's: ~8 s
 def test_pythons_nfc_differs_from_hfs_only_on_table_characters(ours):
     """gigatoken built from a rank file gets its texts in NFC by Python's Unicode tables
     (`QwenTokenizer.gigatoken_input`). Wherever those normalize otherwise than HF's, the text holds a
@@ -361,6 +363,7 @@ def test_nfc_writes_no_character_of_a_literal(ours):
     assert not made, [hex(ord(c)) for c in made]
 
 
+@pytest.mark.slow  # 100,000 texts through HF: 10-15 s each
 @pytest.mark.parametrize("special", ["text", "parse"])
 def test_fuzz_default_backend_gives_hf_ids(ours, special):
     texts = list(fuzz_texts(100_000, seed=5))

@@ -130,6 +130,7 @@ def test_ctrl_c_ends_everything_quietly(tmp_path, corpus):
         assert not os.path.exists(f"{tmp_path / 'out'}{ext}")
 
 
+@pytest.mark.slow  # the resumed run reads the corpus through HF: ~20 s
 @pytest.mark.parametrize("to", ["main", "group"])
 def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path, corpus, to):
     """SIGTERM, from `kill` (the main process) or from `timeout` or a scheduler (the whole group),
