@@ -135,8 +135,7 @@ class TextChecks(_Checks):
     @staticmethod
     def item_from_json(value: list) -> tuple:
         number, position, parts = value
-        return number, position, [(text, np.frombuffer(base64.b64decode(ours), dtype="<i4").astype(np.int32), a, b)
-                                  for text, ours, a, b in parts]
+        return number, position, [(text, _ids_of(ours), a, b) for text, ours, a, b in parts]
 
     def load(self) -> None:
         self.reference.load()
@@ -316,6 +315,13 @@ def compare_part(where: str, part: tuple, theirs: list[int], eod_id: int) -> str
         return None
     span = "" if whole else f" (the window of tokens {a:,}..{b:,})"
     return f"{where}{span}: {difference(ours, theirs)}"
+
+
+def _ids_of(kept) -> np.ndarray:
+    """Ids as a journal keeps them: base64 of int32 bytes, or a list (journals of qwen-data 0.4.0)."""
+    if isinstance(kept, list):
+        return np.asarray(kept, dtype=np.int32)
+    return np.frombuffer(base64.b64decode(kept), dtype="<i4").astype(np.int32)
 
 
 def _lines(items: list) -> dict[str, list[int]]:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from _helpers import corpus, manifest
 
@@ -91,3 +92,17 @@ def test_a_killed_run_resumes_to_the_same_bytes(text, whole, tmp_path, where, af
     assert ours["certified"] and ours["records_checked"] == theirs["records_checked"]
     assert ours["lines_checked"] == theirs["lines_checked"]
     assert not [name for name in os.listdir(tmp_path) if name.endswith((".tmp", ".journal", ".lengths", ".docends"))]
+
+
+def test_picked_ids_in_a_journal_read_back_as_written_and_as_0_4_0_wrote_them():
+    """The journal keeps a picked record's ids as base64 of their int32 bytes; a journal of qwen-data
+    0.4.0 (a JSON list of them) still resumes."""
+    from qwen_data.certify.checks import TextChecks
+
+    ids = np.array([1, 2, 151643, 151_664], dtype=np.int32)
+    kept = TextChecks.item_json((3, 1, [("hello", ids, 0, 4)]))
+    assert isinstance(kept[2][0][1], str)
+    for value in (json.loads(json.dumps(kept)), [3, 1, [["hello", ids.tolist(), 0, 4]]]):
+        number, position, [(text, back, a, b)] = TextChecks.item_from_json(value)
+        assert (number, position, text, a, b) == (3, 1, "hello", 0, 4)
+        assert back.dtype == np.int32 and np.array_equal(back, ids)
