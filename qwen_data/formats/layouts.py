@@ -30,7 +30,7 @@ from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError
                       check_same_index)
 from .manifest import Manifest, SFTSection, fingerprinted
 from .outputs import AtomicOutputs
-from .packing import RowBuffers, RowGroups, padded_rows, window_plans
+from .packing import DEFAULT_PACKING, RowBuffers, RowGroups, padded_rows, window_plans
 
 CHUNK = 1 << 20  # index entries checked at a time
 
@@ -372,10 +372,13 @@ class LaidOut:
 
 
 def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, section: SFTSection,
-           layout_name: str, packing: str | None, pad_id: int) -> tuple[dict, SFTSection]:
-    """Lay out the samples a merge gathered at PREFIX.unpacked (removed here): packed by the
-    algorithm `packing` (None: one sample per row) into rows of `section.seq_length`, in the layout
-    named, window after window as a run lays them out. `LaidOut.close`'s counts and section."""
+           pad_id: int) -> tuple[dict, SFTSection]:
+    """Lay out the samples a merge gathered at PREFIX.unpacked (removed here) as the shards' `section`
+    left them to it: in its layout_on_merge (else its layout), packed where pack_on_merge (by its
+    packing, else the default) into rows of its seq_length, window after window as a run lays them
+    out. `LaidOut.close`'s counts and section."""
+    layout_name = section.layout_on_merge or section.layout
+    packing = (section.packing or DEFAULT_PACKING) if section.pack_on_merge else None
     laid_out = LaidOut(outputs, prefix, layout_name, packing, section.seq_length, samples.ids.dtype, pad_id)
     with open(samples.ids.bin_path, "rb") as ids, open(samples.mask.bin_path, "rb") as mask:
         for lengths, plan in window_plans(lengths, packing, section.seq_length):  # windows follow each other

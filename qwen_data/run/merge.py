@@ -38,7 +38,6 @@ from ..formats.digest import bin_hash, join
 from ..formats.indexed import (HASH_BLOCK, Index, IndexFormatError, MaskedWriter, check_same_index, file_digest,
                                join_indexes, read_index)
 from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
-from ..formats.packing import DEFAULT_PACKING
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
 from ..formats.manifest import Manifest, SFTSection, describe_input, fingerprint, merge_fields, pins_differ
@@ -82,10 +81,8 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
         progress.close()
         manifest = _manifest(parts, channels)
         if finishes:
-            s = manifest.sft
-            counts, manifest.sft = finish(outputs, output, UnpackedSamples(*channels), lengths, s,
-                                          s.layout_on_merge or s.layout,
-                                          (s.packing or DEFAULT_PACKING) if s.pack_on_merge else None, first.pad_id)
+            counts, manifest.sft = finish(outputs, output, UnpackedSamples(*channels), lengths, manifest.sft,
+                                          first.pad_id)
             for name, value in counts.items():
                 setattr(manifest, name, value)
         manifest.certificate = join_certificates([(p, m.certificate) for p, m in parts], manifest.fingerprint)
