@@ -74,11 +74,10 @@ def refingerprint(prefix):
 def data_fingerprint(prefix):
     """A manifest's fingerprint fields for the files of `prefix` as they are now."""
     from qwen_data.formats import digest
-    from qwen_data.formats.indexed import file_digest
     from qwen_data.formats.manifest import fingerprinted
 
     channels = [prefix + c for c in ("", ".lossmask") if os.path.exists(prefix + c + ".bin")]
-    return fingerprinted([(file_digest(c + ".idx"), digest.file_digest(c + ".bin")) for c in channels])
+    return fingerprinted([(digest.sha256_of(c + ".idx"), digest.file_digest(c + ".bin")) for c in channels])
 
 
 # -- small generated corpora and the CLI runs over them --------------------------------------------

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .digest import BinDigest, join, sha256_of
+from .digest import BinDigest, join
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -342,8 +342,6 @@ def fill(f, view) -> int:
         done += n
     return done
 
-
-file_digest = sha256_of  # `new_hash` of a whole file (an .idx), read in blocks
 
 
 class IndexFormatError(ValueError):

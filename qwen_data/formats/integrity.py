@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 
 from .digest import RANGE_BYTES, bin_hash, join
-from .indexed import HASH_BLOCK, file_digest, read_index
+from .digest import sha256_of
+from .indexed import HASH_BLOCK, read_index
 from .layouts import layout_of
 from .manifest import Manifest, fingerprint_problem
 
@@ -81,7 +82,7 @@ def _read(file: _File, part: tuple[int, int]) -> tuple[str, int, tuple[int, int]
     """(content hash, bytes read, (position, id) of the first id outside the vocabulary or None) of a
     part of a file (a .bin's position counted from the part's start)."""
     if file.dtype is None:
-        return file_digest(file.path), os.path.getsize(file.path), None
+        return sha256_of(file.path), os.path.getsize(file.path), None
     row = file.row_values or 1
     buffer = np.empty(max(BLOCK_BYTES // file.dtype.itemsize // row, 1) * row, file.dtype)
     view = memoryview(buffer).cast("B")

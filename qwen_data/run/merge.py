@@ -34,9 +34,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..certify.checks import join_certificates
-from ..formats.digest import bin_hash, join
-from ..formats.indexed import (HASH_BLOCK, Index, IndexFormatError, MaskedWriter, check_same_index, file_digest,
-                               join_indexes, read_index)
+from ..formats.digest import bin_hash, join, sha256_of
+from ..formats.indexed import (HASH_BLOCK, Index, IndexFormatError, MaskedWriter, check_same_index, join_indexes,
+                               read_index)
 from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_tokens, layout_of
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
@@ -248,7 +248,7 @@ def _join_channel(sources: list[tuple[str, Index, list | None]], bin_path: str, 
         read = [copy.result() for copy in copies]  # a part's own failure is the one to report
     joinable = [recorded[1] if recorded is not None else again[1] for (_, _, recorded), again in zip(sources, read)]
     idx_digest, counts = join_indexes([index for _, index, _ in sources], idx_path, dtype)
-    digests = [(file_digest(name + ".idx"), recorded[1] if recorded is not None else again[0])
+    digests = [(sha256_of(name + ".idx"), recorded[1] if recorded is not None else again[0])
                for (name, _, recorded), again in zip(sources, read)]
     channel = Channel(bin_path, dtype, *counts, digests=(idx_digest, join(joinable)))
     return channel, digests

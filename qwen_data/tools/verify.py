@@ -36,8 +36,8 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..formats.digest import bin_hash
-from ..formats.digest import file_digest as file_digest_of_bin
-from ..formats.indexed import IndexFormatError, check_same_index, file_digest, fill, read_index
+from ..formats.digest import file_digest, sha256_of
+from ..formats.indexed import IndexFormatError, check_same_index, fill, read_index
 from ..formats.layouts import Block, check_offsets
 from ..formats.layouts import index_tokens as _tokens
 from ..formats.layouts import layout_of
@@ -82,7 +82,7 @@ def verify(prefix: str) -> list[str]:
     # (from the page cache); a manifest before 0.4 has them hashed by sha256 in that one pass.
     joinable = manifest.digests is not None
     with ThreadPoolExecutor(1) as pool:
-        hashed = [pool.submit(file_digest_of_bin, index.path[:-4] + ".bin") for index in indexes] if joinable else []
+        hashed = [pool.submit(file_digest, index.path[:-4] + ".bin") for index in indexes] if joinable else []
         stats = _stream(indexes, manifest, layout, sound, problems, hashed=not joinable)
         if joinable:
             stats.bin_digests = [h.result() for h in hashed]
@@ -243,7 +243,7 @@ class _Found:
 
 
 def _check_fingerprint(prefix: str, indexes, stats: _Stats, manifest: Manifest, problems: list[str]) -> None:
-    digests = [(file_digest(index.path), bin_digest) for index, bin_digest in zip(indexes, stats.bin_digests)]
+    digests = [(sha256_of(index.path), bin_digest) for index, bin_digest in zip(indexes, stats.bin_digests)]
     problem = fingerprint_problem(prefix, manifest, digests, [index.path[:-4] for index in indexes])
     if problem:
         problems.append(problem)
