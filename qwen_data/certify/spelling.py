@@ -196,14 +196,13 @@ class Speller:
         counts = np.fromiter((len(e[0]) for e in encoded), dtype=np.int64, count=len(encoded))
         as_spelled = [normalized(t) for t in texts]
         self._check(texts, as_spelled, ids, counts)
-        ours = np.concatenate([e[1] for e in encoded])
+        ours, ends = np.concatenate([e[1] for e in encoded]), np.cumsum(counts)
         if structure is None:
             derived = np.ones(len(ids), dtype=np.uint8)
         else:
-            derived = structure_mask(self.table, ids, np.cumsum(counts), **structure)
+            derived = structure_mask(self.table, ids, ends, **structure)
         if np.array_equal(derived, ours) or all(free):
             return
-        ends = np.cumsum(counts)
         for k in range(len(texts)):
             a, b = ends[k] - counts[k], ends[k]
             if not free[k] and not np.array_equal(derived[a:b], ours[a:b]):
