@@ -35,6 +35,11 @@
 #           (losses over 50 steps, speed with and without overlap, a checkpoint resharded DP=2 → 1 → 2 and
 #           its --save-hf export), recompute none/selective/full, the Qwen2.5-7B shape at TP=2, Qwen2.5-3B on
 #           one GPU; then $OUT/scale.json (bench/scale_report.py). SCALE_ONLY="name ..." runs only those.
+# graphs    --cuda-graphs on against off: tests/train/test_train_graphs.py (capture and replay = eager steps),
+#           then Qwen2.5-0.5B pretraining and packed SFT at micro batch 4, and pretraining at micro batch 1,
+#           40 steps each (30 at micro batch 1); add them with bench/records.py.
+# graphs-loss  200 steps of 0.5B pretraining and packed SFT (micro batch 2, global batch 4): eager under seeds 0
+#           and 1, graphed under seed 0, three runs at once (their losses, not their rates).
 # cores     no GPU: pretrain and SFT at 1, 2, 4 ... all cores' workers (bench/cores.py). Needs, carried:
 #           .whl (bash ../shared/tools/device-wheels.sh data) and .gpu/cores/cache.tar.gz (bench/corpora.py's
 #           text.jsonl and chats.jsonl with their .json, as `tar -C ~/.cache/qwen-data-bench -czf ...`).
@@ -190,6 +195,30 @@ sft-fast:40:$SFT $FAST;1.5b-fast:20:$PT --model qwen2.5-1.5b $FAST;qwen3-0.6b-fa
   python3 bench/gpu_table.py "$OUT"/speed-*.jsonl | tee "$OUT/speed.md"
   python3 bench/gpu_table.py --flash | tee "$OUT/flash.txt"
   echo "speed stage: $SECONDS s" ;;
+graphs)
+  device "$OUT/device.txt"
+  run graphs_test python3 -m pytest -q -p no:cacheprovider tests/train/test_train_graphs.py
+  for spec in pt:4:40 sft:4:40 pt:1:30; do
+    IFS=: read -r kind mb steps <<< "$spec"
+    data=.gpu/pretrain_blend.txt; [ "$kind" = sft ] && data=.gpu/sft_packed.json
+    for g in off on; do
+      name=graphs-$kind-mb$mb-$g
+      run "$name" timeout 300 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --global-batch-size 8 \
+        --micro-batch-size "$mb" --num-workers 2 --train-iters "$steps" --warmup-iters 10 --lr 3e-4 --log-interval 10 \
+        --data "$data" --cuda-graphs "$g" --log-json "$OUT/$name.jsonl"
+    done
+  done ;;
+graphs-loss)
+  for kind in pt sft; do
+    data=.gpu/pretrain_blend.txt; [ "$kind" = sft ] && data=.gpu/sft_packed.json
+    for spec in eager-0:off:0 eager-1:off:1 graphed-0:on:0; do
+      IFS=: read -r name g seed <<< "$spec"
+      run "loss-$kind-$name" timeout 420 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 2 \
+        --global-batch-size 4 --num-workers 2 --train-iters 200 --warmup-iters 20 --lr 3e-4 --log-interval 10 \
+        --data "$data" --seed "$seed" --cuda-graphs "$g" --log-json "$OUT/loss-$kind-$name.jsonl" &
+    done
+    wait
+  done ;;
 te)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/te_device.txt"
   python3 -c "import importlib.metadata as md, qwen_data_train, torch, megatron.core as m; print('torch', torch.__version__, \

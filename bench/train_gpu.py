@@ -119,6 +119,13 @@ def attention(args) -> None:
     ref = run(sdpa)
     print(f"one document a row, {shape}: SDPA causal {time_it(sdpa):.2f} ms, flex {time_it(flex(one_doc)):.2f} ms "
           f"(differs by {rel(run(flex(one_doc)), ref):.1e})")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel(backend):
+                print(f"  SDPA causal by {backend.name}: {time_it(sdpa):.2f} ms (differs by {rel(run(sdpa), ref):.1e})")
+        except RuntimeError as e:  # a backend that does not take this shape
+            print(f"  SDPA causal by {backend.name}: not run ({str(e).splitlines()[0][:100]})")
     from qwen_data_train.attention import have_transformer_engine
     if have_transformer_engine():
         from transformer_engine.pytorch import DotProductAttention

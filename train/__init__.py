@@ -24,6 +24,7 @@ Modules, in the order a run uses them:
   data            datasets through megatron-core's builder (the blend read by `qwen_data.blend.read`)
   loader          the run's splits and each rank's micro-batches
   step            what one step computes: forward (`ForwardSpec`), backward, validation loss
+  graphs          a micro-batch's forward and backward captured once as a CUDA graph and replayed
   optimizer       AdamW (whole, or megatron-core's distributed optimizer), its warmup + cosine schedule,
                   gradient clipping
   hf/weights      which HF tensors make each megatron parameter (`TensorSlicing`), each TP rank's slice

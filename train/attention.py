@@ -72,19 +72,33 @@ class DocumentMask:
         return (same & (q.unsqueeze(-1) >= k.unsqueeze(-2))).unsqueeze(1)
 
 
-def document_mask(segment_ids: torch.Tensor) -> DocumentMask:
-    """[b, s] segment ids (equal ids = one sample) → causal within-segment mask for every layer."""
+def same_segment_causal(segment_ids: torch.Tensor):
+    """FlexAttention's mask_mod over [b, s] segment ids: earlier positions of the same segment."""
+    def mask_mod(batch, head, q_idx, kv_idx):
+        return (segment_ids[batch, q_idx] == segment_ids[batch, kv_idx]) & (q_idx >= kv_idx)
+    return mask_mod
+
+
+def document_mask(segment_ids: torch.Tensor, mask_mod=None) -> DocumentMask:
+    """[b, s] segment ids (equal ids = one sample) → causal within-segment mask for every layer.
+    `mask_mod`: `same_segment_causal` of these segment ids, where the caller keeps one."""
     if segment_ids.device.type != "cuda":
         return DocumentMask(segment_ids, None)
     b, s = segment_ids.shape
-
-    def same_segment_causal(batch, head, q_idx, kv_idx):
-        return (segment_ids[batch, q_idx] == segment_ids[batch, kv_idx]) & (q_idx >= kv_idx)
-
     # Compiled, the mask is evaluated block by block on the GPU; eagerly it materialises [b, s, s]
     # booleans for every micro-batch.
-    return DocumentMask(segment_ids, create_block_mask(same_segment_causal, b, None, s, s, device=segment_ids.device,
-                                                       _compile=True))
+    return DocumentMask(segment_ids, create_block_mask(mask_mod or same_segment_causal(segment_ids), b, None, s, s,
+                                                       device=segment_ids.device, _compile=True))
+
+
+def refill(mask: DocumentMask, segment_ids: torch.Tensor) -> None:
+    """`mask` (of `document_mask`, on CUDA) made the mask of `segment_ids` in place: its tensors
+    overwritten where they are, which is where a captured CUDA graph reads them (graphs.py)."""
+    mask.segment_ids.copy_(segment_ids, non_blocking=True)
+    fresh = document_mask(mask.segment_ids, mask.block_mask.mask_mod)
+    for old, new in zip(mask.block_mask.as_tuple(), fresh.block_mask.as_tuple()):
+        if isinstance(old, torch.Tensor):
+            old.copy_(new)
 
 
 def context_chunks(cp_rank: int, cp_size: int) -> tuple[int, int]:

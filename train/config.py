@@ -25,6 +25,7 @@ ATTENTION_CHOICES = ("auto", "te", "sdpa", "local")  # model/__init__.py: what e
 # --compile: nothing; megatron-core's own torch.compile'd SwiGLU; or that and every transformer layer
 # compiled (RMSNorm, rotary embedding, residual adds fused around the matmuls).
 COMPILE_CHOICES = ("none", "swiglu", "layers")
+CUDA_GRAPHS_CHOICES = ("auto", "on", "off")
 CROSS_ENTROPY_CHOICES = ("fused", "megatron")  # --cross-entropy: loss.py's, or megatron-core's
 # --fp8: megatron-core's names of Transformer Engine's FP8 recipes (plan.resolve_fp8: where each runs).
 FP8_RECIPES = ("tensorwise", "delayed", "blockwise")
@@ -133,6 +134,11 @@ class ModelConfig(Section):
         "--compile", default="auto", choices=("auto",) + COMPILE_CHOICES,
         help="swiglu: megatron-core's compiled SwiGLU; layers: also torch.compile each transformer layer; "
              "auto: layers on CUDA (swiglu with --sequence-parallel), none on the CPU")
+    cuda_graphs: str = option(
+        "--cuda-graphs", default="auto", choices=CUDA_GRAPHS_CHOICES,
+        help="on: each micro-batch's forward and backward captured once (at the second step) as one CUDA graph and "
+             "replayed, so the host launches one graph, not thousands of kernels; auto: on where it is built (one "
+             "GPU, a dense model, PyTorch's attention, no FP8 or recompute; the run's first line says why not)")
     recompute: Optional[str] = option(
         "--recompute", nargs="?", const="full", choices=RECOMPUTE_CHOICES,
         help="activation recompute: full = each layer's forward again in backward (keeps only its input), "

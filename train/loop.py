@@ -34,6 +34,7 @@ from qwen_data.text.tokenizer import directory_of
 from .checkpoint import Checkpointer, latest, stored
 from .config import TrainConfig
 from .distributed import data_parallel, distributed, log0, reduce_grads, whole_parameters
+from .graphs import MicroBatchGraphs
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
 from .loader import build_splits, check_inputs, make_loader
@@ -57,8 +58,9 @@ class Trainer:
         self.shape, hf_config, generation = model_of(config)
         self.plan = plan = plan or RunPlan.resolve(config, self.shape, Environment.current())
         weights = "bf16 weights split from their float32 masters" if plan.bf16_weights else "float32 weights"
+        graphs = "micro-batches replayed as CUDA graphs" if plan.cuda_graphs else "no CUDA graphs"
         log0(f"attention {plan.attention} ({plan.attention_why}), compile {plan.compile}, "
-             f"{weights} ({plan.bf16_weights_why})"
+             f"{weights} ({plan.bf16_weights_why}), {graphs} ({plan.cuda_graphs_why})"
              + (f", FP8 {plan.fp8} (Transformer Engine's linear layers)" if plan.fp8 else ""))
         self.train_ds, self.valid_ds = build_splits(config, plan.global_batch)
         tokenizer = self.train_ds.config.tokenizer
@@ -72,7 +74,8 @@ class Trainer:
         # AdamW splits its bf16 weights before torch's DDP wraps the model, which leaves them to the
         # SplitGradReduction data_parallel installs.
         whole = None if plan.data_parallel == "megatron" else AdamW(self.core, config.optim,
-                                                                     bf16_weights=plan.bf16_weights)
+                                                                     bf16_weights=plan.bf16_weights,
+                                                                     in_place=plan.cuda_graphs)
         self.model = data_parallel(self.core, plan, device)
         self.optimizer = whole if whole is not None else DistributedAdamW(self.model, config.optim)
         self.schedule = Schedule.of(config.optim, config.train_iters)
@@ -82,6 +85,7 @@ class Trainer:
                                          tokenizer=tokenizer.identity, seq_length=config.seq_length,
                                          global_batch_size=plan.global_batch)
         self.iteration, self.consumed = self.checkpointer.load()
+        self.graphs = MicroBatchGraphs(self.model, self.spec) if plan.cuda_graphs else None
         self.batches = self._loader(self.train_ds, self.consumed)
         self.metrics = Metrics(config.log, device, plan, config.train_iters,
                                run_config=dataclasses.asdict(config),
@@ -138,6 +142,8 @@ class Trainer:
         dist.all_reduce(trained, group=parallel_state.get_data_parallel_group())
         # DDP averages over DP × CP: undo that, divide by the global count
         scale = self.plan.gradient_ranks / trained.clamp(min=1)
+        if self.graphs is not None:  # one GPU: nothing to reduce
+            return torch.stack([self.graphs.run(mb, mask, scale) for mb, mask in zip(micro, masks)]).sum(0)
         # Gradients are all-reduced over DP × CP once per step, with the last micro-batch's backward
         # (the schedule holds DDP's no_sync until then: `distributed.data_parallel`).
         total = forward_backward(self.model, micro, masks, scale, self.spec)

@@ -46,13 +46,17 @@ class AdamW:
     part, `low` the rest, `float32_grad` their float32 gradient (their bf16 one is added to it as soon
     as backward makes it). torch's AdamW steps them joined again, float32 during the step only."""
 
-    def __init__(self, model: torch.nn.Module, config: OptimConfig, bf16_weights: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, config: OptimConfig, bf16_weights: bool = False,
+                 in_place: bool = False) -> None:
+        """`in_place`: every weight and gradient stays in the memory it has (a CUDA graph reads and
+        writes them there, graphs.py): gradients are zeroed, not dropped, and the split weights'
+        bf16 parts are written back where they were, which holds 2 bytes a weight more during a step."""
         params = [p for p in model.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim > 1]
         no_decay = [p for p in params if p.ndim <= 1]
         self.params = decay + no_decay  # in the order of torch's state_dict
         groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        self.clip_grad = config.clip_grad
+        self.clip_grad, self.in_place = config.clip_grad, in_place
         self.torch = torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
                                        eps=config.adam_eps, fused=self.params[0].is_cuda)
         names = {p: name for name, p in model.named_parameters()}
@@ -73,7 +77,9 @@ class AdamW:
             for p in self.split:
                 p.grad = marks.float32_grad(p)
             self.torch.step()
-            self.torch.zero_grad(set_to_none=True)
+            for p in self.split:
+                p.grad = None  # their float32 gradients are zeroed below; backward adds to them again
+            self.torch.zero_grad(set_to_none=not self.in_place)
         if self.split:
             torch._foreach_zero_([marks.float32_grad(p) for p in self.split])
         return grad_norm
@@ -82,14 +88,17 @@ class AdamW:
     def float32_weights(self) -> Iterator[None]:
         """The split matrices float32 inside the block (AdamW steps them, checkpoints and exports
         read them, loading writes them), each in the memory its two parts free; split again after."""
+        kept = [p.data for p in self.split] if self.in_place else []
         for p in self.split:
             p.data = join_float32(p.data, marks.low_bits(p))
             marks.mark_low_bits(p, None)
         try:
             yield
         finally:
-            for p in self.split:
+            for i, p in enumerate(self.split):
                 p.data, low = split_float32(p.data)
+                if kept:
+                    p.data = kept[i].copy_(p.data)
                 marks.mark_low_bits(p, low)
 
     def state_bytes(self) -> int:

@@ -32,6 +32,10 @@ AUTO_WITH_TE = ("sdpa", "PyTorch's attention measured faster than Transformer En
                 "(pretraining 1.05×, packed SFT 1.10×)")
 
 
+# Why `--cuda-graphs auto` captures where it can (measured: docs/performance.md, "CUDA graphs").
+GRAPHS_PAY = "the host launches one graph a micro-batch instead of its kernels"
+
+
 # The options that log to a scalar sink, and the package each needs.
 SINK_PACKAGES = {"--tensorboard-dir": "tensorboard", "--wandb-project": "wandb"}
 
@@ -76,6 +80,8 @@ class RunPlan:
     data_parallel: str = "none"  # "megatron" (with the distributed optimizer), "torch" (DDP) or "none"
     bf16_weights: bool = False
     bf16_weights_why: str = "as asked"
+    cuda_graphs: bool = False  # each micro-batch's forward and backward one CUDA graph (graphs.py)
+    cuda_graphs_why: str = "as asked"
     tp: int = 1
     pp: int = 1
     ep: int = 1
@@ -162,6 +168,11 @@ class RunPlan:
             unbuilt = bf16_weights_unbuilt(plan)
             plan = dataclasses.replace(plan, bf16_weights=unbuilt is None, bf16_weights_why=(
                 f"split bf16 weights: {unbuilt}" if unbuilt else "the default where they are built"))
+        unbuilt = cuda_graphs_unbuilt(plan)
+        asked = model.cuda_graphs
+        plan = dataclasses.replace(
+            plan, cuda_graphs=asked == "on" or (asked == "auto" and unbuilt is None),
+            cuda_graphs_why="as asked" if asked != "auto" else f"auto: {unbuilt or GRAPHS_PAY}")
         check(plan)
         return plan
 
@@ -363,6 +374,27 @@ def bf16_weights_unbuilt(p: RunPlan) -> Optional[str]:
             else None)
 
 
+def cuda_graphs_unbuilt(p: RunPlan) -> Optional[str]:
+    """Why `p`'s micro-batches cannot run as captured CUDA graphs (graphs.py); None: they can. A
+    graph replays kernels alone: whatever the host decides or exchanges during a micro-batch (other
+    ranks' messages, a router's token counts, FP8's scaling history, recompute's RNG states, Transformer
+    Engine's per-micro-batch kernel choice) is not in it."""
+    return ("there is no CUDA here" if not p.cuda
+            else f"they are built for one GPU, not {p.world} ranks" if p.world > 1
+            else "a mixture of experts routes a different number of tokens every micro-batch" if p.shape.moe
+            else "megatron-core's distributed optimizer reduces gradients from its own hooks"
+            if p.data_parallel == "megatron"
+            else "FP8's scaling state is not captured yet" if p.fp8
+            else "recompute restores RNG states on the host" if p.recompute
+            else f"only PyTorch's attention (sdpa) is captured, not {p.attention}" if p.attention != "sdpa"
+            else None)
+
+
+def _cuda_graphs(p: RunPlan) -> Optional[str]:
+    why = cuda_graphs_unbuilt(p) if p.cuda_graphs else None
+    return f"--cuda-graphs on: {why}" if why else None
+
+
 def _bf16_weights(p: RunPlan) -> Optional[str]:
     why = bf16_weights_unbuilt(p) if p.bf16_weights else None
     return f"--bf16-weights: {why}" if why else None
@@ -385,6 +417,7 @@ RULES: tuple[Rule, ...] = (
     _cp_distributed_optimizer,
     _bf16_weights,                # autocast, no FP8, dense, not megatron-core's optimizer
     _sink_packages,               # refused before the model is built, not after
+    _cuda_graphs,                 # one GPU, dense, sdpa, no FP8 or recompute
 )
 
 

@@ -33,6 +33,13 @@ class ForwardSpec:
     cross_entropy: str  # config.CROSS_ENTROPY_CHOICES
     seq_length: int  # the samples' length, for the pipeline schedule's activation shapes
     pad: Optional[int] = None  # the data's pad id: positions holding it are no tokens (balance.py leaves them out)
+    # autocast's cache of weight casts; a CUDA graph's capture runs without it, as torch asks (graphs.py)
+    autocast_cache: bool = True
+
+    def bf16(self):
+        """The micro-batch's autocast context: bf16 where the spec autocasts."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast,
+                              cache_enabled=self.autocast_cache)
 
 
 def _inputs(batch: dict, spec: ForwardSpec) -> tuple:
@@ -53,7 +60,7 @@ def _inputs(batch: dict, spec: ForwardSpec) -> tuple:
     return batch["tokens"].to(device, non_blocking=True), batch["position_ids"].to(device, non_blocking=True), mask
 
 
-def forward(model, batch: dict, spec: ForwardSpec) -> torch.Tensor:
+def forward(model, batch: dict, spec: ForwardSpec, inputs: Optional[tuple] = None) -> torch.Tensor:
     """Per-token loss [b, s] (float32, unmasked) of one micro-batch (CPU tensors from the loader),
     by megatron-core's own output layer and cross-entropy.
 
@@ -61,16 +68,18 @@ def forward(model, batch: dict, spec: ForwardSpec) -> torch.Tensor:
     document mask (sdpa) or THD packing (te); single-segment rows run plain causal attention.
     """
     labels = batch["labels"].to(spec.device, non_blocking=True)
-    with torch.autocast(spec.device.type, dtype=torch.bfloat16, enabled=spec.autocast):
-        return model(*_inputs(batch, spec), labels=labels)
+    with spec.bf16():
+        return model(*(inputs or _inputs(batch, spec)), labels=labels)
 
 
-def masked_loss(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) -> torch.Tensor:
+def masked_loss(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec,
+                inputs: Optional[tuple] = None) -> torch.Tensor:
     """Σ per-token loss × `weights` ([b, s], on the spec's device) of one micro-batch: by `forward`
-    (cross_entropy "megatron") or by `loss.linear_cross_entropy` on the decoder's output ("fused")."""
+    (cross_entropy "megatron") or by `loss.linear_cross_entropy` on the decoder's output ("fused").
+    `inputs`: the model's (tokens, position ids, mask) where the caller made them (`_inputs`)."""
     if spec.cross_entropy == "megatron":
-        return (forward(model, batch, spec) * weights).sum()
-    hidden = decoder_output(model, batch, spec)
+        return (forward(model, batch, spec, inputs) * weights).sum()
+    hidden = decoder_output(model, batch, spec, inputs)
     core = unwrapped(model)
     weight = core.shared_embedding_or_output_weight() if core.share_embeddings_and_output_weights \
         else core.output_layer.weight
@@ -79,11 +88,10 @@ def masked_loss(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) ->
                                 sequence_parallel=core.config.sequence_parallel)
 
 
-def decoder_output(model, batch: dict, spec: ForwardSpec) -> torch.Tensor:
+def decoder_output(model, batch: dict, spec: ForwardSpec, inputs: Optional[tuple] = None) -> torch.Tensor:
     """The decoder's output [s, b, h] for `batch`: the model run without its output layer."""
-    autocast = torch.autocast(spec.device.type, dtype=torch.bfloat16, enabled=spec.autocast)
-    with autocast, decoder_output_only(unwrapped(model)):
-        return model(*_inputs(batch, spec))
+    with spec.bf16(), decoder_output_only(unwrapped(model)):
+        return model(*(inputs or _inputs(batch, spec)))
 
 
 def stage_output(model, batch: dict, weights: torch.Tensor, spec: ForwardSpec) -> torch.Tensor:

@@ -48,6 +48,7 @@ REFUSED = [
     (["--bf16-weights"], {}, "--bf16-weights: it computes under bf16 autocast"),
     (["--tensorboard-dir", "tb", "--wandb-project", "p"], dict(env=Environment(installed=frozenset({"wandb"}))),
      "--tensorboard-dir needs the tensorboard package (pip install tensorboard)"),
+    (["--cuda-graphs", "on"], {}, "--cuda-graphs on: there is no CUDA here"),
 ]
 
 
@@ -99,6 +100,30 @@ def test_bf16_weights_are_the_default_where_they_are_built(args, model, env, spl
     float32 weights elsewhere, and the plan says which and why (the run's first line)."""
     p = plan(*args, model=model, env=env)
     assert p.bf16_weights is split and why in p.bf16_weights_why
+
+
+@pytest.mark.parametrize("args, model, env, graphed, why", [
+    ([], "tiny", Environment(cuda=True), True, "auto: the host launches one graph"),
+    (["--cuda-graphs", "off"], "tiny", Environment(cuda=True), False, "as asked"),
+    ([], "tiny", Environment(), False, "auto: there is no CUDA here"),
+    ([], "tiny", Environment(cuda=True, world_size=2), False, "one GPU, not 2 ranks"),
+    ([], "tiny-qwen3-moe", Environment(cuda=True), False, "routes a different number of tokens"),
+    (["--fp8", "tensorwise"], "tiny", H100, False, "FP8's scaling state"),
+    (["--recompute"], "tiny", Environment(cuda=True), False, "RNG states on the host"),
+    (["--attention", "te"], "tiny", H100, False, "only PyTorch's attention (sdpa) is captured, not te"),
+    (["--distributed-optimizer"], "tiny", Environment(cuda=True), False, "distributed optimizer"),
+])
+def test_cuda_graphs_are_the_default_where_they_are_built(args, model, env, graphed, why):
+    p = plan(*args, model=model, env=env)
+    assert p.cuda_graphs is graphed and why in p.cuda_graphs_why
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["--cuda-graphs", "on", "--pp", "2"], Environment(cuda=True, world_size=2), "one GPU, not 2 ranks"),
+    (["--cuda-graphs", "on", "--fp8", "delayed"], H100, "FP8's scaling state"),
+])
+def test_cuda_graphs_asked_where_they_are_not_built_are_refused(args, env, says):
+    assert says in refusal(*args, env=env)
 
 
 def test_bf16_weights_on_a_moe_model_are_refused():

@@ -371,11 +371,11 @@ def test_bf16_weights_train_as_float32_weights_under_autocast(megatron_cpu, monk
     batches = [torch.randint(0, 1024, (2, 64), generator=torch.Generator().manual_seed(i)) for i in range(6)]
     positions = torch.arange(64).expand(2, -1)
 
-    def train(bf16_weights):
+    def train(bf16_weights, in_place=False):
         torch.manual_seed(0)
         model = build_model(RunPlan.for_model(shape, attention="sdpa")).train()
         first = {n: p.detach().clone() for n, p in model.named_parameters()}
-        optimizer = AdamW(model, optim, bf16_weights=bf16_weights)
+        optimizer = AdamW(model, optim, bf16_weights=bf16_weights, in_place=in_place)
         losses, norms = [], []
         for step in range(3):
             total = 0.0
@@ -410,6 +410,26 @@ def test_bf16_weights_train_as_float32_weights_under_autocast(megatron_cpu, monk
             torch.testing.assert_close(p, reference[name], rtol=2 ** -23, atol=0, msg=lambda m: f"{name}: {m}")
     for name, p in split_model.named_parameters():  # split again, bit for bit
         assert torch.equal(p, before[name]), name
+
+    # in place (CUDA graphs read weights and gradients where they were captured): the same steps, and
+    # every weight and gradient in the memory it had after the first step, through steps and a checkpoint
+    kept_model, kept_optimizer, _, kept_losses, kept_norms = train(True, in_place=True)
+    assert kept_losses == split_losses and kept_norms == split_norms
+    where = {n: (p.data_ptr(), p.grad.data_ptr() if p.grad is not None else None)
+             for n, p in kept_model.named_parameters()}
+    assert all(p.grad is None for p in kept_optimizer.split)  # their float32 gradients take theirs
+    kept_split = {id(p) for p in kept_optimizer.split}
+    assert all(p.grad is not None and not p.grad.any() for p in kept_model.parameters() if id(p) not in kept_split)
+    with kept_optimizer.float32_weights():
+        pass
+    tokens = batches[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kept_model(tokens, positions, None, labels=tokens.roll(-1, 1)).float().mean().backward()
+    kept_optimizer.step(lr)
+    assert where == {n: (p.data_ptr(), p.grad.data_ptr() if p.grad is not None else None)
+                     for n, p in kept_model.named_parameters()}
+    for name, p in kept_model.named_parameters():
+        assert p.dtype == dict(split_model.named_parameters())[name].dtype, name
 
 
 BF16_WEIGHTS_OVER_TWO_RANKS = """
