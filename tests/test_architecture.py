@@ -132,7 +132,7 @@ TRAIN_FLOORS = {
     "graphs": {"attention", "step"},
     "optimizer": {"config", "marks"},
     "metrics": {"config", "distributed", "plan", "shapes"},
-    "checkpoint": {"config", "distributed", "hf", "optimizer", "shapes"},
+    "checkpoint": {"config", "distributed", "hf", "optimizer", "plan", "shapes"},
     "loop": {"checkpoint", "config", "distributed", "graphs", "hf", "loader", "metrics", "model", "optimizer",
              "patches", "plan", "shapes", "step"},
     "convert": {"checkpoint", "config", "distributed", "hf", "model", "patches", "plan"},

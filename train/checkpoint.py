@@ -28,6 +28,7 @@ from .distributed import is_rank0, log0
 from .hf.checkpoint import HFExport, save_hf
 from .shapes import ModelShape
 from .optimizer import MOMENTS, AdamW, DistributedAdamW
+from .plan import RunPlan
 
 LATEST = "latest_checkpointed_iteration.txt"
 
@@ -55,11 +56,15 @@ class Checkpointer:
     """Saves and resumes the model, the AdamW moments and where the run stands (`--save`,
     `--load`), and exports Hugging Face folders (`--save-hf`)."""
 
-    def __init__(self, config: CheckpointConfig, core: torch.nn.Module, optimizer: Optional[AdamW | DistributedAdamW],
-                 export: HFExport, tokenizer: Optional[dict] = None, **run_info) -> None:
-        self.config, self.core, self.optimizer, self.export = config, core, optimizer, export
-        self.run_info = dict(run_info, hf_config=export.config, generation=export.generation,
-                             model_shape=shape_fields(export.shape), tokenizer=tokenizer)
+    def __init__(self, config: CheckpointConfig, plan: RunPlan, core: torch.nn.Module,
+                 optimizer: Optional[AdamW | DistributedAdamW], export: HFExport,
+                 tokenizer: Optional[dict] = None) -> None:
+        """`plan`: the run's, or a conversion's plan of the model alone (no sequence length, no batch)."""
+        self.config, self.plan, self.core, self.optimizer, self.export = config, plan, core, optimizer, export
+        self.run_info = dict(hf_config=export.config, generation=export.generation,
+                             model_shape=shape_fields(plan.shape), tokenizer=tokenizer)
+        if plan.max_sequence_length:  # a train run's: what it trains on
+            self.run_info.update(seq_length=plan.max_sequence_length, global_batch_size=plan.global_batch)
 
     def due(self, iteration: int, last: bool) -> bool:
         """Save after this iteration? Every `save_interval`, and after the last one."""
@@ -133,8 +138,8 @@ class Checkpointer:
         ours = self.run_info["model_shape"]
         theirs = common.get("model_shape")
         if theirs is None:  # saved before shapes were stored: by preset name
-            if common.get("model_name") != self.export.shape.name:
-                raise ValueError(f"{path} holds a {common.get('model_name')} model, not {self.export.shape.name}")
+            if common.get("model_name") != self.plan.shape.name:
+                raise ValueError(f"{path} holds a {common.get('model_name')} model, not {self.plan.shape.name}")
             return
         # A field added since the checkpoint was saved has its default there (MoE fields: a dense model).
         defaults = {f.name: f.default for f in dataclasses.fields(ModelShape)}

@@ -38,12 +38,13 @@ from .patches import megatron_core
 
 def hf_to_mcore(hf_model: str, root: str, tp: int, pp: int = 1) -> None:
     shape, hf_config, generation = model_of_folder(hf_model)
-    model = build_model(RunPlan.for_model(shape, attention="sdpa", tp=tp, pp=pp, initialize=False))
+    plan = RunPlan.for_model(shape, attention="sdpa", tp=tp, pp=pp, initialize=False)
+    model = build_model(plan)
     load_hf_weights(model, hf_model, shape)
     has_tokenizer = os.path.isfile(os.path.join(hf_model, "tokenizer.json"))
     tokenizer = folder_identity(hf_model) if has_tokenizer else None
     export = HFExport(shape, hf_config, config_dtype(hf_config), None, generation)
-    Checkpointer(CheckpointConfig(save=root, save_interval=0, load=None, save_hf=None), model, None, export,
+    Checkpointer(CheckpointConfig(save=root, save_interval=0, load=None, save_hf=None), plan, model, None, export,
                  tokenizer=tokenizer).save_megatron(root, 0, 0)
 
 
@@ -60,9 +61,10 @@ def mcore_to_hf(root: str, out: str, tp: int, pp: int, tokenizer_dir: Optional[s
         tokenizer_dir = directory_of(common["tokenizer"])
     if tokenizer_dir is None:
         log0(f"note: {path} names no tokenizer: {out} gets none (give --tokenizer DIR)")
-    model = build_model(RunPlan.for_model(shape, attention="sdpa", tp=tp, pp=pp, initialize=False))
+    plan = RunPlan.for_model(shape, attention="sdpa", tp=tp, pp=pp, initialize=False)
+    model = build_model(plan)
     export = HFExport(shape, hf_config, config_dtype(hf_config), tokenizer_dir, common["generation"])
-    Checkpointer(CheckpointConfig(save=None, save_interval=0, load=root, save_hf=None), model, None, export).load()
+    Checkpointer(CheckpointConfig(save=None, save_interval=0, load=root, save_hf=None), plan, model, None, export).load()
     save_hf(model, export, out)
 
 

@@ -81,9 +81,8 @@ class Trainer:
         self.schedule = Schedule.of(config.optim, config.train_iters)
         export = HFExport(self.shape, hf_config, config_dtype(hf_config),
                           directory_of(tokenizer.identity) if config.checkpoint.save_hf else None, generation)
-        self.checkpointer = Checkpointer(config.checkpoint, self.core, self.optimizer, export,
-                                         tokenizer=tokenizer.identity, seq_length=config.seq_length,
-                                         global_batch_size=plan.global_batch)
+        self.checkpointer = Checkpointer(config.checkpoint, plan, self.core, self.optimizer, export,
+                                         tokenizer=tokenizer.identity)
         self.iteration, self.consumed = self.checkpointer.load()
         self.graphs = MicroBatchGraphs(self.model, self.spec) if plan.cuda_graphs else None
         self.batches = self._loader(self.train_ds, self.consumed)

@@ -197,9 +197,9 @@ def test_a_checkpoint_of_another_model_is_refused(hf, converted):
     config = read_config(hf["qwen2"])
     shape = shape_from_config(config, hf["qwen2"])
     with megatron_core(), distributed(1):
-        model = build_model(RunPlan.for_model(shape, attention="sdpa"))
+        plan = RunPlan.for_model(shape, attention="sdpa")
         checkpointer = Checkpointer(CheckpointConfig(save=None, save_interval=0, load=str(converted), save_hf=None),
-                                    model, None, HFExport(shape, config, torch.float32, None, {}))
+                                    plan, build_model(plan), None, HFExport(shape, config, torch.float32, None, {}))
         with pytest.raises(ValueError, match="holds another model: .*qk_norm True .checkpoint. vs False"):
             checkpointer.load()
 

@@ -530,9 +530,11 @@ def test_split_weights_save_and_resume_as_their_float32_masters(megatron_cpu, tm
     shape, hf_config, generation = model_of(config)
     export = HFExport(shape, hf_config, torch.bfloat16, None, generation)
 
+    plan = RunPlan.for_model(shape, attention="sdpa")
+
     def made(seed):
         torch.manual_seed(seed)
-        core = build_model(RunPlan.for_model(shape, attention="sdpa"))
+        core = build_model(plan)
         return core, AdamW(core, config.optim, bf16_weights=True)
 
     def state(core, optimizer):
@@ -549,11 +551,11 @@ def test_split_weights_save_and_resume_as_their_float32_masters(megatron_cpu, tm
             p.grad = torch.randn(p.shape)
     optimizer.step(1e-3)
     saved = state(core, optimizer)
-    Checkpointer(CheckpointConfig(save=str(tmp_path), save_interval=0, load=None, save_hf=None), core, optimizer,
-                 export).save(1, 8)
+    Checkpointer(CheckpointConfig(save=str(tmp_path), save_interval=0, load=None, save_hf=None), plan, core,
+                 optimizer, export).save(1, 8)
     other, resumed = made(1)
     assert not torch.equal(state(other, resumed)[0][0], saved[0][0])
-    assert Checkpointer(CheckpointConfig(save=None, save_interval=0, load=str(tmp_path), save_hf=None), other,
+    assert Checkpointer(CheckpointConfig(save=None, save_interval=0, load=str(tmp_path), save_hf=None), plan, other,
                         resumed, export).load() == (1, 8)
     masters, split, moments = state(other, resumed)
     assert optimizer.split and all(torch.equal(a, b) for a, b in zip(masters, saved[0]))
