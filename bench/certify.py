@@ -170,7 +170,7 @@ def reference_template(given: str | None) -> str:
 def one_document(work: str) -> str:
     path = os.path.join(work, "one.jsonl")
     with open(path, "w", encoding="utf-8") as f:
-        f.write('{"text": "Hello world, a short document."}\n')  # as bench/startup.py times
+        f.write('{"text": "Hello world, a short document."}\n')
     return path
 
 

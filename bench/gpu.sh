@@ -1,97 +1,53 @@
 #!/usr/bin/env bash
-# The train stage's GPU measurements, one stage per device call (each well under 10 minutes).
+# The train stage's GPU measurements: `bash bench/gpu.sh STAGE`, one stage a device call (each under 10 minutes).
+# Each stage is the list of commands below; `run NAME COMMAND` keeps the command and its output in $OUT/NAME.log
+# (default OUT: bench/results/gpu) and goes on after a failure; ONLY="NAME ..." runs only those names.
+# Afterwards, here: `python3 bench/records.py $OUT --append` adds the runs to bench/results/gpu/records.json
+# (a record a run: model, GPUs, rates, MFU, loss, machine, command), and a dated report in bench/results/ quotes
+# what a doc cites.
 #
-#   bench/gpu.sh data                 # here: real-text prefixes into .gpu/ (needs bench/corpora.py's cache)
-#   bench/gpu.sh pretrain|sft|parallel|speed|te|scale|moe  # there: the runs, logs under $OUT (default bench/results/gpu)
-#   bench/gpu.sh cores [ARGS]         # there: the data side on the host's CPUs (bench/cores.py ARGS), $OUT/cores.json
-#
-# Data (`data`): ~19 MB of the multilingual prose and ~5.5 MB of the code of bench/corpora.py's
-# text corpus as two pretrain prefixes blended 0.75/0.25 with a 98/2/0 split; the first 6.5 MB of
-# its ShareGPT chats as qwen2p5 SFT prefixes at seq 4096, packed and unpacked (same samples); 48 long
-# conversations (consecutive chats joined) packed into rows of 32768 tokens (chat_long).
-#
-# pretrain  (a) qwen2.5-0.5b, 220 steps of 8 × 4096 tokens on the pretrain blend, validation at
-#           110 and 220; (c) its tokens/s and MFU against the 37.1k tokens/s SDPA figure;
-#           (d) its data-loading share of step time.
-# sft       (b) per-token losses of packed rows against their samples alone (bench/train_gpu.py);
-#           (c) the same SFT samples packed vs unpacked (one padded sample a row), 40 steps each.
-# parallel  (e) TP=1, TP=2 (with and without sequence parallelism), PP=2 and DP=2 from the same seed
-#           on two GPUs, 50 steps, and Qwen3-0.6B at TP=1 and 2: losses against TP=1's and tokens/s
-#           ($OUT/parallel.md).
-# speed     today's settings (megatron-core's output layer and loss, nothing compiled, micro batch 1)
-#           against the fast ones, seq 4096, global batch 8: Qwen2.5-0.5B pretraining and packed
-#           SFT, Qwen2.5-1.5B and Qwen3-0.6B pretraining; logs as $OUT/speed-*.jsonl, then the
-#           table of bench/gpu_table.py. SPEED="name:steps:args;..." replaces the list (probes).
-# te        Transformer Engine against PyTorch's attention (needs TE: ../shared/tools/device-te.sh), 0.5B at
-#           seq 4096, micro batch 4, global batch 8, layers compiled: pretraining and packed SFT under
-#           each, dynamo's recompiles counted (TORCH_LOGS=recompiles); packed rows through TE's THD
-#           against their samples alone; the GPU tests of tests/train/test_train_compile.py and
-#           test_train_metrics.py; one attention layer's kernels timed (bench/train_gpu.py attention); FP8 recipes against bf16 at the 0.5B,
-#           1.5B, 3B and 7B shapes (7B: 8 of its layers), and the loss after 200 steps at 1.5B; then
-#           $OUT/te.json (bench/te_report.py). TE_ONLY="name ..." runs only those (a call may hold only
-#           some: te.json takes every te-*.jsonl under $OUT); TE_CHECKS=0 skips the checks; TE_ROUNDS=2 runs
-#           them twice over, interleaved; TE_PROFILE=1 profiles the FP8 runs and their bf16 ones besides.
-# scale     two GPUs: sequence parallelism with compiled layers, the distributed optimizer against plain DP
-#           (losses over 50 steps, speed with and without overlap, a checkpoint resharded DP=2 → 1 → 2 and
-#           its --save-hf export), recompute none/selective/full, the Qwen2.5-7B shape at TP=2, Qwen2.5-3B on
-#           one GPU; then $OUT/scale.json (bench/scale_report.py). SCALE_ONLY="name ..." runs only those.
-# graphs    --cuda-graphs on against off: tests/train/test_train_graphs.py (capture and replay = eager steps),
-#           then Qwen2.5-0.5B pretraining and packed SFT at micro batch 4, and pretraining at micro batch 1,
-#           40 steps each (30 at micro batch 1); add them with bench/records.py.
-# graphs-loss  200 steps of 0.5B pretraining and packed SFT (micro batch 2, global batch 4): eager under seeds 0
-#           and 1, graphed under seed 0, three runs at once (their losses, not their rates).
-# cores     no GPU: pretrain and SFT at 1, 2, 4 ... all cores' workers (bench/cores.py). Needs, carried:
-#           .whl (bash ../shared/tools/device-wheels.sh data) and .gpu/cores/cache.tar.gz (bench/corpora.py's
-#           text.jsonl and chats.jsonl with their .json, as `tar -C ~/.cache/qwen-data-bench -czf ...`).
-# moe       two GPUs: the Qwen3-30B-A3B shape with fewer layers, EP=2 against EP=1 (losses over 50 steps) and
-#           tokens/s on one GPU and on two with EP=2; then $OUT/moe.json (bench/moe_report.py).
-# After te, scale or moe, with $OUT's files in the checkout: `python3 bench/records.py $OUT --append` adds the
-# stage's runs to bench/results/gpu/records.json (each run's model, GPUs, rates, MFU, loss and machine).
+# data      (here) real-text prefixes into .gpu/ from bench/corpora.py's cache: ~19 MB of prose and ~5.5 MB of
+#           code as two pretrain prefixes blended 0.75/0.25, split 98/2/0; 6.5 MB of ShareGPT chats as qwen2p5 SFT
+#           prefixes at seq 4096, packed and unpacked; 48 long conversations packed into rows of 32768 (chat_long).
+# pretrain  Qwen2.5-0.5B, 220 steps of 8 × 4096 tokens on the blend, validation at 110 and 220.
+# sft       packed rows against their samples alone (bench/train_gpu.py packed); packed vs unpacked SFT, 40 steps.
+# parallel  (2 GPUs) TP=1, TP=2 (± sequence parallel), PP=2, DP=2, Qwen3-0.6B TP=1/2: 50 steps from one seed.
+# speed     today's settings (megatron's cross-entropy, nothing compiled, micro batch 1) against the fast ones.
+# graphs    --cuda-graphs on against off (and tests/train/test_train_graphs.py); graphs-loss: 200 steps' losses.
+# te        Transformer Engine's attention against PyTorch's, FP8 recipes against bf16 (needs TE:
+#           ../shared/tools/device-te.sh); CHECKS=0 skips the packed-row check, the GPU tests and the attention timing.
+# scale     (2 GPUs) distributed optimizer, checkpoint resharding DP=2 → 1 → 2 and its --save-hf, recompute, 7B at
+#           TP=2, over two pipeline stages and at DP=2, 3B, float32 weights (-f32w), context parallelism.
+# moe       (1-2 GPUs) Qwen3-30B-A3B's shape with fewer layers: EP=2 against EP=1, grouped against sequential experts.
+# cores     no GPU: the data side at 1, 2, 4 ... all cores' workers (bench/cores.py ARGS; bench/README.md: set-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: data, pretrain, sft, parallel or speed}
+stage=${1:?stage: data, pretrain, sft, parallel, speed, graphs, graphs-loss, te, scale, moe or cores}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
-if [ "$stage" = cores ]; then  # the data side's own dependencies are not on a GPU machine
-  python3 -c "import gigatoken" 2>/dev/null || python3 -m pip install -q --no-index --no-deps .whl/*.whl
-  export QWEN_DATA_BENCH_CACHE=${QWEN_DATA_BENCH_CACHE:-/tmp/qwen-data-bench}
-  mkdir -p "$QWEN_DATA_BENCH_CACHE" && tar -C "$QWEN_DATA_BENCH_CACHE" -xzf .gpu/cores/cache.tar.gz
-fi
-# The bench scripts import the train stage as installed (qwen_data_train): a bare GPU machine gets the
-# project installed in place (no network there: no build isolation, no dependencies).
+# A bare GPU machine gets the project installed in place (no network there: no build isolation, no dependencies).
 [ "$stage" = data ] || python3 -c "import qwen_data_train" 2>/dev/null \
   || python3 -m pip install -q --no-build-isolation --no-deps -e .
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
-COMMON=(--model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --num-workers 2)
 
-quiet() {  # Python's and torch's warnings left out (the trainer's own "warning: ..." lines kept)
-  grep -v -E "Warning|warnings\.warn|\]:\[W"
-}
-
-run() {  # run NAME ARGS...: the command and its output, both kept; a failure does not stop the stage
+run() {  # run NAME COMMAND...: the command and its output (Python's and torch's warnings left out) in $OUT/NAME.log
   local name=$1 started=$SECONDS; shift
+  [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]] || return 0
   echo "\$ $*" | tee "$OUT/$name.log"
-  { "$@" 2>&1; echo "exit status $? after $((SECONDS - started)) s"; } | quiet | tee -a "$OUT/$name.log" || true
+  { "$@" 2>&1; echo "exit status $? after $((SECONDS - started)) s"; } \
+    | grep -v -E "Warning|warnings\.warn|\]:\[W" | tee -a "$OUT/$name.log" || true
 }
 
-device() {  # device FILE: the GPUs, then the software the stage runs on
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$1"
-  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
-    | tee -a "$1"
+device() {  # the GPUs and the software a stage ran on
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)"
 }
 
-torchruns() {  # torchruns STAGE ONLY "NAME:PROCESSES:STEPS:ARGS;...": each run after $D (ONLY: names to run; empty: all)
-  local stage=$1 only=$2 spec name nproc steps args runs
-  IFS=';' read -ra runs <<< "$3"
-  for spec in "${runs[@]}"; do
-    IFS=':' read -r name nproc steps args <<< "$spec"
-    [ -z "$only" ] || [[ " $only " == *" $name "* ]] || continue
-    rm -f "$OUT/$stage-$name.jsonl"
-    # shellcheck disable=SC2086  # args are words
-    run "$stage-$name" timeout 500 torchrun --nproc-per-node "$nproc" -m train $D --train-iters "$steps" \
-      --log-interval 5 $args --profile --log-json "$OUT/$stage-$name.jsonl"
-  done
-}
+PT=.gpu/pretrain_blend.txt
+SFT=.gpu/sft_packed.json
+# What most runs share: the 0.5B shape, seq 4096, global batch 8; FAST: the defaults on CUDA, micro batch 4.
+B="--seq-length 4096 --global-batch-size 8 --num-workers 2"
+FAST="--cross-entropy fused --compile layers --micro-batch-size 4"
 
 case $stage in
 data)
@@ -140,243 +96,179 @@ EOF
   qwen-data blend .gpu/chat_unpacked -o .gpu/sft_unpacked.json
   du -sh .gpu ;;
 pretrain)
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-  python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'megatron-core', m.__version__)" \
-    | tee -a "$OUT/device.txt"
-  run pretrain python3 -m train --data .gpu/pretrain_blend.txt "${COMMON[@]}" --train-iters 220 \
-    --warmup-iters 20 --lr 6e-4 --min-lr 6e-5 --eval-interval 110 --eval-iters 4 --log-interval 10 \
-    --profile --log-json "$OUT/pretrain.jsonl" ;;
+  device | tee "$OUT/device.txt"
+  run pretrain python3 -m train --data $PT --model qwen2.5-0.5b $B --micro-batch-size 1 --train-iters 220 --warmup-iters 20 --lr 6e-4 --min-lr 6e-5 --eval-interval 110 --eval-iters 4 --log-interval 10 --profile --log-json $OUT/pretrain.jsonl ;;
 sft)
-  run packed_check python3 bench/train_gpu.py packed --data .gpu/sft_packed.json --model qwen2.5-0.5b --rows 4
-  for kind in packed unpacked; do
-    run "sft_$kind" python3 -m train --data ".gpu/sft_$kind.json" "${COMMON[@]}" --train-iters 40 \
-      --warmup-iters 5 --lr 1e-4 --min-lr 1e-5 --log-interval 10 --profile --log-json "$OUT/sft_$kind.jsonl"
-  done ;;
+  run packed_check python3 bench/train_gpu.py packed --data $SFT --model qwen2.5-0.5b --rows 4
+  S="--model qwen2.5-0.5b $B --micro-batch-size 1 --train-iters 40 --warmup-iters 5 --lr 1e-4 --min-lr 1e-5 --log-interval 10 --profile"
+  run sft_packed python3 -m train --data .gpu/sft_packed.json $S --log-json $OUT/sft_packed.jsonl
+  run sft_unpacked python3 -m train --data .gpu/sft_unpacked.json $S --log-json $OUT/sft_unpacked.jsonl ;;
 parallel)
-  # The fast settings (micro batch 4; 2 with stages, so a step holds 4 micro-batches to pipeline).
-  # PARALLEL="name:processes:args;..." picks runs; q3_* (Qwen3-0.6B: QK norms) compare with q3_tp1.
-  P=(--data .gpu/pretrain_blend.txt "${COMMON[@]}" --train-iters 50 --log-interval 1 --warmup-iters 5)
-  Q3="--model qwen3-0.6b --micro-batch-size 4"
-  PARALLEL=${PARALLEL:-"tp1:1:--micro-batch-size 4;tp2:2:--micro-batch-size 4 --tp 2;\
-tp2_sp:2:--micro-batch-size 4 --tp 2 --sequence-parallel;pp2:2:--micro-batch-size 2 --pp 2;\
-pp2_mb1:2:--micro-batch-size 1 --pp 2;dp2:2:--micro-batch-size 4;q3_tp1:1:$Q3;q3_tp2:2:$Q3 --tp 2"}
-  IFS=';' read -ra runs <<< "$PARALLEL"
-  for spec in "${runs[@]}"; do
-    IFS=':' read -r name nproc args <<< "$spec"
-    rm -f "$OUT/$name.jsonl"
-    # shellcheck disable=SC2086  # args are words
-    run "$name" torchrun --nproc-per-node "$nproc" -m train "${P[@]}" $args --profile --log-json "$OUT/$name.jsonl"
-  done
-  logs() { for n in "$@"; do [ -f "$OUT/$n.jsonl" ] && echo "$OUT/$n.jsonl"; done; }
-  # shellcheck disable=SC2046
-  python3 bench/gpu_table.py --against "$OUT/tp1.jsonl" $(logs tp2 tp2_sp pp2 pp2_mb1 dp2) | tee "$OUT/parallel.md"
-  # shellcheck disable=SC2046
-  [ -f "$OUT/q3_tp1.jsonl" ] && python3 bench/gpu_table.py --against "$OUT/q3_tp1.jsonl" $(logs q3_tp2) \
-    | tee -a "$OUT/parallel.md"
-  echo "parallel stage: $SECONDS s" ;;
+  # the fast settings; PP at micro batch 2, so that a step holds 4 micro-batches to pipeline
+  P="-m train --data $PT --model qwen2.5-0.5b $B --train-iters 50 --log-interval 1 --warmup-iters 5 --micro-batch-size 4 --profile"
+  run tp1 torchrun --nproc-per-node 1 $P --log-json $OUT/tp1.jsonl
+  run tp2 torchrun --nproc-per-node 2 $P --tp 2 --log-json $OUT/tp2.jsonl
+  run tp2_sp torchrun --nproc-per-node 2 $P --tp 2 --sequence-parallel --log-json $OUT/tp2_sp.jsonl
+  run pp2 torchrun --nproc-per-node 2 $P --micro-batch-size 2 --pp 2 --log-json $OUT/pp2.jsonl
+  run pp2_mb1 torchrun --nproc-per-node 2 $P --micro-batch-size 1 --pp 2 --log-json $OUT/pp2_mb1.jsonl
+  run dp2 torchrun --nproc-per-node 2 $P --log-json $OUT/dp2.jsonl
+  run q3_tp1 torchrun --nproc-per-node 1 $P --model qwen3-0.6b --log-json $OUT/q3_tp1.jsonl
+  run q3_tp2 torchrun --nproc-per-node 2 $P --model qwen3-0.6b --tp 2 --log-json $OUT/q3_tp2.jsonl
+  python3 bench/records.py --table --against $OUT/tp1.jsonl $OUT/{tp1,tp2,tp2_sp,pp2,pp2_mb1,dp2}.jsonl | tee $OUT/parallel.md
+  python3 bench/records.py --table --against $OUT/q3_tp1.jsonl $OUT/q3_tp{1,2}.jsonl | tee -a $OUT/parallel.md ;;
 speed)
-  device "$OUT/device.txt"
+  device | tee "$OUT/device.txt"
+  S="timeout 300 python3 -m train --model qwen2.5-0.5b $B --warmup-iters 10 --lr 3e-4 --log-interval 10 --profile"
   TODAY="--cross-entropy megatron --compile none --micro-batch-size 1"
-  FAST="--cross-entropy fused --compile layers --micro-batch-size 4"
-  PT="--data .gpu/pretrain_blend.txt"
-  SFT="--data .gpu/sft_packed.json"
-  # Steps: 100 where the loss at 100 is compared, else 20 (rates are taken over iterations 11-20).
-  SPEED=${SPEED:-"0.5b-today:100:$PT $TODAY;0.5b-fast:100:$PT $FAST;sft-today:20:$SFT $TODAY;\
-sft-fast:40:$SFT $FAST;1.5b-fast:20:$PT --model qwen2.5-1.5b $FAST;qwen3-0.6b-fast:20:$PT --model qwen3-0.6b $FAST"}
-  IFS=';' read -ra runs <<< "$SPEED"
-  for spec in "${runs[@]}"; do
-    IFS=':' read -r name steps args <<< "$spec"
-    rm -f "$OUT/speed-$name.jsonl"
-    # shellcheck disable=SC2086  # args are words
-    run "speed-$name" timeout 300 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --global-batch-size 8 \
-      --num-workers 2 --train-iters "$steps" --warmup-iters 10 --lr 3e-4 --log-interval 10 $args \
-      --profile --log-json "$OUT/speed-$name.jsonl"
-  done
-  python3 bench/gpu_table.py "$OUT"/speed-*.jsonl | tee "$OUT/speed.md"
-  python3 bench/gpu_table.py --flash | tee "$OUT/flash.txt"
-  echo "speed stage: $SECONDS s" ;;
+  # 100 steps where the loss at 100 is compared, else 20 (rates over iterations 11 on)
+  run speed-0.5b-today $S --train-iters 100 --data $PT $TODAY --log-json $OUT/speed-0.5b-today.jsonl
+  run speed-0.5b-fast $S --train-iters 100 --data $PT $FAST --log-json $OUT/speed-0.5b-fast.jsonl
+  run speed-sft-today $S --train-iters 20 --data $SFT $TODAY --log-json $OUT/speed-sft-today.jsonl
+  run speed-sft-fast $S --train-iters 40 --data $SFT $FAST --log-json $OUT/speed-sft-fast.jsonl
+  run speed-1.5b-fast $S --train-iters 20 --data $PT --model qwen2.5-1.5b $FAST --log-json $OUT/speed-1.5b-fast.jsonl
+  run speed-qwen3-0.6b-fast $S --train-iters 20 --data $PT --model qwen3-0.6b $FAST --log-json $OUT/speed-qwen3-0.6b-fast.jsonl
+  python3 bench/records.py --table $OUT/speed-*.jsonl | tee $OUT/speed.md ;;
 graphs)
-  device "$OUT/device.txt"
+  device | tee "$OUT/device.txt"
   run graphs_test python3 -m pytest -q -p no:cacheprovider tests/train/test_train_graphs.py
-  for spec in pt:4:40 sft:4:40 pt:1:30; do
-    IFS=: read -r kind mb steps <<< "$spec"
-    data=.gpu/pretrain_blend.txt; [ "$kind" = sft ] && data=.gpu/sft_packed.json
-    for g in off on; do
-      name=graphs-$kind-mb$mb-$g
-      run "$name" timeout 300 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --global-batch-size 8 \
-        --micro-batch-size "$mb" --num-workers 2 --train-iters "$steps" --warmup-iters 10 --lr 3e-4 --log-interval 10 \
-        --data "$data" --cuda-graphs "$g" --log-json "$OUT/$name.jsonl"
-    done
+  G="timeout 300 python3 -m train --model qwen2.5-0.5b $B --warmup-iters 10 --lr 3e-4 --log-interval 10"
+  for g in off on; do
+    run graphs-pt-mb4-$g $G --micro-batch-size 4 --train-iters 40 --data $PT --cuda-graphs $g --log-json $OUT/graphs-pt-mb4-$g.jsonl
+    run graphs-sft-mb4-$g $G --micro-batch-size 4 --train-iters 40 --data $SFT --cuda-graphs $g --log-json $OUT/graphs-sft-mb4-$g.jsonl
+    run graphs-pt-mb1-$g $G --micro-batch-size 1 --train-iters 30 --data $PT --cuda-graphs $g --log-json $OUT/graphs-pt-mb1-$g.jsonl
   done ;;
-graphs-loss)
+graphs-loss)  # three runs at once: their losses, not their rates
+  L="timeout 420 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 2 --global-batch-size 4 --num-workers 2 --train-iters 200 --warmup-iters 20 --lr 3e-4 --log-interval 10"
   for kind in pt sft; do
-    data=.gpu/pretrain_blend.txt; [ "$kind" = sft ] && data=.gpu/sft_packed.json
-    for spec in eager-0:off:0 eager-1:off:1 graphed-0:on:0; do
-      IFS=: read -r name g seed <<< "$spec"
-      run "loss-$kind-$name" timeout 420 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 2 \
-        --global-batch-size 4 --num-workers 2 --train-iters 200 --warmup-iters 20 --lr 3e-4 --log-interval 10 \
-        --data "$data" --seed "$seed" --cuda-graphs "$g" --log-json "$OUT/loss-$kind-$name.jsonl" &
-    done
+    data=$PT; [ $kind = sft ] && data=$SFT
+    run loss-$kind-eager-0 $L --data $data --seed 0 --cuda-graphs off --log-json $OUT/loss-$kind-eager-0.jsonl &
+    run loss-$kind-eager-1 $L --data $data --seed 1 --cuda-graphs off --log-json $OUT/loss-$kind-eager-1.jsonl &
+    run loss-$kind-graphed-0 $L --data $data --seed 0 --cuda-graphs on --log-json $OUT/loss-$kind-graphed-0.jsonl &
     wait
   done ;;
 te)
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/te_device.txt"
-  python3 -c "import importlib.metadata as md, qwen_data_train, torch, megatron.core as m; print('torch', torch.__version__, \
-'megatron-core', m.__version__, 'cudnn', torch.backends.cudnn.version(), 'transformer-engine', \
-md.version('transformer_engine') if __import__('importlib.util').util.find_spec('transformer_engine') else None)" \
-    | tee -a "$OUT/te_device.txt"
-  if [ "${TE_CHECKS:-1}" = 1 ]; then
-    run te_packed_check python3 bench/train_gpu.py packed --data .gpu/sft_packed.json --model qwen2.5-0.5b \
-      --rows 4 --attention te --json "$OUT/te_packed_parity.json"
+  { device; python3 -c "import importlib.metadata as m; print('transformer-engine', m.version('transformer_engine'))" \
+    || echo "transformer-engine not installed"; } \
+    | tee "$OUT/te_device.txt"
+  if [ "${CHECKS:-1}" = 1 ]; then
+    run te_packed_check python3 bench/train_gpu.py packed --data $SFT --model qwen2.5-0.5b --rows 4 --attention te --json $OUT/te_packed_parity.json
     run te_tests python3 -m pytest -q -p no:cacheprovider tests/train/test_train_compile.py tests/train/test_train_metrics.py
     run te_attention python3 bench/train_gpu.py attention --model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 4
   fi
-  FAST="--cross-entropy fused --compile layers --micro-batch-size 4"
-  PT="--data .gpu/pretrain_blend.txt $FAST"
-  SFT="--data .gpu/sft_packed.json $FAST"
-  # FP8 against bf16 (each the default path otherwise), 20 steps; Qwen2.5-7B with 8 of its 28 layers (all of
-  # them do not fit one 80 GB GPU with float32 master weights and AdamW); 3B at micro batch 2 (FP8 81 GiB: an
-  # H200's) and with selective recompute besides (68 GiB; tensorwise and delayed), and with 18 of its 36 layers
-  # at micro batch 4 (what a GPU holds at 3B once data parallelism shares the optimizer's state); the loss after
-  # 200 steps at 1.5B (seeds 2 and 3 besides the default: the spread of bf16 runs that the FP8 one is judged in),
-  # and of FP8 at 0.5B with its layers compiled against only the SwiGLU.
-  B="--data .gpu/pretrain_blend.txt --global-batch-size 8"
-  FP8="fp8-0.5b-bf16:20:$B --micro-batch-size 4;fp8-0.5b-tensorwise:20:$B --micro-batch-size 4 --fp8 tensorwise;\
-fp8-1.5b-bf16:20:$B --model qwen2.5-1.5b --micro-batch-size 4;\
-fp8-1.5b-tensorwise:20:$B --model qwen2.5-1.5b --micro-batch-size 4 --fp8 tensorwise;\
-fp8-3b-bf16:20:$B --model qwen2.5-3b --micro-batch-size 1;\
-fp8-3b-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 1 --fp8 tensorwise;\
-fp8-3b-delayed:20:$B --model qwen2.5-3b --micro-batch-size 1 --fp8 delayed;\
-fp8-3b-blockwise:20:$B --model qwen2.5-3b --micro-batch-size 1 --fp8 blockwise;\
-fp8-3b-mb2-bf16:20:$B --model qwen2.5-3b --micro-batch-size 2;\
-fp8-3b-mb2-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 2 --fp8 tensorwise;\
-fp8-3b-mb2sel-bf16:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective;\
-fp8-3b-mb2sel-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective --fp8 tensorwise;\
-fp8-3b-mb2sel-delayed:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective --fp8 delayed;\
-fp8-3b-mb2sel-swiglu-tensorwise:20:$B --model qwen2.5-3b --micro-batch-size 2 --recompute selective --compile swiglu \
---fp8 tensorwise;\
-fp8-3b18l-mb4-bf16:20:$B --model qwen2.5-3b --num-layers 18 --micro-batch-size 4 --global-batch-size 16;\
-fp8-3b18l-mb4-tensorwise:20:$B --model qwen2.5-3b --num-layers 18 --micro-batch-size 4 --global-batch-size 16 --fp8 tensorwise;\
-fp8-7b8l-bf16:20:$B --model qwen2.5-7b --num-layers 8 --micro-batch-size 1;\
-fp8-7b8l-tensorwise:20:$B --model qwen2.5-7b --num-layers 8 --micro-batch-size 1 --fp8 tensorwise;\
-loss-1.5b-bf16:200:$B --model qwen2.5-1.5b --micro-batch-size 4;\
-loss-1.5b-tensorwise:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --fp8 tensorwise;\
-loss-1.5b-s2-bf16:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --seed 2;\
-loss-1.5b-s2-tensorwise:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --fp8 tensorwise --seed 2;\
-loss-1.5b-s3-bf16:200:$B --model qwen2.5-1.5b --micro-batch-size 4 --seed 3;\
-fp8-0.5b-200-layers:200:$B --micro-batch-size 4 --fp8 tensorwise --compile layers;\
-fp8-0.5b-200-swiglu:200:$B --micro-batch-size 4 --fp8 tensorwise --compile swiglu"
-  TE_RUNS="pretrain-sdpa:40:$PT --attention sdpa;pretrain-te:40:$PT --attention te;\
-sft-sdpa:40:$SFT --attention sdpa;sft-te:40:$SFT --attention te;$FP8"
-  # TE_ROUNDS=N runs the list N times over (names end -r1, -r2, ...: a machine's drift shows between rounds, and
-  # each FP8 run is set against the bf16 run of its round); TE_PROFILE=1 profiles each FP8 run and its bf16 one
-  # of the first round (bench/train_gpu.py profile: GPU-bound or launch-bound) into te-NAME.profile.
-  IFS=';' read -ra runs <<< "$TE_RUNS"
-  rounds=${TE_ROUNDS:-1}
-  for round in $(seq "$rounds"); do
-    for spec in "${runs[@]}"; do
-      IFS=':' read -r name steps args <<< "$spec"
-      [ -z "${TE_ONLY:-}" ] || [[ " $TE_ONLY " == *" $name "* ]] || continue
-      what=$name && [ "$rounds" = 1 ] || what=$name-r$round
-      rm -f "$OUT/te-$what.jsonl"
-      TRAIN=(--model qwen2.5-0.5b --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 10 --lr 3e-4)
-      # shellcheck disable=SC2086  # args are words
-      TORCH_LOGS=recompiles run "te-$what" timeout 400 python3 -m train "${TRAIN[@]}" --train-iters "$steps" \
-        --log-interval 10 $args --profile --log-json "$OUT/te-$what.jsonl"
-      if [ "${TE_PROFILE:-0}" = 1 ] && [ "$round" = 1 ] && [[ $name == fp8-* ]]; then
-        # shellcheck disable=SC2086
-        timeout 300 python3 bench/train_gpu.py profile --warm 4 --steps 2 -- "${TRAIN[@]}" --train-iters 10 $args \
-          2>&1 | quiet > "$OUT/te-$what.profile" || true
-      fi
-    done
+  T="timeout 400 python3 -m train --model qwen2.5-0.5b $B --warmup-iters 10 --lr 3e-4 --log-interval 10 --profile"
+  export TORCH_LOGS=recompiles  # no compiled layer should recompile after step 1: the log counts them
+  run te-pretrain-sdpa $T --train-iters 40 --data $PT $FAST --attention sdpa --log-json $OUT/te-pretrain-sdpa.jsonl
+  run te-pretrain-te $T --train-iters 40 --data $PT $FAST --attention te --log-json $OUT/te-pretrain-te.jsonl
+  run te-sft-sdpa $T --train-iters 40 --data $SFT $FAST --attention sdpa --log-json $OUT/te-sft-sdpa.jsonl
+  run te-sft-te $T --train-iters 40 --data $SFT $FAST --attention te --log-json $OUT/te-sft-te.jsonl
+  # FP8 against bf16, 20 steps, each the default path otherwise. 7B: 8 of its 28 layers (all of them do not fit one
+  # 80 GB GPU with float32 master weights and AdamW). 3B at micro batch 2 (FP8: 81 GiB, an H200's), with selective
+  # recompute (68 GiB), and with 18 of its 36 layers at micro batch 4 (what a GPU holds once data parallelism
+  # shares the optimizer's state).
+  F="$T --train-iters 20 --data $PT"
+  for fp8 in bf16 tensorwise; do
+    R=(); [ $fp8 = bf16 ] || R=(--fp8 $fp8)
+    run te-fp8-0.5b-$fp8 $F --micro-batch-size 4 "${R[@]}" --log-json $OUT/te-fp8-0.5b-$fp8.jsonl
+    run te-fp8-1.5b-$fp8 $F --model qwen2.5-1.5b --micro-batch-size 4 "${R[@]}" --log-json $OUT/te-fp8-1.5b-$fp8.jsonl
+    run te-fp8-3b-mb2-$fp8 $F --model qwen2.5-3b --micro-batch-size 2 "${R[@]}" --log-json $OUT/te-fp8-3b-mb2-$fp8.jsonl
+    run te-fp8-3b18l-mb4-$fp8 $F --model qwen2.5-3b --num-layers 18 --micro-batch-size 4 --global-batch-size 16 "${R[@]}" --log-json $OUT/te-fp8-3b18l-mb4-$fp8.jsonl
+    run te-fp8-7b8l-$fp8 $F --model qwen2.5-7b --num-layers 8 --micro-batch-size 1 "${R[@]}" --log-json $OUT/te-fp8-7b8l-$fp8.jsonl
   done
-  python3 bench/te_report.py "$OUT" | tee "$OUT/te.md"
-  echo "te stage: $SECONDS s" ;;
+  for fp8 in bf16 tensorwise delayed blockwise; do
+    R=(); [ $fp8 = bf16 ] || R=(--fp8 $fp8)
+    run te-fp8-3b-$fp8 $F --model qwen2.5-3b --micro-batch-size 1 "${R[@]}" --log-json $OUT/te-fp8-3b-$fp8.jsonl
+  done
+  for fp8 in bf16 tensorwise delayed; do
+    R=(); [ $fp8 = bf16 ] || R=(--fp8 $fp8)
+    run te-fp8-3b-mb2sel-$fp8 $F --model qwen2.5-3b --micro-batch-size 2 --recompute selective "${R[@]}" --log-json $OUT/te-fp8-3b-mb2sel-$fp8.jsonl
+  done
+  run te-fp8-3b-mb2sel-swiglu-tensorwise $F --model qwen2.5-3b --micro-batch-size 2 --recompute selective --compile swiglu --fp8 tensorwise --log-json $OUT/te-fp8-3b-mb2sel-swiglu-tensorwise.jsonl
+  # The loss after 200 steps at 1.5B (seeds 2 and 3 besides the default: the spread FP8 is judged in), and of FP8
+  # at 0.5B with its layers compiled against only the SwiGLU.
+  L="$T --train-iters 200 --data $PT --micro-batch-size 4"
+  run te-loss-1.5b-bf16 $L --model qwen2.5-1.5b --log-json $OUT/te-loss-1.5b-bf16.jsonl
+  run te-loss-1.5b-tensorwise $L --model qwen2.5-1.5b --fp8 tensorwise --log-json $OUT/te-loss-1.5b-tensorwise.jsonl
+  run te-loss-1.5b-s2-bf16 $L --model qwen2.5-1.5b --seed 2 --log-json $OUT/te-loss-1.5b-s2-bf16.jsonl
+  run te-loss-1.5b-s2-tensorwise $L --model qwen2.5-1.5b --fp8 tensorwise --seed 2 --log-json $OUT/te-loss-1.5b-s2-tensorwise.jsonl
+  run te-loss-1.5b-s3-bf16 $L --model qwen2.5-1.5b --seed 3 --log-json $OUT/te-loss-1.5b-s3-bf16.jsonl
+  run te-fp8-0.5b-200-layers $L --fp8 tensorwise --compile layers --log-json $OUT/te-fp8-0.5b-200-layers.jsonl
+  run te-fp8-0.5b-200-swiglu $L --fp8 tensorwise --compile swiglu --log-json $OUT/te-fp8-0.5b-200-swiglu.jsonl
+  python3 bench/records.py --table $OUT/te-*.jsonl | tee $OUT/te.md ;;
 scale)
-  device "$OUT/scale_device.txt"
-  # NAME:PROCESSES:STEPS:ARGS (SCALE_ONLY="name ..." runs only those). sp-*: sequence parallelism with and
-  # without compiled layers (same losses); dp2-*: plain DP (torch DDP) against the distributed optimizer, with
-  # and without overlap; ckpt-*: a distributed-optimizer run saved at DP=2, resumed at DP=1 and again at DP=2,
-  # against ckpt-ref uninterrupted; recompute-*: none, selective, full at Qwen2.5-1.5B on one GPU; 7b-*: the
-  # Qwen2.5-7B shape (random init), seq 4096, at TP=2 with sequence parallelism; 7b-pp2/7b-dp2: over two pipeline
-  # stages (layers compiled; global batch 32, so 32 micro-batches fill the pipeline; 7b-pp2-15-13: the last stage,
-  # which runs the output layer too, with 13 layers; -gb128: 128 micro-batches a step, a pipeline bubble of
-  # 1/129 instead of 1/33; -sft: the bench chats' packed SFT rows), and data-parallel with the distributed optimizer
-  # (107 GiB a GPU: H200 only); 3b-one: Qwen2.5-3B on one GPU, 3b-dp2 on two by torch's DDP; -f32w: float32 weights
-  # (--no-bf16-weights) against the default's bf16 weights split from their masters, beside TP+SP, PP and DP;
-  # cp1/cp2: the same rows of 16384 tokens on one GPU and split over two (--cp 2); cp-long: packed SFT rows of
-  # 32768 tokens (the long chats) over two.
-  D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
+  device | tee "$OUT/scale_device.txt"
+  # Random init, seq 4096; -f32w: float32 weights (--no-bf16-weights) against the default's bf16 weights split
+  # from their masters. 7b-pp2*: two pipeline stages, global batch 32 so that 32 micro-batches fill the pipeline
+  # (-gb128: 128, a bubble of 1/129; -15-13: the last stage, which runs the output layer too, with 13 layers).
+  S="timeout 500 torchrun --nproc-per-node 2 -m train --data $PT $B --warmup-iters 5 --lr 3e-4 --log-interval 5 --profile"
+  S1="timeout 500 torchrun --nproc-per-node 1 -m train --data $PT $B --warmup-iters 5 --lr 3e-4 --log-interval 5 --profile"
   M="--model qwen2.5-0.5b --micro-batch-size 4"
-  C="--model qwen2.5-0.5b --micro-batch-size 1 --compile swiglu --log-interval 1 --train-iters 8 --distributed-optimizer --lr 1e-4"
-  K=/tmp/scale-ckpt
-  SCALE="sp-swiglu:2:10:$M --tp 2 --sequence-parallel --compile swiglu --log-interval 1;\
-sp-layers:2:10:$M --tp 2 --sequence-parallel --compile layers --log-interval 1;\
-dp2-plain:2:50:$M --log-interval 1;dp2-plain-f32w:2:50:$M --log-interval 1 --no-bf16-weights;dp2-distopt:2:50:$M --log-interval 1 --distributed-optimizer;\
-dp2-distopt-sync:2:30:$M --distributed-optimizer --no-overlap-grad-reduce --no-overlap-param-gather;\
-ckpt-ref:2:8:$C;ckpt-a:2:8:$C --exit-after 3 --save $K;ckpt-b:1:8:$C --exit-after 6 --load $K --save $K;\
-ckpt-c:2:8:$C --load $K --save $K --save-hf /tmp/scale-hf;\
-recompute-none:1:20:--model qwen2.5-1.5b --micro-batch-size 2;\
-recompute-selective:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute selective;\
-recompute-full:1:20:--model qwen2.5-1.5b --micro-batch-size 2 --recompute full;\
-7b-none:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel;\
-7b-selective:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute selective;\
-7b-full:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute full;\
-7b-none-f32w:2:20:--model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --no-bf16-weights;\
-7b-pp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 32 --log-interval 1;\
-7b-pp2-15-13:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
---global-batch-size 32 --log-interval 1;\
-7b-pp2-f32w:2:10:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 32 --log-interval 1 \
---no-bf16-weights;\
-7b-pp2-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1;\
-7b-pp2-gb128-f32w:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
---no-bf16-weights;\
-7b-pp2-sft-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --global-batch-size 128 --log-interval 1 \
---data .gpu/sft_packed.json;\
-7b-pp2-15-13-gb128:2:8:--model qwen2.5-7b --micro-batch-size 1 --pp 2 --decoder-last-pipeline-num-layers 13 \
---global-batch-size 128 --log-interval 1;\
-7b-dp2:2:10:--model qwen2.5-7b --micro-batch-size 1 --distributed-optimizer --global-batch-size 32 --log-interval 1;\
-3b-one:1:20:--model qwen2.5-3b --micro-batch-size 1;\
-3b-one-f32w:1:20:--model qwen2.5-3b --micro-batch-size 1 --no-bf16-weights;\
-3b-dp2:2:20:--model qwen2.5-3b --micro-batch-size 1;3b-dp2-f32w:2:20:--model qwen2.5-3b --micro-batch-size 1 --no-bf16-weights;\
-cp1:1:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384;\
-cp2:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384 --cp 2;\
-cp-long:2:20:--model qwen2.5-0.5b --micro-batch-size 1 --seq-length 32768 --cp 2 --data .gpu/chat_long \
---global-batch-size 2 --eval-interval 0"
-  if [ -z "${SCALE_ONLY:-}" ] || [[ " $SCALE_ONLY " == *" ckpt-a "* ]]; then rm -rf "$K" /tmp/scale-hf; fi  # ckpt-a's
-  torchruns scale "${SCALE_ONLY:-}" "$SCALE"
-  if [ -d /tmp/scale-hf ]; then  # --save-hf at DP=2 against the checkpoint saved with it, converted
-    run scale-hf-exact bash -c "python3 -m train.convert mcore-to-hf $K /tmp/scale-hf-converted && \
-python3 bench/scale_report.py --same-weights /tmp/scale-hf /tmp/scale-hf-converted"
-  fi
-  python3 bench/scale_report.py "$OUT" | tee "$OUT/scale.md"
-  echo "scale stage: $SECONDS s" ;;
-cores)
-  shift
-  { grep -m1 "model name" /proc/cpuinfo; nproc; free -g | head -2; } | tee "$OUT/cores-host.txt"
-  python3 bench/cores.py --out "$OUT/cores.json" "$@" 2>&1 | tee "$OUT/cores.log"
-  ;;
+  run scale-sp-swiglu $S --train-iters 10 $M --tp 2 --sequence-parallel --compile swiglu --log-interval 1 --log-json $OUT/scale-sp-swiglu.jsonl
+  run scale-sp-layers $S --train-iters 10 $M --tp 2 --sequence-parallel --compile layers --log-interval 1 --log-json $OUT/scale-sp-layers.jsonl
+  run scale-dp2-plain $S --train-iters 50 $M --log-interval 1 --log-json $OUT/scale-dp2-plain.jsonl
+  run scale-dp2-plain-f32w $S --train-iters 50 $M --log-interval 1 --no-bf16-weights --log-json $OUT/scale-dp2-plain-f32w.jsonl
+  run scale-dp2-distopt $S --train-iters 50 $M --log-interval 1 --distributed-optimizer --log-json $OUT/scale-dp2-distopt.jsonl
+  run scale-dp2-distopt-sync $S --train-iters 30 $M --distributed-optimizer --no-overlap-grad-reduce --no-overlap-param-gather --log-json $OUT/scale-dp2-distopt-sync.jsonl
+  # a distributed-optimizer run saved at DP=2, resumed at DP=1 and again at DP=2, against ckpt-ref uninterrupted
+  C="--train-iters 8 --model qwen2.5-0.5b --micro-batch-size 1 --compile swiglu --log-interval 1 --distributed-optimizer --lr 1e-4"
+  rm -rf /tmp/scale-ckpt /tmp/scale-hf /tmp/scale-hf-converted
+  run scale-ckpt-ref $S $C --log-json $OUT/scale-ckpt-ref.jsonl
+  run scale-ckpt-a $S $C --exit-after 3 --save /tmp/scale-ckpt --log-json $OUT/scale-ckpt-a.jsonl
+  run scale-ckpt-b $S1 $C --exit-after 6 --load /tmp/scale-ckpt --save /tmp/scale-ckpt --log-json $OUT/scale-ckpt-b.jsonl
+  run scale-ckpt-c $S $C --load /tmp/scale-ckpt --save /tmp/scale-ckpt --save-hf /tmp/scale-hf --log-json $OUT/scale-ckpt-c.jsonl
+  run scale-hf-exact python3 -m train.convert mcore-to-hf /tmp/scale-ckpt /tmp/scale-hf-converted
+  run scale-hf-same python3 bench/train_gpu.py same-weights -- /tmp/scale-hf /tmp/scale-hf-converted
+  for r in none selective full; do
+    run scale-recompute-$r $S1 --train-iters 20 --model qwen2.5-1.5b --micro-batch-size 2 --recompute $r --log-json $OUT/scale-recompute-$r.jsonl
+    run scale-7b-$r $S --train-iters 20 --model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute $r --log-json $OUT/scale-7b-$r.jsonl
+  done
+  run scale-7b-none-f32w $S --train-iters 20 --model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --no-bf16-weights --log-json $OUT/scale-7b-none-f32w.jsonl
+  P7="--model qwen2.5-7b --micro-batch-size 1 --pp 2 --log-interval 1"
+  run scale-7b-pp2 $S --train-iters 10 $P7 --global-batch-size 32 --log-json $OUT/scale-7b-pp2.jsonl
+  run scale-7b-pp2-15-13 $S --train-iters 10 $P7 --global-batch-size 32 --decoder-last-pipeline-num-layers 13 --log-json $OUT/scale-7b-pp2-15-13.jsonl
+  run scale-7b-pp2-f32w $S --train-iters 10 $P7 --global-batch-size 32 --no-bf16-weights --log-json $OUT/scale-7b-pp2-f32w.jsonl
+  run scale-7b-pp2-gb128 $S --train-iters 8 $P7 --global-batch-size 128 --log-json $OUT/scale-7b-pp2-gb128.jsonl
+  run scale-7b-pp2-gb128-f32w $S --train-iters 8 $P7 --global-batch-size 128 --no-bf16-weights --log-json $OUT/scale-7b-pp2-gb128-f32w.jsonl
+  run scale-7b-pp2-sft-gb128 $S --train-iters 8 $P7 --global-batch-size 128 --data $SFT --log-json $OUT/scale-7b-pp2-sft-gb128.jsonl
+  run scale-7b-pp2-15-13-gb128 $S --train-iters 8 $P7 --global-batch-size 128 --decoder-last-pipeline-num-layers 13 --log-json $OUT/scale-7b-pp2-15-13-gb128.jsonl
+  # data-parallel 7B with the distributed optimizer: 107 GiB a GPU, H200 only
+  run scale-7b-dp2 $S --train-iters 10 --model qwen2.5-7b --micro-batch-size 1 --distributed-optimizer --global-batch-size 32 --log-interval 1 --log-json $OUT/scale-7b-dp2.jsonl
+  run scale-3b-one $S1 --train-iters 20 --model qwen2.5-3b --micro-batch-size 1 --log-json $OUT/scale-3b-one.jsonl
+  run scale-3b-one-f32w $S1 --train-iters 20 --model qwen2.5-3b --micro-batch-size 1 --no-bf16-weights --log-json $OUT/scale-3b-one-f32w.jsonl
+  run scale-3b-dp2 $S --train-iters 20 --model qwen2.5-3b --micro-batch-size 1 --log-json $OUT/scale-3b-dp2.jsonl
+  run scale-3b-dp2-f32w $S --train-iters 20 --model qwen2.5-3b --micro-batch-size 1 --no-bf16-weights --log-json $OUT/scale-3b-dp2-f32w.jsonl
+  # context parallelism: the same rows of 16384 tokens on one GPU and over two; packed SFT rows of 32768 over two
+  run scale-cp1 $S1 --train-iters 20 --model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384 --log-json $OUT/scale-cp1.jsonl
+  run scale-cp2 $S --train-iters 20 --model qwen2.5-0.5b --micro-batch-size 1 --seq-length 16384 --cp 2 --log-json $OUT/scale-cp2.jsonl
+  run scale-cp-long $S --train-iters 20 --model qwen2.5-0.5b --micro-batch-size 1 --seq-length 32768 --cp 2 --data .gpu/chat_long --global-batch-size 2 --eval-interval 0 --log-json $OUT/scale-cp-long.jsonl
+  python3 bench/records.py --table $OUT/scale-*.jsonl | tee $OUT/scale.md
+  python3 bench/records.py --table --against $OUT/scale-dp2-plain.jsonl $OUT/scale-dp2-distopt.jsonl | tee -a $OUT/scale.md
+  python3 bench/records.py --table --against $OUT/scale-ckpt-ref.jsonl $OUT/scale-ckpt-{b,c}.jsonl | tee -a $OUT/scale.md
+  python3 bench/records.py --table --against $OUT/scale-cp1.jsonl $OUT/scale-cp2.jsonl | tee -a $OUT/scale.md ;;
 moe)
-  device "$OUT/moe_device.txt"
-  # The Qwen3-30B-A3B shape with fewer layers (random init: its 48 layers need ~490 GB of float32 weights,
-  # gradients and AdamW). ep1/ep2: 2 layers on two GPUs, experts on both (EP=1) against split over them
-  # (EP=2), 50 steps, same seed and data; one/two-ep2: 4 layers on one GPU, and on two with EP=2;
-  # one-sequential: one's experts one after another (--no-moe-grouped-gemm); two-ep2-mb4: two-ep2 at
-  # micro batch 4 (global batch 8: no accumulation); eight-ep2-mb2: 8 layers at micro batch 2 (71 GiB a
-  # GPU: the most that fits an 80 GB H100); sft-sdpa/sft-te and pretrain-te: packed SFT rows and
-  # pretraining on each attention path (te: needs Transformer Engine).
-  # NAME:PROCESSES:STEPS:ARGS (MOE_ONLY="name ..." runs only those).
-  D="--data .gpu/pretrain_blend.txt --seq-length 4096 --global-batch-size 8 --num-workers 2 --warmup-iters 5 --lr 3e-4"
-  Q="--model qwen3-30b-a3b --micro-batch-size 1 --attention sdpa"
-  QT="--model qwen3-30b-a3b --micro-batch-size 1 --attention te --num-layers 4"
-  MOE="ep1:2:50:$Q --num-layers 2 --log-interval 1;ep2:2:50:$Q --num-layers 2 --ep 2 --log-interval 1;\
-one:1:20:$Q --num-layers 4;one-sequential:1:20:$Q --num-layers 4 --no-moe-grouped-gemm;\
-two-ep2:2:20:$Q --num-layers 4 --ep 2;two-ep2-mb4:2:20:$Q --num-layers 4 --ep 2 --micro-batch-size 4;\
-eight-ep2-mb2:2:20:$Q --num-layers 8 --ep 2 --micro-batch-size 2;sft-sdpa:1:20:$Q --num-layers 4 --data .gpu/sft_packed.json;\
-sft-te:1:20:$QT --data .gpu/sft_packed.json;pretrain-te:1:20:$QT"
-  torchruns moe "${MOE_ONLY:-}" "$MOE"
-  python3 bench/moe_report.py "$OUT" | tee "$OUT/moe.md"
-  echo "moe stage: $SECONDS s" ;;
+  device | tee "$OUT/moe_device.txt"
+  # Random init: the 48 layers need ~490 GB of float32 weights, gradients and AdamW. ep1/ep2: 2 layers on two GPUs,
+  # experts on both against split over them, 50 steps, same seed and data; one/two-ep2: 4 layers on one GPU and on
+  # two; eight-ep2-mb2: 8 layers at micro batch 2 (71 GiB a GPU: the most an 80 GB H100 holds).
+  E="-m train --data $PT $B --warmup-iters 5 --lr 3e-4 --log-interval 5 --profile --model qwen3-30b-a3b --micro-batch-size 1 --attention sdpa"
+  run moe-ep1 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 50 --num-layers 2 --log-interval 1 --log-json $OUT/moe-ep1.jsonl
+  run moe-ep2 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 50 --num-layers 2 --ep 2 --log-interval 1 --log-json $OUT/moe-ep2.jsonl
+  run moe-one timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --log-json $OUT/moe-one.jsonl
+  run moe-one-sequential timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --no-moe-grouped-gemm --log-json $OUT/moe-one-sequential.jsonl
+  run moe-two-ep2 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 20 --num-layers 4 --ep 2 --log-json $OUT/moe-two-ep2.jsonl
+  run moe-two-ep2-mb4 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 20 --num-layers 4 --ep 2 --micro-batch-size 4 --log-json $OUT/moe-two-ep2-mb4.jsonl
+  run moe-eight-ep2-mb2 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 20 --num-layers 8 --ep 2 --micro-batch-size 2 --log-json $OUT/moe-eight-ep2-mb2.jsonl
+  run moe-sft-sdpa timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --data $SFT --log-json $OUT/moe-sft-sdpa.jsonl
+  run moe-sft-te timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --data $SFT --attention te --log-json $OUT/moe-sft-te.jsonl
+  run moe-pretrain-te timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --attention te --log-json $OUT/moe-pretrain-te.jsonl
+  python3 bench/records.py --table $OUT/moe-*.jsonl | tee $OUT/moe.md
+  python3 bench/records.py --table --against $OUT/moe-ep1.jsonl $OUT/moe-ep2.jsonl | tee -a $OUT/moe.md ;;
+cores)  # the data side's own dependencies and corpora, carried in (bench/README.md)
+  shift
+  python3 -c "import gigatoken" 2>/dev/null || python3 -m pip install -q --no-index --no-deps .whl/*.whl
+  export QWEN_DATA_BENCH_CACHE=${QWEN_DATA_BENCH_CACHE:-/tmp/qwen-data-bench}
+  mkdir -p "$QWEN_DATA_BENCH_CACHE" && tar -C "$QWEN_DATA_BENCH_CACHE" -xzf .gpu/cores/cache.tar.gz
+  { grep -m1 "model name" /proc/cpuinfo; nproc; free -g | head -2; } | tee "$OUT/cores-host.txt"
+  python3 bench/cores.py --out "$OUT/cores.json" "$@" 2>&1 | tee "$OUT/cores.log" ;;
 *)
   echo "unknown stage $stage" >&2; exit 2 ;;
 esac

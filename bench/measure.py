@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from qwen_data.formats.indexed import read_index  # noqa: E402
+from qwen_data.formats.indexed import bin_tokens, read_index  # noqa: E402
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,64 +115,33 @@ def python_env() -> dict:
     return env
 
 
-def qwen_data_cli_available(command: str) -> bool:
-    """Whether `python3 -m qwen_data.cli COMMAND` exists yet (the CLI is written in parallel)."""
-    if not os.path.isfile(os.path.join(REPO_ROOT, "qwen_data", "cli.py")):
-        return False
-    probe = subprocess.run(qwen_data_command(command, "--help"), cwd=REPO_ROOT, env=python_env(), capture_output=True)
-    return probe.returncode == 0
-
-
 def qwen_data_command(*args) -> list:
     return [sys.executable, "-m", "qwen_data.cli", *map(str, args)]
 
 
-# --- reading Megatron indexed datasets back (numpy only: megatron-core takes ~8 s to import) ---
+# --- reading outputs back: qwen_data's own reader (megatron-core takes ~8 s to import) ---
 
 
-
-@dataclass
-class IndexedData:
-    tokens: np.ndarray  # memmap of the whole .bin
-    sequence_lengths: np.ndarray
-    document_indices: np.ndarray
-
-    def document(self, i: int) -> np.ndarray:
-        starts = np.concatenate([[0], np.cumsum(self.sequence_lengths, dtype=np.int64)])
-        lo, hi = self.document_indices[i], self.document_indices[i + 1]
-        return self.tokens[starts[lo] : starts[hi]]
-
-
-def read_indexed(prefix: str) -> IndexedData:
-    index = read_index(prefix + ".idx")
-    size = os.path.getsize(prefix + ".bin")
-    tokens = np.memmap(prefix + ".bin", dtype=index.dtype, mode="r") if size else np.zeros(0, index.dtype)
-    return IndexedData(tokens, np.asarray(index.lengths), np.asarray(index.document_indices))
+def tokens(prefix: str) -> np.ndarray:
+    """The .bin of `prefix` as its .idx types it (a memmap)."""
+    return bin_tokens(prefix + ".bin", read_index(prefix + ".idx").dtype)
 
 
 def compare_indexed(ours: str, theirs: str, label: str = "tokens") -> str | None:
     """None when both prefixes hold the same documents, token for token; else what differs first."""
-    a, b = read_indexed(ours), read_indexed(theirs)
-    if a.tokens.dtype != b.tokens.dtype:
-        return f"{label}: dtype {a.tokens.dtype} vs {b.tokens.dtype}"
-    docs_a, docs_b = len(a.document_indices) - 1, len(b.document_indices) - 1
-    # Sequence structure may differ legitimately only if documents hold several sequences;
-    # both sides here write one sequence per document, so compare per document.
-    starts_a = np.concatenate([[0], np.cumsum(a.sequence_lengths, dtype=np.int64)])[a.document_indices]
-    starts_b = np.concatenate([[0], np.cumsum(b.sequence_lengths, dtype=np.int64)])[b.document_indices]
-    same_bounds = docs_a == docs_b and np.array_equal(starts_a, starts_b)
-    if same_bounds and np.array_equal(a.tokens, b.tokens):
-        return None
-    for i in range(min(docs_a, docs_b)):
-        da, db = a.tokens[starts_a[i] : starts_a[i + 1]], b.tokens[starts_b[i] : starts_b[i + 1]]
-        if len(da) != len(db) or not np.array_equal(da, db):
-            n = min(len(da), len(db))
-            first = int(np.argmax(da[:n] != db[:n])) if n and not np.array_equal(da[:n], db[:n]) else n
-            return (
-                f"{label}: document {i} differs at token {first} (lengths {len(da)} vs {len(db)}): "
-                f"{da[max(0, first - 3) : first + 5].tolist()} vs {db[max(0, first - 3) : first + 5].tolist()}"
-            )
-    return f"{label}: {docs_a} vs {docs_b} documents"
+    a, b = read_index(ours + ".idx"), read_index(theirs + ".idx")
+    ta, tb = tokens(ours), tokens(theirs)
+    if a.dtype != b.dtype:
+        return f"{label}: dtype {a.dtype} vs {b.dtype}"
+    if a.documents != b.documents:
+        return f"{label}: {a.documents} vs {b.documents} documents"
+    if not np.array_equal(a.lengths, b.lengths) or not np.array_equal(a.document_indices, b.document_indices):
+        first = int(np.argmax(np.asarray(a.lengths) != np.asarray(b.lengths))) if len(a.lengths) == len(b.lengths) else 0
+        return f"{label}: sequence lengths differ (first at sequence {first})"
+    if not np.array_equal(ta, tb):
+        first = int(np.argmax(ta != tb))
+        return f"{label}: token {first} differs: {ta[max(0, first - 3):first + 5].tolist()} vs {tb[max(0, first - 3):first + 5].tolist()}"
+    return None
 
 
 # --- figures ---

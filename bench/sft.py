@@ -168,10 +168,10 @@ def benchmark(args, workdir: str) -> int:
               "certified": "qwen-data sft, certified"}
     rows = []
     for name, m in results.items():
-        data = measure.read_indexed(os.path.join(workdir, name))
-        mask = measure.read_indexed(os.path.join(workdir, name + ".lossmask"))
+        data = measure.tokens(os.path.join(workdir, name))
+        mask = measure.tokens(os.path.join(workdir, name + ".lossmask"))
         rows.append([labels[name], f"{m.wall_s:.2f}", f"{m.cpu_s:.2f}", f"{records / m.wall_s:,.0f}", f"{nbytes / MB / m.wall_s:.2f}",
-                     f"{len(data.tokens) / 1e6 / m.wall_s:.3f}", f"{int(mask.tokens.sum()) / len(mask.tokens):.1%}",
+                     f"{len(data) / 1e6 / m.wall_s:.3f}", f"{int(mask.sum()) / len(mask):.1%}",
                      measure.fmt_mib(m.peak_rss), m.peak_processes])  # fmt: skip
     measure.print_table(rows, ["program", "wall s", "cpu s", "records/s", "MB/s", "Mtok/s", "trained", "peak RSS", "procs"])
 

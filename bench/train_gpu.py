@@ -6,12 +6,14 @@
 packed     Per-token losses of packed SFT rows (--attention sdpa: FlexAttention document mask; te:
            Transformer Engine's THD) against each of their samples run alone (causal), in bf16
            autocast and (sdpa) in float32. As a control, the same rows with attention leaking
-           across samples (plain causal). --json F: the bf16 figures as te.json's packed_parity.
+           across samples (plain causal). --json F: the bf16 figures, as JSON.
 profile    A few steps of `python -m train` (its arguments after --; torchrun alike, rank 0 reports)
            under torch.profiler: the operations with the most GPU time, each step's time and the
            share of it the GPU's kernels were busy.
 split      AdamW's join and split of each dense matrix of --model (bf16 weights: train/optimizer.py),
            eager against compiled, twice each: ms for all of them and whether the bits agree.
+same-weights  -- A B: whether two Hugging Face folders hold the same tensors (--save-hf against a
+           checkpoint converted by train.convert).
 attention  One attention layer's shapes, forward + backward: SDPA causal, FlexAttention and (where
            installed) Transformer Engine on rows of one document (the same function), then flex
            against SDPA with a dense mask on rows
@@ -211,9 +213,23 @@ def split_join(args) -> None:
               f"{1000 * (time.perf_counter() - started):.1f} ms, bits as eager: {same}")
 
 
+def same_weights(args) -> None:
+    import glob
+    import os
+
+    from safetensors.torch import load_file
+
+    a, b = ({k: v for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))) for k, v in load_file(path).items()}
+            for folder in args.train)
+    differ = sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not a[k].equal(b[k]))
+    print(f"{len(a)} tensors in {args.train[0]}, {len(b)} in {args.train[1]}: "
+          + (f"differ: {differ[:5]}" if differ else "same weights"))
+    sys.exit(1 if differ else 0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("check", choices=["packed", "attention", "profile", "split"])
+    p.add_argument("check", choices=["packed", "attention", "profile", "split", "same-weights"])
     p.add_argument("--warm", type=int, default=4, help="profile: steps before the profiled ones")
     p.add_argument("--steps", type=int, default=2, help="profile: steps profiled")
     p.add_argument("--rows-shown", type=int, default=30)
@@ -231,7 +247,8 @@ def main() -> None:
     split = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:split])
     args.train = argv[split + 1:]  # profile: the train stage's arguments
-    {"packed": packed, "attention": attention, "profile": profile, "split": split_join}[args.check](args)
+    {"packed": packed, "attention": attention, "profile": profile, "split": split_join,
+     "same-weights": same_weights}[args.check](args)
 
 
 if __name__ == "__main__":

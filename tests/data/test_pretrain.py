@@ -229,7 +229,7 @@ print(json.dumps({"modules": sorted(sys.modules), "decoded": decoded}))
 
 
 def test_a_small_run_starts_with_only_what_it_uses(tmp_path):
-    """Start-up is most of a small run's time (bench/startup.py). Its one chunk is tokenized in the
+    """Start-up is most of a small run's time (`bench/certify.py start` times one). Its one chunk is tokenized in the
     main process (no worker: multiprocess only for the certificate's checking process, which loads
     the reference beside it), neither sft's modules nor merge's thread pool are imported, and
     tokenizer.json is not decoded once its rank file and added tokens are cached."""

@@ -291,6 +291,7 @@ def test_table_holds_every_code_point_whose_output_differs(differences):
     assert not missing, f"regenerate EXACT_RANGES (python3 tests/data/test_unicode_exact.py): missing {missing}"
 
 
+@pytest.mark.slow  # the same probes as the test above
 def test_every_text_that_differs_goes_to_hf(differences, ours):
     """The chunks and probes on which the backends differ: the default backend sends each to HF,
     and gives HF's (real) ids on the probes."""

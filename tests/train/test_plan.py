@@ -96,7 +96,7 @@ def test_bf16_weights_are_built_beside_data_and_context_parallelism():
     (["--distributed-optimizer"], "tiny", Environment(cuda=True), False, "keeps its own masters"),
 ])
 def test_bf16_weights_are_the_default_where_they_are_built(args, model, env, split, why):
-    """Measured no slower anywhere they are built (bench/results/gpu/scale-h200x2f/): split by default there,
+    """Measured no slower anywhere they are built (scale-h200x2f in bench/results/gpu/2026-11-29-scale.md): split by default there,
     float32 weights elsewhere, and the plan says which and why (the run's first line)."""
     p = plan(*args, model=model, env=env)
     assert p.bf16_weights is split and why in p.bf16_weights_why

@@ -3,18 +3,16 @@
   - a packed row's attention counts each document on its own (Σ sᵢ², pads left out) under
     Megatron's causal count, the whole row under the full count; the products with weights are
     the same in both;
-  - the GPU reports still read the logs committed before the two counts and the machine fields
-    existed (bench/results/gpu), giving none for them;
   - the SM clock and power of a run are nvidia-smi's samples over its steps, idle ones left out,
     with the share the power limit held the clock down;
   - a step whose GPU idles waiting on the host's launches is called launch-bound, and with --fp8
     warned of (FP8 shortens the GPU's work only).
 
-The trainer's own records (a CPU run) are checked in test_train_smoke.py.
+The trainer's own records (a CPU run) are checked in test_train_smoke.py; bench/records.py, which reads
+them back, in bench/tests/test_records.py.
 """
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -27,8 +25,6 @@ from qwen_data_train.shapes import PRESETS
 
 pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
-RESULTS = os.path.join(BENCH, "results", "gpu")
 PAD = 151643 + 100  # any id the documents do not hold
 
 
@@ -71,41 +67,6 @@ def test_rows_of_a_micro_batch_are_counted_apart():
     first, second = packed_row((10, 20), 64), packed_row((64,), 64)
     batch = {k: torch.cat([first[k], second[k]]) for k in ("segment_ids", "tokens")}
     assert document_squares(batch, PAD) == 10 * 10 + 20 * 20 + 64 * 64
-
-
-@pytest.fixture
-def reports(monkeypatch):
-    monkeypatch.syspath_prepend(BENCH)
-    import gpu_table
-    import scale_report
-    import te_report
-    yield gpu_table, te_report, scale_report
-    for name in ("gpu_table", "te_report", "scale_report"):
-        sys.modules.pop(name, None)
-
-
-def test_te_report_sets_each_run_against_its_own_round_and_reads_the_profile(reports, tmp_path):
-    _, te_report, _ = reports
-    assert te_report.baseline_name("fp8-3b-mb2sel-delayed-r2") == "fp8-3b-mb2sel-bf16-r2"
-    assert te_report.baseline_name("fp8-3b-mb2sel-tensorwise") == "fp8-3b-mb2sel-bf16"
-    assert te_report.baseline_name("pretrain-te-r1") == "pretrain-sdpa-r1"
-    profile = tmp_path / "te-fp8.profile"
-    profile.write_text("1902 ms/step over 2 profiled steps; GPU kernels 1815 ms/step (95%)\n| table |\n")
-    assert te_report.busy_share(str(profile)) == 0.95
-    assert te_report.busy_share(str(tmp_path / "none.profile")) is None
-
-
-def test_reports_read_logs_older_than_the_two_counts(reports):
-    gpu_table, te_report, scale_report = reports
-    row = gpu_table.row(os.path.join(RESULTS, "speed-0.5b-fast.jsonl"))
-    assert row["tokens/s"] == "109.9k"  # as docs/performance.md records it
-    assert row["MFU (causal)"] == row["MFU (full)"] == row["gpu_uuid"] == row["cpu_model"] == "-"
-    te = te_report.run(os.path.join(RESULTS, "te-h100", "te-pretrain-sdpa.jsonl"))
-    assert te["tokens_per_s"] > 1e5 and te["mfu_causal"] is None and te["mfu_full"] is None
-    assert te["gpu_name"] is None and te["sm_clock_mhz"] is None
-    scale = scale_report.report(os.path.join(RESULTS, "scale-h100x2"))
-    assert scale["runs"] and all(r["mfu_causal"] is None and r["power_limit_w"] is None for r in scale["runs"])
-    assert any(r["tokens_per_s_per_gpu"] for r in scale["runs"])
 
 
 def test_the_clock_is_the_mean_of_the_busy_samples_and_the_power_cap_their_share():
