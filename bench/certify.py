@@ -8,21 +8,12 @@ are the medians over the rounds of certified / no-certify (and of the seconds ce
 certified run must say `certified: true` and write the same data (the manifest's fingerprint) as
 the no-certify one beside it, or the script stops.
 
-  start     a one-document pretrain: start-up (target: certified adds <= 0.1 s)
-  pretrain  the 40 MB bench text, --workers (default 2)
-  sft       the 16 MB bench chats, --template qwen2p5 --pack --seq-length 4096; certified with
-            --reference-template (the official Qwen2.5 Jinja) (target: adds <= 0.3 s)
-  long      one record of 58 MB of real text (target: <= 2x wall and peak RSS)
-  megadocs  100 documents of 1 MB each
-  big       a 16-core host: >= 1 GB of text, pretrain, and >= 1 GB of chats, sft packed, at
-            --workers (default 16) (target: <= 1.03x)
-
-Larger corpora are made from the bench text and chats, deterministically, and cached beside them
-(`certify/` in the bench cache): see CORPORA.
+Cases and targets: bench/README.md; the bigger corpora: CORPORA.
 
     python3 bench/certify.py --json bench/results/cpu/certify-2core.json    # all but big
     python3 bench/certify.py start sft --rounds 5
     python3 bench/certify.py big --workers 16 --json OUT [--text FILE --chats FILE]
+    python3 bench/certify.py --layers CORPUS.jsonl --workers 16 [--sft] [--json OUT]
 """
 
 from __future__ import annotations
@@ -157,16 +148,6 @@ def bench_source(given: str | None, build) -> str:
 # --- the cases ---
 
 
-def reference_template(given: str | None) -> str:
-    """The official Qwen2.5 Jinja: --reference-template, $QWEN_DATA_ORACLES's, or shared/oracles'."""
-    folders = [os.environ.get("QWEN_DATA_ORACLES"), "/work/shared/oracles",
-               os.path.join(os.path.dirname(measure.REPO_ROOT), "shared", "oracles")]
-    for path in [given] + [os.path.join(f, TEMPLATE) for f in folders if f]:
-        if path and os.path.isfile(path):
-            return os.path.abspath(path)
-    raise SystemExit(f"{TEMPLATE} not found: pass --reference-template FILE or set QWEN_DATA_ORACLES")
-
-
 def one_document(work: str) -> str:
     path = os.path.join(work, "one.jsonl")
     with open(path, "w", encoding="utf-8") as f:
@@ -178,7 +159,7 @@ def cases(names: list[str], args, work: str) -> dict:
     """name -> (qwen-data arguments, the certified run's extra arguments); inputs made as needed."""
     text = lambda: bench_source(args.text, corpora.text_corpus)  # noqa: E731
     chats = lambda: bench_source(args.chats, corpora.chat_corpus)  # noqa: E731
-    template = lambda: ["--reference-template", reference_template(args.reference_template)]  # noqa: E731
+    template = lambda: ["--reference-template", measure.oracle_file(TEMPLATE, args.reference_template)]  # noqa: E731
     small, big = ["--workers", str(args.workers or 2)], ["--workers", str(args.workers or 16)]
     mb = args.big_mb * 1_000_000
 
@@ -279,21 +260,66 @@ def one_round(k: int, todo: dict, results: dict, work: str) -> None:
         case["summary"] = summary(name, case["rounds"])
 
 
+# --- --layers: each layer's cost on one corpus ---
+
+SPELLING_ONLY = """
+import sys
+from qwen_data.certify import sample
+from qwen_data.run import certifier
+from qwen_data.cli import main
+sample.Sampling.picks = lambda self, chunk, record: False
+certifier.Certifier.early = staticmethod(lambda path, count=1: [])
+sys.exit(main(sys.argv[1:]))
+"""
+LAYERS = {"no-certify": ["-m", "qwen_data.cli", "{kind}", "--no-certify"],
+          "spelled only": ["-c", SPELLING_ONLY, "{kind}"],
+          "certified": ["-m", "qwen_data.cli", "{kind}"]}
+
+
+def layers(args) -> None:
+    """`qwen-data pretrain` (`sft` with --sft) with --no-certify, with every document spelled but no reference
+    sample (switched off in its own process: its certificate says so, only its time is used), and certified,
+    interleaved, --rounds rounds: wall and CPU seconds of each."""
+    kind, extra = ("sft", [*SFT_ARGS, "--reference-template", measure.oracle_file(TEMPLATE, args.reference_template)]
+                   ) if args.sft else ("pretrain", [])
+    seconds: dict[str, list[float]] = {name: [] for name in LAYERS}
+    cpu: dict[str, list[float]] = {name: [] for name in LAYERS}
+    with tempfile.TemporaryDirectory() as out:
+        for r in range(args.rounds or 2):
+            for name, command in LAYERS.items():
+                m = measure.run_checked([sys.executable, *[c.format(kind=kind) for c in command],
+                                         os.path.abspath(args.layers), *extra, "-o", f"{out}/p",
+                                         "--workers", str(args.workers or 16), "--quiet"])
+                seconds[name].append(round(m.wall_s, 3))
+                cpu[name].append(round(m.cpu_s, 2))
+            print(f"round {r + 1}: " + ", ".join(f"{name} {s[-1]:.2f} s ({cpu[name][-1]:.1f} CPU s)"
+                                                 for name, s in seconds.items()), flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"corpus": args.layers, "kind": kind, "workers": args.workers or 16, "seconds": seconds,
+                       "cpu_seconds": cpu}, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("cases", nargs="*", help=f"any of {', '.join(SMALL)}, big (default: all but big)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workers", type=int, help="pool workers (default: 2; big: 16)")
+    parser.add_argument("--rounds", type=int, help="default 3; --layers: 2")
+    parser.add_argument("--workers", type=int, help="pool workers (default: 2; big and --layers: 16)")
     parser.add_argument("--reference-template", metavar="FILE", help=f"the official {TEMPLATE} (sft, big)")
     parser.add_argument("--text", metavar="FILE", help="the bench text.jsonl (default: bench/corpora.py's cache)")
     parser.add_argument("--chats", metavar="FILE", help="the bench chats.jsonl (default: bench/corpora.py's cache)")
     parser.add_argument("--big-mb", type=int, default=1000, help="big's text and chats, each (MB)")
     parser.add_argument("--json", metavar="PATH", help="write the results here (after every round)")
+    parser.add_argument("--layers", metavar="CORPUS", help="each layer's cost on this corpus instead (no cases)")
+    parser.add_argument("--sft", action="store_true", help="--layers: sft, certified against --reference-template")
     args = parser.parse_args()
+    if args.layers:
+        return layers(args)
+    args.rounds = args.rounds or 3
     work = tempfile.mkdtemp(prefix="qwen-data-certify-")
     try:
         todo = cases(selected(args.cases), args, work)
-        results = {"host": {"cores": len(os.sched_getaffinity(0)), "cpu": cpu_model(),
+        results = {"host": {"cores": len(os.sched_getaffinity(0)), "cpu": measure.cpu_model(),
                             "python": platform.python_version()},
                    "rounds": args.rounds, "method": __doc__.split("\n\n")[1], "corpora": CORPORA, "cases": {}}
         for argv, extra in todo.values():  # warm-up, untimed: the tokenizer's caches built, the input read once
@@ -307,11 +333,6 @@ def main() -> None:
         print_results(results)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def cpu_model() -> str:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
 
 
 if __name__ == "__main__":

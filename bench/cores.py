@@ -1,38 +1,10 @@
-"""How the data side scales with the cores: pretrain and SFT at 1, 2, 4 ... N workers, one run.
-
-Run on a many-core host (the GPU hosts: 16, 32 or 64 cores; `bench/gpu.sh cores`). Every run is
-a whole `qwen-data` process, timed as a user would time it (wall, CPU of the process tree, peak
-summed RSS of the tree). Corpora come from bench/corpora.py, repeated to size:
-
-  pretrain     the multilingual text corpus repeated to --corpus-mb (default 1,000 MB)
-  sft-chat     the ShareGPT chats repeated to --sft-mb, qwen2p5, seq 4096, packed
-  sft-alpaca   the same conversations as alpaca records (first question and answer), same settings
-  megatron     Megatron-LM's own tools/preprocess_data.py (--megatron CHECKOUT) at 16 workers (--compare-at),
-               on the text corpus at --megatron-mb (it is ~100x slower), with ours at 16 workers on it
-  ray          `--executor ray` with 16 shards and CPUs (--ray, --compare-at), Ray started by the run
-  ray-joined   the same on a cluster of 16 CPUs started beforehand (`ray start --head`), as a multi-node run is
-
-raw gigatoken is the ceiling one core reaches: a fresh tokenizer, in this process, over the first
-64 MB of the text corpus (what one of 16 workers meets of a 1 GB corpus), NFC applied beforehand
-and not timed; `raw_warm` is the same tokenizer's second pass over them. The corpora repeat a 40 MB
-base, and gigatoken caches the words it met: one worker meets the base cold once and then runs
-warm, each of N workers meets it cold once, so a repeated corpus favours fewer workers. Each run's efficiency is given against N x its own 1-worker rate and against N x raw.
-`raw_parallel` is the host's own ceiling for N (16 and up): N forked processes, each raw on its own
-64 MB, all timed at once (total bytes over the slowest); what N cores give a tokenizer that shares nothing.
-Its `warm_` figures time a second pass of the same processes, against `raw_warm`: the host's ceiling with
-the cache effect taken out.
+"""How the data side scales with the cores: pretrain and SFT at 1, 2, 4 ... N workers, one run
+(jobs, raw and raw_parallel, --unique: bench/README.md and docs/performance.md). Writes --out.
 
     python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
     python3 bench/cores.py --megatron /path/Megatron-LM --megatron-mb 300 --ray --rss-mb 1000,4000
     python3 bench/cores.py --unique --text FILE --corpus-mb 2000 --workers 1,16 --jobs pretrain
-
---unique: pretrain on a corpus in which no document repeats (bench/certify.py's: the text corpus, then passes
-over it with every document's words shuffled, seeded; a real text's bytes and tokens per byte, an order never
-seen; every line hashed and one met before left out), at --corpus-mb; raw and raw_parallel are measured on it
-(each process on its own part of it), and pretrain at the most workers on the repeated corpus of the same size
-runs beside it (job pretrain-repeated). --text / --chats: the bench corpora, where this host cannot build them.
-Writes --out (default bench/results/cpu/cores.json).
 """
 
 from __future__ import annotations

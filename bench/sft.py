@@ -1,15 +1,6 @@
-"""SFT throughput: `qwen-data sft` against Hugging Face's own chat-template way, one run.
-
-Both programs run whole, as subprocesses, on the same real chats and worker count; wall time and
-the peak summed RSS of each process tree are measured; token ids and loss masks must be identical.
-
-The baseline: a `multiprocessing.Pool(workers)` whose initializer builds `transformers.AutoTokenizer`
-in each worker; per record, `apply_chat_template(messages, tokenize=True, return_dict=True,
-return_assistant_tokens_mask=True, chat_template=<oracle>)` with the TRL-style Qwen2.5 template
-(`{% generation %}` tags, /work/shared/oracles/qwen2.5-instruct.assistant-mask.jinja); the main
-process writes ids and the assistant mask as `.bin/.idx` + `.lossmask.bin/.idx`. HF's assistant
-mask marks assistant tokens and ours marks trained targets per token: for `--assistant-span trl`
-they are the same tokens.
+"""SFT throughput: `qwen-data sft --assistant-span trl` against Hugging Face's own chat-template way
+(`apply_chat_template(..., return_assistant_tokens_mask=True)` in a pool: bench/README.md); token ids and
+loss masks must be identical.
 
     python3 bench/sft.py                # both programs, the cached real chats, 2 workers
     python3 bench/sft.py --records 200  # quick check
@@ -20,30 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import measure  # noqa: E402
-from measure import MB  # noqa: E402
-from pretrain import CHUNKSIZE, best_of, default_tokenizer_dir, limited_corpus  # noqa: E402
+from measure import CHUNKSIZE, MB  # noqa: E402
 
 SPEED_TARGET = 5.0
 TEMPLATE_FILE = "qwen2.5-instruct.assistant-mask.jinja"
-
-
-def oracle_template_path() -> str:
-    """The byte-exact TRL-style template from the project's shared oracles (beside the repo)."""
-    candidates = [os.environ.get("QWEN_DATA_ORACLES", ""), os.path.join(os.path.dirname(measure.REPO_ROOT), "shared", "oracles"),
-                  os.path.join(measure.REPO_ROOT, "shared", "oracles")]  # fmt: skip
-    for directory in candidates:
-        path = os.path.join(directory, TEMPLATE_FILE)
-        if directory and os.path.isfile(path):
-            return path
-    raise FileNotFoundError(f"{TEMPLATE_FILE} not found: set QWEN_DATA_ORACLES to the shared oracles directory")
 
 
 # --- the baseline program (runs in its own process: `sft.py baseline IN PREFIX ...`) ---
@@ -106,45 +83,21 @@ def baseline_main(argv: list) -> None:
 
 
 def run_baseline(corpus: str, prefix: str, workers: int, tokenizer: str) -> measure.Measurement:
-    argv = [sys.executable, os.path.abspath(__file__), "baseline", corpus, prefix, "--workers", workers,
-            "--tokenizer", tokenizer, "--template", oracle_template_path()]  # fmt: skip
-    return measure.run_measured(argv, env=measure.python_env()).check()
+    return measure.run_checked([sys.executable, os.path.abspath(__file__), "baseline", corpus, prefix,
+                                "--workers", workers, "--tokenizer", tokenizer, "--template", measure.oracle_file(TEMPLATE_FILE)])
 
 
 def run_ours(corpus: str, prefix: str, workers: int, tokenizer: str | None, *extra: str) -> measure.Measurement:
     extra = (*extra, "--tokenizer", tokenizer) if tokenizer else extra
-    argv = measure.qwen_data_command("sft", corpus, "-o", prefix, "--template", "qwen2p5", "--assistant-span", "trl",
-                                     "--workers", workers, "--quiet", *extra)  # fmt: skip
-    return measure.run_measured(argv, env=measure.python_env()).check()
+    return measure.run_checked(measure.qwen_data_command("sft", corpus, "-o", prefix, "--template", "qwen2p5",
+                                                         "--assistant-span", "trl", "--workers", workers, "--quiet",
+                                                         *extra))
 
 
 def run_certified(corpus: str, prefix: str, workers: int, tokenizer: str | None) -> measure.Measurement:
     """Ours with the certificate, against the official Jinja (the bundled tokenizer's is Qwen3's)."""
-    official = os.path.join(os.path.dirname(oracle_template_path()), "qwen2.5-instruct.jinja")
+    official = measure.oracle_file("qwen2.5-instruct.jinja")
     return run_ours(corpus, prefix, workers, tokenizer, "--reference-template", official)
-
-
-def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "baseline":
-        return baseline_main(sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--input", help="a chat jsonl ({'messages': [...]} per line) instead of the cached one")
-    parser.add_argument("--records", type=int, help="only the first N records")
-    parser.add_argument("--tokenizer", default=default_tokenizer_dir())
-    parser.add_argument("--programs", default="ours,certified,baseline",
-                        help="comma list of: ours, certified (ours with the certificate: --reference-template), baseline")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per program; the fastest counts")
-    parser.add_argument("--workdir", help="keep outputs here (default: a temporary directory, removed)")
-    args = parser.parse_args()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="qwen-data-bench-sft-")
-    os.makedirs(workdir, exist_ok=True)
-    try:
-        status = benchmark(args, workdir)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    sys.exit(status)
 
 
 def benchmark(args, workdir: str) -> int:
@@ -152,17 +105,13 @@ def benchmark(args, workdir: str) -> int:
 
     corpus = args.input or corpora.chat_corpus()
     if args.records:
-        corpus = limited_corpus(corpus, args.records, workdir)
+        corpus = measure.limited_corpus(corpus, args.records, workdir)
     nbytes = os.path.getsize(corpus)
     with open(corpus, "rb") as f:
         records = sum(1 for _ in f)
     print(f"corpus: {corpus}  {nbytes / MB:.1f} MB  {records} records  workers: {args.workers}")
-    programs = args.programs.split(",")
     runners = {"baseline": run_baseline, "ours": run_ours, "certified": run_certified}
-    results = best_of(args.repeat, {
-        name: lambda run=runners[name], prefix=os.path.join(workdir, name): run(corpus, prefix, args.workers, args.tokenizer)
-        for name in runners if name in programs
-    })  # fmt: skip
+    results = measure.best_of(args.repeat, runners, args.programs.split(","), corpus, workdir, args)
 
     labels = {"baseline": "HF apply_chat_template pool", "ours": "qwen-data sft",
               "certified": "qwen-data sft, certified"}
@@ -177,20 +126,26 @@ def benchmark(args, workdir: str) -> int:
 
     status = 0
     if "ours" in results and "certified" in results:
-        from pretrain import certificate_cost
-
-        print(certificate_cost(results["certified"], results["ours"]))
+        print(measure.certificate_cost(results["certified"], results["ours"]))
     if "ours" in results and "baseline" in results:
-        base, ours = results["baseline"], results["ours"]
-        speedup = base.wall_s / ours.wall_s
-        print(f"ours/baseline: records/s {speedup:.2f}x (target >= {SPEED_TARGET:g}x: {'met' if speedup >= SPEED_TARGET else 'NOT met'}), "
-              f"CPU time {base.cpu_s / ours.cpu_s:.2f}x less, peak RSS {ours.peak_rss / base.peak_rss:.2f}x")  # fmt: skip
+        measure.against_baseline(results, "records/s", SPEED_TARGET)
         ours_prefix, base_prefix = os.path.join(workdir, "ours"), os.path.join(workdir, "baseline")
         for label, suffix in (("token ids", ""), ("loss masks", ".lossmask")):
             diff = measure.compare_indexed(ours_prefix + suffix, base_prefix + suffix, label)
             print(f"{label} identical: {'yes' if diff is None else 'NO: ' + diff}")
             status |= diff is not None
     return status
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "baseline":
+        return baseline_main(sys.argv[2:])
+    parser = measure.comparison_arguments(__doc__)
+    parser.add_argument("--records", type=int, help="only the first N records")
+    parser.add_argument("--programs", default="ours,certified,baseline",
+                        help="comma list of: ours, certified (ours with the certificate: --reference-template), baseline")
+    args = parser.parse_args()
+    measure.in_workdir(args, benchmark)
 
 
 if __name__ == "__main__":

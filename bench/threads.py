@@ -1,12 +1,5 @@
-"""Where a command's time goes: each thread of its main process, and its children together.
-
-A parallel run is as fast as its slowest serial part. This runs one command and samples /proc every
---every seconds: the CPU time of each thread of the main process (named as the kernel names them;
-Python threads are "python3" unless named) and of all its children. It prints, per thread, CPU
-seconds and the share of the wall time it was busy: a thread near 100% is the serial part, children
-far below N x 100% with such a thread are waiting for it. With --py-spy FILE it also records the main
-process's stacks (py-spy, idle frames included) in py-spy's raw format (one collapsed stack a line).
-The children's timeline (how many run, second by second) shows start-up and the tail apart.
+"""Where a command's time goes: each thread of its main process, and its children together
+(sampled from /proc every --every seconds; what it prints: bench/README.md).
 
     python3 bench/threads.py -- qwen-data pretrain C.jsonl -o /tmp/o --workers 16 --quiet
     python3 bench/threads.py --py-spy main.txt -- qwen-data pretrain ...

@@ -1,24 +1,11 @@
-"""GPU checks of the train stage that are not a training run (those are `python -m train` itself).
+"""GPU checks of the train stage that are not a training run (those are `python -m train` itself); what each
+check does: bench/README.md ("Single levers").
 
-    python bench/train_gpu.py packed --data out/gpu/sft_packed.json --model qwen2.5-0.5b
+    python bench/train_gpu.py packed --data out/gpu/sft_packed.json --model qwen2.5-0.5b [--attention te --json F]
     python bench/train_gpu.py attention --model qwen2.5-0.5b --seq-length 4096
-
-packed     Per-token losses of packed SFT rows (--attention sdpa: FlexAttention document mask; te:
-           Transformer Engine's THD) against each of their samples run alone (causal), in bf16
-           autocast and (sdpa) in float32. As a control, the same rows with attention leaking
-           across samples (plain causal). --json F: the bf16 figures, as JSON.
-profile    A few steps of `python -m train` (its arguments after --; torchrun alike, rank 0 reports)
-           under torch.profiler: the operations with the most GPU time, each step's time and the
-           share of it the GPU's kernels were busy.
-split      AdamW's join and split of each dense matrix of --model (bf16 weights: train/optimizer.py),
-           eager against compiled, twice each: ms for all of them and whether the bits agree.
-same-weights  -- A B: whether two Hugging Face folders hold the same tensors (--save-hf against a
-           checkpoint converted by train.convert).
-attention  One attention layer's shapes, forward + backward: SDPA causal, FlexAttention and (where
-           installed) Transformer Engine on rows of one document (the same function), then flex
-           against SDPA with a dense mask on rows
-           of about 4 documents (difference of output and gradients, and time); the block
-           mask's build time.
+    python bench/train_gpu.py profile -- TRAIN-ARGS        (torchrun alike, rank 0 reports)
+    python bench/train_gpu.py split --model qwen2.5-3b
+    python bench/train_gpu.py same-weights -- A B
 """
 
 from __future__ import annotations

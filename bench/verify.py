@@ -3,13 +3,8 @@
     python3 bench/verify.py                      # ~400 MB pretrain prefix + ~170 MB packed SFT prefix
     python3 bench/verify.py --tokens 50e6 --repeat 3 --workdir /tmp/qd-verify
 
-Builds (or reuses, in --workdir) two prefixes with qwen_data.formats.indexed's writer and a real manifest:
-pretraining documents of random ids ending in eod, and packed SFT rows (samples with a random loss
-mask, then a pad-only sequence). Each measurement is a child process pinned to one core; the time is
-taken inside it around the work alone (imports excluded), the peak RSS of the whole child by
-`measure.run_measured`. The baseline reads every file of the prefix (.bin, .idx, loss mask) in 16 MB
-blocks and does nothing else: the ratio says how close verify comes to the disk / page-cache speed.
-Both run warm (the page cache holds the files: the read is run first). Target: verify ≥ 200 MB/s.
+The prefixes are random ids laid out as the pipelines lay them out (`build`). Each measurement is a child
+process pinned to one core, timed inside around the work alone; both run warm. Target: verify >= 200 MB/s.
 """
 
 from __future__ import annotations
