@@ -88,3 +88,15 @@ def verify_module_outputs(request, tmp_path_factory):
         # (pytest adds NAMEcurrent links to per-test directories)
         if directory not in _per_test_dirs and not os.path.islink(directory) and not skip:
             assert_verified(directory)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reference_held_once():
+    """Each test process loads the certificate's reference (HF `tokenizers` over the bundled
+    tokenizer.json, ~0.5 s) once. Its in-process runs then check in this process, as a second run
+    in one process does (`Certifier.early`), instead of each forking a checking process that loads
+    it again. Tests of that checking process empty the cache themselves (`reference._LOADED`)."""
+    from qwen_data.certify.reference import preload
+    from qwen_data.text.tokenizer import resolve_tokenizer_dir
+
+    preload(os.path.join(resolve_tokenizer_dir(None)[1], "tokenizer.json"))
