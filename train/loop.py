@@ -61,6 +61,7 @@ class Trainer:
         graphs = "micro-batches replayed as CUDA graphs" if plan.cuda_graphs else "no CUDA graphs"
         log0(f"attention {plan.attention} ({plan.attention_why}), compile {plan.compile}, "
              f"{weights} ({plan.bf16_weights_why}), {graphs} ({plan.cuda_graphs_why})"
+             + (", validation and the optimizer step eager" if plan.cuda_graphs else "")
              + (f", FP8 {plan.fp8} (Transformer Engine's linear layers)" if plan.fp8 else ""))
         self.train_ds, self.valid_ds = build_splits(config, plan.global_batch)
         tokenizer = self.train_ds.config.tokenizer
