@@ -27,10 +27,10 @@ import dataclasses
 
 import torch
 
-from .attention import document_mask, refill, same_segment_causal
-from .step import ForwardSpec, masked_loss
+from .attention import document_mask, refill
+from .step import ForwardSpec, is_packed, masked_loss
 
-INPUTS = ("tokens", "position_ids", "labels", "loss_mask")  # what a micro-batch brings, copied in
+INPUTS = ("tokens", "position_ids", "labels")  # what a micro-batch brings, copied in
 
 
 class _Graph:
@@ -39,26 +39,24 @@ class _Graph:
     def __init__(self, model, spec: ForwardSpec, batch: dict, packed: bool) -> None:
         self.model, self.spec = model, spec
         self.inputs = {k: torch.empty_like(batch[k], device=spec.device) for k in INPUTS}
+        self.weights = torch.empty_like(batch["loss_mask"], device=spec.device)
         self.scale = torch.empty((), device=spec.device)
-        self.mask = None
-        if packed:
-            segments = torch.empty_like(batch["segment_ids"], device=spec.device)
-            segments.copy_(batch["segment_ids"])
-            self.mask = document_mask(segments, same_segment_causal(segments))
+        # the graph's own segment ids, which its block mask reads (`refill` rewrites both)
+        self.mask = document_mask(batch["segment_ids"].to(spec.device, copy=True)) if packed else None
         self.graph = torch.cuda.CUDAGraph()
         self.loss = None
 
     def _fill(self, batch: dict, mask: torch.Tensor, scale: torch.Tensor) -> None:
-        for k in INPUTS[:-1]:
+        for k in INPUTS:
             self.inputs[k].copy_(batch[k], non_blocking=True)
-        self.inputs["loss_mask"].copy_(mask)
+        self.weights.copy_(mask)
         self.scale.copy_(scale)
         if self.mask is not None:
             refill(self.mask, batch["segment_ids"])
 
     def _micro_batch(self) -> torch.Tensor:
         x = self.inputs
-        loss = masked_loss(self.model, x, x["loss_mask"], self.spec, (x["tokens"], x["position_ids"], self.mask))
+        loss = masked_loss(self.model, x, self.weights, self.spec, (x["tokens"], x["position_ids"], self.mask))
         (loss * self.scale).backward()
         return loss.detach()
 
@@ -95,7 +93,7 @@ class MicroBatchGraphs:
     def run(self, batch: dict, mask: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """[Σ loss × mask, Σ mask] of one micro-batch (the loader's CPU tensors; `mask` and `scale`
         on the GPU), its gradients × `scale` added to the parameters'."""
-        packed = bool(batch["segment_ids"].amax() > 0)
+        packed = is_packed(batch)
         graph = self.graphs.get(packed)
         if graph is None:
             self.graphs[packed] = graph = _Graph(self.model, self.spec, batch, packed)

@@ -42,11 +42,17 @@ class ForwardSpec:
                               cache_enabled=self.autocast_cache)
 
 
+def is_packed(batch: dict) -> bool:
+    """Whether a micro-batch's rows hold more than one segment (packed samples, or documents kept
+    apart by --reset-attention-mask): they take a document mask; single-segment rows run causal."""
+    return bool(batch["segment_ids"].amax() > 0)
+
+
 def _inputs(batch: dict, spec: ForwardSpec) -> tuple:
     """The model's tokens, position ids and attention mask for `batch`, on the spec's device: no
     mask for rows of one segment (causal), else the core attention's form of the segments."""
     attention, device = spec.attention, spec.device
-    packed = bool(batch["segment_ids"].amax() > 0)
+    packed = is_packed(batch)
     mask = None
     cp = parallel_state.get_context_parallel_world_size()
     if cp > 1:
