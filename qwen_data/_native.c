@@ -1,16 +1,17 @@
 /* The loops of qwen-data that must run at memory speed, in C.
  *
  * misspelled: the certificate's spelling check (`certify.spelling`). numpy's version gathers the table
- * once per token in several passes; this one reads each token's bytes once, most tokens in one 8-byte
- * comparison, and makes a non-ASCII text's UTF-8 itself (~9 ns a token on mostly non-ASCII text).
+ * once per token in several passes; this one reads one 16-byte entry per token (`Entry`: the token's
+ * first 8 bytes, its length, whether it may stand here), so most tokens cost one cache line of the table
+ * and one 8-byte comparison. A non-ASCII text's UTF-8 is the one CPython keeps on the str where the
+ * encoder asked for it (gigatoken does), else made here.
  *
- * misspelled(ids, counts, texts, starts, flat, allowed, first) -> int
+ * misspelled(ids, counts, texts, entries, flat, first) -> int
  *   ids      int32, every text's ids back to back (counts[k] of them for texts[k])
  *   counts   int64, one per text
  *   texts    list of str: what each text's ids must spell, as UTF-8
- *   starts   int64, one more than the table's ids: id i spells flat[starts[i]:starts[i + 1]]
- *   allowed  uint8, one per id of the table: 0 where the id may not appear (a control id the
- *            special-token policy keeps as text)
+ *   entries  uint8, 16 bytes an id of the table (`Entry`; `certify.spelling.Spelling.entries` makes them)
+ *   flat     uint8, every id's bytes back to back (a token longer than 8 bytes is read from here)
  *   first    the text to start from
  * Returns the index of the first text from `first` whose ids do not spell it (or hold an id not
  * allowed or outside the table), or -1 where all do.
@@ -108,32 +109,39 @@ static Py_ssize_t utf8_of(PyObject *text, uint8_t **buf, Py_ssize_t *cap) {
     return o - *buf;
 }
 
+/* One id of the table, as `Spelling.entries` lays it out: a token's check reads one cache line. */
+typedef struct {
+    uint64_t head;    /* the token's first 8 bytes (zeros past its end) */
+    uint32_t offset;  /* where its bytes start in flat */
+    uint16_t length;  /* its bytes */
+    uint8_t allowed;  /* 0: the id may not stand in a text (a control id the policy keeps as text) */
+    uint8_t unused;
+} Entry;
+
 static PyObject *misspelled(PyObject *self, PyObject *args) {
-    PyObject *ids_obj, *counts_obj, *texts, *starts_obj, *flat_obj, *allowed_obj;
+    PyObject *ids_obj, *counts_obj, *texts, *entries_obj, *flat_obj;
     Py_ssize_t first;
-    if (!PyArg_ParseTuple(args, "OOO!OOOn", &ids_obj, &counts_obj, &PyList_Type, &texts, &starts_obj,
-                          &flat_obj, &allowed_obj, &first))
+    if (!PyArg_ParseTuple(args, "OOO!OOn", &ids_obj, &counts_obj, &PyList_Type, &texts, &entries_obj, &flat_obj,
+                          &first))
         return NULL;
-    Py_buffer ids_b, counts_b, starts_b, flat_b, allowed_b;
+    Py_buffer ids_b, counts_b, entries_b, flat_b;
     uint8_t *own = NULL;  /* a non-ASCII text's UTF-8, made here: CPython's would stay on the str */
     if (view(ids_obj, &ids_b, 4, "ids") < 0) return NULL;
     if (view(counts_obj, &counts_b, 8, "counts") < 0) goto ids;
-    if (view(starts_obj, &starts_b, 8, "starts") < 0) goto counts;
-    if (view(flat_obj, &flat_b, 1, "flat") < 0) goto starts;
-    if (view(allowed_obj, &allowed_b, 1, "allowed") < 0) goto flat;
+    if (view(entries_obj, &entries_b, 1, "entries") < 0) goto counts;
+    if (view(flat_obj, &flat_b, 1, "flat") < 0) goto entries;
 
     const int32_t *ids = ids_b.buf;
-    const int64_t *counts = counts_b.buf, *table = starts_b.buf;
-    const uint8_t *flat = flat_b.buf, *allowed = allowed_b.buf;
-    Py_ssize_t n_ids = ids_b.len / 4, n_texts = PyList_GET_SIZE(texts);
-    int64_t n_table = starts_b.len / 8 - 1;
-    if (n_table > allowed_b.len) n_table = allowed_b.len;
+    const int64_t *counts = counts_b.buf;
+    const Entry *table = entries_b.buf;
+    const uint8_t *flat = flat_b.buf;
+    Py_ssize_t n_ids = ids_b.len / 4, n_texts = PyList_GET_SIZE(texts), flat_len = flat_b.len;
+    int64_t n_table = entries_b.len / (Py_ssize_t)sizeof(Entry);
     if (counts_b.len / 8 != n_texts) {
         PyErr_SetString(PyExc_ValueError, "counts and texts differ in length");
         goto fail;
     }
     Py_ssize_t at = 0, result = -1, cap = 0;
-    Py_ssize_t flat_len = flat_b.len;
     for (Py_ssize_t k = 0; k < first && k < n_texts; k++) at += counts[k];
     for (Py_ssize_t k = first; k < n_texts; k++) {
         PyObject *text = PyList_GET_ITEM(texts, k);
@@ -146,6 +154,10 @@ static PyObject *misspelled(PyObject *self, PyObject *args) {
         if (PyUnicode_IS_ASCII(text)) {
             bytes = PyUnicode_DATA(text);
             size = PyUnicode_GET_LENGTH(text);
+        } else if (PyUnicode_IS_COMPACT(text) && ((PyCompactUnicodeObject *)text)->utf8 != NULL) {
+            /* the UTF-8 the encoder asked CPython for (it stays on the str): read, never made again */
+            bytes = (const uint8_t *)((PyCompactUnicodeObject *)text)->utf8;
+            size = ((PyCompactUnicodeObject *)text)->utf8_length;
         } else {
             size = utf8_of(text, &own, &cap);
             if (size == -2) goto fail;  /* no memory */
@@ -162,16 +174,17 @@ static PyObject *misspelled(PyObject *self, PyObject *args) {
         }
         for (; at < end; at++) {
             int32_t id = ids[at];
-            if (id < 0 || id >= n_table || !allowed[id]) break;
-            int64_t a = table[id], length = table[id + 1] - a;
-            if (length > size - pos) break;
-            if (length <= 8 && a + 8 <= flat_len && pos + 8 <= size) {
+            if (id < 0 || id >= n_table) break;
+            const Entry *e = table + id;
+            Py_ssize_t length = e->length;
+            if (!e->allowed || length > size - pos) break;
+            if (length <= 8) {
                 /* most tokens: one 8-byte comparison, the bytes past the token masked off */
-                uint64_t x, y;
-                memcpy(&x, flat + a, 8);
-                memcpy(&y, bytes + pos, 8);
-                if ((x ^ y) & LOW_BYTES[length]) break;
-            } else if (memcmp(flat + a, bytes + pos, (size_t)length) != 0) {
+                uint64_t y = 0;
+                memcpy(&y, bytes + pos, pos + 8 <= size ? 8 : (size_t)(size - pos));
+                if ((e->head ^ y) & LOW_BYTES[length]) break;
+            } else if ((Py_ssize_t)e->offset + length > flat_len ||  /* never read past the table */
+                       memcmp(flat + e->offset, bytes + pos, (size_t)length) != 0) {
                 break;
             }
             pos += length;
@@ -182,19 +195,16 @@ static PyObject *misspelled(PyObject *self, PyObject *args) {
         }
     }
     PyMem_Free(own);
-    PyBuffer_Release(&allowed_b);
     PyBuffer_Release(&flat_b);
-    PyBuffer_Release(&starts_b);
+    PyBuffer_Release(&entries_b);
     PyBuffer_Release(&counts_b);
     PyBuffer_Release(&ids_b);
     return PyLong_FromSsize_t(result);
 fail:
     PyMem_Free(own);
-    PyBuffer_Release(&allowed_b);
-flat:
     PyBuffer_Release(&flat_b);
-starts:
-    PyBuffer_Release(&starts_b);
+entries:
+    PyBuffer_Release(&entries_b);
 counts:
     PyBuffer_Release(&counts_b);
 ids:

@@ -65,6 +65,19 @@ def test_an_id_moved_across_documents_or_a_text_cut_short_is_found(encoded):
     assert speller.first_misspelled(TEXTS[:7] + [TEXTS[7] + "\ud800"] + TEXTS[8:], ids, counts) == 7
 
 
+def test_the_utf8_the_encoder_left_on_a_str_is_read_as_a_copy_without_it_is(encoded):
+    """gigatoken asks CPython for each text's UTF-8, which stays on the str: the check reads it there;
+    a copy of the text (built character by character: nothing asked for its UTF-8) is made UTF-8 by
+    the check itself. Both ways find the same documents."""
+    speller, ids, counts = encoded
+    texts = list(TEXTS)  # the objects the fixture encoded: their UTF-8 is cached
+    copies = ["".join(list(t)) for t in TEXTS]
+    for given in (texts, copies):
+        assert speller.first_misspelled(given, ids, counts) == -1
+        for k in (1, 6, 7, 8):
+            assert speller.first_misspelled(given, _broken(ids, counts, k, "changed"), counts) == k
+
+
 # -- the structure mask (`_native.structure_mask`) against numpy's way of deriving it ------------------
 HEADER, EMPTY_THINK = b"<|im_start|>assistant\n", b"<think>\n\n</think>\n\n"
 
