@@ -1,5 +1,5 @@
-"""How the data side scales with the cores: pretrain and SFT at 1, 2, 4 ... N workers, one run
-(jobs, raw and raw_parallel, --unique: bench/README.md and docs/performance.md). Writes --out.
+"""How the data side scales with the cores: pretrain and SFT at 1, 2, 4 ... N workers, one run (jobs, raw gigatoken
+alone and in N processes at once, --unique: bench/README.md and docs/performance.md). Writes --out.
 
     python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -21,41 +21,34 @@ import time
 import unicodedata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import measure  # noqa: E402
+import measure  # noqa: E402  (first: this checkout's qwen_data)
 from corpora import file_sha256  # noqa: E402
 from measure import MB  # noqa: E402
+
+from qwen_data.text.tokenizer import bundled_tokenizer_dir  # noqa: E402
 
 RAW_BYTES = 64 * MB
 SFT_ARGS = ["--template", "qwen2p5", "--seq-length", "4096", "--pack"]
 
 
 def host() -> dict:
-    """The CPU model, the cores this process may use, and the topology the kernel reports: whether
-    two of the cores are threads of one physical core decides what N workers can give."""
-    info = {"cpu_model": platform.processor() or "unknown", "cores": len(os.sched_getaffinity(0))}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            processors = f.read().strip().split("\n\n")
-    except OSError:
-        return info
-    fields = [dict(line.split(":", 1) for line in p.splitlines() if ":" in line) for p in processors]
-    fields = [{k.strip(): v.strip() for k, v in p.items()} for p in fields]
-    info["cpu_model"] = fields[0].get("model name", info["cpu_model"])
-    physical = {(p.get("physical id"), p.get("core id")) for p in fields}
-    if all(key != (None, None) for key in physical):
-        info["sockets"] = len({socket for socket, _ in physical})
-        info["physical_cores"] = len(physical)
-        info["threads_per_core"] = round(len(fields) / len(physical), 2)
+    """The CPU, the cores this process may use, and whether two of them are threads of one physical core (which
+    decides what N workers can give)."""
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        processors = [[line.split(":", 1) for line in p.splitlines() if ":" in line] for p in f.read().split("\n\n")]
+    processors = [{k.strip(): v.strip() for k, v in p} for p in processors if p]
+    info = {"cpu_model": measure.cpu_model(), "cores": len(os.sched_getaffinity(0))}
+    physical = {(p.get("physical id"), p.get("core id")) for p in processors}
+    if (None, None) not in physical:
+        info.update(sockets=len({socket for socket, _ in physical}), physical_cores=len(physical),
+                    threads_per_core=round(len(processors) / len(physical), 2))
     return info
 
 
 def _raw_texts(corpus: str, start: int = 0) -> tuple[list[str], int, object]:
-    """(texts, bytes, fresh tokenizer): RAW_BYTES of the corpus from the line after `start`, NFC."""
+    """(texts, bytes, a fresh tokenizer): RAW_BYTES of the corpus from the line after `start`, NFC."""
     import gigatoken
-
-    from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
     texts, size = [], 0
     with open(corpus, "rb") as f:
@@ -72,25 +65,10 @@ def _raw_texts(corpus: str, start: int = 0) -> tuple[list[str], int, object]:
     return texts, size, tok
 
 
-def raw_mb_per_s(corpus: str) -> tuple[float, float]:
-    """gigatoken, one core, on the corpus's first RAW_BYTES (NFC beforehand, untimed): fresh, then
-    again with the words of the first pass in its cache (what a worker meets on its second pass
-    over a repeated corpus)."""
-    texts, size, tok = _raw_texts(corpus)
-    rates = []
-    for _ in range(2):
-        start = time.perf_counter()
-        tok.encode_batch(texts, parallel=False)
-        rates.append(size / MB / (time.perf_counter() - start))
-    return rates[0], rates[1]
-
-
-def raw_parallel_mb_per_s(corpus: str, n: int) -> tuple[float, float]:
-    """`n` processes each raw on its own RAW_BYTES (spread over the corpus), started together: their
-    bytes over the slowest one's time, fresh and then on a second pass started together again
-    (what N cores give warm work, the ceiling once a worker's cache has met a repeated corpus)."""
-    import multiprocessing
-
+def raw_mb_per_s(corpus: str, n: int = 1) -> tuple[float, float]:
+    """`n` processes each running gigatoken on its own RAW_BYTES of the corpus (spread over it; NFC untimed), started
+    together, fresh and then on a second pass (its word cache warm, as a worker meets a repeated corpus a second
+    time): their bytes over the slowest one's time (one core's rate; with n, the host's ceiling for n workers)."""
     context = multiprocessing.get_context("fork")
     ready, again = context.Barrier(n + 1, timeout=600), context.Barrier(n + 1, timeout=600)
     results = context.SimpleQueue()
@@ -139,14 +117,11 @@ def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: 
 
 def ours(job: str, corpus: str, prefix: str, workers: int) -> measure.Measurement:
     extra = ["pretrain"] if job == "pretrain" else ["sft", *SFT_ARGS]
-    argv = measure.qwen_data_command(*extra, corpus, "-o", prefix, "--workers", workers, "--quiet")
-    return measure.run_measured(argv, env=measure.python_env()).check()
+    return measure.run_checked(measure.qwen_data_command(*extra, corpus, "-o", prefix, "--workers", workers, "--quiet"))
 
 
 def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.Measurement:
     """Megatron-LM's preprocess_data.py as its README runs it for a HF tokenizer."""
-    from qwen_data.text.tokenizer import bundled_tokenizer_dir
-
     argv = [sys.executable, os.path.join(checkout, "tools", "preprocess_data.py"), "--input", corpus,
             "--output-prefix", prefix, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
             bundled_tokenizer_dir(), "--workers", workers, "--append-eod", "--json-keys", "text"]
@@ -156,9 +131,9 @@ def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.M
 
 
 def ray(corpus: str, prefix: str, workers: int, joined: bool) -> measure.Measurement:
-    """`--executor ray` with `workers` shards: Ray started by the run, or (`joined`) a cluster of `workers`
-    CPUs started beforehand (`ray start --head`, as a multi-node cluster is), which the run joins. Not
-    --quiet: its "ray: ..." lines (Ray's start or join, the shards' time) go into the run's record."""
+    """`--executor ray` with `workers` shards: Ray started by the run, or (`joined`) a cluster of `workers` CPUs
+    started beforehand (`ray start --head`, as a multi-node cluster is). Not --quiet: its "ray: ..." lines (start or
+    join, the shards' time) go into the record."""
     argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--executor", "ray", "--ray-shards", workers)
     env = measure.python_env()
     env.pop("RAY_ADDRESS", None)
@@ -184,33 +159,33 @@ def efficiencies(runs: list[dict], raw: float) -> None:
             r["vs_raw"] = round(r["mb_per_s"] / (r["workers"] * raw), 3)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", help="comma-separated (default: 1, 2, 4 ... up to the cores)")
     parser.add_argument("--jobs", default="pretrain,sft-chat,sft-alpaca")
     parser.add_argument("--corpus-mb", type=int, default=1000)
     parser.add_argument("--sft-mb", type=int, default=200)
-    parser.add_argument("--rss-mb", default="", help="also pretrain at --compare-at workers on these sizes (comma-separated): "
-                                                     "whether memory stays flat in the corpus size")
+    parser.add_argument("--rss-mb", default="", help="also pretrain at --compare-at workers on these sizes "
+                                                     "(comma-separated): whether memory stays flat in the corpus size")
     parser.add_argument("--megatron", help="a Megatron-LM checkout: its preprocess_data.py at --compare-at workers")
     parser.add_argument("--megatron-mb", type=int, default=300, help="the corpus size Megatron's script runs on")
     parser.add_argument("--ray", action="store_true", help="also --executor ray at --compare-at workers")
-    parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, and ours beside "
+    parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, ours beside "
                                                        "them (default 16 where --workers holds it, else the most)")
-    parser.add_argument("--also-out", help="also pretrain at the most workers writing under this folder (/dev/shm: "
-                                           "whether the output disk limits the run)")
     parser.add_argument("--unique", action="store_true", help="pretrain on a corpus in which no document repeats")
     parser.add_argument("--text", help="the bench text corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--chats", help="the bench chat corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--out", default=os.path.join(measure.REPO_ROOT, "bench", "results", "cpu", "cores.json"))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     import corpora
 
     info = host()
-    if args.workers:
-        counts = [int(n) for n in args.workers.split(",")]
-    else:
-        counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= info["cores"]]
+    counts = [int(n) for n in args.workers.split(",")] if args.workers else \
+        [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= info["cores"]]
     top = max(counts)
     at = args.compare_at or (16 if 16 in counts else top)
     repeated = text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000, args.text)
@@ -220,92 +195,68 @@ def main() -> None:
         import certify
 
         source, size = args.text or corpora.text_corpus(), args.corpus_mb * 1_000_000
-        made: dict = {}
         text = certify.derived(f"text-unique-{args.corpus_mb}MB.jsonl", source, size,
                                lambda manifest: certify.unique_lines(source, size, manifest))
         with open(text + ".json", encoding="utf-8") as f:
-            made = json.load(f)
-        corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": False, "how": certify.CORPORA,
-                       "made": made}
-    # Each raw figure is the better of two tries: a fresh GPU host's memory grows as it is first
-    # used, which slowed the first try of one host by a third.
+            corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": False, "how": certify.CORPORA,
+                           "made": json.load(f)}
+    # Each raw figure is the better of two tries: a fresh GPU host's memory grows as it is first used, which slowed
+    # the first try of one host by a third.
     raw, raw_warm = max(raw_mb_per_s(text), raw_mb_per_s(text))
     print(f"host: {info['cpu_model']}, {info['cores']} cores; raw gigatoken on one core: {raw:.1f} MB/s "
           f"({raw_warm:.1f} MB/s on a second pass)", flush=True)
-    raw_parallel = {}
+    raw_parallel = []
     for n in sorted({n for n in counts if n >= 16} | {top}):
-        raw_parallel[n] = max(raw_parallel_mb_per_s(text, n), raw_parallel_mb_per_s(text, n))
-        cold, warm = raw_parallel[n]
+        cold, warm = max(raw_mb_per_s(text, n), raw_mb_per_s(text, n))
+        raw_parallel.append({"processes": n, "mb_per_s": round(cold, 1), "vs_raw": round(cold / raw, 2),
+                             "warm_mb_per_s": round(warm, 1), "warm_vs_raw_warm": round(warm / raw_warm, 2)})
         print(f"raw gigatoken in {n} processes at once: {cold:.1f} MB/s ({cold / raw:.1f}x one), "
-              f"{warm:.1f} MB/s on a second pass ({warm / raw_warm:.1f}x one)",
-              flush=True)
-    corpus_of = {"pretrain": text}
+              f"{warm:.1f} MB/s on a second pass ({warm / raw_warm:.1f}x one)", flush=True)
     jobs = args.jobs.split(",")
-    if "sft-chat" in jobs:
-        corpus_of["sft-chat"] = corpora.scaled_sft_corpus("chat", args.sft_mb * 1_000_000, args.chats)
-    if "sft-alpaca" in jobs:
-        corpus_of["sft-alpaca"] = corpora.scaled_sft_corpus("alpaca", args.sft_mb * 1_000_000, args.chats)
+    corpus_of = {"pretrain": text, **{job: corpora.scaled_sft_corpus(job[4:], args.sft_mb * 1_000_000, args.chats)
+                                      for job in jobs if job in ("sft-chat", "sft-alpaca")}}
     runs: list[dict] = []
-
-    def write() -> None:  # after every run: a run cut short keeps what it measured
-        efficiencies(runs, raw)
-        result = {"host": info, "corpus": corpus_info, "raw_mb_per_s": round(raw, 1), "raw_warm_mb_per_s": round(raw_warm, 1),
-                  "raw_parallel": [{"processes": n, "mb_per_s": round(cold, 1), "vs_raw": round(cold / raw, 2),
-                                    "warm_mb_per_s": round(warm, 1), "warm_vs_raw_warm": round(warm / raw_warm, 2)}
-                                   for n, (cold, warm) in raw_parallel.items()],
-                  "runs": runs}
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-
     work = tempfile.mkdtemp(prefix="cores-")
+
+    def add(run: dict) -> None:  # written after every run: a run cut short keeps what it measured
+        runs.append(run)
+        efficiencies(runs, raw)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"host": info, "corpus": corpus_info, "raw_mb_per_s": round(raw, 1), "raw_warm_mb_per_s":
+                       round(raw_warm, 1), "raw_parallel": raw_parallel, "runs": runs}, f, indent=1)
+            f.write("\n")
+        for path in os.listdir(work):  # the outputs' sha256 are in their records
+            os.remove(os.path.join(work, path))
+
+    def mine(job: str, workers: int, corpus: str, name: str | None = None) -> dict:
+        prefix = os.path.join(work, "ours")
+        return record(name or job, workers, corpus, ours(job, corpus, prefix, workers),
+                      prefix if job == "pretrain" else None)
+
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
     try:
         for job in jobs:
             for n in counts:
-                prefix = os.path.join(work, f"{job}-{n}")
-                runs.append(record(job, n, corpus_of[job], ours(job, corpus_of[job], prefix, n),
-                                   prefix if job == "pretrain" else None))
-                write()
-                if job != "pretrain" or n not in (1, top):
-                    for path in os.listdir(work):
-                        if path.startswith(f"{job}-{n}."):
-                            os.remove(os.path.join(work, path))
+                add(mine(job, n, corpus_of[job]))
         if args.unique and "pretrain" in jobs:
-            prefix = os.path.join(work, "repeated")
-            runs.append(record("pretrain-repeated", top, repeated, ours("pretrain", repeated, prefix, top), prefix))
-            write()
+            add(mine("pretrain", top, repeated, "pretrain-repeated"))
         for size in filter(None, args.rss_mb.split(",")):
-            big = corpora.scaled_text_corpus(int(size) * 1_000_000)
-            runs.append(record("pretrain", at, big, ours("pretrain", big, os.path.join(work, "big"), at)))
-            write()
-        if args.also_out:
-            prefix = os.path.join(tempfile.mkdtemp(prefix="cores-", dir=args.also_out), "out")
-            try:
-                runs.append(record("pretrain", top, text, ours("pretrain", text, prefix, top)) | {"output_dir": args.also_out})
-            finally:
-                shutil.rmtree(os.path.dirname(prefix), ignore_errors=True)
-            write()
+            add(mine("pretrain", at, corpora.scaled_text_corpus(int(size) * 1_000_000)))
         if args.megatron:
-            small = corpora.scaled_text_corpus(args.megatron_mb * 1_000_000)
-            ours_run = record("pretrain", at, small, ours("pretrain", small, os.path.join(work, "small"), at),
-                              os.path.join(work, "small"))
-            prefix = os.path.join(work, "megatron")
-            theirs = record("megatron", at, small, megatron(args.megatron, small, prefix, at),
-                            prefix + "_text_document")
-            theirs["ours_vs_megatron"] = round(ours_run["mb_per_s"] / theirs["mb_per_s"], 1)
-            theirs["idx_identical"] = theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]
-            runs += [ours_run, theirs]
-            write()
+            small, prefix = corpora.scaled_text_corpus(args.megatron_mb * 1_000_000), os.path.join(work, "megatron")
+            ours_run = mine("pretrain", at, small)
+            theirs = megatron(args.megatron, small, prefix, at)
+            theirs = record("megatron", at, small, theirs, prefix + "_text_document")
+            add(ours_run)
+            add(theirs | {"ours_vs_megatron": round(ours_run["mb_per_s"] / theirs["mb_per_s"], 1),
+                          "idx_identical": theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]})
         for joined in (False, True) if args.ray else ():
-            prefix = os.path.join(work, "ray-joined" if joined else "ray")
+            prefix = os.path.join(work, "ray")
             m = ray(text, prefix, at, joined)
             phases = [line for line in m.stderr.splitlines() if line.startswith("ray: ")]
-            runs.append(record("ray-joined" if joined else "ray", at, text, m, prefix) | {"ray_log": phases})
-            write()
+            add(record("ray-joined" if joined else "ray", at, text, m, prefix) | {"ray_log": phases})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    write()
     print(f"wrote {args.out}")
     for r in runs:
         extra = "".join(f"  {k} {r[k]}" for k in ("speedup", "vs_own_1_worker", "vs_raw") if k in r)

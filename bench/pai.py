@@ -1,16 +1,13 @@
-"""`qwen-data sft --layout pai` against Pai-Megatron-Patch's own build_idxmap_sft_dataset.py, byte for byte,
-on tests/fixtures/pai_alpaca.jsonl, packed and unpacked (where only the pad id differs, it says so), the records
-left out against our rejects, and both wall times. Exit status 1 on a difference.
+"""`qwen-data sft --layout pai` against Pai-Megatron-Patch's own build_idxmap_sft_dataset.py, byte for byte, on
+tests/fixtures/pai_alpaca.jsonl, packed and unpacked (where only the pad id differs, it says so), the records left
+out against our rejects, and both wall times; exit status 1 on a difference. --golden writes the sha256 of Pai's
+files to tests/fixtures/pai_golden.json (tests/data/test_pai.py).
 
     python3 -m venv --system-site-packages /tmp/paienv
     /tmp/paienv/bin/pip install "transformers==4.57.6" "megatron-core==0.13.1"   # what Pai's script needs
     git clone https://github.com/alibaba/Pai-Megatron-Patch /tmp/Pai-Megatron-Patch  # no submodules needed
     python3 bench/pai.py --pai /tmp/Pai-Megatron-Patch --python /tmp/paienv/bin/python
-
-`--golden` writes the sha256 of Pai's files to tests/fixtures/pai_golden.json (tests/data/test_pai.py).
 """
-
-from __future__ import annotations
 
 import argparse
 import hashlib
@@ -24,8 +21,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(1, os.path.join(ROOT, "tests"))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from _helpers import qwen25_tokenizer_folder  # noqa: E402
 from qwen_data.formats.digest import sha256_of  # noqa: E402
@@ -38,39 +34,11 @@ SEQ_LENGTH = 256
 CASES = [("qwen2.5", "Qwen2Tokenizer", "qwen2p5", 151665), ("qwen3", "Qwen2Tokenizer", "auto", 151669),
          ("qwen3", "Qwen3Tokenizer", "auto", 151643)]
 
-def folders(workdir: str) -> dict[str, str]:
-    return {"qwen3": bundled_tokenizer_dir(), "qwen2.5": qwen25_tokenizer_folder(os.path.join(workdir, "qwen2.5"))}
 
-
-def run_pai(pai: str, python: str, records: str, folder: str, tokenizer_type: str, packed: bool,
-            prefix: str) -> tuple[float, int]:
-    """Seconds, and how many records the script left out (it prints a line for each)."""
-    script = os.path.join(pai, "toolkits", "sft_data_preprocessing", "build_idxmap_sft_dataset.py")
-    command = [python, script, "--input", records, "--output-prefix", prefix, "--patch-tokenizer-type",
-               tokenizer_type, "--load", folder, "--seq-length", str(SEQ_LENGTH), "--workers", "1",
-               "--partitions", "1"] + (["--sequence-packing"] if packed else [])
-    env = dict(os.environ, PYTHONPATH=pai)
+def timed(command: list, **kwargs) -> tuple[float, str]:
     start = time.perf_counter()
-    out = subprocess.run(command, check=True, env=env, cwd=os.path.dirname(script), capture_output=True,
-                         text=True).stdout
-    return time.perf_counter() - start, out.count("omitted")
-
-
-def run_ours(records: str, folder: str, template: str, packed: bool, prefix: str) -> float:
-    command = [sys.executable, "-m", "qwen_data.cli", "sft", records, "--quiet", "--workers", "1", "--layout", "pai",
-               "--tokenizer", folder, "--template", template, "--seq-length", str(SEQ_LENGTH), "-o", prefix]
-    start = time.perf_counter()
-    subprocess.run(command + (["--pack", "--packing", "next-fit"] if packed else []), check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
-def with_pad(prefix: str, ours: int, theirs: int) -> bytes:
-    """Our .bin with `theirs` in the pad positions (ids half of each row) instead of `ours`."""
-    rows = np.fromfile(prefix + ".bin", np.int32).reshape(-1, 2 * SEQ_LENGTH)
-    ids = rows[:, :SEQ_LENGTH]
-    ids[ids == ours] = theirs  # `ours` is never data: sft rejects a sample that holds its pad id
-    return rows.tobytes()
+    out = subprocess.run(command, check=True, capture_output=True, text=True, **kwargs).stdout
+    return time.perf_counter() - start, out
 
 
 def main() -> int:
@@ -82,9 +50,10 @@ def main() -> int:
     args = parser.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="pai-bench-")
     os.makedirs(work, exist_ok=True)
-    paths = folders(work)
-    commit = subprocess.run(["git", "-C", args.pai, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    golden = {"pai_commit": commit or None, "records": os.path.relpath(RECORDS, ROOT), "seq_length": SEQ_LENGTH,
+    folders = {"qwen3": bundled_tokenizer_dir(), "qwen2.5": qwen25_tokenizer_folder(os.path.join(work, "qwen2.5"))}
+    script = os.path.join(args.pai, "toolkits", "sft_data_preprocessing", "build_idxmap_sft_dataset.py")
+    commit = subprocess.run(["git", "-C", args.pai, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    golden = {"pai_commit": commit.strip() or None, "records": os.path.relpath(RECORDS, ROOT), "seq_length": SEQ_LENGTH,
               "cases": []}
     failures = 0
     print(f"{'case':<34} {'Pai s':>6} {'ours s':>6} {'left out':>9}  result")
@@ -92,22 +61,33 @@ def main() -> int:
         for packed in (False, True):
             name = f"{flavour}-{tokenizer_type}-{'packed' if packed else 'unpacked'}"
             theirs, ours = os.path.join(work, name + "-pai"), os.path.join(work, name + "-ours")
-            pai_seconds, omitted = run_pai(args.pai, args.python, RECORDS, paths[flavour], tokenizer_type, packed, theirs)
-            our_seconds = run_ours(RECORDS, paths[flavour], template, packed, ours)
+            pai_s, out = timed([args.python, script, "--input", RECORDS, "--output-prefix", theirs,
+                                "--patch-tokenizer-type", tokenizer_type, "--load", folders[flavour], "--seq-length",
+                                str(SEQ_LENGTH), "--workers", "1", "--partitions", "1"]
+                               + (["--sequence-packing"] if packed else []),
+                               env=dict(os.environ, PYTHONPATH=args.pai), cwd=os.path.dirname(script))
+            omitted = out.count("omitted")  # the script prints a line for each record it leaves out
+            our_s, _ = timed([sys.executable, "-m", "qwen_data.cli", "sft", RECORDS, "--quiet", "--workers", "1",
+                              "--layout", "pai", "--tokenizer", folders[flavour], "--template", template,
+                              "--seq-length", str(SEQ_LENGTH), "-o", ours]
+                             + (["--pack", "--packing", "next-fit"] if packed else []))
             theirs += "_text_document"
             with open(ours + ".json", encoding="utf-8") as f:
                 manifest = json.load(f)
             our_pad, rejected = manifest["pad_id"], manifest["rejects"]["count"]
+            # Our .bin with Pai's pad id in the pad positions (the ids half of each row); ours is never data.
+            rows = np.fromfile(ours + ".bin", np.int32).reshape(-1, 2 * SEQ_LENGTH)
+            rows[:, :SEQ_LENGTH][rows[:, :SEQ_LENGTH] == our_pad] = pai_pad
             same_idx = sha256_of(theirs + ".idx") == sha256_of(ours + ".idx")
             if omitted != rejected:
                 result, failures = f"DIFFERENT: Pai left out {omitted} records, we rejected {rejected}", failures + 1
             elif sha256_of(theirs + ".bin") == sha256_of(ours + ".bin") and same_idx:
                 result = "identical"
-            elif same_idx and hashlib.sha256(with_pad(ours, our_pad, pai_pad)).hexdigest() == sha256_of(theirs + ".bin"):
+            elif same_idx and hashlib.sha256(rows.tobytes()).hexdigest() == sha256_of(theirs + ".bin"):
                 result = f"identical but for the pad id ({pai_pad} in Pai's, {our_pad} in ours)"
             else:
                 result, failures = "DIFFERENT", failures + 1
-            print(f"{name:<34} {pai_seconds:6.1f} {our_seconds:6.1f} {f'{omitted}/{rejected}':>9}  {result}")
+            print(f"{name:<34} {pai_s:6.1f} {our_s:6.1f} {f'{omitted}/{rejected}':>9}  {result}")
             golden["cases"].append({"tokenizer": flavour, "pai_tokenizer_type": tokenizer_type, "template": template,
                                     "packed": packed, "pai_pad_id": pai_pad, "left_out": omitted,
                                     "bin_sha256": sha256_of(theirs + ".bin"), "idx_sha256": sha256_of(theirs + ".idx")})

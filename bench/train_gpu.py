@@ -1,17 +1,22 @@
 """GPU checks of the train stage that are not a training run (those are `python -m train` itself); what each
-check does: bench/README.md ("Single levers").
+does: bench/README.md ("Single levers").
 
-    python bench/train_gpu.py packed --data out/gpu/sft_packed.json --model qwen2.5-0.5b [--attention te --json F]
+    python bench/train_gpu.py packed --data .gpu/sft_packed.json --model qwen2.5-0.5b [--attention te]
     python bench/train_gpu.py attention --model qwen2.5-0.5b --seq-length 4096
     python bench/train_gpu.py profile -- TRAIN-ARGS        (torchrun alike, rank 0 reports)
     python bench/train_gpu.py split --model qwen2.5-3b
     python bench/train_gpu.py same-weights -- A B
+    python bench/train_gpu.py hf -- qwen2.5-0.5b qwen3-0.6b   (after `bench/gpu.sh data`; $OUT/hf_gpu.json)
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
+import re
+import subprocess
 import sys
 import time
 
@@ -33,58 +38,50 @@ def packed(args) -> None:
                                  test_samples=0, seed=args.seed)
     torch.manual_seed(args.seed)
     model = build_model(RunPlan.for_model(PRESETS[args.model], attention=args.attention,
-                                          max_sequence_length=args.seq_length, cuda=True))
-    model = model.to(device).eval()
+                                          max_sequence_length=args.seq_length, cuda=True)).to(device).eval()
     print(f"{args.model}, attention {args.attention}, {args.rows} packed rows of {args.seq_length} from {args.data}")
     for autocast in (True, False) if args.attention != "te" else (True,):
         spec = ForwardSpec(args.attention, device, autocast, cross_entropy="megatron", seq_length=args.seq_length)
-        worst, total_abs, count, trained_worst, leak = 0.0, 0.0, 0, 0.0, 0.0
-        segments_seen = 0
+        worst = trained_worst = total = count = leak = 0.0
+        samples = 0
         for i in range(args.rows):
             row = {k: torch.as_tensor(v).unsqueeze(0) for k, v in train[i].items()}
             with torch.no_grad():
                 whole = forward(model, row, spec)[0].float()
-                leaky_row = dict(row, segment_ids=torch.zeros_like(row["segment_ids"]))
-                # Leaky control: a causal mask over the whole row ignores sample boundaries.
-                leaky = forward(model, leaky_row, spec)[0].float()
+                # The control: a causal mask over the whole row, across sample boundaries.
+                leaky = forward(model, dict(row, segment_ids=torch.zeros_like(row["segment_ids"])), spec)[0].float()
                 for start, end, alone in samples_of_row(row):
-                    single = forward(model, alone, spec)[0].float()
-                    diff = (whole[start:end] - single).abs()
+                    diff = (whole[start:end] - forward(model, alone, spec)[0].float()).abs()
                     trained = row["loss_mask"][0, start:end].to(device) > 0
                     worst = max(worst, diff.max().item())
                     if trained.any():
                         trained_worst = max(trained_worst, diff[trained].max().item())
-                    total_abs += diff.sum().item()
-                    count += diff.numel()
-                    segments_seen += 1
+                    total, count, samples = total + diff.sum().item(), count + diff.numel(), samples + 1
                 leak = max(leak, (whole - leaky).abs().max().item())
-        mode = "bf16 autocast" if autocast else "float32"
-        print(f"[{mode}] {segments_seen} samples: per-token loss |packed - alone| max {worst:.3e} "
-              f"(trained tokens: max {trained_worst:.3e}), mean {total_abs / count:.3e}; "
+        print(f"[{'bf16 autocast' if autocast else 'float32'}] {samples} samples: per-token loss |packed - alone| max "
+              f"{worst:.3e} (trained tokens: max {trained_worst:.3e}), mean {total / count:.3e}; "
               f"control, attention leaking across samples: max {leak:.3e}")
-        if autocast and args.json:
-            with open(args.json, "w") as f:
-                json.dump({"attention": args.attention, "max_abs_diff": trained_worst, "leak_control": leak,
-                           "samples": segments_seen, "rows": args.rows}, f)
 
 
 def attention(args) -> None:
-    device = torch.device("cuda")
-    preset = PRESETS[args.model]
-    b, s, d = args.micro_batch_size, args.seq_length, preset.kv_channels
-    q = torch.randn(b, preset.num_attention_heads, s, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from qwen_data_train.attention import have_transformer_engine
+
+    preset, device = PRESETS[args.model], torch.device("cuda")
+    b, s, d, heads = args.micro_batch_size, args.seq_length, preset.kv_channels, preset.num_attention_heads
+    q = torch.randn(b, heads, s, d, device=device, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, preset.num_query_groups, s, d, device=device, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn_like(k, requires_grad=True)
     grad = torch.randn_like(q)
 
-    def run(fn):
-        """fn's output and q, k, v gradients against `grad`."""
+    def run(fn):  # the output and the q, k, v gradients against `grad`
         q.grad = k.grad = v.grad = None
         out = fn()
         out.backward(grad)
         return [out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()]
 
-    def rel(a, b):  # worst relative difference over the output and the three gradients
+    def rel(a, b):  # the worst relative difference over the output and the three gradients
         return max(((x - y).norm() / y.norm()).item() for x, y in zip(a, b))
 
     def time_it(fn, n=20):
@@ -101,55 +98,51 @@ def attention(args) -> None:
         mask = document_mask(segments).block_mask
         return lambda: compiled_flex_attention(q, k, v, block_mask=mask, scale=d ** -0.5, enable_gqa=True)
 
-    shape = f"[{b}, {q.shape[1]}/{k.shape[1]} heads, {s}, {d}] bf16"
-    one_doc = torch.zeros(b, s, dtype=torch.int32, device=device)
-    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-        q, k, v, is_causal=True, scale=d ** -0.5, enable_gqa=True)
-    ref = run(sdpa)
-    print(f"one document a row, {shape}: SDPA causal {time_it(sdpa):.2f} ms, flex {time_it(flex(one_doc)):.2f} ms "
-          f"(differs by {rel(run(flex(one_doc)), ref):.1e})")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    def sdpa(mask=None):
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                                        scale=d ** -0.5, enable_gqa=True)
+
+    one_doc, ref = torch.zeros(b, s, dtype=torch.int32, device=device), run(sdpa())
+    print(f"one document a row, [{b}, {heads}/{k.shape[1]} heads, {s}, {d}] bf16: "
+          f"SDPA causal {time_it(sdpa()):.2f} ms, "
+          f"flex {time_it(flex(one_doc)):.2f} ms (differs by {rel(run(flex(one_doc)), ref):.1e})")
     for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         try:
             with sdpa_kernel(backend):
-                print(f"  SDPA causal by {backend.name}: {time_it(sdpa):.2f} ms (differs by {rel(run(sdpa), ref):.1e})")
+                print(f"  SDPA causal by {backend.name}: {time_it(sdpa()):.2f} ms "
+                      f"(differs by {rel(run(sdpa()), ref):.1e})")
         except RuntimeError as e:  # a backend that does not take this shape
             print(f"  SDPA causal by {backend.name}: not run ({str(e).splitlines()[0][:100]})")
-    from qwen_data_train.attention import have_transformer_engine
     if have_transformer_engine():
         from transformer_engine.pytorch import DotProductAttention
-        te = DotProductAttention(q.shape[1], d, num_gqa_groups=k.shape[1], qkv_format="bshd", attn_mask_type="causal",
+
+        te = DotProductAttention(heads, d, num_gqa_groups=k.shape[1], qkv_format="bshd", attn_mask_type="causal",
                                  softmax_scale=d ** -0.5)
-        bshd = lambda: te(*(t.transpose(1, 2).contiguous() for t in (q, k, v))).view(b, s, q.shape[1], d).transpose(1, 2)  # noqa: E731
+
+        def bshd():
+            return te(*(t.transpose(1, 2).contiguous() for t in (q, k, v))).view(b, s, heads, d).transpose(1, 2)
+
         print(f"one document a row: Transformer Engine (cuDNN fused attention) {time_it(bshd):.2f} ms "
               f"(differs from SDPA by {rel(run(bshd), ref):.1e})")
     # Four documents a row, as bench/gpu.sh's packed SFT rows hold on average.
     seg = (torch.rand(b, s, device=device) < 3 / s).cumsum(-1).to(torch.int32)
-    dense = document_mask(seg.cpu()).dense().to(device)
-    masked = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-        q, k, v, attn_mask=dense, scale=d ** -0.5, enable_gqa=True)
+    dense = sdpa(document_mask(seg.cpu()).dense().to(device))
     print(f"~4 documents a row: flex {time_it(flex(seg)):.2f} ms (differs from SDPA with a dense mask by "
-          f"{rel(run(flex(seg)), run(masked)):.1e})")
-    document_mask(seg)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        document_mask(seg)
-    torch.cuda.synchronize()
-    print(f"block mask build ({b}×{s}): {100 * (time.perf_counter() - t0):.2f} ms")
+          f"{rel(run(flex(seg)), run(dense)):.1e})")
 
 
 def profile(args) -> None:
     import torch.distributed as dist
-    from qwen_data_train.config import TrainConfig
-    from qwen_data_train.distributed import distributed
-    from qwen_data_train.loop import Trainer, model_of
-    from qwen_data_train.plan import Environment
-    from qwen_data_train.patches import megatron_core
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
-    config = TrainConfig.parse(args.train)
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.distributed import distributed
+    from qwen_data_train.loop import Trainer, model_of
+    from qwen_data_train.patches import megatron_core
+    from qwen_data_train.plan import Environment
+
+    config = TrainConfig.parse(args.rest)
     plan = RunPlan.resolve(config, model_of(config)[0], Environment.current())
     with megatron_core(), distributed(plan.tp, plan.pp, plan.ep, plan.cp) as device:  # torchrun: every rank
         trainer = Trainer(config, device, plan)
@@ -167,8 +160,8 @@ def profile(args) -> None:
         if dist.get_rank() != 0:
             return
         events = prof.key_averages()
-        # Kernels' own time (streams that overlap count twice): near the step time, the GPU is the bound;
-        # far below it, the host's launches or waits are.
+        # Kernels' own time (streams that overlap count twice): near the step time the GPU is the bound, far below
+        # it the host's launches or waits are.
         kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         busy_ms = sum(e.self_device_time_total for e in kernels) / 1000 / args.steps
         print(f"{step_ms:.0f} ms/step over {args.steps} profiled steps; GPU kernels {busy_ms:.0f} ms/step "
@@ -201,41 +194,137 @@ def split_join(args) -> None:
 
 
 def same_weights(args) -> None:
-    import glob
-    import os
-
     from safetensors.torch import load_file
 
-    a, b = ({k: v for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))) for k, v in load_file(path).items()}
-            for folder in args.train)
+    a, b = ({k: v for path in sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+             for k, v in load_file(path).items()} for folder in args.rest)
     differ = sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not a[k].equal(b[k]))
-    print(f"{len(a)} tensors in {args.train[0]}, {len(b)} in {args.train[1]}: "
+    print(f"{len(a)} tensors in {args.rest[0]}, {len(b)} in {args.rest[1]}: "
           + (f"differ: {differ[:5]}" if differ else "same weights"))
     sys.exit(1 if differ else 0)
 
 
+# --- hf: HF folders with the released config.json values -> --hf-model -> --save-hf -> transformers ---
+
+# The released config.json values, in the files' own (pre-transformers-5) spelling.
+COMMON = {"attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+          "initializer_range": 0.02, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+          "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+CONFIGS = {
+    "qwen2.5-0.5b": dict(COMMON, architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=896,
+                         intermediate_size=4864, max_position_embeddings=32768, max_window_layers=21,
+                         num_attention_heads=14, num_hidden_layers=24, num_key_value_heads=2, sliding_window=32768),
+    "qwen3-0.6b": dict(COMMON, architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=False,
+                       head_dim=128, hidden_size=1024, intermediate_size=3072, max_position_embeddings=40960,
+                       max_window_layers=28, num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8,
+                       rope_scaling=None, sliding_window=None),
+}
+STEPS = int(os.environ.get("HF_BENCH_STEPS", 100))
+EVAL_ITERS = 4
+RUN = ["--data", ".gpu/hf_sft_blend.txt", "--seq-length", "4096", "--micro-batch-size", "1", "--global-batch-size", "8",
+       "--num-workers", "2", "--warmup-iters", "10", "--lr", "1e-4", "--log-interval", "10"]
+EVAL = ["--eval-interval", str(STEPS), "--eval-iters", str(EVAL_ITERS)]
+
+
+def train_run(args: list[str], log: str) -> dict:
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "train", *args], capture_output=True, text=True)
+    with open(log, "w") as f:
+        f.write(done.stdout + done.stderr)
+    if done.returncode:
+        raise SystemExit(f"train failed, see {log}:\n{done.stderr[-3000:]}")
+    with open(args[args.index("--log-json") + 1]) as f:
+        valid = [r["valid_loss"] for r in map(json.loads, f) if "valid_loss" in r]
+    return {"tokens_per_s": float(re.search(r"steady state .*: tokens_per_s ([\d.e+]+)", done.stdout)[1]),
+            "valid_loss": valid[-1] if valid else None, "wall_s": time.time() - started}
+
+
+def transformers_eval(folder: str) -> dict:
+    """The exported model's masked loss over the train stage's evaluation rows (the validation split's first
+    eval_iters x global batch samples), each packed sequence run alone, cross-entropy in float32; and a generation."""
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.loader import build_splits
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    model = model.to(device).eval()
+    _, valid = build_splits(TrainConfig.parse(RUN + EVAL + ["--train-iters", str(STEPS)]), 8)
+    total = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for i in range(EVAL_ITERS * 8):
+            row = {k: torch.as_tensor(v).unsqueeze(0) for k, v in valid[i].items()}
+            for start, end, alone in samples_of_row(row):
+                logits = model(input_ids=alone["tokens"].to(device),
+                               position_ids=alone["position_ids"].to(device)).logits
+                losses = F.cross_entropy(logits[0].float(), alone["labels"][0].to(device), reduction="none")
+                mask = row["loss_mask"][0, start:end].to(device)
+                total += torch.stack([(losses * mask).sum(), mask.sum()]).double().cpu()
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Name three rivers."}],
+                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        out = model.generate(**{k: v.to(device) for k, v in prompt.items()}, max_new_tokens=16, do_sample=False)
+    new = out[0, prompt["input_ids"].shape[1]:]
+    return {"transformers_valid_loss": (total[0] / total[1]).item(), "generated_tokens": len(new),
+            "generated": tokenizer.decode(new)}
+
+
+def make_folder(name: str, folder: str) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(CONFIGS[name], f, indent=2)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16).save_pretrained(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:  # the released file, not transformers 5's rewrite
+        json.dump(CONFIGS[name], f, indent=2)
+
+
+def hf(args) -> None:
+    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # .gpu/ and the blend's paths are relative
+    out = os.path.abspath(os.environ.get("OUT", "bench/results/gpu"))
+    results = []
+    for name in args.rest:
+        folder, exported = f".gpu/hf-{name}", f".gpu/out-{name}"
+        make_folder(name, folder)
+        run = train_run(RUN + EVAL + ["--train-iters", str(STEPS), "--hf-model", folder, "--save-hf", exported,
+                                      "--log-json", f"{out}/{name}-hf.jsonl"], f"{out}/{name}-hf.log")
+        result = {"model": name, **{f"hf_{k}": v for k, v in run.items()}, **transformers_eval(exported)}
+        result["loss_rel_diff"] = abs(result["transformers_valid_loss"] - run["valid_loss"]) / run["valid_loss"]
+        preset = train_run(RUN + ["--train-iters", str(max(2, STEPS * 2 // 5)), "--model", name,
+                                  "--log-json", f"{out}/{name}-preset.jsonl"], f"{out}/{name}-preset.log")
+        result["preset_tokens_per_s"] = preset["tokens_per_s"]
+        result["tokens_per_s_ratio_hf_vs_preset"] = run["tokens_per_s"] / preset["tokens_per_s"]
+        print(json.dumps(result, indent=2, ensure_ascii=False), flush=True)
+        results.append(result)
+        with open(os.path.join(out, "hf_gpu.json"), "w") as f:
+            json.dump(results, f, indent=2, ensure_ascii=False)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("check", choices=["packed", "attention", "profile", "split", "same-weights"])
+    p.add_argument("check", choices=["packed", "attention", "profile", "split", "same-weights", "hf"])
     p.add_argument("--warm", type=int, default=4, help="profile: steps before the profiled ones")
     p.add_argument("--steps", type=int, default=2, help="profile: steps profiled")
     p.add_argument("--rows-shown", type=int, default=30)
     p.add_argument("--sort", default="cuda_time_total",
                    help="profile: the table's order (self_cuda_time_total: the kernels by their own time)")
-    p.add_argument("--data", default="out/gpu/sft_packed.json")
+    p.add_argument("--data", default=".gpu/sft_packed.json")
     p.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(PRESETS))
     p.add_argument("--seq-length", type=int, default=4096)
     p.add_argument("--micro-batch-size", type=int, default=1)
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "te"], help="packed: the core attention")
-    p.add_argument("--json", help="packed: write the bf16 figures here")
     p.add_argument("--seed", type=int, default=1234)
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:split])
-    args.train = argv[split + 1:]  # profile: the train stage's arguments
-    {"packed": packed, "attention": attention, "profile": profile, "split": split_join,
-     "same-weights": same_weights}[args.check](args)
+    args.rest = argv[split + 1:]  # profile: the train stage's arguments; same-weights: two folders; hf: models
+    {"packed": packed, "attention": attention, "profile": profile, "split": split_join, "same-weights": same_weights,
+     "hf": hf}[args.check](args)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,6 @@
-"""bench/records.py, the records of GPU train runs:
-
-  - a run's record takes what the run was and its machine from its log's summary line, its rates
-    steady state as the reports take them, per GPU, and its command from the .log beside it;
-  - a log written before the summary carried them gives null for each, never a value read off
-    the command line;
-  - --append replaces a run recorded again, keeps the others;
-  - a line that is not the trainer's names its file and line;
-  - a stage's table sets each run against its baseline in its round, and its losses against a reference run.
-
-A real CPU run's log is read in tests/train/test_train_smoke.py.
-"""
+"""bench/records.py: a run's record (what it was, its machine, steady-state rates, its command), logs older than
+its fields, --append, lines that are not the trainer's, a stage's table. A real CPU run's log is read in
+tests/train/test_train_smoke.py."""
 
 import json
 import os
@@ -21,31 +12,22 @@ BENCH = os.path.join(os.path.dirname(__file__), "..")
 
 # A two-GPU run's log as the trainer writes it: intervals at 1, 10, 20, a validation, the summary.
 SAMPLE = [
-    {"iteration": 1, "loss": 12.1, "lr": 3e-5, "grad_norm": 15.7, "step_ms": 15000.0, "tokens_per_s": 2000.0,
-     "real_tokens_per_s": 2000.0, "data_share": 0.003, "consumed_samples": 8, "mfu_causal": 0.01, "mfu_full": 0.02},
-    {"iteration": 10, "loss": 11.2, "lr": 3e-4, "grad_norm": 5.5, "step_ms": 300.0, "tokens_per_s": 100000.0,
-     "real_tokens_per_s": 90000.0, "data_share": 0.001, "consumed_samples": 80, "mfu_causal": 0.30,
-     "mfu_full": 0.35},
+    {"iteration": 1, "loss": 12.1, "step_ms": 15000.0, "tokens_per_s": 2000.0, "mfu_causal": 0.01, "mfu_full": 0.02},
+    {"iteration": 10, "loss": 11.2, "step_ms": 300.0, "tokens_per_s": 100000.0, "mfu_causal": 0.30, "mfu_full": 0.35},
     {"iteration": 20, "loss": 9.87654, "lr": 3e-5, "grad_norm": 1.4, "step_ms": 290.0, "tokens_per_s": 110000.0,
-     "real_tokens_per_s": 99000.0, "data_share": 0.001, "consumed_samples": 160, "mfu_causal": 0.41234,
-     "mfu_full": 0.45678},
+     "real_tokens_per_s": 99000.0, "mfu_causal": 0.41234, "mfu_full": 0.45678},
     {"iteration": 20, "valid_loss": 9.9},
     {"summary": True, "iterations": 20, "model": "qwen2.5-3b", "gpus": 2, "fp8": "tensorwise", "packed": True,
-     "ep": 1, "bf16_weights": False, "tokens_per_s": 105000.0, "real_tokens_per_s": 95000.0, "data_share": 0.001,
-     "mfu_causal": 0.4, "mfu_full": 0.45, "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
+     "ep": 1, "bf16_weights": False, "tokens_per_s": 105000.0, "mfu_causal": 0.4, "mfu_full": 0.45,
+     "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
      "sm_clock_mhz": 1712.5, "max_sm_clock_mhz": 1980.0, "power_draw_w": 688.0, "power_capped_share": 0.75,
      "slowdown_share": 0.0, "gpu_busy_share": 0.71, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
      "cpu_model": "Intel(R) Xeon(R) Platinum 8480+"},
 ]
-# A log as the trainer wrote it before the summary line and the two MFU counts (the H100 runs of 2026-11-26):
-# intervals with a single "mfu", nothing else.
-OLD_LINES = [
-    {"iteration": 1, "loss": 12.1032, "lr": 3e-5, "grad_norm": 15.6, "step_ms": 12183.0, "tokens_per_s": 2689.6,
-     "real_tokens_per_s": 2689.6, "data_share": 0.004, "consumed_samples": 8, "mfu": 0.0095, "max_memory_gib": 22.3},
-    *({"iteration": i, "loss": 12.0 - i / 10, "lr": 3e-4, "grad_norm": 3.1, "step_ms": 299.9, "tokens_per_s": 109245.3,
-       "real_tokens_per_s": 109245.3, "data_share": 0.0004, "consumed_samples": 8 * i, "mfu": 0.386,
-       "max_memory_gib": 26.0} for i in (10, 20, 30, 40)),
-]
+# A log from before the summary line and the two MFU counts (the H100 runs of 2026-11-26): a single "mfu".
+OLD_LINES = [{"iteration": i, "loss": 12.0 - i / 10, "step_ms": 12183.0 if i == 1 else 299.9,
+              "tokens_per_s": 2689.6 if i == 1 else 109245.3, "mfu": 0.386, "max_memory_gib": 26.0}
+             for i in (1, 10, 20, 30, 40)]
 OLD_COMMAND = "timeout 400 python3 -m train --model qwen2.5-0.5b --attention sdpa --log-json te-pretrain-sdpa.jsonl"
 COMMAND = "torchrun --nproc-per-node 2 -m train --model qwen2.5-3b --fp8 tensorwise --log-json te-run.jsonl"
 
@@ -75,16 +57,16 @@ def write_run(folder, name, lines, command=COMMAND):
 
 def test_a_record_holds_the_run_its_rates_and_its_machine(records, tmp_path):
     path = write_run(tmp_path, "te-run", SAMPLE)
+    summary = SAMPLE[-1]
     assert records.record("te-run", path) == {
-        "name": "te-run", "model": "qwen2.5-3b", "gpus": 2, "fp8": "tensorwise", "packed": True, "ep": 1,
-        "bf16_weights": False, "tokens_per_s": 110000.0,  # after iteration 10: the interval of 11-20 alone
-        "tokens_per_s_per_gpu": 55000.0, "steps": 20, "loss_at_end": 9.8765,
-        "mfu_causal": 0.4123, "mfu_full": 0.4568,
-        "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0d1c2b3a", "power_limit_w": 700.0,
-        "sm_clock_mhz": 1712.5, "max_sm_clock_mhz": 1980.0, "power_draw_w": 688.0, "power_capped_share": 0.75,
-        "slowdown_share": 0.0, "gpu_busy_share": 0.71, "mem_clock_mhz": 2619.0, "temperature_c": 61.0,
-        "cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "command": COMMAND,
+        "name": "te-run", **{k: summary[k] for k in records.RUN},
+        "tokens_per_s": 110000.0,  # after iteration 10: the interval of 11-20 alone
+        "tokens_per_s_per_gpu": 55000.0, "steps": 20, "loss_at_end": 9.8765, "mfu_causal": 0.4123, "mfu_full": 0.4568,
+        **{k: summary[k] for k in records.MACHINE}, "command": COMMAND,
     }
+    assert list(records.record("te-run", path)) == ["name", *records.RUN, "tokens_per_s", "tokens_per_s_per_gpu",
+                                                     "steps", "loss_at_end", "mfu_causal", "mfu_full",
+                                                     *records.MACHINE, "command"]
 
 
 def test_a_log_older_than_the_fields_gives_null_for_them(records, old):
@@ -123,12 +105,6 @@ def test_a_line_that_is_not_the_trainers_is_named(records, tmp_path, capsys, old
     assert f"{path}:2: a log interval without step_ms, tokens_per_s" in capsys.readouterr().err
 
 
-def test_a_table_sets_each_run_against_its_own_round(records):
-    assert records.baseline_name("fp8-3b-mb2sel-delayed-r2") == "fp8-3b-mb2sel-bf16-r2"
-    assert records.baseline_name("fp8-3b-mb2sel-tensorwise") == "fp8-3b-mb2sel-bf16"
-    assert records.baseline_name("pretrain-te-r1") == "pretrain-sdpa-r1"
-
-
 def test_a_table_reads_old_and_new_logs_and_compares_losses(records, tmp_path, old, capsys):
     bf16 = write_run(tmp_path, "fp8-bf16", SAMPLE)
     faster = [*SAMPLE[:2], {**SAMPLE[2], "tokens_per_s": 132000.0, "loss": 9.87654 * 1.01}, *SAMPLE[3:]]
@@ -136,9 +112,14 @@ def test_a_table_reads_old_and_new_logs_and_compares_losses(records, tmp_path, o
     assert records.main(["--table", "--against", bf16, bf16, fp8, old]) == 0
     rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()]
     cell = {row[0]: dict(zip(rows[0], row)) for row in rows}
-    assert cell["fp8-tensorwise"]["tokens/s"] == "132,000" and cell["fp8-tensorwise"]["vs base"] == "1.20x"
-    assert cell["fp8-tensorwise"]["max rel. loss diff"] == "1.000%" and cell["fp8-bf16"]["max rel. loss diff"] == "0.000%"
-    assert cell["fp8-bf16"]["a GPU"] == "55,000" and cell["fp8-bf16"]["MFU causal"] == "41.2%"
+    fp8, bf16, old = cell["fp8-tensorwise"], cell["fp8-bf16"], cell["te-pretrain-sdpa"]
+    assert fp8["tokens/s"] == "132,000" and fp8["vs base"] == "1.20x"
+    assert fp8["max rel. loss diff"] == "1.000%" and bf16["max rel. loss diff"] == "0.000%"
+    assert bf16["a GPU"] == "55,000" and bf16["MFU causal"] == "41.2%"
     # the old log: its rates, its peak memory; no MFU count, GPUs or machine of its own
-    assert cell["te-pretrain-sdpa"]["tokens/s"] == "109,245" and cell["te-pretrain-sdpa"]["peak GiB"] == "26.0"
-    assert cell["te-pretrain-sdpa"]["MFU causal"] == cell["te-pretrain-sdpa"]["GPUs"] == cell["te-pretrain-sdpa"]["busy"] == "-"
+    assert old["tokens/s"] == "109,245" and old["peak GiB"] == "26.0"
+    assert old["MFU causal"] == old["GPUs"] == old["busy"] == "-"
+    # each run against its baseline in its own round
+    assert records.baseline_name("fp8-3b-mb2sel-delayed-r2") == "fp8-3b-mb2sel-bf16-r2"
+    assert records.baseline_name("fp8-3b-mb2sel-tensorwise") == "fp8-3b-mb2sel-bf16"
+    assert records.baseline_name("pretrain-te-r1") == "pretrain-sdpa-r1"
