@@ -14,7 +14,8 @@
 # sft       packed rows against their samples alone (bench/train_gpu.py packed); packed vs unpacked SFT, 40 steps.
 # parallel  (2 GPUs) TP=1, TP=2 (± sequence parallel), PP=2, DP=2, Qwen3-0.6B TP=1/2: 50 steps from one seed.
 # speed     today's settings (megatron's cross-entropy, nothing compiled, micro batch 1) against the fast ones.
-# graphs    --cuda-graphs on against off (and tests/train/test_train_graphs.py); graphs-loss: 200 steps' losses.
+# graphs    --cuda-graphs on against off (and tests/train/test_train_graphs.py); graphs-loss: 200 steps' losses;
+#           fp8-graphs: 3B, FP8 tensorwise against bf16, graphed and eager, ROUNDS=N rounds (needs TE, see te).
 # te        Transformer Engine's attention against PyTorch's, FP8 recipes against bf16 (needs TE:
 #           ../shared/tools/device-te.sh); CHECKS=0 skips the packed-row check, the GPU tests and the attention timing.
 # scale     (2 GPUs) distributed optimizer, checkpoint resharding DP=2 → 1 → 2 and its --save-hf, recompute, 7B at
@@ -25,7 +26,7 @@
 # cores     no GPU: the data side at 1, 2, 4 ... all cores' workers (bench/cores.py ARGS; bench/README.md: set-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: data, pretrain, sft, parallel, speed, graphs, graphs-loss, te, scale, moe, hf or cores}
+stage=${1:?stage: data, pretrain, sft, parallel, speed, graphs, graphs-loss, fp8-graphs, te, scale, moe, hf or cores}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 # A bare GPU machine gets the project installed in place (no network there: no build isolation, no dependencies).
@@ -141,6 +142,15 @@ graphs)
     run graphs-sft-mb4-$g $G --micro-batch-size 4 --train-iters 40 --data $SFT --cuda-graphs $g --log-json $OUT/graphs-sft-mb4-$g.jsonl
     run graphs-pt-mb1-$g $G --micro-batch-size 1 --train-iters 30 --data $PT --cuda-graphs $g --log-json $OUT/graphs-pt-mb1-$g.jsonl
   done ;;
+fp8-graphs)  # one run at a time, the variants interleaved round by round
+  G="timeout 300 python3 -m train --model qwen2.5-3b $B --micro-batch-size 2 --warmup-iters 5 --lr 3e-4 --log-interval 4 --train-iters 16 --data $PT --profile"
+  for r in $(seq "${ROUNDS:-3}"); do
+    run fp8-graphs-3b-mb2-bf16-eager-r$r $G --cuda-graphs off --log-json $OUT/fp8-graphs-3b-mb2-bf16-eager-r$r.jsonl
+    run fp8-graphs-3b-mb2-tensorwise-graphed-r$r $G --fp8 tensorwise --cuda-graphs on --log-json $OUT/fp8-graphs-3b-mb2-tensorwise-graphed-r$r.jsonl
+    run fp8-graphs-3b-mb2-bf16-graphed-r$r $G --cuda-graphs on --log-json $OUT/fp8-graphs-3b-mb2-bf16-graphed-r$r.jsonl
+    run fp8-graphs-3b-mb2-tensorwise-eager-r$r $G --fp8 tensorwise --cuda-graphs off --log-json $OUT/fp8-graphs-3b-mb2-tensorwise-eager-r$r.jsonl
+  done
+  python3 bench/records.py --table $OUT/fp8-graphs-*.jsonl | tee $OUT/fp8-graphs.md ;;
 graphs-loss)  # three runs at once: their losses, not their rates
   L="timeout 420 python3 -m train --model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 2 --global-batch-size 4 --num-workers 2 --train-iters 200 --warmup-iters 20 --lr 3e-4 --log-interval 10"
   for kind in pt sft; do

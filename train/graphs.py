@@ -13,6 +13,8 @@ be the micro-batch it stands for:
   weights back into their bf16 memory and zeroes gradients instead of dropping them, and each
   capture follows an eager micro-batch of the same step, so every gradient exists and the graph
   adds to it (a gradient that did not exist would be written where no parameter looks);
+- FP8's weight casts made inside the graph: captured as a step's first micro-batch, each replay
+  casts the weights again (Transformer Engine otherwise reuses a step's first casts);
 - nothing the host decides inside a micro-batch (`plan.cuda_graphs_unbuilt` lists what does).
 
 Rows of one segment (causal attention) and packed rows (a document mask) are two graphs sharing
@@ -36,8 +38,8 @@ INPUTS = ("tokens", "position_ids", "labels")  # what a micro-batch brings, copi
 class _Graph:
     """One kind of micro-batch (`packed` or not) captured: its input tensors, its loss's."""
 
-    def __init__(self, model, spec: ForwardSpec, batch: dict, packed: bool) -> None:
-        self.model, self.spec = model, spec
+    def __init__(self, model, core, spec: ForwardSpec, batch: dict, packed: bool) -> None:
+        self.model, self.core, self.spec = model, core, spec
         self.inputs = {k: torch.empty_like(batch[k], device=spec.device) for k in INPUTS}
         self.weights = torch.empty_like(batch["loss_mask"], device=spec.device)
         self.scale = torch.empty((), device=spec.device)
@@ -69,6 +71,9 @@ class _Graph:
         with torch.cuda.stream(side):
             loss = self._micro_batch()
         here.wait_stream(side)
+        # Transformer Engine's FP8 linears cast their weights on a step's first micro-batch and reuse
+        # the casts after: captured as a first micro-batch, every replay casts the weights AdamW wrote.
+        self.core.set_is_first_microbatch()
         with torch.cuda.graph(self.graph, pool=pool):
             self.loss = self._micro_batch()
         # The eager micro-batch's activations, cached by the allocator beside the graph's own pool:
@@ -85,8 +90,9 @@ class _Graph:
 class MicroBatchGraphs:
     """A model's training micro-batches through CUDA graphs (see the module's docstring)."""
 
-    def __init__(self, model, spec: ForwardSpec) -> None:
-        self.model, self.spec = model, dataclasses.replace(spec, autocast_cache=False)
+    def __init__(self, model, core, spec: ForwardSpec) -> None:
+        """`core`: the megatron-core model inside `model`'s wrapper."""
+        self.model, self.core, self.spec = model, core, dataclasses.replace(spec, autocast_cache=False)
         self.graphs: dict[bool, _Graph] = {}
         self.pool = None
 
@@ -96,7 +102,7 @@ class MicroBatchGraphs:
         packed = is_packed(batch)
         graph = self.graphs.get(packed)
         if graph is None:
-            self.graphs[packed] = graph = _Graph(self.model, self.spec, batch, packed)
+            self.graphs[packed] = graph = _Graph(self.model, self.core, self.spec, batch, packed)
             loss = graph.capture(batch, mask, scale, self.pool)
             self.pool = graph.graph.pool()
         else:

@@ -33,7 +33,7 @@ from qwen_data.text.tokenizer import directory_of
 
 from .checkpoint import Checkpointer, latest, stored
 from .config import TrainConfig
-from .distributed import data_parallel, distributed, log0, reduce_grads, whole_parameters
+from .distributed import data_parallel, distributed, log0, reduce_grads, unwrapped, whole_parameters
 from .graphs import MicroBatchGraphs
 from .hf.checkpoint import HFExport, load_hf_weights
 from .hf.config import config_dtype, config_of_shape, generation_config, model_of_folder, shape_from_config
@@ -85,7 +85,7 @@ class Trainer:
         self.checkpointer = Checkpointer(config.checkpoint, plan, self.core, self.optimizer, export,
                                          tokenizer=tokenizer.identity)
         self.iteration, self.consumed = self.checkpointer.load()
-        self.graphs = MicroBatchGraphs(self.model, self.spec) if plan.cuda_graphs else None
+        self.graphs = MicroBatchGraphs(self.model, unwrapped(self.model), self.spec) if plan.cuda_graphs else None
         self.batches = self._loader(self.train_ds, self.consumed)
         self.metrics = Metrics(config.log, device, plan, config.train_iters,
                                run_config=dataclasses.asdict(config),

@@ -377,14 +377,15 @@ def bf16_weights_unbuilt(p: RunPlan) -> Optional[str]:
 def cuda_graphs_unbuilt(p: RunPlan) -> Optional[str]:
     """Why `p`'s micro-batches cannot run as captured CUDA graphs (graphs.py); None: they can. A
     graph replays kernels alone: whatever the host decides or exchanges during a micro-batch (other
-    ranks' messages, a router's token counts, FP8's scaling history, recompute's RNG states, Transformer
-    Engine's per-micro-batch kernel choice) is not in it."""
+    ranks' messages, a router's token counts, FP8's delayed scaling history, recompute's RNG states,
+    Transformer Engine's per-micro-batch kernel choice) is not in it. FP8's tensorwise and blockwise
+    recipes scale each tensor from its own amax, on the GPU, inside the graph."""
     return ("there is no CUDA here" if not p.cuda
             else f"they are built for one GPU, not {p.world} ranks" if p.world > 1
             else "a mixture of experts routes a different number of tokens every micro-batch" if p.shape.moe
             else "megatron-core's distributed optimizer reduces gradients from its own hooks"
             if p.data_parallel == "megatron"
-            else "FP8's scaling state is not captured yet" if p.fp8
+            else "FP8's delayed recipe keeps an amax history the host updates" if p.fp8 == "delayed"
             else "recompute restores RNG states on the host" if p.recompute
             else f"only PyTorch's attention (sdpa) is captured, not {p.attention}" if p.attention != "sdpa"
             else None)

@@ -108,7 +108,9 @@ def test_bf16_weights_are_the_default_where_they_are_built(args, model, env, spl
     ([], "tiny", Environment(), False, "auto: there is no CUDA here"),
     ([], "tiny", Environment(cuda=True, world_size=2), False, "one GPU, not 2 ranks"),
     ([], "tiny-qwen3-moe", Environment(cuda=True), False, "routes a different number of tokens"),
-    (["--fp8", "tensorwise"], "tiny", H100, False, "FP8's scaling state"),
+    (["--fp8", "tensorwise"], "tiny", H100, True, "auto: the host launches one graph"),
+    (["--fp8", "blockwise"], "tiny", H100, True, "auto: the host launches one graph"),
+    (["--fp8", "delayed"], "tiny", H100, False, "FP8's delayed recipe keeps an amax history"),
     (["--recompute"], "tiny", Environment(cuda=True), False, "RNG states on the host"),
     (["--attention", "te"], "tiny", H100, False, "only PyTorch's attention (sdpa) is captured, not te"),
     (["--distributed-optimizer"], "tiny", Environment(cuda=True), False, "distributed optimizer"),
@@ -120,7 +122,7 @@ def test_cuda_graphs_are_the_default_where_they_are_built(args, model, env, grap
 
 @pytest.mark.parametrize("args, env, says", [
     (["--cuda-graphs", "on", "--pp", "2"], Environment(cuda=True, world_size=2), "one GPU, not 2 ranks"),
-    (["--cuda-graphs", "on", "--fp8", "delayed"], H100, "FP8's scaling state"),
+    (["--cuda-graphs", "on", "--fp8", "delayed"], H100, "FP8's delayed recipe keeps an amax history"),
 ])
 def test_cuda_graphs_asked_where_they_are_not_built_are_refused(args, env, says):
     assert says in refusal(*args, env=env)

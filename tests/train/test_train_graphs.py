@@ -20,12 +20,24 @@ def prefixes(tmp_path_factory):
     return train_prefixes(tmp_path_factory.mktemp("train_data"))
 
 
+def _have_te() -> bool:
+    from train.attention import have_transformer_engine
+
+    return have_transformer_engine()
+
+
 @on_a_gpu
-@pytest.mark.parametrize("blend", ["pretrain_blend.json", "sft_blend.json"])
-def test_graphed_steps_are_the_eager_steps(prefixes, tmp_path, blend):
+@pytest.mark.parametrize("blend, fp8", [("pretrain_blend.json", None), ("sft_blend.json", None),
+                                        ("pretrain_blend.json", "tensorwise"), ("sft_blend.json", "blockwise")])
+def test_graphed_steps_are_the_eager_steps(prefixes, tmp_path, blend, fp8):
+    """FP8's tensorwise and blockwise recipes scale on the GPU, inside the graph (where Transformer
+    Engine is installed: `bench/gpu.sh te` runs them)."""
+    if fp8 and not _have_te():
+        pytest.skip("FP8 needs Transformer Engine")
     runs = {}
     for graphs in ("off", "on"):
-        args = ["--data", str(prefixes / blend), *TRAIN, "--cuda-graphs", graphs, "--save", str(tmp_path / graphs)]
+        args = ["--data", str(prefixes / blend), *TRAIN, "--cuda-graphs", graphs, "--save", str(tmp_path / graphs),
+                *(["--fp8", fp8] if fp8 else [])]
         runs[graphs] = run_train(args, tmp_path / f"{graphs}.jsonl")
     (eager, _), (graphed, stdout) = runs["off"], runs["on"]
     assert "micro-batches replayed as CUDA graphs (as asked)" in stdout
