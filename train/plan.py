@@ -418,7 +418,7 @@ RULES: tuple[Rule, ...] = (
     _cp_distributed_optimizer,
     _bf16_weights,                # autocast, no FP8, dense, not megatron-core's optimizer
     _sink_packages,               # refused before the model is built, not after
-    _cuda_graphs,                 # one GPU, dense, sdpa, no FP8 or recompute
+    _cuda_graphs,                 # one GPU, dense, sdpa, no recompute, no delayed FP8
 )
 
 
