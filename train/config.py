@@ -136,10 +136,10 @@ class ModelConfig(Section):
              "auto: layers on CUDA (swiglu with --sequence-parallel), none on the CPU")
     cuda_graphs: str = option(
         "--cuda-graphs", default="auto", choices=CUDA_GRAPHS_CHOICES,
-        help="on: each micro-batch's forward and backward captured once (at the second step) as one CUDA graph and "
-             "replayed, so the host launches one graph, not thousands of kernels; auto: on where it is built (one "
-             "GPU, a dense model, PyTorch's attention, no recompute, FP8 only tensorwise or blockwise; the run's "
-             "first line says why not)")
+        help="on: each micro-batch's forward and backward captured once (after the first micro-batch of its "
+             "kind, run eagerly) as one CUDA graph and replayed, so the host launches one graph, not thousands of "
+             "kernels; auto: on where it is built (one GPU, a dense model, PyTorch's attention, no recompute, FP8 "
+             "only tensorwise or blockwise; the run's first line says why not)")
     recompute: Optional[str] = option(
         "--recompute", nargs="?", const="full", choices=RECOMPUTE_CHOICES,
         help="activation recompute: full = each layer's forward again in backward (keeps only its input), "
