@@ -9,6 +9,7 @@ command's time goes: each thread of its main process, its children, how many run
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import resource
@@ -130,6 +131,41 @@ def print_table(rows: list, headers: list) -> None:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
         if n == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def against_baseline(commands: dict, repeat: int, amount: float, unit: str) -> None:
+    """pretrain.py, sft.py: run both commands (name -> argv: ours, then the baseline) `repeat` times, interleaved so
+    that others' load hits both alike; print each one's fastest run (`amount` `unit` a second) and ours / baseline."""
+    best: dict = {}
+    for _ in range(repeat):
+        for name, argv in commands.items():
+            m = run_checked(argv)
+            best[name] = min(best.get(name, m), m, key=lambda run: run.wall_s)
+    figures = {name: [m.wall_s, m.cpu_s, m.peak_rss / 2**20, amount / m.wall_s] for name, m in best.items()}
+    ours, base = figures.values()
+    rows = [[name, *(f"{v:,.2f}" for v in f)] for name, f in figures.items()]
+    print_table(rows + [["ours / baseline", *(f"{a / b:.2f}x" for a, b in zip(ours, base))]],
+                ["program", "wall s", "cpu s", "peak RSS MiB", f"{unit}/s"])
+
+
+def same_data(a: str, b: str) -> bool:
+    """Whether the indexed datasets of prefixes `a` and `b` hold the same sequences, documents and ids."""
+    import numpy as np
+    from qwen_data.formats.indexed import bin_tokens, read_index
+
+    x, y = read_index(a + ".idx"), read_index(b + ".idx")
+    pairs = [(x.lengths, y.lengths), (x.document_indices, y.document_indices),
+             (bin_tokens(a + ".bin", x.dtype), bin_tokens(b + ".bin", y.dtype))]
+    return x.dtype == y.dtype and all(np.array_equal(p, q) for p, q in pairs)
+
+
+def verdict(ours: str, baseline: str, *suffixes: str) -> int:
+    """0 when ours is certified (its manifest says) and each dataset (prefix + suffix) is the same as the baseline's."""
+    with open(ours + ".json", encoding="utf-8") as f:
+        certified = json.load(f)["certificate"]["certified"]
+    same = all(same_data(ours + suffix, baseline + suffix) for suffix in suffixes)
+    print(f"ours certified: {'yes' if certified else 'NO'}; identical to the baseline's: {'yes' if same else 'NO'}")
+    return 0 if certified and same else 1
 
 
 def where_time_goes() -> int:
