@@ -271,9 +271,9 @@ sample.Sampling.picks = lambda self, chunk, record: False
 certifier.Certifier.early = staticmethod(lambda path, count=1: [])
 sys.exit(main(sys.argv[1:]))
 """
-LAYERS = {"no-certify": ["-m", "qwen_data.cli", "{kind}", "--no-certify"],
+LAYERS = {"no-certify": ["-m", "qwen_data", "{kind}", "--no-certify"],
           "spelled only": ["-c", SPELLING_ONLY, "{kind}"],
-          "certified": ["-m", "qwen_data.cli", "{kind}"]}
+          "certified": ["-m", "qwen_data", "{kind}"]}
 
 
 def layers(args) -> None:

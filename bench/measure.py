@@ -102,7 +102,8 @@ def python_env() -> dict:
 
 
 def qwen_data_command(*args) -> list:
-    return [sys.executable, "-m", "qwen_data.cli", *map(str, args)]
+    """The `qwen-data` command as a user runs it (`qwen_data.launch`), from this checkout."""
+    return [sys.executable, "-m", "qwen_data", *map(str, args)]
 
 
 def run_checked(argv) -> Measurement:

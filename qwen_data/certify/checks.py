@@ -21,7 +21,7 @@ import numpy as np
 
 from ..formats.indexed import MaskedWriter, bin_tokens, read_index
 from .messages import NotMappable, RecordReading
-from .reference import ChatReference, NotCertified, TextReference, difference, reference_jinja, versions
+from .reference import ChatReference, NotCertified, TextReference, difference, preload, reference_jinja, versions
 from .sample import LONG_BYTES, Sampling, detection, numbers, ranges, window
 from .spelling import Speller, normalized
 
@@ -403,3 +403,20 @@ def _joinable(part: dict | None) -> bool:
     if not part or "records_spelled" not in part or "sample" not in part:
         return False
     return part.get("certified") or (part.get("records_checked") == 0 and part["why"].startswith("no record"))
+
+
+_CHECKS = None  # the checking process's checker, once sent
+
+
+def check_in_side(item) -> tuple[dict, str | None] | None:
+    """In the checking process: load HF's tokenizer, take the checker (and load the rest of its
+    reference), then check."""
+    global _CHECKS
+    if isinstance(item, tuple) and item[0] == "load":
+        preload(item[1])
+        return None
+    if isinstance(item, tuple) and item[0] == "checks":
+        _CHECKS = item[1]
+        _CHECKS.load()
+        return None
+    return _CHECKS.check(item)

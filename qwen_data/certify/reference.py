@@ -223,11 +223,12 @@ _LOADED: dict[tuple[str, str], object] = {}  # (library, tokenizer.json): this p
 
 
 def _hf_tokenizer(path: str):
-    if ("tokenizers", path) not in _LOADED:
+    key = ("tokenizers", os.path.realpath(path))  # one file however its path is spelled
+    if key not in _LOADED:
         from tokenizers import Tokenizer
 
-        _LOADED["tokenizers", path] = Tokenizer.from_file(path)
-    return _LOADED["tokenizers", path]
+        _LOADED[key] = Tokenizer.from_file(path)
+    return _LOADED[key]
 
 
 class ChatReference:
@@ -353,9 +354,14 @@ def preload(tokenizer_json: str) -> None:
     _hf_tokenizer(tokenizer_json)
 
 
+def hold(tokenizer_json: str, tokenizer) -> None:
+    """HF's tokenizer of `tokenizer_json`, loaded by the caller (`run.prestart`), as this process's reference."""
+    _LOADED["tokenizers", os.path.realpath(tokenizer_json)] = tokenizer
+
+
 def holds(tokenizer_json: str) -> bool:
     """Whether this process holds HF's tokenizer of `tokenizer_json` already."""
-    return ("tokenizers", tokenizer_json) in _LOADED
+    return ("tokenizers", os.path.realpath(tokenizer_json)) in _LOADED
 
 
 PRIVATE_USE = range(0xE000, 0xF900)  # the placeholders' first characters come from here

@@ -15,8 +15,9 @@ workers ran 0.5-1 s later); kept here, the workers start as they do without the 
 
 from __future__ import annotations
 
-from ..certify.checks import CertificateError, add_counts
-from ..certify.reference import holds, preload
+from ..certify.checks import CertificateError, add_counts, check_in_side
+from ..certify.reference import holds
+from .prestart import take as take_prestarted
 
 NOTHING_WRITTEN = "nothing was written (--no-certify writes it anyway, recorded as uncertified)"
 
@@ -41,17 +42,20 @@ class Certifier:
 
     @staticmethod
     def early(tokenizer_json: str, count: int = 1) -> list:
-        """`count` checking processes, forked before the run prepares anything, that load HF's
-        tokenizer from `tokenizer_json` at once (~0.4-0.8 s: the reference's fixed cost, which a
+        """`count` checking processes, forked before the run prepares anything (or the one forked
+        as the command started, `prestart`, adopted), that load HF's tokenizer from `tokenizer_json` at once (~0.4-0.8 s: the reference's fixed cost, which a
         small run would otherwise add to its own); none where this process holds it already (a
         second run in one process, as tests and Ray tasks make: it checks here). HF encodes ~1 MB/s
         a core: a run of many workers checks its sample in several processes, or its end would
         wait for one."""
         if holds(tokenizer_json):
+            take_prestarted(None)  # a checking process forked as the command started (`prestart`) is not needed
             return []
         from .workers import SideProcess
 
-        sides = [SideProcess(_check) for _ in range(count)]
+        forked = take_prestarted(tokenizer_json)
+        sides = [SideProcess(check_in_side, forked)] if forked else []
+        sides += [SideProcess(check_in_side) for _ in range(count - len(sides))]
         for side in sides:
             side.send(("load", tokenizer_json))
         return sides
@@ -120,20 +124,3 @@ def take(counts: dict, answer: tuple[dict, str | None]) -> None:
     if mismatch:
         raise CertificateError(f"{mismatch}; {NOTHING_WRITTEN}")
     add_counts(counts, checked)
-
-
-_CHECKS = None  # the checking process's checker, once sent
-
-
-def _check(item) -> tuple[dict, str | None] | None:
-    """In the checking process: load HF's tokenizer, take the checker (and load the rest of its
-    reference), then check."""
-    global _CHECKS
-    if isinstance(item, tuple) and item[0] == "load":
-        preload(item[1])
-        return None
-    if isinstance(item, tuple) and item[0] == "checks":
-        _CHECKS = item[1]
-        _CHECKS.load()
-        return None
-    return _CHECKS.check(item)

@@ -40,24 +40,23 @@ Stopping: workers end with the main process, at once and quietly.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import mmap
 import os
 import pickle
 import queue
 import signal
+import socket
 import threading
-import time
 import traceback
 from typing import Callable, Iterable, Iterator
 
 import multiprocess
 import numpy as np
-from multiprocess.connection import wait
+from multiprocess.connection import Connection, wait
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from .lifetime import STOPPING, die_with
+
 _STOP = None  # sent instead of a task: finish what is queued, then exit
-STOPPING = (signal.SIGINT, signal.SIGTERM)  # what the main process acts on for its workers
 QUEUED = 2  # tasks a worker holds at once: one running, one ready to start when it ends
 SLOTS = 4  # per worker position: its queued tasks, and two finished ones waiting for their turn
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -144,11 +143,13 @@ class SideProcess:
     """One worker process beside a map, for work handed over as the map goes and answered at the
     end: `send(item)` has `fn(item)` run there, in order; `answers()` waits for all of them. Sending
     never waits for the worker (it drains its pipe at once). Start it before the map's workers and
-    any thread, and `end` it in a `finally`."""
+    any thread, and `end` it in a `finally`. `forked`: (pid, socket) of a process forked earlier that
+    serves `fn` already (`prestart.take`), adopted instead of forking one."""
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, forked: tuple[int, socket.socket] | None = None) -> None:
         with _stops_held():
-            self._worker = _Worker(fn, (), _Position(0, 0), 0)
+            adopted = None if forked is None else (Connection(forked[1].detach()), _Forked(forked[0]))
+            self._worker = _Worker(fn, (), _Position(0, 0), 0, adopted)
 
     def send(self, item) -> None:
         self._worker.send(self._worker.assigned, 0, item)
@@ -170,6 +171,32 @@ class SideProcess:
     def end(self, kill: bool = True) -> None:
         with _stops_held():
             self._worker.end(kill)
+
+
+class _Forked:
+    """A child forked by os.fork (`prestart`), with what `_Worker` asks of a multiprocess Process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.exitcode = pid, None
+
+    def join(self, timeout: float | None = None) -> None:
+        waited = 0.0
+        while self.exitcode is None:
+            done, status = os.waitpid(self.pid, 0 if timeout is None else os.WNOHANG)
+            if done:
+                self.exitcode = os.waitstatus_to_exitcode(status)
+            elif waited >= timeout:
+                return
+            else:
+                threading.Event().wait(0.01)
+                waited += 0.01
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        pass
 
 
 def _free(positions: list["_Position"]) -> "_Position | None":
@@ -203,16 +230,20 @@ class _RemoteTraceback(Exception):
 
 
 class _Worker:
-    def __init__(self, fn: Callable, shared_fields: tuple, position: _Position, slot_bytes: int):
-        self.conn, theirs = multiprocess.get_context("fork").Pipe()
+    def __init__(self, fn: Callable, shared_fields: tuple, position: _Position, slot_bytes: int, forked=None):
+        """`forked`: (connection, process) of a process already serving `fn` (`prestart`), else one is forked."""
         self.assigned = self.outstanding = 0
         self.retired = False
         self.position, arena = position, position.arena
         # Growth counts from the worker's size after its first task (what forking and one task take).
         self.start_rss: int | None = None
         self.grown = 0
+        if forked is not None:
+            self.conn, self.process = forked
+            return
+        self.conn, theirs = multiprocess.get_context("fork").Pipe()
         self.process = multiprocess.get_context("fork").Process(
-            target=_serve, args=(theirs, os.getpid(), fn, shared_fields, arena, slot_bytes),
+            target=serve, args=(theirs, os.getpid(), fn, shared_fields, arena, slot_bytes),
             daemon=True,
         )
         self.process.start()
@@ -327,11 +358,11 @@ def _view(arena: mmap.mmap, spot: _InSlot) -> np.ndarray:
 
 
 # -- the worker process ---------------------------------------------------------------------------
-def _serve(conn, parent: int, fn: Callable, shared_fields: tuple, arena: mmap.mmap | None, slot_bytes: int) -> None:
+def serve(conn, parent: int, fn: Callable, shared_fields: tuple, arena: mmap.mmap | None, slot_bytes: int) -> None:
     for signum in STOPPING:  # the main process decides, then kills us
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: end silently, no BrokenPipeError
-    _die_with(parent)
+    die_with(parent)
     # A thread drains the pipe at once, so the main process never waits to send a task while this
     # process waits for it to read a result.
     tasks: queue.SimpleQueue = queue.SimpleQueue()
@@ -398,23 +429,3 @@ def _stops_held():
             signal.signal(signum, handler)
         for signum in dict.fromkeys(caught):
             signal.raise_signal(signum)  # now handled as it would have been
-
-
-def _die_with(parent: int) -> None:
-    """Make this worker end when `parent` does (PR_SET_PDEATHSIG fires when the forking thread
-    ends: here always the main thread, which outlives the map)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        prctl = None
-    if prctl is not None and prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-        return
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-
-
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.1)
-    os._exit(1)

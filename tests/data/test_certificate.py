@@ -333,11 +333,12 @@ def test_the_checking_process_keeps_checking_while_the_run_goes_on(tmp_path):
     hundred, and the process stops checking until the run is over (a tail after the workers)."""
     import time
 
+    from qwen_data.certify.checks import check_in_side
     from qwen_data.run import certifier as module
     from qwen_data.run.workers import SideProcess
 
     log = tmp_path / "checks"
-    certifier = module.Certifier(_CountingChecks(log), [SideProcess(module._check)])
+    certifier = module.Certifier(_CountingChecks(log), [SideProcess(check_in_side)])
     try:
         for k in range(2000):  # picked records, as a run's results bring them
             certifier.add([(f"f.jsonl:{k + 1}", "text")])

@@ -1,0 +1,114 @@
+"""The checking process forked as `qwen-data` starts (`qwen_data.run.prestart`): adopted by the certified
+run it was forked for, killed where the run does not take it, gone with the command."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from _helpers import manifest, write_jsonl
+
+from qwen_data.run import prestart
+from qwen_data.text.bundled import bundled_tokenizer_dir
+
+BUNDLED = os.path.join(bundled_tokenizer_dir(), "tokenizer.json")
+
+
+def _gone(pid: int, seconds: float = 5.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)  # our child: reaped here
+        except ChildProcessError:  # not ours: ask the kernel whether it still runs
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+        else:
+            if done:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["pretrain", "c.jsonl", "-o", "o"], BUNDLED),
+    (["sft", "c.jsonl", "--template", "qwen3"], BUNDLED),
+    (["--quiet", "pretrain", "c.jsonl"], BUNDLED),
+    (["pretrain", "c.jsonl", "--tokenizer", "{dir}"], "{dir}/tokenizer.json"),
+    (["pretrain", "c.jsonl", "--tokenizer={dir}"], "{dir}/tokenizer.json"),
+    (["pretrain", "c.jsonl", "--no-certify"], None),
+    (["pretrain", "--help"], None),
+    (["verify", "o"], None),
+    (["pretrain", "c.jsonl", "--executor", "ray"], None),
+    (["pretrain", "c.jsonl", "--tokenizer", "Qwen/Qwen2.5-7B"], None),  # a Hub name: the CLI finds its cache
+    (["pretrain", "c.jsonl", "--tokenizer", "{dir}/missing"], None),
+])
+def test_the_command_line_alone_says_which_tokenizer_to_load(tmp_path, argv, expected):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    argv = [a.replace("{dir}", str(folder)) for a in argv]
+    expected = expected and expected.replace("{dir}", str(folder))
+    assert prestart._tokenizer_json(argv) == expected
+
+
+def test_a_checker_the_run_does_not_take_is_killed(monkeypatch):
+    monkeypatch.setattr(prestart, "_prestarted", None)
+    prestart.prestart(["pretrain", "c.jsonl"])
+    pid, _, path = prestart._prestarted
+    assert path == BUNDLED
+    assert prestart.take("/elsewhere/tokenizer.json") is None and prestart._prestarted is None
+    assert _gone(pid)
+
+
+ADOPTING = """
+import sys
+from qwen_data.run import prestart
+from qwen_data.text.bundled import bundled_tokenizer_dir
+from qwen_data.run import workers
+
+taken = []
+original = workers.SideProcess.__init__
+def recording(self, fn, forked=None):
+    taken.append(forked is not None)
+    original(self, fn, forked)
+workers.SideProcess.__init__ = recording
+
+prestart.prestart(sys.argv[1:])
+pid = prestart._prestarted[0]
+from qwen_data.cli import main
+status = main(sys.argv[1:])
+print("adopted", taken, pid, flush=True)
+sys.exit(status)
+"""
+
+
+def test_the_certified_run_adopts_the_checker_and_ends_it(tmp_path):
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": "One small document, checked by HF's tokenizer."}])
+    run = subprocess.run([sys.executable, "-c", ADOPTING, "pretrain", data, "-o", str(tmp_path / "o"), "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    words = next(line for line in run.stdout.splitlines() if line.startswith("adopted")).split()
+    assert words[:2] == ["adopted", "[True]"], run.stdout  # the one checking process: the one forked first
+    assert _gone(int(words[2]))
+    certificate = manifest(tmp_path / "o")["certificate"]
+    assert certificate["certified"] is True and certificate["records_checked"] == 1
+
+
+def test_the_checker_ends_with_a_killed_command(tmp_path):
+    script = ("import os, signal, sys\nfrom qwen_data.run import prestart\nprestart.prestart(['pretrain', 'c.jsonl'])\n"
+              "print(prestart._prestarted[0], flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == -signal.SIGKILL
+    assert _gone(int(run.stdout.split()[0]))
+
+
+def test_python_m_qwen_data_is_the_command(tmp_path):
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": "Hello."}])
+    run = subprocess.run([sys.executable, "-m", "qwen_data", "pretrain", data, "-o", str(tmp_path / "o"), "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert manifest(tmp_path / "o")["certificate"]["certified"] is True
