@@ -47,6 +47,7 @@ import queue
 import signal
 import socket
 import threading
+import time
 import traceback
 from typing import Callable, Iterable, Iterator
 
@@ -188,7 +189,7 @@ class _Forked:
             elif waited >= timeout:
                 return
             else:
-                threading.Event().wait(0.01)
+                time.sleep(0.01)
                 waited += 0.01
 
     def kill(self) -> None:
