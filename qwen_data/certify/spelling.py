@@ -112,7 +112,8 @@ class Spelling:
         entries = np.zeros(len(self.lengths), dtype=ENTRY)
         padded = np.concatenate([self.flat, np.zeros(8, np.uint8)])
         words = np.ndarray((len(self.flat),), "<u8", padded, strides=(1,))  # the 8 bytes from each byte on
-        entries["head"] = words[np.minimum(self.starts[:-1], len(self.flat) - 1)] & LOW_BYTES[np.minimum(self.lengths, 8)]
+        first = np.minimum(self.starts[:-1], len(self.flat) - 1)
+        entries["head"] = words[first] & LOW_BYTES[np.minimum(self.lengths, 8)]
         entries["offset"], entries["length"], entries["allowed"] = self.starts[:-1], self.lengths, allowed
         return entries.view(np.uint8)
 

@@ -43,13 +43,14 @@ class Certifier:
     @staticmethod
     def early(tokenizer_json: str, count: int = 1) -> list:
         """`count` checking processes, forked before the run prepares anything (or the one forked
-        as the command started, `prestart`, adopted), that load HF's tokenizer from `tokenizer_json` at once (~0.4-0.8 s: the reference's fixed cost, which a
-        small run would otherwise add to its own); none where this process holds it already (a
+        as the command started, `prestart`, adopted), that load HF's tokenizer from `tokenizer_json`
+        at once (~0.4-0.8 s: the reference's fixed cost, which a small run would otherwise add to
+        its own); none where this process holds it already (a
         second run in one process, as tests and Ray tasks make: it checks here). HF encodes ~1 MB/s
         a core: a run of many workers checks its sample in several processes, or its end would
         wait for one."""
         if holds(tokenizer_json):
-            take_prestarted(None)  # a checking process forked as the command started (`prestart`) is not needed
+            take_prestarted(None)  # one forked as the command started (`prestart`) is not needed
             return []
         from .workers import SideProcess
 
