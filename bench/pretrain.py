@@ -2,13 +2,9 @@
 tokenizers), each run whole on the bench text; the ids must be identical (bench/README.md).
 """
 
-import argparse
-import itertools
 import json
 import multiprocessing
-import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -43,29 +39,18 @@ def baseline(corpus: str, prefix: str, workers: str, tokenizer_dir: str) -> None
     writer.finalize()
 
 
-def main() -> int | None:
-    if sys.argv[1:2] == ["baseline"]:
-        return baseline(*sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--docs", type=int, help="only the first N documents")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each, interleaved: the fastest counts")
-    args = parser.parse_args()
-    import corpora  # not in the baseline program: it imports qwen_data's tokenizer
+def commands(corpus: str, ours: str, base: str, workers: int) -> dict:
     from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
-    with tempfile.TemporaryDirectory(prefix="qwen-data-bench-") as work:
-        corpus, ours, base = (os.path.join(work, name) for name in ("text.jsonl", "ours", "baseline"))
-        with open(corpora.text_corpus(), "rb") as fin, open(corpus, "wb") as fout:
-            fout.writelines(itertools.islice(fin, args.docs))
-        size = os.path.getsize(corpus) / measure.MB
-        print(f"{size:.1f} MB of text, {args.workers} workers, {measure.cpu_model()}")
-        argv = measure.qwen_data_command("pretrain", corpus, "-o", ours, "--workers", args.workers, "--quiet")
-        base_argv = [sys.executable, __file__, "baseline", corpus, base, args.workers, bundled_tokenizer_dir()]
-        measure.against_baseline({"qwen-data pretrain": argv, "Megatron-style HF pool": base_argv}, args.repeat,
-                                 size, "MB")
-        return measure.verdict(ours, base, "")
+    return {"qwen-data pretrain": measure.qwen_data_command("pretrain", corpus, "-o", ours, "--workers", workers,
+                                                            "--quiet"),
+            "Megatron-style HF pool": [sys.executable, __file__, "baseline", corpus, base, workers,
+                                       bundled_tokenizer_dir()]}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["baseline"]:
+        sys.exit(baseline(*sys.argv[2:]))
+    import corpora  # not in the baseline program: it imports qwen_data's tokenizer
+
+    sys.exit(measure.against_baseline(__doc__, corpora.text_corpus, "--docs", "MB", commands, [""]))

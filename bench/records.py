@@ -1,5 +1,5 @@
-"""GPU train runs read from their --log-json files: records.json, and the table of a bench/gpu.sh stage (what a record
-holds: bench/README.md).
+"""GPU train runs read from their --log-json files: records.json (one record a line), and the table of a bench/gpu.sh
+stage (what a record holds: bench/README.md).
 
     python3 bench/records.py $OUT --append                     # every $OUT/*.jsonl into bench/results/gpu/records.json
     python3 bench/records.py 3b-h200=$OUT/te-fp8-3b-bf16.jsonl --append      # one run, named
@@ -9,7 +9,6 @@ holds: bench/README.md).
 A run is NAME.jsonl (a line per log interval, validation lines, the summary line last) and, beside it, NAME.log
 (bench/gpu.sh's: the command line first, after "$ "). A field the run did not log is null, never read off the command.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -18,6 +17,8 @@ import json
 import os
 import re
 import sys
+
+from measure import write_json
 
 WARM = 10  # iterations left out of the rates: 1 compiles, the first interval warms up
 MFU = ("mfu_causal", "mfu_full")
@@ -168,10 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"records.py: {e}", file=sys.stderr)
         return 1
     by_name.update({r["name"]: r for r in new})
-    with open(args.out + ".tmp", "w") as f:  # a complete file or none: written whole, then moved over the old one
-        json.dump(list(by_name.values()), f, indent=1)
-        f.write("\n")
-    os.replace(args.out + ".tmp", args.out)
+    write_json(args.out, list(by_name.values()), depth=1)
     print(f"{len(new)} runs recorded, {len(by_name)} in {args.out}")
     return 0
 

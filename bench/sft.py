@@ -3,13 +3,9 @@ return_assistant_tokens_mask=True in a Pool, each run whole on the bench chats (
 cut or set aside); ids and loss masks must be identical (bench/README.md).
 """
 
-import argparse
-import itertools
 import json
 import multiprocessing
-import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -47,32 +43,22 @@ def baseline(corpus: str, prefix: str, workers: str, tokenizer_dir: str, templat
     mask_out.finalize()
 
 
-def main() -> int | None:
-    if sys.argv[1:2] == ["baseline"]:
-        return baseline(*sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--records", type=int, help="only the first N records")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each, interleaved: the fastest counts")
-    args = parser.parse_args()
-    import corpora  # not in the baseline program: it imports qwen_data's tokenizer
+def commands(corpus: str, ours: str, base: str, workers: int) -> dict:
     from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
-    with tempfile.TemporaryDirectory(prefix="qwen-data-bench-") as work:
-        corpus, ours, base = (os.path.join(work, name) for name in ("chats.jsonl", "ours", "baseline"))
-        with open(corpora.chat_corpus(), "rb") as fin, open(corpus, "wb") as fout:
-            records = list(itertools.islice(fin, args.records))
-            fout.writelines(records)
-        print(f"{len(records)} chats, {args.workers} workers, {measure.cpu_model()}")
-        argv = measure.qwen_data_command("sft", corpus, "-o", ours, "--template", "qwen2p5", "--assistant-span", "trl",
-                                         "--reference-template", measure.oracle_file("qwen2.5-instruct.jinja"),
-                                         "--workers", args.workers, "--quiet")
-        base_argv = [sys.executable, __file__, "baseline", corpus, base, args.workers, bundled_tokenizer_dir(),
-                     measure.oracle_file("qwen2.5-instruct.assistant-mask.jinja")]
-        measure.against_baseline({"qwen-data sft": argv, "HF apply_chat_template pool": base_argv}, args.repeat,
-                                 len(records), "records")
-        return measure.verdict(ours, base, "", ".lossmask")
+    template = measure.oracle_file("qwen2.5-instruct.jinja")
+    return {"qwen-data sft": measure.qwen_data_command("sft", corpus, "-o", ours, "--template", "qwen2p5",
+                                                       "--assistant-span", "trl", "--reference-template", template,
+                                                       "--workers", workers, "--quiet"),
+            "HF apply_chat_template pool": [sys.executable, __file__, "baseline", corpus, base, workers,
+                                            bundled_tokenizer_dir(),
+                                            measure.oracle_file("qwen2.5-instruct.assistant-mask.jinja")]}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["baseline"]:
+        sys.exit(baseline(*sys.argv[2:]))
+    import corpora  # not in the baseline program: it imports qwen_data's tokenizer
+
+    sys.exit(measure.against_baseline(__doc__, corpora.chat_corpus, "--records", "records", commands,
+                                      ["", ".lossmask"]))

@@ -15,7 +15,6 @@ import argparse
 import glob
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -29,14 +28,16 @@ from qwen_data_train.plan import RunPlan
 from qwen_data_train.shapes import PRESETS
 from qwen_data_train.step import ForwardSpec, forward
 
+from measure import write_json
+
 
 def packed(args) -> None:
     from qwen_data_train.data import build_datasets
 
     device = init_distributed(1)
     train, _, _ = build_datasets(args.data, args.seq_length, train_samples=args.rows, valid_samples=0,
-                                 test_samples=0, seed=args.seed)
-    torch.manual_seed(args.seed)
+                                 test_samples=0, seed=1234)
+    torch.manual_seed(1234)
     model = build_model(RunPlan.for_model(PRESETS[args.model], attention=args.attention,
                                           max_sequence_length=args.seq_length, cuda=True)).to(device).eval()
     print(f"{args.model}, attention {args.attention}, {args.rows} packed rows of {args.seq_length} from {args.data}")
@@ -131,6 +132,9 @@ def attention(args) -> None:
           f"{rel(run(flex(seg)), run(dense)):.1e})")
 
 
+PROFILED = 2  # steps
+
+
 def profile(args) -> None:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity
@@ -146,27 +150,25 @@ def profile(args) -> None:
     plan = RunPlan.resolve(config, model_of(config)[0], Environment.current())
     with megatron_core(), distributed(plan.tp, plan.pp, plan.ep, plan.cp) as device:  # torchrun: every rank
         trainer = Trainer(config, device, plan)
-        if device.type != "cuda":  # a dry run
-            torch.cuda.synchronize = lambda: None
-        for _ in range(args.warm):
+        for _ in range(4):  # past compilation
             trainer.train_step()
         torch.cuda.synchronize()
         with profiler(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             started = time.perf_counter()
-            for _ in range(args.steps):
+            for _ in range(PROFILED):
                 trainer.train_step()
             torch.cuda.synchronize()
-        step_ms = 1000 * (time.perf_counter() - started) / args.steps
+        step_ms = 1000 * (time.perf_counter() - started) / PROFILED
         if dist.get_rank() != 0:
             return
         events = prof.key_averages()
         # Kernels' own time (streams that overlap count twice): near the step time the GPU is the bound, far below
         # it the host's launches or waits are.
         kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-        busy_ms = sum(e.self_device_time_total for e in kernels) / 1000 / args.steps
-        print(f"{step_ms:.0f} ms/step over {args.steps} profiled steps; GPU kernels {busy_ms:.0f} ms/step "
+        busy_ms = sum(e.self_device_time_total for e in kernels) / 1000 / PROFILED
+        print(f"{step_ms:.0f} ms/step over {PROFILED} profiled steps; GPU kernels {busy_ms:.0f} ms/step "
               f"({busy_ms / step_ms:.0%})")
-        print(events.table(sort_by=args.sort, row_limit=args.rows_shown, max_name_column_width=70))
+        print(events.table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
 
 
 def split_join(args) -> None:
@@ -219,14 +221,14 @@ CONFIGS = {
                        max_window_layers=28, num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8,
                        rope_scaling=None, sliding_window=None),
 }
-STEPS = int(os.environ.get("HF_BENCH_STEPS", 100))
-EVAL_ITERS = 4
+STEPS, EVAL_ITERS = 100, 4
 RUN = ["--data", ".gpu/hf_sft_blend.txt", "--seq-length", "4096", "--micro-batch-size", "1", "--global-batch-size", "8",
        "--num-workers", "2", "--warmup-iters", "10", "--lr", "1e-4", "--log-interval", "10"]
 EVAL = ["--eval-interval", str(STEPS), "--eval-iters", str(EVAL_ITERS)]
 
 
 def train_run(args: list[str], log: str) -> dict:
+    """A train run: its steady-state tokens/s (the log's summary line), last validation loss and wall time."""
     started = time.time()
     done = subprocess.run([sys.executable, "-m", "train", *args], capture_output=True, text=True)
     with open(log, "w") as f:
@@ -234,9 +236,10 @@ def train_run(args: list[str], log: str) -> dict:
     if done.returncode:
         raise SystemExit(f"train failed, see {log}:\n{done.stderr[-3000:]}")
     with open(args[args.index("--log-json") + 1]) as f:
-        valid = [r["valid_loss"] for r in map(json.loads, f) if "valid_loss" in r]
-    return {"tokens_per_s": float(re.search(r"steady state .*: tokens_per_s ([\d.e+]+)", done.stdout)[1]),
-            "valid_loss": valid[-1] if valid else None, "wall_s": time.time() - started}
+        lines = [json.loads(line) for line in f]
+    valid = [r["valid_loss"] for r in lines if "valid_loss" in r]
+    return {"tokens_per_s": lines[-1]["tokens_per_s"], "valid_loss": valid[-1] if valid else None,
+            "wall_s": time.time() - started}
 
 
 def transformers_eval(folder: str) -> dict:
@@ -300,25 +303,18 @@ def hf(args) -> None:
         result["tokens_per_s_ratio_hf_vs_preset"] = run["tokens_per_s"] / preset["tokens_per_s"]
         print(json.dumps(result, indent=2, ensure_ascii=False), flush=True)
         results.append(result)
-        with open(os.path.join(out, "hf_gpu.json"), "w") as f:
-            json.dump(results, f, indent=2, ensure_ascii=False)
+        write_json(os.path.join(out, "hf_gpu.json"), results)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("check", choices=["packed", "attention", "profile", "split", "same-weights", "hf"])
-    p.add_argument("--warm", type=int, default=4, help="profile: steps before the profiled ones")
-    p.add_argument("--steps", type=int, default=2, help="profile: steps profiled")
-    p.add_argument("--rows-shown", type=int, default=30)
-    p.add_argument("--sort", default="cuda_time_total",
-                   help="profile: the table's order (self_cuda_time_total: the kernels by their own time)")
     p.add_argument("--data", default=".gpu/sft_packed.json")
     p.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(PRESETS))
     p.add_argument("--seq-length", type=int, default=4096)
     p.add_argument("--micro-batch-size", type=int, default=1)
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "te"], help="packed: the core attention")
-    p.add_argument("--seed", type=int, default=1234)
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:split])

@@ -19,12 +19,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import measure  # noqa: E402  (first: this checkout's qwen_data)
-
-SUFFIXES = (".bin", ".idx", ".lossmask.bin", ".lossmask.idx")
+from qwen_data.formats.indexed import MaskedWriter  # noqa: E402
 
 
 def files(prefix: str) -> list[str]:
-    return [prefix + s for s in SUFFIXES if os.path.exists(prefix + s)]
+    return [path for path in MaskedWriter.files(prefix) if os.path.exists(path)]
 
 
 def build(workdir: str, text_mb: int, chats_mb: int) -> list[str]:
@@ -38,7 +37,7 @@ def build(workdir: str, text_mb: int, chats_mb: int) -> list[str]:
                                               "--template", "qwen2p5", "--pack", "--seq-length", "4096"])):
         made.append(os.path.join(workdir, name))
         if not os.path.exists(made[-1] + ".json"):
-            m = measure.run_checked(measure.qwen_data_command(*argv, "-o", made[-1], "--no-certify", "--quiet"))
+            m = measure.run(measure.qwen_data_command(*argv, "-o", made[-1], "--no-certify", "--quiet"))
             print(f"built {made[-1]} in {m.wall_s:.1f} s")
     return made
 
@@ -61,9 +60,10 @@ def timed(work, repeat: int) -> tuple[float, float, float]:
     return min(seconds), before, rss("VmHWM")
 
 
-def read(prefix: str) -> None:
+def read(*prefixes: str) -> None:
+    """Every file of the prefixes, read in order (and so in the page cache)."""
     buf = bytearray(1 << 24)
-    for path in files(prefix):
+    for path in (path for prefix in prefixes for path in files(prefix)):
         with open(path, "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
@@ -73,20 +73,14 @@ def data_check(prefixes: list[str]) -> None:
     from qwen_data.formats.integrity import check_prefixes
     from qwen_data.formats.manifest import Manifest
 
-    for path in (path for p in prefixes for path in files(p)):
-        with open(path, "rb", buffering=0) as f:  # warm the page cache
-            while f.read(1 << 24):
-                pass
+    read(*prefixes)  # the page cache warm
     sources = [(p, Manifest.read(p)) for p in prefixes]
     for threads in sorted({1, os.cpu_count() or 1}):
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            results = check_prefixes(sources, threads)
-            best = min(best, time.perf_counter() - start)
-            if any(r.problem for r in results):
-                raise SystemExit("\n".join(r.problem for r in results if r.problem))
-        size = sum(r.bytes for r in results)
+        results = []
+        best = timed(lambda: results.append(check_prefixes(sources, threads)), 3)[0]
+        if any(r.problem for r in results[-1]):
+            raise SystemExit("\n".join(r.problem for r in results[-1] if r.problem))
+        size = sum(r.bytes for r in results[-1])
         print(f"{len(prefixes)} prefixes, {size / 1e9:.2f} GB, {threads} thread{'s' * (threads > 1)}: "
               f"{best:.2f} s = {size / best / 1e9:.2f} GB/s")
 
@@ -99,7 +93,7 @@ def main() -> int:
     parser.add_argument("--workdir", default=None, help="keep the prefixes here and reuse them")
     parser.add_argument("--data-check", action="store_true", help="the train stage's check instead of verify")
     args = parser.parse_args()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="qwen-data-bench-verify-")
+    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="qwen-data-bench-verify-"))
     os.makedirs(workdir, exist_ok=True)
     prefixes = build(workdir, args.text_mb, args.chats_mb)
     if args.data_check:

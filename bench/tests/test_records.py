@@ -1,6 +1,6 @@
 """bench/records.py: a run's record (what it was, its machine, steady-state rates, its command), logs older than
-its fields, --append, lines that are not the trainer's, a stage's table. A real CPU run's log is read in
-tests/train/test_train_smoke.py."""
+its fields, --append (a record a line), lines that are not the trainer's, a stage's table. A real CPU run's log is
+read in tests/train/test_train_smoke.py."""
 
 import json
 import os
@@ -88,6 +88,8 @@ def test_append_replaces_a_run_recorded_again(records, tmp_path, old):
                          "--append"]) == 0
     kept = json.loads(out.read_text())
     assert [r["name"] for r in kept] == ["a", "old", "b"]
+    lines = [f" {json.dumps(r)}" for r in kept]
+    assert out.read_text() == "[\n" + ",\n".join(lines) + "\n]\n"  # a record a line
     assert kept[0]["loss_at_end"] == 8.5 and kept[0]["command"] is None
     assert records.main([first, "--out", str(out)]) == 0  # without --append: these runs only
     assert [r["name"] for r in json.loads(out.read_text())] == ["a"]

@@ -3,7 +3,7 @@ compute dtype.
 
 megatron-core's SequentialMLP runs each local expert's MLP in turn: for Qwen3-30B-A3B's 128 experts
 at micro batch 1 that is 256 small products of a few dozen tokens each and a Python loop, a few
-percent of the GPU (bench/results/gpu/moe.json). Its grouped alternative, TEGroupedMLP, needs
+percent of the GPU (bench/results/gpu/2026-11-29-moe.md). Its grouped alternative, TEGroupedMLP, needs
 Transformer Engine and stores each linear's experts as weight0..weightN, another checkpoint layout.
 GroupedExperts keeps SequentialMLP's modules and parameters (checkpoints, Hugging Face mapping,
 expert parallelism, initialization unchanged) and computes all local experts at once with torch's
