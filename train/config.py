@@ -186,16 +186,17 @@ class ParallelConfig(Section):
     tp: int = option("--tp", type=COUNT, default=1,
                      help="tensor-parallel size (data parallel = world / (tp × pp × cp))")
     pp: int = option("--pp", type=COUNT, default=1,
-                     help="pipeline-parallel size: the layers split over pp stages (evenly, unless the two "
-                          "options below say otherwise), 1F1B schedule")
+                     help="pipeline-parallel size: the layers split over pp stages, 1F1B schedule; by default the "
+                          "last stage, which also runs the output layer, takes fewer layers where that evens out "
+                          "the stages' work and the split fits the GPU (the run's first lines say which and why)")
     first_stage_layers: Optional[int] = option(
         "--decoder-first-pipeline-num-layers", type=bounded(int, 0), default=None, metavar="N",
-        help="with --pp: the first stage's layers (default: an even share); the stages not named split the rest "
-             "evenly")
+        help="with --pp: the first stage's layers; the stages not named split the rest evenly (default: the "
+             "split --pp describes)")
     last_stage_layers: Optional[int] = option(
         "--decoder-last-pipeline-num-layers", type=bounded(int, 0), default=None, metavar="N",
-        help="with --pp: the last stage's layers (default: an even share). That stage also runs the output layer, "
-             "about two layers' work at Qwen's vocabulary: one or two layers fewer there even out the stages")
+        help="with --pp: the last stage's layers; the stages not named split the rest evenly (default: the "
+             "split --pp describes)")
     sequence_parallel: bool = option(
         "--sequence-parallel", action="store_true",
         help="with --tp: activations outside attention and MLP split over the TP ranks along the sequence")
@@ -206,7 +207,7 @@ class ParallelConfig(Section):
                      help="context-parallel size: each row's tokens split over cp ranks (each takes 2 of its "
                           "2·cp equal chunks, one early, one late), keys and values gathered for attention; "
                           "--seq-length a multiple of 2·cp")
-    # Off by default, as measured (bench/results/gpu/scale.json, Qwen2.5-0.5B on 2 × H200, DP=2, layers
+    # Off by default, as measured (bench/results/gpu/2026-11-29-scale.md, Qwen2.5-0.5B on 2 × H200, DP=2, layers
     # compiled): the distributed optimizer took 0.99× plain DP's tokens/s (its gain is memory: 1.84
     # against 3.68 GiB of AdamW state a GPU); overlapping the gradient reduce-scatter 0.90×, and the
     # parameter all-gather 0.81× (its forward hooks on every module make the compiled layers recompile).

@@ -185,7 +185,7 @@ class Trainer:
              f"TP {p.tp}{' (sequence parallel)' if p.sequence_parallel else ''} × PP {p.pp}"
              f"{f' × CP {p.cp}' if p.cp > 1 else ''} × DP {p.dp}"
              f"{f' (experts over EP {p.ep})' if p.ep > 1 else ''}, "
-             f"{f'stages of {stages} layers, ' if p.pp > 1 else ''}"
+             f"{f'stages of {stages} layers ({p.stages_why}), ' if p.pp > 1 else ''}"
              + (f"experts {'grouped' if p.grouped_experts else 'sequential'}, balance loss {p.balance}, "
                 if self.shape.moe else "")
              + f"micro batch {p.micro_batch_size} × {p.accumulation} accumulation, "

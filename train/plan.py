@@ -24,7 +24,7 @@ from .config import ATTENTION_CHOICES, COMPILE_CHOICES, FP8_RECIPES, TrainConfig
 from .shapes import ModelShape
 
 # What `auto` runs where Transformer Engine is installed, and why: on an H100 (bench/gpu.sh te,
-# bench/results/gpu/te.json) TE's fused attention took 0.95× PyTorch's tokens/s pretraining and 0.91×
+# bench/results/gpu/2026-11-29-te-fp8.md) TE's fused attention took 0.95× PyTorch's tokens/s pretraining and 0.91×
 # on packed SFT, Qwen2.5-0.5B at seq 4096: cuDNN's causal kernel is slower than SDPA's flash kernel at
 # head dim 64 (1.37 against 1.20 ms per layer, forward + backward) and the TE call splits each
 # compiled layer in two.
@@ -34,6 +34,11 @@ AUTO_WITH_TE = ("sdpa", "PyTorch's attention measured faster than Transformer En
 
 # Why `--cuda-graphs auto` captures where it can (measured: docs/performance.md, "CUDA graphs").
 GRAPHS_PAY = "the host launches one graph a micro-batch instead of its kernels"
+
+
+# The share of a GPU's memory a pipeline split chosen for speed may fill by `stage_bytes`' estimate: the
+# rest is left to what it does not count (the CUDA context, workspaces, the allocator's gaps).
+STAGE_MEMORY_SHARE = 0.9
 
 
 # The options that log to a scalar sink, and the package each needs.
@@ -48,6 +53,7 @@ class Environment:
     te_installed: bool = False
     capability: Optional[tuple[int, int]] = None  # the GPU's compute capability
     world_size: int = 1  # ranks of the run
+    gpu_memory: Optional[int] = None  # bytes of one GPU's memory
     installed: frozenset[str] = frozenset(SINK_PACKAGES.values())  # the scalar sinks' packages importable here
 
     @classmethod
@@ -62,6 +68,7 @@ class Environment:
         return cls(cuda=cuda, te_installed=have_transformer_engine(),
                    capability=torch.cuda.get_device_capability() if cuda else None,
                    world_size=world or int(os.environ.get("WORLD_SIZE", "1")),
+                   gpu_memory=torch.cuda.get_device_properties(0).total_memory if cuda else None,
                    installed=frozenset(p for p in SINK_PACKAGES.values() if importlib.util.find_spec(p)))
 
 
@@ -91,6 +98,7 @@ class RunPlan:
     sequence_parallel: bool = False
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
+    stages_why: str = "as asked"
     recompute: Optional[str] = None
     recompute_modules: tuple[str, ...] = ("mlp",)
     grouped_experts: bool = True
@@ -107,6 +115,7 @@ class RunPlan:
     global_batch_size: Optional[int] = None  # None: one micro-batch per data-parallel rank
     sinks: tuple[str, ...] = ()  # the scalar sinks asked for (SINK_PACKAGES' options)
     installed: frozenset[str] = frozenset(SINK_PACKAGES.values())  # Environment.installed
+    gpu_memory: Optional[int] = None  # Environment.gpu_memory
 
     @property
     def global_batch(self) -> int:
@@ -157,7 +166,7 @@ class RunPlan:
             overlap_grad_reduce=parallel.overlap_grad_reduce, overlap_param_gather=parallel.overlap_param_gather,
             max_sequence_length=config.seq_length, seed=config.seed,
             initialize=model.hf_model is None, cuda=env.cuda, micro_batch_size=config.micro_batch_size,
-            global_batch_size=config.global_batch_size, installed=env.installed,
+            global_batch_size=config.global_batch_size, installed=env.installed, gpu_memory=env.gpu_memory,
             sinks=tuple(option for option, asked in (("--tensorboard-dir", config.log.tensorboard_dir),
                                                      ("--wandb-project", config.log.wandb_project)) if asked))
         check_seq_length(config.seq_length, shape.max_position_embeddings, model.hf_model or shape.name)
@@ -168,6 +177,9 @@ class RunPlan:
             unbuilt = bf16_weights_unbuilt(plan)
             plan = dataclasses.replace(plan, bf16_weights=unbuilt is None, bf16_weights_why=(
                 f"split bf16 weights: {unbuilt}" if unbuilt else "the default where they are built"))
+        if plan.pp > 1 and (plan.first_stage_layers, plan.last_stage_layers) == (None, None):
+            first, last, why = balanced_stages(plan)
+            plan = dataclasses.replace(plan, first_stage_layers=first, last_stage_layers=last, stages_why=why)
         unbuilt = cuda_graphs_unbuilt(plan)
         asked = model.cuda_graphs
         plan = dataclasses.replace(
@@ -264,6 +276,54 @@ def pipeline_split(num_layers: int, stages: int, first: Optional[int] = None, la
                          + (f"with {asked}: every stage needs a layer, and the others an equal share of the rest"
                             if given else "evenly: set --decoder-first/last-pipeline-num-layers"))
     return [given.get(stage, rest // others if others else 0) for stage in range(stages)]
+
+
+def stage_bytes(p: RunPlan, stage: int, layers: int) -> float:
+    """What pipeline stage `stage` holding `layers` layers takes of a GPU, estimated: 16 bytes a
+    parameter (the weight and the float32 rest of its master, its gradient, AdamW's two moments) over
+    TP (and EP for experts), and the activations of the micro-batches 1F1B keeps in flight there
+    (PP − stage of them) for their backward (`ModelShape.activation_bytes_per_token`)."""
+    shape = p.shape
+    weights = layers * shape.layer_parameters(p.ep) + shape.vocab_size * shape.hidden_size * (
+        (stage == 0) + (stage == p.pp - 1))  # the embedding first, the output layer (or the tied copy) last
+    in_flight = min(p.pp - stage, p.accumulation)
+    tokens = p.micro_batch_size * (p.max_sequence_length or 0) / p.cp
+    return 16 * weights / p.tp + in_flight * layers * tokens * shape.activation_bytes_per_token() / p.tp
+
+
+def balanced_stages(p: RunPlan) -> tuple[Optional[int], Optional[int], str]:
+    """The first and last stage's layers when neither is asked (None: an even share), and why. The
+    last stage also runs the output layer (Qwen2.5-7B's: 2.2 layers' FLOPs), so under an even split
+    the others wait for it; the split whose slowest stage has the fewest FLOPs is taken where every
+    stage fits STAGE_MEMORY_SHARE of the GPU by `stage_bytes`. Measured, Qwen2.5-7B over two H200s,
+    global batch 128: 15 + 13 trains at 1.07× 14 + 14 (docs/performance.md, "Pipeline stages balanced")."""
+    shape, stages, n = p.shape, p.pp, p.shape.num_layers
+    if not (p.cuda and p.gpu_memory and p.max_sequence_length):
+        return None, None, "even: no GPU's memory to fit another split in"
+    layer = shape.layer_flops_per_token(p.max_sequence_length)
+    output = 6 * shape.vocab_size * shape.hidden_size
+    budget = STAGE_MEMORY_SHARE * p.gpu_memory
+
+    def split(first: int, last: int) -> Optional[list[int]]:
+        middle, inner = n - first - last, stages - 2
+        if first < 1 or last < 1 or middle < inner or (middle % inner if inner else middle):
+            return None
+        return [first] + [middle // inner] * inner + [last] if inner else [first, last]
+
+    def work(s: list[int]) -> float:  # FLOPs a token of the slowest stage
+        return max(k * layer + (i == stages - 1) * output for i, k in enumerate(s))
+
+    even = split(n // stages, n // stages) if n % stages == 0 else None
+    faster = [s for s in (split(first, last) for first in range(1, n) for last in range(1, n))
+              if s and (even is None or work(s) < work(even))]
+    fitting = [s for s in faster if all(stage_bytes(p, i, k) <= budget for i, k in enumerate(s))]
+    if not fitting:
+        return None, None, ("even: the stages' work is as balanced as it can be" if not faster
+                            else "even: a more balanced split would not fit the GPU by the estimate")
+    best = min(fitting, key=lambda s: (work(s), max(s) - min(s)))
+    peak = max(stage_bytes(p, i, k) for i, k in enumerate(best))
+    return best[0], best[-1], (f"balanced: the output layer is {output / layer:.1f} layers' work on the last stage; "
+                               f"an estimated {peak / 2**30:.1f} of the GPU's {p.gpu_memory / 2**30:.1f} GiB")
 
 
 # -- the rules ----------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import pytest
 
 from qwen_data_train.config import TrainConfig
 from qwen_data_train.plan import (AUTO_WITH_TE, RULES, Environment, RunPlan, pipeline_split, resolve_attention,
-                                  resolve_compile, resolve_fp8)
+                                  resolve_compile, resolve_fp8, stage_bytes)
 from qwen_data_train.shapes import PRESETS
 
 H100 = Environment(cuda=True, te_installed=True, capability=(9, 0))
@@ -205,6 +205,42 @@ def test_pipeline_stages_split_as_asked():
                                       (4, 7, 6, "an equal share"), (1, None, 27, "need --pp 2")):
         with pytest.raises(ValueError, match=says):
             pipeline_split(28, stages, first, last)
+
+
+H200 = 150_121_070_592  # bytes of an H200's memory, as torch reports them (139.8 GiB)
+H100_80GB = 85_031_714_816
+
+
+def seven_b(*args, memory=H200, stages=2):
+    return plan("--pp", str(stages), "--seq-length", "4096", "--global-batch-size", "128", *args, model="qwen2.5-7b",
+                env=Environment(cuda=True, capability=(9, 0), world_size=stages, gpu_memory=memory))
+
+
+def test_the_last_stage_sheds_layers_for_the_output_layer_where_they_fit():
+    """Qwen2.5-7B's output layer is 2.2 layers' work: 15 + 13 on an H200 (measured 1.07× 14 + 14 there),
+    14 + 14 on an 80 GB H100 (15 + 13 ran out of memory there in step 2), even on the CPU, as asked
+    when asked."""
+    p = seven_b()
+    assert (p.stage_layers, p.first_stage_layers, p.last_stage_layers) == ([15, 13], 15, 13)
+    assert p.stages_why.startswith("balanced: the output layer is 2.2 layers' work")
+    p = seven_b(memory=H100_80GB)
+    assert (p.stage_layers, p.stages_why) == ([14, 14], "even: a more balanced split would not fit the GPU by "
+                                                          "the estimate")
+    assert plan("--pp", "2", env=Environment(world_size=2)).stages_why.startswith("even: no GPU's memory")
+    p = seven_b("--decoder-last-pipeline-num-layers", "14")
+    assert (p.stage_layers, p.stages_why) == ([14, 14], "as asked")
+    # four stages: the middle ones even (megatron-core's first/last sizes), the slowest stage 8 layers' work
+    assert seven_b(memory=H100_80GB, stages=4).stage_layers == [7, 8, 8, 5]
+
+
+@pytest.mark.parametrize("args, first, last, measured_gib", [
+    ((), 14, 14, 73.7), ((), 15, 13, 78.3), (("--micro-batch-size", "2"), 15, 13, 96.1)])
+def test_the_stage_memory_estimate_counts_a_little_over_the_measured_peaks(args, first, last, measured_gib):
+    """Qwen2.5-7B over two H200s, global batch 128, the first stage's peak (records.json: 7b-pp2-gb128-default
+    and the 15 + 13 runs of 2026-11-29): the estimate is over it, by under 2%."""
+    p = seven_b(*args, "--decoder-first-pipeline-num-layers", str(first))
+    estimate = max(stage_bytes(p, stage, layers) for stage, layers in enumerate(p.stage_layers)) / 2**30
+    assert measured_gib < estimate < 1.02 * measured_gib
 
 
 def test_a_plan_for_building_a_model_alone_is_checked_by_the_build_rules():
