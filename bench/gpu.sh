@@ -267,6 +267,8 @@ moe)
   run moe-ep1 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 50 --num-layers 2 --log-interval 1 --log-json $OUT/moe-ep1.jsonl
   run moe-ep2 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 50 --num-layers 2 --ep 2 --log-interval 1 --log-json $OUT/moe-ep2.jsonl
   run moe-one timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --log-json $OUT/moe-one.jsonl
+  run moe-one-mb4 timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --micro-batch-size 4 --log-json $OUT/moe-one-mb4.jsonl
+  run moe-one-mb4-swiglu timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --micro-batch-size 4 --compile swiglu --log-json $OUT/moe-one-mb4-swiglu.jsonl
   run moe-one-sequential timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --no-moe-grouped-gemm --log-json $OUT/moe-one-sequential.jsonl
   run moe-two-ep2 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 20 --num-layers 4 --ep 2 --log-json $OUT/moe-two-ep2.jsonl
   run moe-two-ep2-mb4 timeout 500 torchrun --nproc-per-node 2 $E --train-iters 20 --num-layers 4 --ep 2 --micro-batch-size 4 --log-json $OUT/moe-two-ep2-mb4.jsonl

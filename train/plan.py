@@ -152,7 +152,7 @@ class RunPlan:
         plan = cls(
             shape=shape, attention=attention, attention_why=why,
             fp8=resolve_fp8(model.fp8, env, config.fp32),
-            compile=resolve_compile(model.compile, env.cuda, parallel.sequence_parallel, shape.moe),
+            compile=resolve_compile(model.compile, env.cuda, parallel.sequence_parallel),
             balance=model.balance_loss or ("per-layer" if parallel.pp > 1 else "transformers"),
             autocast=autocast,
             data_parallel=("megatron" if parallel.distributed_optimizer
@@ -244,21 +244,21 @@ def resolve_fp8(recipe: Optional[str], env: Environment, fp32: bool = False) -> 
     return recipe
 
 
-def resolve_compile(asked: str, cuda: bool, sequence_parallel: bool, moe: bool = False) -> str:
+def resolve_compile(asked: str, cuda: bool, sequence_parallel: bool) -> str:
     """--compile auto: each layer compiled on CUDA, nothing on the CPU. Under sequence parallelism
     only the SwiGLU: a compiled layer lost most of its gradient there (2 × H200: gradient norm 0.65
     against 15.6 at step 1, loss stuck), also with megatron-core's sequence-parallel linears kept
     out of the graph (loss 11.97 against 10.52 after 10 steps), so that combination is refused
-    (RULES). Under FP8 layers compile around Transformer Engine's linears. A mixture-of-experts
-    layer routes a different number of tokens to each expert every micro-batch: only the SwiGLU
-    there too (compiled layers not measured yet)."""
+    (RULES). Under FP8 layers compile around Transformer Engine's linears; in a mixture of experts
+    around the MoE layer, whose dispatcher waits on the host for each expert's token count (Qwen3-30B-A3B's
+    shape, 4 layers, micro batch 4, one H200: 1.11× the SwiGLU alone, docs/performance.md)."""
     if asked not in ("auto",) + COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {asked!r}")
     if asked != "auto":
         return asked
     if not cuda:
         return "none"
-    return "swiglu" if sequence_parallel or moe else "layers"
+    return "swiglu" if sequence_parallel else "layers"
 
 
 def pipeline_split(num_layers: int, stages: int, first: Optional[int] = None, last: Optional[int] = None,

@@ -192,7 +192,6 @@ def test_sequence_parallel_never_runs_compiled_layers():
     only the SwiGLU there (and in a mixture of experts), nothing on the CPU."""
     assert resolve_compile("auto", True, False) == "layers"
     assert resolve_compile("auto", True, True) == "swiglu"
-    assert resolve_compile("auto", True, False, moe=True) == "swiglu"
     assert resolve_compile("auto", False, True) == "none"
 
 

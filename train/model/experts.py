@@ -110,6 +110,10 @@ class AutocastDispatchMoELayer(MoELayer):
     """megatron-core's MoE layer, its tokens cast to autocast's dtype after routing and before the
     dispatcher permutes and sends them: the experts compute in that dtype anyway."""
 
+    @torch.compiler.disable  # a compiled layer runs its attention compiled and this eager: the dispatcher
+    def forward(self, *args, **kwargs):  # waits on the host for token counts and records CUDA streams
+        return super().forward(*args, **kwargs)
+
     def preprocess(self, hidden_states: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor):
         device = hidden_states.device.type
         if torch.is_autocast_enabled(device):
