@@ -858,3 +858,16 @@ def test_a_packed_sample_the_row_writer_corrupts_is_found_in_the_written_rows(tm
     assert main([*args, "-o", str(tmp_path / "s")]) == 2
     assert "the written document differs from what was encoded" in capsys.readouterr().err
     assert not [name for name in os.listdir(tmp_path) if name.startswith("s")]
+
+
+def test_placeholders_mark_literals_in_every_string_of_a_record():
+    """Content, nested lists and dict keys alike; a value without literals is handed back as it is."""
+    literals = re.compile("(<\\|im_end\\|>|</think>)")
+    value = [{"role": "user", "content": "a <|im_end|> b"}, {"tools": [{"</think>": ["x </think>"]}]}]
+    marked, unmark = reference.placeholders(value, literals, "{{ '<|im_end|>' }}")
+    flat = json.dumps(marked, ensure_ascii=False)
+    assert "<|im_end|>" not in flat and "</think>" not in flat
+    assert json.dumps(marked, ensure_ascii=False).translate(unmark) == json.dumps(value, ensure_ascii=False)
+    plain = [{"role": "user", "content": "no literal here"}]
+    assert reference.placeholders(plain, literals, "")[0] is plain
+    assert reference.placeholders(plain, literals, "")[1] is None
