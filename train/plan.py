@@ -251,7 +251,7 @@ def resolve_compile(asked: str, cuda: bool, sequence_parallel: bool) -> str:
     out of the graph (loss 11.97 against 10.52 after 10 steps), so that combination is refused
     (RULES). Under FP8 layers compile around Transformer Engine's linears; in a mixture of experts
     around the MoE layer, whose dispatcher waits on the host for each expert's token count (Qwen3-30B-A3B's
-    shape, 4 layers, micro batch 4, one H200: 1.11× the SwiGLU alone, docs/performance.md)."""
+    shape, 4 layers, micro batch 4, one H200: 1.11× the SwiGLU alone, bench/README.md)."""
     if asked not in ("auto",) + COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, not {asked!r}")
     if asked != "auto":
