@@ -189,10 +189,11 @@ def test_fp8_runs_where_it_can():
 
 def test_sequence_parallel_never_runs_compiled_layers():
     """A compiled layer lost most of its gradient under sequence parallelism on GPUs: auto compiles
-    only the SwiGLU there (and in a mixture of experts), nothing on the CPU."""
+    only the SwiGLU there, nothing on the CPU; a mixture of experts' layers compile around the MoE layer."""
     assert resolve_compile("auto", True, False) == "layers"
     assert resolve_compile("auto", True, True) == "swiglu"
     assert resolve_compile("auto", False, True) == "none"
+    assert plan(model="tiny-qwen3-moe", env=Environment(cuda=True)).compile == "layers"
 
 
 def test_pipeline_stages_split_as_asked():
