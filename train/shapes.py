@@ -84,7 +84,7 @@ class ModelShape:
         float32 residual stream and the bf16 inputs and outputs of its products, ~14 × hidden, and
         the MLP's 3 × 2 bytes × its width (a token's `moe_topk` experts' widths). Against the peaks of
         Qwen2.5-7B over two stages on H200s (73.9 GiB at 14 + 14, 78.3 at 15 + 13, 96.1 at micro
-        batch 2) it counts 0.5-1.8% over."""
+        batch 2) it counts 0.7-1.7% over."""
         width = self.moe_topk * self.moe_ffn_hidden_size if self.moe else self.ffn_hidden_size
         return 14 * self.hidden_size + 6 * width
 
