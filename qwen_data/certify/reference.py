@@ -402,16 +402,20 @@ def placeholders(value, literals: re.Pattern, jinja: str) -> tuple[object, dict 
 
 
 def _strings(item) -> Iterator[str]:
-    """Every string of a JSON-like value, dict keys too: what `placeholders` marks."""
-    if isinstance(item, str):
-        yield item
-    elif isinstance(item, list):
-        for v in item:
-            yield from _strings(v)
-    elif isinstance(item, dict):
-        for k, v in item.items():
-            yield from _strings(k)
-            yield from _strings(v)
+    """Every string of a JSON-like value, dict keys too, in no set order: what `placeholders` marks.
+    A stack, not recursion: a record nested deeper than Python's recursion limit is still read. The
+    run's own walk (`text.literals`) is not reused: a string it skipped would be skipped here too, and
+    a literal in it would pass unseen on both sides."""
+    stack = [item]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, dict):
+            stack += item.keys()
+            stack += item.values()
 
 
 def _tokenizer_config(directory: str) -> dict:
