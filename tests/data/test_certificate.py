@@ -862,11 +862,11 @@ def test_a_packed_sample_the_row_writer_corrupts_is_found_in_the_written_rows(tm
 
 def test_placeholders_mark_literals_in_every_string_of_a_record():
     """Content, nested lists and dict keys alike; a value without literals is handed back as it is."""
-    literals = re.compile("(<\\|im_end\\|>|</think>)")
-    value = [{"role": "user", "content": "a <|im_end|> b"}, {"tools": [{"</think>": ["x </think>"]}]}]
+    literals = re.compile("(<\\|im_end\\|>|</think>|\\[key\\])")  # "[key]": one only a dict key holds
+    value = [{"role": "user", "content": "a <|im_end|> b"}, {"tools": [{"[key]": ["x </think>"]}]}]
     marked, unmark = reference.placeholders(value, literals, "{{ '<|im_end|>' }}")
     flat = json.dumps(marked, ensure_ascii=False)
-    assert "<|im_end|>" not in flat and "</think>" not in flat
+    assert "<|im_end|>" not in flat and "</think>" not in flat and "[key]" not in flat
     assert json.dumps(marked, ensure_ascii=False).translate(unmark) == json.dumps(value, ensure_ascii=False)
     plain = [{"role": "user", "content": "no literal here"}]
     assert reference.placeholders(plain, literals, "")[0] is plain
