@@ -301,7 +301,7 @@ def balanced_stages(p: RunPlan) -> tuple[Optional[int], Optional[int], str]:
     if not (p.cuda and p.gpu_memory and p.max_sequence_length):
         return None, None, "even: no GPU's memory to fit another split in"
     layer = shape.layer_flops_per_token(p.max_sequence_length)
-    output = 6 * shape.vocab_size * shape.hidden_size
+    output = shape.output_flops_per_token()
     budget = STAGE_MEMORY_SHARE * p.gpu_memory
 
     def split(first: int, last: int) -> Optional[list[int]]:
