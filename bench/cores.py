@@ -1,13 +1,10 @@
 """How the data side scales with the cores: pretrain and SFT at 1, 2, 4 ... N workers, one run (jobs, raw gigatoken
 alone and in N processes at once, --unique: bench/README.md and docs/performance.md). Writes --out.
 
-    python3 bench/cores.py                              # 1, 2, 4 ... up to the cores; all jobs
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
     python3 bench/cores.py --megatron /path/Megatron-LM --megatron-mb 300 --ray --rss-mb 1000,4000
     python3 bench/cores.py --unique --text FILE --corpus-mb 2000 --workers 1,16 --jobs pretrain
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -20,16 +17,12 @@ import tempfile
 import time
 import unicodedata
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import measure  # noqa: E402  (first: this checkout's qwen_data)
-import corpora  # noqa: E402
-from measure import MB  # noqa: E402
-
-from qwen_data.text.tokenizer import bundled_tokenizer_dir  # noqa: E402
+import measure  # first: this checkout's qwen_data
+import corpora
+from measure import MB, SFT_ARGS
+from qwen_data.text.tokenizer import bundled_tokenizer_dir
 
 RAW_BYTES = 64 * MB
-SFT_ARGS = ["--template", "qwen2p5", "--seq-length", "4096", "--pack"]
 
 
 def host() -> dict:
@@ -176,14 +169,13 @@ def main() -> None:
     top = max(counts)
     at = args.compare_at or (16 if 16 in counts else top)
     repeated = text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000, args.text)
-    corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": True,
-                   "how": "the bench text corpus (40 MB) repeated to size"}
+    how = {"repeats": True, "how": "the bench text corpus (40 MB) repeated to size"}
     if args.unique:
         text = corpora.unique_corpus(f"text-unique-{args.corpus_mb}MB.jsonl", args.text or corpora.text_corpus(),
                                      args.corpus_mb * 1_000_000)
         with open(text + ".json", encoding="utf-8") as f:
-            corpus_info = {"path": text, "bytes": os.path.getsize(text), "repeats": False, "how": corpora.UNIQUE,
-                           "made": json.load(f)}
+            how = {"repeats": False, "how": corpora.UNIQUE, "made": json.load(f)}
+    corpus_info = {"path": text, "bytes": os.path.getsize(text), **how}
     # Each raw figure is the better of two tries: a fresh GPU host's memory grows as it is first used, which slowed
     # the first try of one host by a third.
     raw, raw_warm = max(raw_mb_per_s(text), raw_mb_per_s(text))
@@ -228,8 +220,8 @@ def main() -> None:
         if args.megatron:
             small, prefix = corpora.scaled_text_corpus(args.megatron_mb * 1_000_000), os.path.join(work, "megatron")
             ours_run = mine("pretrain", at, small)
-            theirs = megatron(args.megatron, small, prefix, at)
-            theirs = record("megatron", at, small, theirs, prefix + "_text_document")
+            theirs = record("megatron", at, small, megatron(args.megatron, small, prefix, at),
+                            prefix + "_text_document")
             add(ours_run)
             add(theirs | {"ours_vs_megatron": round(ours_run["mb_per_s"] / theirs["mb_per_s"], 1),
                           "idx_identical": theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]})
@@ -241,9 +233,6 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {args.out}")
-    for r in runs:
-        extra = "".join(f"  {k} {r[k]}" for k in ("speedup", "vs_own_1_worker", "vs_raw") if k in r)
-        print(f"{r['job']:11} {r['workers']:3}  {r['mb_per_s']:7.1f} MB/s{extra}")
 
 
 if __name__ == "__main__":

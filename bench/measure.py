@@ -1,17 +1,15 @@
-"""What the benchmarks share: a command run whole with its process tree watched from /proc (wall, CPU of the tree,
-peak of the summed RSS of the process and its descendants: bench/README.md), ours against a baseline, tables and
-JSON results. As a script, where a command's time goes: each thread of its main process, its children, how many
-run second by second.
+"""What the benchmarks share (bench/README.md): a command run whole with its process tree watched from /proc, ours
+against a baseline, tables and JSON results. As a script, where a command's time goes: each thread of its main
+process, its children, how many run second by second (--py-spy FILE: also the main process's stacks).
 
     python3 bench/measure.py -- qwen-data pretrain C.jsonl -o /tmp/o --workers 16 --quiet
-    python3 bench/measure.py --py-spy main.txt -- qwen-data pretrain ...    # also the main process's stacks
 """
 
-from __future__ import annotations
-
 import argparse
+import filecmp
 import itertools
 import json
+import multiprocessing
 import os
 import platform
 import resource
@@ -24,8 +22,11 @@ from dataclasses import dataclass
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # this checkout's qwen_data ahead of an installed one
+from qwen_data.formats.outputs import atomic_file  # noqa: E402
+
 PAGE_SIZE, TICK = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
 MB = 1e6
+SFT_ARGS = ["--template", "qwen2p5", "--pack", "--seq-length", "4096"]  # packed SFT, as the benches run it
 
 
 @dataclass
@@ -137,17 +138,20 @@ def to_json(value, depth: int, pad: str = "") -> str:
 
 
 def write_json(path: str, value, depth: int = 2) -> None:
-    """`to_json(value, depth)` written whole, then moved over `path`: a complete file or none."""
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    """`to_json(value, depth)` written whole: a complete file or none."""
+    with atomic_file(path) as f:
         f.write(to_json(value, depth) + "\n")
-    os.replace(path + ".tmp", path)
 
 
-def against_baseline(doc: str, corpus, limit: str, unit: str, commands, suffixes: list[str]) -> int:
-    """pretrain.py, sft.py: `commands(corpus, ours, baseline, workers)` (name -> argv: ours, then the baseline's) on
-    the first `limit` records of `corpus()`, --repeat times, interleaved so that others' load hits both alike; each
-    one's fastest run (MB or records a second) and ours / baseline. 0 when ours is certified (its manifest says) and
-    each dataset (prefix + suffix) is the same as the baseline's."""
+def against_baseline(doc: str, corpus: str, limit: str, unit: str, commands, load, encode, suffixes: list[str]) -> int:
+    """pretrain.py, sft.py (bench/README.md): `commands(corpus, ours, baseline, workers)` (name -> argv: ours, then
+    the baseline's, which runs `baseline`) on the first `limit` records of `corpora.<corpus>()`, --repeat times
+    interleaved, each one's fastest run and ours / baseline. 0 when ours is certified and each dataset (prefix +
+    suffix) holds the same bytes as the baseline's."""
+    if sys.argv[1:2] == ["baseline"]:  # the baseline program: IN PREFIX WORKERS, then `load`'s arguments
+        return baseline(*sys.argv[2:5], load, sys.argv[5:], encode, suffixes)
+    import corpora  # not in the baseline program: it imports qwen_data's tokenizer
+
     parser = argparse.ArgumentParser(description=doc)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(limit, type=int, dest="limit", metavar="N", help="only the first N records")
@@ -155,7 +159,7 @@ def against_baseline(doc: str, corpus, limit: str, unit: str, commands, suffixes
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="qwen-data-bench-") as work:
         path, ours, base = (os.path.join(work, name) for name in ("corpus.jsonl", "ours", "baseline"))
-        with open(corpus(), "rb") as fin, open(path, "wb") as fout:
+        with open(getattr(corpora, corpus)(), "rb") as fin, open(path, "wb") as fout:
             records = list(itertools.islice(fin, args.limit))
             fout.writelines(records)
         amount = os.path.getsize(path) / MB if unit == "MB" else len(records)
@@ -173,27 +177,35 @@ def against_baseline(doc: str, corpus, limit: str, unit: str, commands, suffixes
                     ["program", "wall s", "cpu s", "peak RSS MiB", f"{unit}/s"])
         with open(ours + ".json", encoding="utf-8") as f:
             certified = json.load(f)["certificate"]["certified"]
-        same = all(same_data(ours + suffix, base + suffix) for suffix in suffixes)
+        # megatron's format: the same bytes are the same sequences, documents and ids
+        same = all(filecmp.cmp(ours + suffix + ext, base + suffix + ext, shallow=False)
+                   for suffix in suffixes for ext in (".bin", ".idx"))
         print(f"ours certified: {'yes' if certified else 'NO'}; identical to the baseline's: {'yes' if same else 'NO'}")
         return 0 if certified and same else 1
 
 
-def same_data(a: str, b: str) -> bool:
-    """Whether the indexed datasets of prefixes `a` and `b` hold the same sequences, documents and ids."""
+def baseline(corpus: str, prefix: str, workers: str, load, args: list, encode, suffixes: list[str]) -> None:
+    """pretrain.py's and sft.py's baseline program: `load(*args)` (a tokenizer; it returns the vocabulary size) here
+    and in each worker of a Pool, `encode` of each line of `corpus` in the pool, and this process writing the arrays
+    each returns in order, a dataset a suffix (the ids, then uint8 loss masks)."""
     import numpy as np
-    from qwen_data.formats.indexed import bin_tokens, read_index
+    from qwen_data.formats.indexed import IndexedDatasetWriter, token_dtype
 
-    x, y = read_index(a + ".idx"), read_index(b + ".idx")
-    pairs = [(x.lengths, y.lengths), (x.document_indices, y.document_indices),
-             (bin_tokens(a + ".bin", x.dtype), bin_tokens(b + ".bin", y.dtype))]
-    return x.dtype == y.dtype and all(np.array_equal(p, q) for p, q in pairs)
+    dtypes = [token_dtype(load(*args))] + [np.uint8] * (len(suffixes) - 1)
+    writers = [IndexedDatasetWriter(prefix + s + ".bin", prefix + s + ".idx", d) for s, d in zip(suffixes, dtypes)]
+    pool = multiprocessing.Pool(int(workers), load, args)
+    with open(corpus, encoding="utf-8") as f:
+        for arrays in pool.imap(encode, f, chunksize=32):
+            for writer, array in zip(writers, arrays):
+                writer.add_document(np.array(array, writer.dtype))
+    for writer in writers:
+        writer.finalize()
 
 
 def where_time_goes() -> int:
-    """The script: the command run, its main process's threads and its descendants sampled every --every seconds
-    (a thread or child that ended keeps its last reading); the first child is a run's certificate process."""
+    """The script: the command run, its main process's threads and its descendants sampled every 0.2 s (a thread or
+    child that ended keeps its last reading); the first child is a run's certificate process."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--every", type=float, default=0.2)
     parser.add_argument("--py-spy", metavar="FILE", help="also record the main process's stacks here (raw format)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
@@ -202,9 +214,8 @@ def where_time_goes() -> int:
     spy = args.py_spy and subprocess.Popen(["py-spy", "record", "--idle", "--threads", "--rate", "200", "--format",
                                             "raw", "--nonblocking", "-o", args.py_spy, "--pid", str(proc.pid)],
                                            stdout=subprocess.DEVNULL)
-    threads: dict[int, tuple[str, float]] = {}
-    children: dict[int, float] = {}
-    timeline: dict[int, list[tuple[int, bool]]] = {}  # second -> (children running, the first child running)
+    # thread -> (name, CPU s); child -> CPU s; second -> [(children running, the first child running)]
+    threads, children, timeline = {}, {}, {}
     while proc.poll() is None:
         descendants = tree(proc.pid)
         descendants.pop(proc.pid, None)
@@ -218,22 +229,22 @@ def where_time_goes() -> int:
             pass
         first = bool(children) and running.get(min(children), False)
         timeline.setdefault(int(time.monotonic() - start), []).append((sum(running.values()), first))
-        time.sleep(args.every)
+        time.sleep(0.2)
     wall = time.monotonic() - start
     if spy:
         spy.wait(timeout=60)
-    report = [f"wall {wall:.2f} s, exit {proc.returncode}"]
+    out = sys.stderr
+    print(f"wall {wall:.2f} s, exit {proc.returncode}", file=out)
     for tid, (name, seconds) in sorted(threads.items(), key=lambda t: -t[1][1]):
-        report.append(f"  main thread {tid:>8} {name:<16} {seconds:7.2f} s  {100 * seconds / wall:5.1f}% of the wall")
+        print(f"  main thread {tid:>8} {name:<16} {seconds:7.2f} s  {100 * seconds / wall:5.1f}% of the wall", file=out)
     total = sum(children.values())
-    report.append(f"  children: {len(children)} processes, {total:.2f} s, {total / wall:.2f} cores on average "
-                  "(seen while sampling)")
-    busiest = sorted(children.items(), key=lambda c: -c[1])[:3]
-    report += [f"  child {child:>8} {seconds:7.2f} s" for child, seconds in busiest]
+    print(f"  children: {len(children)} processes, {total:.2f} s, {total / wall:.2f} cores on average (seen while "
+          "sampling)", file=out)
+    for child, seconds in sorted(children.items(), key=lambda c: -c[1])[:3]:
+        print(f"  child {child:>8} {seconds:7.2f} s", file=out)
     for what, k in (("children running", 0), ("the first child running", 1)):
-        report.append(f"  {what}, each second: " + " ".join(f"{sum(s[k] for s in v) / len(v):.1f}"
-                                                            for _, v in sorted(timeline.items())))
-    print("\n".join(report), file=sys.stderr)
+        print(f"  {what}, each second:", *(f"{sum(s[k] for s in v) / len(v):.1f}" for _, v in sorted(timeline.items())),
+              file=out)
     return proc.returncode
 
 

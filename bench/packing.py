@@ -5,15 +5,15 @@ window after window as `sft --pack` packs, and next-fit in input order (`--packi
 """
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import measure  # first: this checkout's qwen_data
+from qwen_data.formats.packing import next_fit, pack, window_plans
 
-from qwen_data.formats.packing import next_fit, pack, window_plans  # noqa: E402
+sys.path.insert(1, os.path.join(measure.REPO_ROOT, "tests", "data"))
+from test_packing import realistic_sft_lengths  # noqa: E402
 
 
 def main() -> None:
@@ -21,14 +21,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--capacity", type=int, default=4096)
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("tests", os.path.join(ROOT, "tests", "data", "test_packing.py"))
-    tests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tests)
-    lengths = tests.realistic_sft_lengths(args.samples, capacity=args.capacity)
-    tokens = int(lengths.sum())
-    print(f"{len(lengths):,} samples, {tokens:,} tokens, mean {lengths.mean():.0f}; capacity {args.capacity}: "
-          f"at least {-(-tokens // args.capacity):,} rows")
     cap = args.capacity
+    lengths = realistic_sft_lengths(args.samples, capacity=cap)
+    tokens = int(lengths.sum())
+    print(f"{len(lengths):,} samples, {tokens:,} tokens, mean {lengths.mean():.0f}; capacity {cap}: "
+          f"at least {-(-tokens // cap):,} rows")
     ways = {"best fit, all at once": lambda: [pack(lengths, cap)],
             "best fit, window by window": lambda: [plan for _, plan in window_plans(lengths, "best-fit", cap)],
             "next-fit in input order": lambda: [next_fit(lengths, cap)]}

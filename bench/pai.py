@@ -41,10 +41,8 @@ def main() -> int:
     parser.add_argument("--pai", required=True, help="a Pai-Megatron-Patch checkout")
     parser.add_argument("--python", default=sys.executable, help="the interpreter Pai's script runs with")
     parser.add_argument("--golden", action="store_true", help=f"write Pai's sha256 to {GOLDEN}")
-    parser.add_argument("--workdir", default=None, help="keep the outputs here")
     args = parser.parse_args()
-    work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="pai-bench-"))
-    os.makedirs(work, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="pai-bench-")
     folders = {"qwen3": bundled_tokenizer_dir(), "qwen2.5": qwen25_tokenizer_folder(os.path.join(work, "qwen2.5"))}
     script = os.path.join(args.pai, "toolkits", "sft_data_preprocessing", "build_idxmap_sft_dataset.py")
     commit = subprocess.run(["git", "-C", args.pai, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
@@ -66,7 +64,6 @@ def main() -> int:
                 "sft", RECORDS, "--quiet", "--workers", "1", "--layout", "pai", "--tokenizer", folders[flavour],
                 "--template", template, "--seq-length", SEQ_LENGTH, "-o", ours,
                 *(["--pack", "--packing", "next-fit"] if packed else []))).wall_s
-            pai_s = pai.wall_s
             theirs += "_text_document"
             with open(ours + ".json", encoding="utf-8") as f:
                 manifest = json.load(f)
@@ -74,19 +71,20 @@ def main() -> int:
             # Our .bin with Pai's pad id in the pad positions (the ids half of each row); ours is never data.
             rows = np.fromfile(ours + ".bin", np.int32).reshape(-1, 2 * SEQ_LENGTH)
             rows[:, :SEQ_LENGTH][rows[:, :SEQ_LENGTH] == our_pad] = pai_pad
-            same_idx = sha256_of(theirs + ".idx") == sha256_of(ours + ".idx")
+            their_bin, their_idx = sha256_of(theirs + ".bin"), sha256_of(theirs + ".idx")
+            same_idx = their_idx == sha256_of(ours + ".idx")
             if omitted != rejected:
                 result, failures = f"DIFFERENT: Pai left out {omitted} records, we rejected {rejected}", failures + 1
-            elif sha256_of(theirs + ".bin") == sha256_of(ours + ".bin") and same_idx:
+            elif same_idx and their_bin == sha256_of(ours + ".bin"):
                 result = "identical"
-            elif same_idx and hashlib.sha256(rows.tobytes()).hexdigest() == sha256_of(theirs + ".bin"):
+            elif same_idx and hashlib.sha256(rows.tobytes()).hexdigest() == their_bin:
                 result = f"identical but for the pad id ({pai_pad} in Pai's, {our_pad} in ours)"
             else:
                 result, failures = "DIFFERENT", failures + 1
-            print(f"{name:<34} {pai_s:6.1f} {our_s:6.1f} {f'{omitted}/{rejected}':>9}  {result}")
+            print(f"{name:<34} {pai.wall_s:6.1f} {our_s:6.1f} {f'{omitted}/{rejected}':>9}  {result}")
             golden["cases"].append({"tokenizer": flavour, "pai_tokenizer_type": tokenizer_type, "template": template,
                                     "packed": packed, "pai_pad_id": pai_pad, "left_out": omitted,
-                                    "bin_sha256": sha256_of(theirs + ".bin"), "idx_sha256": sha256_of(theirs + ".idx")})
+                                    "bin_sha256": their_bin, "idx_sha256": their_idx})
     if args.golden:
         with open(GOLDEN, "w", encoding="utf-8") as f:
             json.dump(golden, f, indent=2)

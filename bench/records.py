@@ -1,15 +1,12 @@
 """GPU train runs read from their --log-json files: records.json (one record a line), and the table of a bench/gpu.sh
 stage (what a record holds: bench/README.md).
 
-    python3 bench/records.py $OUT --append                     # every $OUT/*.jsonl into bench/results/gpu/records.json
-    python3 bench/records.py 3b-h200=$OUT/te-fp8-3b-bf16.jsonl --append      # one run, named
-    python3 bench/records.py --table $OUT/speed-*.jsonl        # a markdown table of runs (nothing written)
-    python3 bench/records.py --table --against $OUT/tp1.jsonl $OUT/tp1.jsonl $OUT/tp2.jsonl  # losses against tp1's
+    python3 bench/records.py $OUT [NAME=RUN.jsonl] --append   # the runs into bench/results/gpu/records.json
+    python3 bench/records.py --table [--against RUN.jsonl] $OUT/speed-*.jsonl  # a markdown table (nothing written)
 
 A run is NAME.jsonl (a line per log interval, validation lines, the summary line last) and, beside it, NAME.log
 (bench/gpu.sh's: the command line first, after "$ "). A field the run did not log is null, never read off the command.
 """
-from __future__ import annotations
 
 import argparse
 import glob

@@ -1,15 +1,7 @@
-"""GPU checks of the train stage that are not a training run (those are `python -m train` itself); what each
-does: bench/README.md ("Single levers").
-
-    python bench/train_gpu.py packed --data .gpu/sft_packed.json --model qwen2.5-0.5b [--attention te]
-    python bench/train_gpu.py attention --model qwen2.5-0.5b --seq-length 4096
-    python bench/train_gpu.py profile -- TRAIN-ARGS        (torchrun alike, rank 0 reports)
-    python bench/train_gpu.py split --model qwen2.5-3b
-    python bench/train_gpu.py same-weights -- A B
-    python bench/train_gpu.py hf -- qwen2.5-0.5b qwen3-0.6b   (after `bench/gpu.sh data`; $OUT/hf_gpu.json)
+"""GPU checks of the train stage that are not a training run (those are `python -m train` itself): packed, attention,
+profile (`-- TRAIN-ARGS`, torchrun alike, rank 0 reports), split, same-weights (`-- A B`) and hf (`-- MODEL ...`, after
+`bench/gpu.sh data`; $OUT/hf_gpu.json). What each does and how bench/gpu.sh runs it: bench/README.md.
 """
-
-from __future__ import annotations
 
 import argparse
 import glob
@@ -20,20 +12,30 @@ import sys
 import time
 
 import torch
-from qwen_data_train.attention import compiled_flex_attention, document_mask
-from qwen_data_train.data import samples_of_row
-from qwen_data_train.distributed import init_distributed
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as profiler
+from qwen_data_train import optimizer
+from qwen_data_train.attention import compiled_flex_attention, document_mask, have_transformer_engine
+from qwen_data_train.config import TrainConfig
+from qwen_data_train.data import build_datasets, samples_of_row
+from qwen_data_train.distributed import distributed, init_distributed
+from qwen_data_train.loader import build_splits
+from qwen_data_train.loop import Trainer, model_of
 from qwen_data_train.model import build_model
-from qwen_data_train.plan import RunPlan
+from qwen_data_train.patches import megatron_core
+from qwen_data_train.plan import Environment, RunPlan
 from qwen_data_train.shapes import PRESETS
 from qwen_data_train.step import ForwardSpec, forward
 
 from measure import write_json
 
+PROFILED = 2  # steps
+
 
 def packed(args) -> None:
-    from qwen_data_train.data import build_datasets
-
     device = init_distributed(1)
     train, _, _ = build_datasets(args.data, args.seq_length, train_samples=args.rows, valid_samples=0,
                                  test_samples=0, seed=1234)
@@ -65,10 +67,6 @@ def packed(args) -> None:
 
 
 def attention(args) -> None:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from qwen_data_train.attention import have_transformer_engine
-
     preset, device = PRESETS[args.model], torch.device("cuda")
     b, s, d, heads = args.micro_batch_size, args.seq_length, preset.kv_channels, preset.num_attention_heads
     q = torch.randn(b, heads, s, d, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -132,20 +130,7 @@ def attention(args) -> None:
           f"{rel(run(flex(seg)), run(dense)):.1e})")
 
 
-PROFILED = 2  # steps
-
-
 def profile(args) -> None:
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as profiler
-
-    from qwen_data_train.config import TrainConfig
-    from qwen_data_train.distributed import distributed
-    from qwen_data_train.loop import Trainer, model_of
-    from qwen_data_train.patches import megatron_core
-    from qwen_data_train.plan import Environment
-
     config = TrainConfig.parse(args.rest)
     plan = RunPlan.resolve(config, model_of(config)[0], Environment.current())
     with megatron_core(), distributed(plan.tp, plan.pp, plan.ep, plan.cp) as device:  # torchrun: every rank
@@ -172,8 +157,6 @@ def profile(args) -> None:
 
 
 def split_join(args) -> None:
-    from qwen_data_train import optimizer
-
     shape = PRESETS[args.model]
     h, q = shape.hidden_size, shape.num_attention_heads * shape.kv_channels
     kv = shape.num_query_groups * shape.kv_channels
@@ -206,9 +189,8 @@ def same_weights(args) -> None:
     sys.exit(1 if differ else 0)
 
 
-# --- hf: HF folders with the released config.json values -> --hf-model -> --save-hf -> transformers ---
-
-# The released config.json values, in the files' own (pre-transformers-5) spelling.
+# hf: HF folders with the released config.json values (in the files' own, pre-transformers-5, spelling) ->
+# --hf-model -> --save-hf -> transformers.
 COMMON = {"attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
           "initializer_range": 0.02, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": True,
           "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
@@ -245,11 +227,7 @@ def train_run(args: list[str], log: str) -> dict:
 def transformers_eval(folder: str) -> dict:
     """The exported model's masked loss over the train stage's evaluation rows (the validation split's first
     eval_iters x global batch samples), each packed sequence run alone, cross-entropy in float32; and a generation."""
-    import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from qwen_data_train.config import TrainConfig
-    from qwen_data_train.loader import build_splits
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16 if device == "cuda" else torch.float32)

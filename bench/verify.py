@@ -1,14 +1,9 @@
-"""`qwen-data verify` speed and memory on one core against a plain sequential read of the same files; with
---data-check, the train stage's check of its data (`qwen_data.formats.integrity`) on one thread and on all cores.
+"""`qwen-data verify` speed and memory on one core (in this process, pinned, warm; target >= 200 MB/s) against a
+plain sequential read of the same files; with --data-check, the train stage's check of its data
+(`qwen_data.formats.integrity`) on one thread and on all cores. The prefixes: `build` (bench/README.md).
 
-    python3 bench/verify.py                      # ~420 MB pretrain prefix + ~170 MB packed SFT prefix
-    python3 bench/verify.py --text-mb 100 --repeat 1 --workdir /tmp/qd-verify
-    python3 bench/verify.py --data-check --workdir /tmp/qd-verify
-
-The prefixes: `build`. verify is timed in this process, pinned to one core, warm. Target: verify >= 200 MB/s.
+    python3 bench/verify.py --text-mb 100 --repeat 1 --workdir /tmp/qd-verify [--data-check]
 """
-
-from __future__ import annotations
 
 import argparse
 import os
@@ -16,10 +11,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import measure  # noqa: E402  (first: this checkout's qwen_data)
-from qwen_data.formats.indexed import MaskedWriter  # noqa: E402
+import measure  # first: this checkout's qwen_data
+import corpora
+from qwen_data.formats.indexed import MaskedWriter
+from qwen_data.tools.verify import verify
 
 
 def files(prefix: str) -> list[str]:
@@ -29,12 +24,10 @@ def files(prefix: str) -> list[str]:
 def build(workdir: str, text_mb: int, chats_mb: int) -> list[str]:
     """A pretrain prefix of the bench text and a packed SFT prefix of its chats, repeated to these sizes (made once
     in `workdir`), by `qwen-data` itself."""
-    import corpora
-
     made = []
+    sft = ["sft", corpora.scaled_sft_corpus("chat", chats_mb * 1_000_000), *measure.SFT_ARGS]
     for name, argv in ((f"pretrain-{text_mb}MB", ["pretrain", corpora.scaled_text_corpus(text_mb * 1_000_000)]),
-                       (f"sft-{chats_mb}MB", ["sft", corpora.scaled_sft_corpus("chat", chats_mb * 1_000_000),
-                                              "--template", "qwen2p5", "--pack", "--seq-length", "4096"])):
+                       (f"sft-{chats_mb}MB", sft)):
         made.append(os.path.join(workdir, name))
         if not os.path.exists(made[-1] + ".json"):
             m = measure.run(measure.qwen_data_command(*argv, "-o", made[-1], "--no-certify", "--quiet"))
@@ -98,8 +91,6 @@ def main() -> int:
     prefixes = build(workdir, args.text_mb, args.chats_mb)
     if args.data_check:
         return data_check(prefixes)
-    from qwen_data.tools.verify import verify
-
     cpu = max(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})  # this thread, and the threads verify starts, on one core
     failed = False
