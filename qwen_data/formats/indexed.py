@@ -219,48 +219,47 @@ def _write_all(f, data: np.ndarray) -> None:
 HASH_BLOCK = 1 << 20
 
 
-class TrailingDigest:
-    """`digest` of a file as it is appended to, taken by a thread that reads back each part once
-    it is written (from the page cache): the writer never waits for the hash, whose cost per byte
-    is the largest of the writing process's (~0.75-1.3 GB/s, a worker pool's output can come faster). `pause_hashing` ends every such thread before the process forks, so a
-    worker is never forked beside one (`workers.ordered_map`'s `before_fork`)."""
+class Behind:
+    """Calls run in order by a thread of their own, started at the first one: the caller goes on
+    while they run. At most `most` wait or run at once (`submit` waits for room): what they hold
+    stays bounded. `pause` waits for them and ends the thread (the next `submit` starts another);
+    `pause_threads` pauses every one of the process before it forks, so a worker is never forked
+    beside one (`workers.ordered_map`'s `before_fork`). The first error a call raises is raised by
+    `pause` (and by every `submit` after it); the calls after it are skipped."""
 
-    _live: "weakref.WeakSet[TrailingDigest]" = weakref.WeakSet()
+    _live: "weakref.WeakSet[Behind]" = weakref.WeakSet()
 
-    def __init__(self, path: str, digest) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
-        self._digest = digest
-        self._written = self._hashed = 0
+    def __init__(self, most: int = 0) -> None:
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
+        self._room = threading.Semaphore(most) if most else None
         self._error: BaseException | None = None
-        TrailingDigest._live.add(self)
+        Behind._live.add(self)
 
-    def advance(self, nbytes: int) -> None:
-        """`nbytes` more were written at the end of the file."""
-        self._written += nbytes
+    def submit(self, call, *args) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._room is not None:
+            self._room.acquire()
         if self._thread is None:
             self._queue = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._follow, args=(self._queue,), daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
             self._thread.start()
-        self._queue.put(self._written)
+        self._queue.put((call, args))
 
-    def _follow(self, todo: queue.SimpleQueue) -> None:
-        try:
-            while (upto := todo.get()) is not None:
-                while self._hashed < upto:
-                    block = os.pread(self._fd, min(upto - self._hashed, HASH_BLOCK), self._hashed)
-                    if not block:
-                        raise OSError(f"the file being hashed ends at {self._hashed:,} bytes, {upto:,} were written")
-                    self._digest.update(block)  # (both hashes let go of the GIL)
-                    self._hashed += len(block)
-        except BaseException as exc:  # raised where the digest is asked for
-            self._error = exc
-            while todo.get() is not None:
-                pass
+    def _run(self, todo: queue.SimpleQueue) -> None:
+        while (item := todo.get()) is not None:
+            try:
+                if self._error is None:
+                    item[0](*item[1])
+            except BaseException as exc:  # raised by the caller's next pause or submit
+                self._error = exc
+            finally:
+                if self._room is not None:
+                    self._room.release()
 
     def pause(self) -> None:
-        """Wait for the hash to catch up and end the thread (the next `advance` starts another)."""
+        """Wait for every call submitted and end the thread; the first error raised, if any."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
@@ -269,27 +268,61 @@ class TrailingDigest:
             raise self._error
 
     def close(self, failed: bool = False) -> None:
-        """End the thread and the file; `failed`: the digest is not wanted, nor its error."""
+        """`pause`, and this one is done; `failed`: its calls' error is not wanted."""
         try:
             self.pause()
         except BaseException:
             if not failed:
                 raise
         finally:
+            Behind._live.discard(self)
+
+
+def pause_threads() -> None:
+    """End the thread of every `Behind` of this process (each starts again at its next call), until
+    none runs: a call of one may submit to another (a layout's writes to the hash behind them)."""
+    while running := [behind for behind in list(Behind._live) if behind._thread is not None]:
+        for behind in running:
+            behind.pause()
+
+
+class TrailingDigest:
+    """`digest` of a file as it is appended to, taken `Behind` the writer: its thread reads back each
+    part once it is written (from the page cache), so the writer never waits for the hash, whose cost
+    per byte is the largest of the writing process's (~0.75-1.3 GB/s, a worker pool's output can
+    come faster)."""
+
+    def __init__(self, path: str, digest) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._digest = digest
+        self._written = self._hashed = 0
+        self._behind = Behind()
+
+    def advance(self, nbytes: int) -> None:
+        """`nbytes` more were written at the end of the file."""
+        self._written += nbytes
+        self._behind.submit(self._hash, self._written)
+
+    def _hash(self, upto: int) -> None:
+        while self._hashed < upto:
+            block = os.pread(self._fd, min(upto - self._hashed, HASH_BLOCK), self._hashed)
+            if not block:
+                raise OSError(f"the file being hashed ends at {self._hashed:,} bytes, {upto:,} were written")
+            self._digest.update(block)  # (both hashes let go of the GIL)
+            self._hashed += len(block)
+
+    def close(self, failed: bool = False) -> None:
+        """End the thread and the file; `failed`: the digest is not wanted, nor its error."""
+        try:
+            self._behind.close(failed)
+        finally:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
-            TrailingDigest._live.discard(self)
 
     def hexdigest(self) -> str:
-        self.pause()
+        self._behind.pause()
         return self._digest.hexdigest()
-
-
-def pause_hashing() -> None:
-    """End the threads of every `TrailingDigest` of this process (they restart on the next write)."""
-    for digest in list(TrailingDigest._live):
-        digest.pause()
 
 
 class _Hashed:

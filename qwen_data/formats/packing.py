@@ -310,13 +310,21 @@ def next_window(lengths: np.ndarray, packing: str | None, capacity: int, final: 
 class SampleWindows:
     """Samples as a run makes them, in order; out come the windows of `next_window` as they
     close, each with its plan (`add`, then `close` for the last ones). The samples wait in one
-    buffer per channel, reused from window to window."""
+    buffer per channel; the windows that close take it with them (their arrays are views of it,
+    valid until it is given back by `reuse`: a layout may write them while the next samples come),
+    and the samples of the window still open go on in buffers of their own, given back ones where
+    there are (fresh ones of tens of megabytes would be faulted in page by page, every window)."""
 
     def __init__(self, packing: str | None, capacity: int, dtype) -> None:
         self.packing, self.capacity = packing, capacity
         self._ids, self._mask = np.zeros(0, dtype), np.zeros(0, np.uint8)
         self._lengths: list[np.ndarray] = []
         self._tokens = 0
+        self._spare: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def reuse(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        """The buffers of windows that were laid out (`ids` and `mask` of any of them), to be written again."""
+        self._spare.append((ids.base if ids.base is not None else ids, mask.base if mask.base is not None else mask))
 
     def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray):
         """Copies the samples (the arrays may be views of memory about to be reused)."""
@@ -335,17 +343,19 @@ class SampleWindows:
         yield from self._windows(final=True)
 
     def _windows(self, final: bool):
-        """(ids, mask, lengths, plan) of each window that is closed, its samples back to back:
-        views of the buffers, valid until the next `add`."""
+        """(ids, mask, lengths, plan) of each window that is closed, its samples back to back."""
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
+        ids, mask, tokens = self._ids, self._mask, self._tokens
         first = at = 0
         while first < len(lengths) and (plan := next_window(lengths[first:], self.packing, self.capacity, final)):
             n = len(plan.order)
-            yield self._ids[at: at + plan.tokens], self._mask[at: at + plan.tokens], lengths[first: first + n], plan
+            if not at:  # the buffers go with the windows: the samples still to come need others
+                self._ids, self._mask = self._spare.pop() if self._spare else (np.empty_like(ids), np.empty_like(mask))
+            yield ids[at: at + plan.tokens], mask[at: at + plan.tokens], lengths[first: first + n], plan
             first, at = first + n, at + plan.tokens
-        rest = self._tokens - at  # the samples of the window still open go to the front
-        self._ids[:rest], self._mask[:rest] = self._ids[at:self._tokens].copy(), self._mask[at:self._tokens].copy()
-        self._lengths, self._tokens = [lengths[first:]], rest
+        if at:  # the samples of the window still open, at the front of their buffers
+            self._ids[:tokens - at], self._mask[:tokens - at] = ids[at:tokens], mask[at:tokens]
+            self._lengths, self._tokens = [lengths[first:]], tokens - at
 
 
 def window_plans(lengths: np.ndarray, packing: str | None, capacity: int):

@@ -26,7 +26,7 @@ from ..certify.checks import CertificateError, add_counts, checkers, checks_for,
 from ..errors import InputFileError
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
-from ..formats.indexed import pause_hashing
+from ..formats.indexed import pause_threads
 from ..formats.manifest import Manifest, input_entry
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
 from ..inputs.chunks import DEFAULT_CHUNK_BYTES, Chunk, LineNumbers
@@ -391,7 +391,7 @@ def _results(step: Step, config: RunConfig, chunks: Iterator[Chunk], in_process:
     return ordered_map(work, chunks, config.workers, worker_growth=max(64 << 20, WORKER_CACHES // config.workers),
                        shared_fields=step.shared_fields,
                        slot_bytes=SLOT_BYTES_PER_CHUNK_BYTE * config.chunk_bytes + SLOT_MARGIN,
-                       before_fork=pause_hashing)
+                       before_fork=pause_threads)
 
 
 def _process(step: Step, chunk: Chunk) -> ChunkResult:
