@@ -33,8 +33,11 @@ class ChatJinja:
 
     def __init__(self, text: str, variables: dict | None = None) -> None:
         """`variables`: what the tokenizer adds to every render (its named special tokens)."""
+        self.text, self.variables = text, dict(variables or {})
         self.template = _environment().from_string(text)
-        self.variables = dict(variables or {})
+
+    def __reduce__(self):  # a compiled jinja2 template does not pickle: its text does, compiled again
+        return ChatJinja, (self.text, self.variables)
 
     def render(self, messages: list[dict], tools: list | None = None, add_generation_prompt: bool = False,
                **kwargs) -> str:

@@ -87,6 +87,17 @@ def test_the_environment_is_transformers_own():
         ours("{{ messages.append(1) }}").render(messages)
 
 
+def test_a_compiled_template_travels_between_processes():
+    """A run on Ray gets its checker back from the checking process, pickled (a compiled jinja2
+    template alone does not pickle: a certified SFT run on Ray failed at its end)."""
+    import pickle
+
+    text = load_oracle("qwen2.5-instruct.jinja")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    again = pickle.loads(pickle.dumps(ours(text)))
+    assert again.render(messages) == ours(text).render(messages) == hf_render(text, messages)
+
+
 def test_sft_imports_neither_transformers_nor_torch(tmp_path):
     """A certified `qwen-data sft` run (its checking process included: -X importtime reports the
     imports of every process forked from it) never imports transformers or torch."""
