@@ -63,17 +63,20 @@ class Certifier:
 
     @classmethod
     def keeping(cls, step) -> "Certifier":
-        """One that checks nothing: the items go to `step.picked`, for the caller to check."""
+        """One that checks nothing: the items go to `step.picked`, for the caller to check, each as
+        (where, item, documents before its chunk's): a Ray driver reads them back from a shard's
+        files when it reuses the shard (`run.ray`), and `to_read_back` needs where they lie."""
         certifier = cls(step.checks)
         certifier.kept = step.picked = []
         return certifier
 
-    def add(self, items: list) -> int:
+    def add(self, items: list, documents: int = 0) -> int:
         """`items`: (where, what the worker made of a picked record), where being file:line; → the
-        batch's number. CertificateError at the first mismatch known."""
+        batch's number. CertificateError at the first mismatch known. `documents`: those written
+        before the items' chunk (only `keeping` keeps them)."""
         batch, self.added = self.added, self.added + 1
         if self.kept is not None:
-            self.kept += items
+            self.kept += [(where, item, documents) for where, item in items]
             return batch
         if not self.sides:
             self._take(batch, self.checks.check(items))

@@ -375,7 +375,7 @@ def _take_checks(checks, certifier: Certifier, checked: RunChecks, result: Chunk
     if result.to_check:
         items = [(f"{path}{item[0] + shift}", item) for item in result.to_check]
         checked.read_back += [entry for where, item in items for entry in checks.to_read_back(where, item, documents)]
-        return certifier.add(items)
+        return certifier.add(items, documents)
     return None
 
 

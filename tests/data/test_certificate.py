@@ -174,12 +174,12 @@ def test_records_picked_by_shards_are_checked_in_one_process_of_the_driver(tmp_p
     finally:
         checks.end()
     assert not reference._LOADED
-    where, (number, position, [(text, ids, a, b)]) = picked[-1]
+    where, (number, position, [(text, ids, a, b)]), documents = picked[-1]  # (`Certifier.keeping`)
     changed = ids.copy()
     changed[0] += 1
     checks = _DriverChecks(Tokenize(config), inputs, sources)
     try:
-        checks.add(picked[:-1] + [(where, (number, position, [(text, changed, a, b)]))])
+        checks.add(picked[:-1] + [(where, (number, position, [(text, changed, a, b)]), documents)])
         with pytest.raises(CertificateError, match=f"{where}: .*ours \\["):
             checks.certificate({"records_spelled": spelled, "records_kept": whole["records_kept"]},
                                            whole["fingerprint"])

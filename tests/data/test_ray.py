@@ -4,7 +4,8 @@ One local Ray instance (2 CPUs) serves the whole module; the runs join it (`run_
 instance this process already has). A killed task is made deterministic without any hook in
 qwen-data: the run is given a `run` (a test function) whose progress object holds shard 1's first
 attempt after its first chunk, the task then found through /proc as the process holding the
-shard's output lock, and killed.
+shard's output lock, and killed. A stopped driver (the runs that resume by shard) is a KeyboardInterrupt
+raised where the driver saves a finished shard's picked records (`ray._keep_picked`) or merges.
 """
 
 from __future__ import annotations
@@ -232,3 +233,235 @@ def test_bad_input_through_the_cli(tmp_path, ray_instance, capsys):
     assert "error: shard 1/3 of" in err and "b.json: not a JSON array" in err, err
     assert not os.path.exists(prefix + ".bin")
     no_leftovers(prefix)
+
+
+def test_certified_sft_from_a_fresh_process(tmp_path):
+    """As a user runs it: a new process starts Ray, the driver's checking process checks the shards'
+    picked records and hands its checker back for the certificate (which once failed to unpickle)."""
+    import subprocess
+    import sys
+
+    from _oracles import oracle_dir
+
+    data = chats(tmp_path / "c.jsonl", seed=7, count=40, longest=30)
+    prefix = str(tmp_path / "out")
+    env = {**os.environ, "RAY_OVERRIDE_RESOURCES": '{"CPU": 2}'}
+    done = subprocess.run([sys.executable, "-m", "qwen_data", "sft", "--quiet", str(data), "-o", prefix,
+                           "--reference-template", str(oracle_dir() / "qwen2.5-instruct.jinja"),
+                           "--executor", "ray", "--ray-shards", "2"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert manifest(prefix)["certificate"]["certified"], manifest(prefix)["certificate"]
+    no_leftovers(prefix)
+
+
+# -- resuming: a run's finished shards reused by the same command, checked ---------------------------
+CERTIFICATE_COUNTS = ("certified", "records_checked", "records_spelled", "records_kept", "lines_checked")
+
+
+def _pretrain_config(data, prefix, quiet=True):
+    from qwen_data.steps.pretrain import PretrainConfig
+
+    return PretrainConfig(inputs=[data], output_prefix=str(prefix), quiet=quiet)
+
+
+def _stopped(config, monkeypatch, after=None, step_type=None):
+    """A Ray run of 3 shards (of the pretrain step, or `step_type`) stopped by a KeyboardInterrupt in the
+    driver: once `after` shards' results are in and saved, or (None) once every shard's are, as the merge
+    begins. → the shards saved."""
+    from qwen_data.run import ray as executor
+    from qwen_data.steps.pretrain import Tokenize
+
+    saved, keep = [], executor._keep_picked
+
+    def interrupting(shard_config, manifests, picked):
+        keep(shard_config, manifests, picked)
+        saved.append(shard_config.shard.index)
+        if len(saved) == after:
+            raise KeyboardInterrupt
+
+    def merging(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(executor, "_keep_picked", interrupting)
+        if after is None:
+            patched.setattr(executor, "_merge", merging)
+        with pytest.raises(KeyboardInterrupt):
+            executor.run_on_ray((step_type or Tokenize)(config), shards=3)
+    assert os.path.exists(config.output_prefix + ".shards/run.json"), "the interrupted run's shards were removed"
+    assert not os.path.exists(config.output_prefix + ".json")
+    return saved
+
+
+def _resumed(config, local, shards=None):
+    """The run again (with `shards`: None takes the recorded count), checked to end as a run never stopped
+    ends; → its info (which shards it reused, which it ran)."""
+    from qwen_data.run.ray import run_on_ray
+    from qwen_data.steps.pretrain import Tokenize
+
+    info = {}
+    run_on_ray(Tokenize(config), shards=shards, info=info)
+    same_files(local, config.output_prefix, [".bin", ".idx"])
+    ours, theirs = manifest(config.output_prefix), manifest(local)
+    assert ours["fingerprint"] == theirs["fingerprint"] and ours["documents"] == theirs["documents"]
+    for name in CERTIFICATE_COUNTS:  # the reused shards' records were checked again, as the others'
+        assert ours["certificate"][name] == theirs["certificate"][name], name
+    no_leftovers(config.output_prefix)
+    assert set(info["reused"]) | set(info["attempts"]) == {0, 1, 2}
+    return info
+
+
+@pytest.fixture
+def text(tmp_path):
+    """A small corpus and a local run over it (what every Ray run must write)."""
+    data = corpus(tmp_path / "c.jsonl", 21, 900, 80)
+    return data, pretrain([data], tmp_path / "local")
+
+
+def test_interrupted_run_reuses_its_finished_shards(tmp_path, ray_instance, text, monkeypatch, capsys):
+    data, local = text
+    config = _pretrain_config(data, tmp_path / "ray")
+    saved = _stopped(config, monkeypatch, after=1)
+    assert len(saved) == 1 and os.path.exists(f"{config.output_prefix}.shards/{saved[0]}.picked")
+    # (no --ray-shards: the count recorded, not the default of 2 CPUs)
+    info = _resumed(_pretrain_config(data, config.output_prefix, quiet=False), local)
+    assert info["shards"] == 3 and info["reused"] == saved
+    assert set(info["attempts"]) == {0, 1, 2} - set(saved), "a finished shard ran again"
+    assert "ray: reusing 1 of 3 shards (checked)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error", [OSError, ValueError])
+def test_failed_shard_keeps_the_others_unless_the_data_failed(tmp_path, ray_instance, text, error):
+    """Shard 1 fails once shards 0 and 2 are saved: on an OSError on every attempt (not the data's) the run
+    keeps them and the next reuses them; on a ValueError (the data's) it leaves no shard behind."""
+    from qwen_data.run.ray import RETRIES, ShardFailed, run_on_ray
+    from qwen_data.steps.pretrain import Tokenize
+
+    data, local = text
+    config = _pretrain_config(data, tmp_path / "ray")
+    shards = config.output_prefix + ".shards"
+
+    class Fails(Tokenize):
+        def prepare(self):
+            import os
+            import time
+
+            shard = self.config.shard  # None: the driver's step, which checks the records picked
+            if shard is not None and shard.index == 1:
+                deadline = time.monotonic() + 60
+                while not all(os.path.exists(f"{shards}/{k}.picked") for k in (0, 2)) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                raise error(f"shard 1 fails ({error.__name__})")
+            super().prepare()
+
+    info = {}
+    with pytest.raises(ShardFailed, match="shard 1/3") as caught:
+        run_on_ray(Fails(config), shards=3, info=info)
+    assert isinstance(caught.value.cause, error)
+    if error is ValueError:
+        assert info["attempts"][1] == 1
+        no_leftovers(config.output_prefix)
+        return
+    assert info["attempts"][1] == RETRIES + 1
+    assert sorted(name for name in os.listdir(shards) if name.endswith(".picked")) == ["0.picked", "2.picked"]
+    info = _resumed(config, local)
+    assert info["reused"] == [0, 2] and info["attempts"] == {1: 1}
+
+
+def test_a_damaged_shard_is_done_again(tmp_path, ray_instance, text, monkeypatch, capsys):
+    data, local = text
+    config = _pretrain_config(data, tmp_path / "ray")
+    assert _stopped(config, monkeypatch) != []
+    with open(config.output_prefix + ".shards/1.bin", "r+b") as f:  # one byte of an id, the size kept
+        f.seek(8)
+        byte = f.read(1)
+        f.seek(8)
+        f.write(bytes([byte[0] ^ 1]))
+    info = _resumed(_pretrain_config(data, config.output_prefix, quiet=False), local)
+    assert info["reused"] == [0, 2] and info["attempts"] == {1: 1}
+    err = capsys.readouterr().err
+    assert "ray: shard 1 redone: " in err and "fingerprint" in err, err
+
+
+def test_picked_records_that_do_not_check_out_redo_their_shard(tmp_path, ray_instance, text, monkeypatch, capsys):
+    """Shard 0's saved picked records altered (an id that its files do not hold), shard 2's missing:
+    both done again; shard 1 reused, its records checked again (the certificate's counts)."""
+    import pickle
+
+    data, local = text
+    config = _pretrain_config(data, tmp_path / "ray")
+    _stopped(config, monkeypatch)
+    shards = config.output_prefix + ".shards"
+    with open(f"{shards}/0.picked", "rb") as f:
+        saved = pickle.load(f)
+    assert saved["picked"], "shard 0 picked no record: nothing to alter"
+    where, (number, position, parts), documents = saved["picked"][0]
+    ids = parts[0][1].copy()
+    ids[0] += 1
+    saved["picked"][0] = (where, (number, position, [(parts[0][0], ids, *parts[0][2:])] + parts[1:]), documents)
+    with open(f"{shards}/0.picked", "wb") as f:
+        pickle.dump(saved, f)
+    os.remove(f"{shards}/2.picked")
+    info = _resumed(_pretrain_config(data, config.output_prefix, quiet=False), local)
+    assert info["reused"] == [1] and info["attempts"] == {0: 1, 2: 1}
+    err = capsys.readouterr().err
+    assert "ray: shard 0 redone: its picked records do not read back from its files" in err, err
+    assert "ray: shard 2 redone: " in err and "not saved" in err, err
+
+
+@pytest.mark.parametrize("change", ["input", "shards"])
+def test_another_command_reuses_nothing(tmp_path, ray_instance, text, monkeypatch, change):
+    data, local = text
+    config = _pretrain_config(data, tmp_path / "ray")
+    _stopped(config, monkeypatch)
+    shards = 3
+    if change == "input":  # one more record: other pins, so another run
+        with open(data, "a", encoding="utf-8") as f:
+            f.write('{"text": "one more record"}\n')
+        local = pretrain([data], tmp_path / "local2")
+    else:
+        shards = 2
+    info = {}
+    from qwen_data.run.ray import run_on_ray
+    from qwen_data.steps.pretrain import Tokenize
+
+    run_on_ray(Tokenize(config), shards=shards, info=info)
+    assert info["reused"] == [] and set(info["attempts"]) == set(range(shards))
+    same_files(local, config.output_prefix, [".bin", ".idx"])
+    no_leftovers(config.output_prefix)
+
+
+def test_sft_resume_reads_back_the_saved_samples(tmp_path, ray_instance, monkeypatch, capsys):
+    """Packed SFT (the shards leave their samples for the merge to pack): a saved sample whose loss mask
+    differs from its shard's files redoes that shard; the others are reused, their samples checked again."""
+    import pickle
+
+    from _oracles import oracle_dir
+    from qwen_data.run.ray import run_on_ray
+    from qwen_data.steps.sft import ChatSamples, SFTConfig
+
+    data = chats(tmp_path / "ch.jsonl", 12, 400, 50)
+    extra = ["--seq-length", "256", "--pack", "--reference-template", oracle_dir() / "qwen2.5-instruct.jinja"]
+    local = sft([data], tmp_path / "local", *extra)
+    config = SFTConfig(inputs=[data], output_prefix=str(tmp_path / "ray"), seq_length=256, pack=True,
+                       reference_template=str(oracle_dir() / "qwen2.5-instruct.jinja"))
+    _stopped(config, monkeypatch, step_type=ChatSamples)
+    path = config.output_prefix + ".shards/1.picked"
+    with open(path, "rb") as f:
+        saved = pickle.load(f)
+    where, (number, record, [(k, index, ids, mask), *others]), documents = saved["picked"][0]
+    mask = mask.copy()
+    mask[-1] ^= 1
+    saved["picked"][0] = (where, (number, record, [(k, index, ids, mask), *others]), documents)
+    with open(path, "wb") as f:
+        pickle.dump(saved, f)
+    info = {}
+    run_on_ray(ChatSamples(config), info=info)
+    assert info["reused"] == [0, 2] and info["attempts"] == {1: 1}
+    assert "ray: shard 1 redone: its picked records do not read back" in capsys.readouterr().err
+    same_files(local, config.output_prefix, [".bin", ".idx", ".lossmask.bin", ".lossmask.idx", ".rejects.jsonl"])
+    ours, theirs = manifest(config.output_prefix)["certificate"], manifest(local)["certificate"]
+    assert ours["certified"] and ours["samples_checked"] == theirs["samples_checked"]
+    assert ours["records_checked"] == theirs["records_checked"] and ours["lines_checked"] == theirs["lines_checked"]
+    no_leftovers(config.output_prefix)
