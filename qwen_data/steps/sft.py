@@ -361,7 +361,8 @@ class SFTWriter:
             self.laid_out = LaidOut(outputs, self.prefix, config.layout, packing, config.seq_length, self.dtype,
                                     step.pad_id)
             # Rows are laid out and written behind this process's thread, which takes the next results
-            # meanwhile: at 16 workers that thread set the pace of a packed run (2.7 of its 3 s, 600 MB).
+            # meanwhile (at 16 workers it was busy 2.7 s of a packed run's 3 s, 600 MB; its writing now
+            # costs it half: bench/results/cpu/2026-11-29-sft-main-checkers.md).
             self.laying = Behind(most=LAYOUTS_WAITING)
         else:
             self.samples = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(self.prefix)], self.dtype)
