@@ -8,25 +8,23 @@
 #
 # data      (here) real-text prefixes into .gpu/ from bench/corpora.py's cache: ~19 MB of prose and ~5.5 MB of
 #           code as two pretrain prefixes blended 0.75/0.25, split 98/2/0; 6.5 MB of ShareGPT chats as qwen2p5 SFT
-#           prefixes at seq 4096, packed and unpacked (the packed ones also split 90/10/0 for hf); 48 long
+#           prefixes at seq 4096, packed and unpacked; 48 long
 #           conversations packed into rows of 32768 (chat_long).
 # pretrain  Qwen2.5-0.5B, 220 steps of 8 × 4096 tokens on the blend, validation at 110 and 220.
-# sft       packed rows against their samples alone (bench/train_gpu.py packed); packed vs unpacked SFT, 40 steps.
+# sft       packed vs unpacked SFT, 40 steps.
 # parallel  (2 GPUs) TP=1, TP=2 (± sequence parallel), PP=2, DP=2, Qwen3-0.6B TP=1/2: 50 steps from one seed.
 # speed     today's settings (megatron's cross-entropy, nothing compiled, micro batch 1) against the fast ones.
 # graphs    --cuda-graphs on against off (and tests/train/test_train_graphs.py); graphs-loss: 200 steps' losses;
 #           fp8-graphs: 3B, FP8 tensorwise against bf16, graphed and eager, ROUNDS=N rounds (needs TE, see te).
 # te        Transformer Engine's attention against PyTorch's, FP8 recipes against bf16 (needs TE:
-#           ../shared/tools/device-te.sh); CHECKS=0 skips the packed-row check, the GPU tests and the attention timing.
+#           ../shared/tools/device-te.sh); CHECKS=0 skips the GPU tests.
 # scale     (2 GPUs) distributed optimizer, checkpoint resharding DP=2 → 1 → 2 and its --save-hf, recompute, 7B at
 #           TP=2, over two pipeline stages and at DP=2, 3B, float32 weights (-f32w), context parallelism.
 # moe       (1-2 GPUs) Qwen3-30B-A3B's shape with fewer layers: EP=2 against EP=1, grouped against sequential experts.
-# hf        HF folders with the released config.json values -> --hf-model -> --save-hf -> transformers, and against
-#           the presets (bench/train_gpu.py hf: $OUT/hf_gpu.json).
 # cores     no GPU: the data side at 1, 2, 4 ... all cores' workers (bench/cores.py ARGS; bench/README.md: set-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: data, pretrain, sft, parallel, speed, graphs, graphs-loss, fp8-graphs, te, scale, moe, hf or cores}
+stage=${1:?stage: data, pretrain, sft, parallel, speed, graphs, graphs-loss, fp8-graphs, te, scale, moe or cores}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
 # A bare GPU machine gets the project installed in place (no network there: no build isolation, no dependencies).
@@ -98,13 +96,11 @@ EOF
   qwen-data blend .gpu/web=0.75 .gpu/code=0.25 --split 98,2,0 -o .gpu/pretrain_blend
   qwen-data blend .gpu/chat_packed -o .gpu/sft_packed.json
   qwen-data blend .gpu/chat_unpacked -o .gpu/sft_unpacked.json
-  qwen-data blend .gpu/chat_packed --split 90,10,0 -o .gpu/hf_sft_blend.txt
   du -sh .gpu ;;
 pretrain)
   device | tee "$OUT/device.txt"
   run pretrain python3 -m train --data $PT --model qwen2.5-0.5b $B --micro-batch-size 1 --train-iters 220 --warmup-iters 20 --lr 6e-4 --min-lr 6e-5 --eval-interval 110 --eval-iters 4 --log-interval 10 --profile --log-json $OUT/pretrain.jsonl ;;
 sft)
-  run packed_check python3 bench/train_gpu.py packed --data $SFT --model qwen2.5-0.5b --rows 4
   S="--model qwen2.5-0.5b $B --micro-batch-size 1 --train-iters 40 --warmup-iters 5 --lr 1e-4 --min-lr 1e-5 --log-interval 10 --profile"
   run sft_packed python3 -m train --data .gpu/sft_packed.json $S --log-json $OUT/sft_packed.jsonl
   run sft_unpacked python3 -m train --data .gpu/sft_unpacked.json $S --log-json $OUT/sft_unpacked.jsonl ;;
@@ -165,9 +161,7 @@ te)
     || echo "transformer-engine not installed"; } \
     | tee "$OUT/te_device.txt"
   if [ "${CHECKS:-1}" = 1 ]; then
-    run te_packed_check python3 bench/train_gpu.py packed --data $SFT --model qwen2.5-0.5b --rows 4 --attention te
     run te_tests python3 -m pytest -q -p no:cacheprovider tests/train/test_train_compile.py tests/train/test_train_metrics.py
-    run te_attention python3 bench/train_gpu.py attention --model qwen2.5-0.5b --seq-length 4096 --micro-batch-size 4
   fi
   T="timeout 400 python3 -m train --model qwen2.5-0.5b $B --warmup-iters 10 --lr 3e-4 --log-interval 10 --profile"
   export TORCH_LOGS=recompiles  # no compiled layer should recompile after step 1: the log counts them
@@ -230,7 +224,6 @@ scale)
   run scale-ckpt-b $S1 $C --exit-after 6 --load /tmp/scale-ckpt --save /tmp/scale-ckpt --log-json $OUT/scale-ckpt-b.jsonl
   run scale-ckpt-c $S $C --load /tmp/scale-ckpt --save /tmp/scale-ckpt --save-hf /tmp/scale-hf --log-json $OUT/scale-ckpt-c.jsonl
   run scale-hf-exact python3 -m train.convert mcore-to-hf /tmp/scale-ckpt /tmp/scale-hf-converted
-  run scale-hf-same python3 bench/train_gpu.py same-weights -- /tmp/scale-hf /tmp/scale-hf-converted
   for r in none selective full; do
     run scale-recompute-$r $S1 --train-iters 20 --model qwen2.5-1.5b --micro-batch-size 2 --recompute $r --log-json $OUT/scale-recompute-$r.jsonl
     run scale-7b-$r $S --train-iters 20 --model qwen2.5-7b --micro-batch-size 1 --tp 2 --sequence-parallel --recompute $r --log-json $OUT/scale-7b-$r.jsonl
@@ -278,9 +271,6 @@ moe)
   run moe-pretrain-te timeout 500 torchrun --nproc-per-node 1 $E --train-iters 20 --num-layers 4 --attention te --log-json $OUT/moe-pretrain-te.jsonl
   python3 bench/records.py --table $OUT/moe-*.jsonl | tee $OUT/moe.md
   python3 bench/records.py --table --against $OUT/moe-ep1.jsonl $OUT/moe-ep2.jsonl | tee -a $OUT/moe.md ;;
-hf)
-  device | tee "$OUT/hf_device.txt"
-  run hf env OUT="$OUT" python3 bench/train_gpu.py hf -- qwen2.5-0.5b qwen3-0.6b ;;
 cores)  # the data side's own dependencies and corpora, carried in (bench/README.md)
   shift
   python3 -c "import gigatoken" 2>/dev/null || python3 -m pip install -q --no-index --no-deps .whl/*.whl

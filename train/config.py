@@ -293,8 +293,9 @@ class LogConfig(Section):
                                           help="bf16 peak per GPU for MFU (default: by name)")
     profile: bool = option("--profile", action="store_true",
                            help="on a GPU, measure the run as bench/gpu.sh does: one step's kernels timed under "
-                                "torch's profiler (how busy the GPU is), the SM clock and power sampled by "
-                                "nvidia-smi for the whole run; none: neither, only the summary")
+                                "torch's profiler (how busy the GPU is, and its busiest kernels listed), the SM "
+                                "clock and power sampled by nvidia-smi for the whole run; none: neither, only the "
+                                "summary")
     tensorboard_dir: Optional[str] = option(
         "--tensorboard-dir", metavar="DIR",
         help="TensorBoard scalars here (rank 0: loss, lr, grad norm, tokens/s, MFU, memory, validation loss; needs "

@@ -100,11 +100,14 @@ PROFILED_ITERATION = 5  # past compilation and the recompiles of the first steps
 LAUNCH_BOUND = 0.85  # a GPU busy less of the step than this waits on the host's launches
 
 
-def kernel_seconds(run: Callable[[], T]) -> tuple[T, float, float]:
+TOP_KERNELS = 12  # the kernels --profile lists, busiest first
+
+
+def kernel_seconds(run: Callable[[], T]) -> tuple[T, float, float, list[tuple[str, float, int]]]:
     """`run()` under torch's profiler recording the CUDA kernels alone (recording the CPU's ops too
     would slow the host this judges): its result, the seconds its kernels ran, summed (those of
-    streams that overlap count twice), and the seconds it took, from an idle GPU until the GPU is
-    done."""
+    streams that overlap count twice), the seconds it took, from an idle GPU until the GPU is
+    done, and the TOP_KERNELS busiest kernels (name, milliseconds, calls): where the step's GPU time goes."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -114,7 +117,9 @@ def kernel_seconds(run: Callable[[], T]) -> tuple[T, float, float]:
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
     kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return result, sum(e.self_device_time_total for e in kernels) / 1e6, seconds
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:TOP_KERNELS]
+    return (result, sum(e.self_device_time_total for e in kernels) / 1e6, seconds,
+            [(e.key, e.self_device_time_total / 1e3, e.count) for e in top])
 
 
 def busy_lines(share: float, fp8: Optional[str]) -> list[str]:
@@ -399,11 +404,13 @@ class Metrics:
         host's kernel launches set the pace (FP8 saves GPU time only)."""
         if iteration != PROFILED_ITERATION or not self.profiled:
             return step()
-        stats, kernels, seconds = kernel_seconds(step)
+        stats, kernels, seconds, top = kernel_seconds(step)
         if kernels > 0:  # none recorded: the profiler could not trace this GPU
             self.gpu_busy_share = kernels / seconds
             for line in busy_lines(self.gpu_busy_share, self.run.get("fp8")):
                 log0(line)
+            for name, ms, calls in top:
+                log0(f"  {ms:9.2f} ms {calls:6} calls  {name[:100]}")
         return stats
 
     def add(self, step: StepStats) -> None:

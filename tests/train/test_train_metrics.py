@@ -129,7 +129,8 @@ def test_kernel_seconds_tell_a_busy_gpu_from_one_waiting_on_the_host():
             x @ x
             time.sleep(pause)
 
-    _, kernels, seconds = kernel_seconds(lambda: products(0))  # launches queue up faster than they run
+    _, kernels, seconds, top = kernel_seconds(lambda: products(0))  # launches queue up faster than they run
     assert 0.85 < kernels / seconds <= 1.05
-    _, kernels, seconds = kernel_seconds(lambda: products(0.01))  # each product waits on the host
+    assert top[0][2] == 50 and top[0][1] / 1e3 > 0.5 * kernels  # the products' kernel: its 50 calls, most of the time
+    _, kernels, seconds, _ = kernel_seconds(lambda: products(0.01))  # each product waits on the host
     assert kernels / seconds < 0.5
