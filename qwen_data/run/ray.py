@@ -600,7 +600,8 @@ def _reused(step_type, config, reader: "_Reader") -> tuple[list[Manifest], list]
 def _saved(path: str, manifests: list[Manifest], rejects_path: str) -> list:
     """The picked records `_keep_picked` saved at `path`, where they were saved with these manifests and
     this rejects file; _Redo otherwise."""
-    try:
+    try:  # (pickled as the tasks hand the records over; PREFIX.shards/ is this command's own working folder,
+        # trusted as far as its staged files are: what the records say is then checked against the shard's bytes)
         with open(path, "rb") as f:
             saved = pickle.load(f)
         fingerprints, rejects, picked = saved["fingerprints"], saved["rejects"], saved["picked"]
