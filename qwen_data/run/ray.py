@@ -63,30 +63,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
-import pickle
-import re
 import shutil
 import sys
 import threading
 import time
 
-from ..certify.checks import checks_for, read_back
+from ..certify.checks import checks_for
 from ..errors import describe
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
-from ..formats.digest import sha256_of
-from ..formats.integrity import check_prefixes
 from ..formats.manifest import Manifest
 from ..formats.outputs import AtomicOutputs
 from ..inputs.files import STDIN, Shard, expand
 from ..inputs.readers import estimated_records
-from ..inputs.records import EmptyOutput, TooManyRejects
-from ..text.tokenizer import IDS_IDENTITY
-from . import pipeline
+from ..inputs.records import EmptyOutput
+from . import kept, pipeline
 from .certifier import take
 from .journal import identity
 from .progress import Progress
@@ -136,14 +130,14 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     # any of them (or using PREFIX.shards/) is refused before anything starts.
     check_outputs(step.files() + [config.rejects_path], [s.path for s in sources], dataset_owner(final, step.kind))
     with AtomicOutputs(step.files() + [config.rejects_path]) as outputs:
-        kept = _Kept(config.output_prefix + SHARDS_SUFFIX, identity(config, inputs), inputs)
-        kept.recorded = _recorded(kept.directory, kept.run, shards)
-        if kept.recorded is None:  # another run's shards (other settings, inputs or count), or none
-            shutil.rmtree(kept.directory, ignore_errors=True)
+        shards_kept = kept.Kept(config.output_prefix + SHARDS_SUFFIX, identity(config, inputs), inputs)
+        shards_kept.recorded = kept.recorded(shards_kept.directory, shards_kept.run, shards)
+        if shards_kept.recorded is None:  # another run's shards (other settings, inputs or count), or none
+            shutil.rmtree(shards_kept.directory, ignore_errors=True)
         checks = _DriverChecks(type(step)(config), inputs, sources) if config.certify else None  # forks: before Ray
         try:
             configs, results, stopping = _run_shards(type(step), config, sources, address, shards, info, checks,
-                                                     kept)
+                                                     shards_kept)
             try:
                 _check_not_empty(config.output_prefix, [r[0] for r in results])
                 t = time.monotonic()
@@ -155,12 +149,12 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
                 if stopping is not None:
                     stopping.join()
         except BaseException as exc:
-            _left(exc, kept.directory, config.quiet)
+            kept.left(exc, shards_kept.directory, config.quiet)
             raise
         finally:
             if checks is not None:
                 checks.end()
-        shutil.rmtree(kept.directory, ignore_errors=True)  # merged and committed: the shards are done with
+        shutil.rmtree(shards_kept.directory, ignore_errors=True)  # merged and committed: the shards are done with
     return manifests
 
 
@@ -225,7 +219,7 @@ def _inputs(config) -> list:
 
 def _run_shards(step_type, config, sources: list, address: str | None, shards: int | None, info: dict,
                 checks: "_DriverChecks | None",
-                kept: "_Kept") -> tuple[list, list[list[Manifest]], threading.Thread | None]:
+                shards_kept: kept.Kept) -> tuple[list, list[list[Manifest]], threading.Thread | None]:
     """Ray joined (or started), the shards an earlier run of this command left checked and reused, the
     others run as its tasks, Ray left: each shard's config and manifests, and the thread stopping the Ray
     started here once every shard is done (its processes take a second or two to end: the driver merges
@@ -235,14 +229,16 @@ def _run_shards(step_type, config, sources: list, address: str | None, shards: i
     try:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         # (the default count depends on the cluster's CPUs: a run that resumes takes the one it recorded)
-        count = shards or kept.recorded or default_shards(sources, cpus, config.chunk_bytes)
+        count = shards or shards_kept.recorded or default_shards(sources, cpus, config.chunk_bytes)
         info.update(cpus=cpus, shards=count, attempts={})
         if not config.quiet:
-            print(f"ray: {count} shards on {cpus} CPUs, under {kept.directory}/", file=sys.stderr)
+            print(f"ray: {count} shards on {cpus} CPUs, under {shards_kept.directory}/", file=sys.stderr)
         configs = [dataclasses.replace(config, shard=Shard(k, count), workers=0, quiet=True, check_here=False,
-                                       output_prefix=os.path.join(kept.directory, str(k))) for k in range(count)]
-        _record(kept, count)  # before any task starts: what the shards under it are the shards of
-        results = _reuse(step_type, configs, kept.inputs, sources, checks, config.quiet) if kept.recorded else {}
+                                       output_prefix=os.path.join(shards_kept.directory, str(k))) for k in range(count)]
+        kept.record(shards_kept, count)  # before any task starts: what the shards under it are the shards of
+        shutil.rmtree(os.path.join(shards_kept.directory, STAGING), ignore_errors=True)  # an earlier merge's
+        results = (kept.reuse(step_type, configs, shards_kept.inputs, sources, checks, config.quiet)
+                   if shards_kept.recorded else {})
         info["reused"] = sorted(results)
         run = [c for c in configs if c.shard.index not in results]
         if run:
@@ -278,7 +274,7 @@ def _stop(ray, info: dict) -> None:
 def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: dict,
                checks: "_DriverChecks | None") -> dict[int, list[Manifest]]:
     """The manifests of the shards of `configs`, by shard, each shard's picked records handed to `checks`
-    and saved beside it (`_keep_picked`) as it ends; on the first failure, the others cancelled and a
+    and saved beside it (`kept.keep_picked`) as it ends; on the first failure, the others cancelled and a
     ShardFailed."""
     tally = ray.remote(num_cpus=0)(_Tally).remote()
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
@@ -303,7 +299,7 @@ def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: di
                     _poll(ray, tally, progress, info)
                     attempts = info.get("attempts", {}).get(shard.index, 1)
                     raise _failure(ray, exc, shard, attempts, config.output_prefix) from None
-                _keep_picked(refs[ref], results[shard.index], picked)  # the shard is finished: a rerun reuses it
+                kept.keep_picked(refs[ref], results[shard.index], picked)  # the shard is finished: a rerun reuses it
             if time.monotonic() - polled >= POLL_SECONDS:
                 _poll(ray, tally, progress, info)
                 polled = time.monotonic()
@@ -474,188 +470,6 @@ def _check_for_driver(step: pipeline.Step, inputs: list[dict], estimates: list, 
 
 
 _CHECKS = None  # the driver's checking process's checker
-
-
-# -- resuming: the shards an earlier run of the same command finished -----------------------------
-RUN_FILE = "run.json"  # PREFIX.shards/run.json: the run whose shards lie there, and their count
-PICKED_SUFFIX = ".picked"  # PREFIX.shards/K.picked: what reusing shard K needs besides its files
-# A run's failures that are its data's (bad input, a certificate mismatch, a merge refused, too many
-# rejects, nothing to write): the same command would fail alike, so its shards are not kept.
-DATA_FAILURES = (ValueError, TooManyRejects, EmptyOutput)
-
-
-@dataclasses.dataclass
-class _Kept:
-    """PREFIX.shards/ across runs: the run it holds the shards of, and what checks them for a run that resumes."""
-
-    directory: str
-    run: str  # this run's identity (`journal.identity`): its settings but the shard count, its inputs' pins
-    inputs: list[dict]  # their pins (`pipeline.input_list`), for the checker reading picked records back
-    recorded: int | None = None  # the shard count run.json records for this run; None: nothing there is reused
-
-
-def _recorded(directory: str, run: str, shards: int | None) -> int | None:
-    """The shard count `directory`/run.json records, where it is run `run`'s (and `shards`, if given);
-    None otherwise."""
-    try:
-        with open(os.path.join(directory, RUN_FILE), encoding="utf-8") as f:
-            recorded = json.load(f)
-        count = recorded["shards"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if recorded.get("run") != run or type(count) is not int or count < 1 or shards not in (None, count):
-        return None
-    return count
-
-
-def _record(kept: _Kept, count: int) -> None:
-    """run.json written (the shards there are this run's, `count` of them), an earlier merge's staging gone."""
-    os.makedirs(kept.directory, exist_ok=True)
-    shutil.rmtree(os.path.join(kept.directory, STAGING), ignore_errors=True)
-    _write_atomic(os.path.join(kept.directory, RUN_FILE), json.dumps({"run": kept.run, "shards": count}).encode())
-
-
-def _left(exc: BaseException, directory: str, quiet: bool) -> None:
-    """A failed or interrupted run's shards: removed where the data failed it (`DATA_FAILURES`, raised
-    here or by a task), since a rerun would fail the same way; kept otherwise (interrupted, a task's
-    process or node lost, Ray or the file system failing), for the same command to reuse."""
-    if isinstance(exc, DATA_FAILURES) or isinstance(getattr(exc, "cause", None), DATA_FAILURES):
-        shutil.rmtree(directory, ignore_errors=True)
-    elif os.path.isdir(directory) and not quiet:
-        print(f"ray: the finished shards stay under {directory}/: the same command reuses them", file=sys.stderr)
-
-
-def _keep_picked(config, manifests: list[Manifest], picked: list) -> None:
-    """Beside a finished shard, once its result is in: the records it picked (as its task handed them),
-    its manifests' fingerprints and its rejects file's sha256, for a run that reuses it (`_saved`)."""
-    saved = {"fingerprints": [m.fingerprint for m in manifests], "rejects": _rejects_sha(config.rejects_path),
-             "picked": picked}
-    _write_atomic(config.output_prefix + PICKED_SUFFIX, pickle.dumps(saved, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """`path` holds `data` whole or is as it was: a killed driver never leaves half a file."""
-    with open(path + ".tmp", "wb") as f:
-        f.write(data)
-    os.replace(path + ".tmp", path)
-
-
-def _rejects_sha(path: str) -> str | None:
-    return sha256_of(path) if os.path.exists(path) else None
-
-
-class _Redo(Exception):
-    """Why a shard an earlier run left is not reused (`_reused`)."""
-
-
-def _reuse(step_type, configs: list, inputs: list[dict], sources: list, checks: "_DriverChecks | None",
-           quiet: bool) -> dict[int, list[Manifest]]:
-    """The manifests of the shards of `configs` an earlier run of this command finished and that check
-    out (`_reused`), by shard, their picked records handed to `checks`; every file of the others
-    removed, for their tasks to write anew."""
-    reader, reused = _Reader(step_type, configs[0], inputs, sources), {}
-    for config in configs:
-        try:
-            found = _reused(step_type, config, reader)
-        except _Redo as why:
-            found = None
-            if not quiet:
-                print(f"ray: shard {config.shard.index} redone: {why}", file=sys.stderr)
-        if found is None:
-            _clear(config.output_prefix)
-            continue
-        reused[config.shard.index], picked = found
-        if checks is not None:
-            checks.add(picked)  # checked again, as if the shard had just ended
-    if not quiet:
-        print(f"ray: reusing {len(reused)} of {len(configs)} shards (checked)", file=sys.stderr)
-    return reused
-
-
-def _reused(step_type, config, reader: "_Reader") -> tuple[list[Manifest], list] | None:
-    """A shard an earlier run finished: its manifests and picked records, once its files hash to what its
-    manifests say (`formats.integrity`, as a trainer checks a prefix), its rejects file and manifests are
-    those its picked records were saved with, and those records read back from its files; None where it
-    never finished; _Redo saying why where something does not check out."""
-    prefixes = step_type(config).prefixes()
-    picked_path = config.output_prefix + PICKED_SUFFIX
-    if not any(os.path.exists(p) for p in [picked_path] + [prefix + ".json" for prefix in prefixes]):
-        return None
-    try:
-        manifests = [Manifest.read(prefix) for prefix in prefixes]
-        shard = {"index": config.shard.index, "count": config.shard.count}
-        problem = next((f"{p}.json is not the manifest of shard {config.shard}"
-                        for p, m in zip(prefixes, manifests) if m.shard != shard), None)
-        problem = problem or next((c.problem for c in check_prefixes(list(zip(prefixes, manifests))) if c.problem),
-                                  None)
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # a file missing, a manifest damaged
-        raise _Redo(describe(exc)) from None
-    if problem:
-        raise _Redo(problem)
-    picked = _saved(picked_path, manifests, config.rejects_path)
-    reader.check(prefixes, manifests, picked)
-    return manifests, picked
-
-
-def _saved(path: str, manifests: list[Manifest], rejects_path: str) -> list:
-    """The picked records `_keep_picked` saved at `path`, where they were saved with these manifests and
-    this rejects file; _Redo otherwise."""
-    try:  # (pickled as the tasks hand the records over; PREFIX.shards/ is this command's own working folder,
-        # trusted as far as its staged files are: what the records say is then checked against the shard's bytes)
-        with open(path, "rb") as f:
-            saved = pickle.load(f)
-        fingerprints, rejects, picked = saved["fingerprints"], saved["rejects"], saved["picked"]
-    except FileNotFoundError:
-        raise _Redo(f"its picked records were not saved ({path} is missing: the run stopped before its result "
-                    "came in)") from None
-    except Exception as exc:  # damaged bytes unpickle into almost any error
-        raise _Redo(f"{path}: unreadable ({type(exc).__name__})") from None
-    if fingerprints != [m.fingerprint for m in manifests]:
-        raise _Redo(f"{path}: saved with other data than the shard's manifests describe")
-    if rejects != _rejects_sha(rejects_path):
-        raise _Redo(f"{rejects_path} is not the rejects file the shard wrote")
-    return picked
-
-
-class _Reader:
-    """What checks a shard an earlier run left as its task checked itself: its tokenizer's files and flavour,
-    and its picked records read back from its files (`certify.checks.read_back`, through the checker's
-    `to_read_back`, as `pipeline` reads a run's back from its staged files). Made at the first shard
-    checked: a shard's step is prepared for it (its tokenizer loaded: ~0.3 s)."""
-
-    def __init__(self, step_type, config, inputs: list[dict], sources: list) -> None:
-        self._made = functools.partial(_shard_checker, step_type, config, inputs, sources)
-        self._checker = None
-
-    def check(self, prefixes: list[str], manifests: list[Manifest], picked: list) -> None:
-        """_Redo unless the shard's manifests name this run's tokenizer and `picked` reads back from its files."""
-        if self._checker is None:
-            self._checker = self._made()
-        checker = self._checker
-        ours = checker.tokenizer.identity()
-        if any(m.tokenizer.get(name) != ours[name] for m in manifests for name in IDS_IDENTITY):
-            raise _Redo(f"{prefixes[0]}.json names another tokenizer than this run's")
-        try:
-            # (a shard lays out no rows: its samples lie as `to_read_back` places them, `SFTWriter.placed`)
-            entries = [entry for where, item, documents in picked
-                       for entry in checker.to_read_back(where, item, documents)]
-            read_back(entries, checker.staged_files(prefixes))
-        except Exception as exc:  # a mismatch (CertificateError), or picked records not as saved
-            raise _Redo(f"its picked records do not read back from its files: {describe(exc)}") from None
-
-
-def _shard_checker(step_type, config, inputs: list[dict], sources: list):
-    step = step_type(config)
-    step.prepare()
-    return checks_for(step, inputs, [estimated_records(s) for s in sources])
-
-
-def _clear(prefix: str) -> None:
-    """Every file of the shard at `prefix` (PREFIX.shards/K: K.bin, K_KEY.idx, K.picked, their .tmp, .lock...)."""
-    directory, name = os.path.split(prefix)
-    for entry in os.listdir(directory):
-        if re.match(re.escape(name) + r"[._]", entry):
-            os.remove(os.path.join(directory, entry))
 
 
 # -- in the tasks ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ instance this process already has). A killed task is made deterministic without 
 qwen-data: the run is given a `run` (a test function) whose progress object holds shard 1's first
 attempt after its first chunk, the task then found through /proc as the process holding the
 shard's output lock, and killed. A stopped driver (the runs that resume by shard) is a KeyboardInterrupt
-raised where the driver saves a finished shard's picked records (`ray._keep_picked`) or merges.
+raised where the driver saves a finished shard's picked records (`kept.keep_picked`) or merges.
 """
 
 from __future__ import annotations
@@ -269,10 +269,11 @@ def _stopped(config, monkeypatch, after=None, step_type=None):
     """A Ray run of 3 shards (of the pretrain step, or `step_type`) stopped by a KeyboardInterrupt in the
     driver: once `after` shards' results are in and saved, or (None) once every shard's are, as the merge
     begins. → the shards saved."""
+    from qwen_data.run import kept
     from qwen_data.run import ray as executor
     from qwen_data.steps.pretrain import Tokenize
 
-    saved, keep = [], executor._keep_picked
+    saved, keep = [], kept.keep_picked
 
     def interrupting(shard_config, manifests, picked):
         keep(shard_config, manifests, picked)
@@ -284,7 +285,7 @@ def _stopped(config, monkeypatch, after=None, step_type=None):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patched:
-        patched.setattr(executor, "_keep_picked", interrupting)
+        patched.setattr(kept, "keep_picked", interrupting)
         if after is None:
             patched.setattr(executor, "_merge", merging)
         with pytest.raises(KeyboardInterrupt):
