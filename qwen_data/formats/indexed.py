@@ -234,6 +234,10 @@ class Behind:
         self._thread: threading.Thread | None = None
         self._room = threading.Semaphore(most) if most else None
         self._error: BaseException | None = None
+        # Held by `submit` and by `pause` until its thread has ended: a call of another `Behind` may submit
+        # here while this process pauses every one (`pause_threads`), and its call must neither go to a
+        # queue that is no longer read nor start a thread beside the one still ending.
+        self._lock = threading.Lock()
         Behind._live.add(self)
 
     def submit(self, call, *args) -> None:
@@ -241,11 +245,12 @@ class Behind:
             raise self._error
         if self._room is not None:
             self._room.acquire()
-        if self._thread is None:
-            self._queue = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
-            self._thread.start()
-        self._queue.put((call, args))
+        with self._lock:
+            if self._thread is None:
+                self._queue = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
+                self._thread.start()
+            self._queue.put((call, args))
 
     def _run(self, todo: queue.SimpleQueue) -> None:
         while (item := todo.get()) is not None:
@@ -260,12 +265,17 @@ class Behind:
 
     def pause(self) -> None:
         """Wait for every call submitted and end the thread; the first error raised, if any."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = self._queue = None
+        with self._lock:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = self._queue = None
         if self._error is not None:
             raise self._error
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
 
     def close(self, failed: bool = False) -> None:
         """`pause`, and this one is done; `failed`: its calls' error is not wanted."""
@@ -281,7 +291,7 @@ class Behind:
 def pause_threads() -> None:
     """End the thread of every `Behind` of this process (each starts again at its next call), until
     none runs: a call of one may submit to another (a layout's writes to the hash behind them)."""
-    while running := [behind for behind in list(Behind._live) if behind._thread is not None]:
+    while running := [behind for behind in list(Behind._live) if behind.running]:
         for behind in running:
             behind.pause()
 

@@ -1,0 +1,75 @@
+"""`formats.indexed.Behind`: calls run in order by a thread of their own (a .bin's hash trailing its
+writes, an SFT run's rows laid out behind the main thread), at most N waiting, every one ended before
+the process forks, an error raised where the caller next asks."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from qwen_data.formats.indexed import Behind, TrailingDigest, pause_threads
+from qwen_data.formats.digest import BinDigest
+
+
+def test_calls_run_in_order_and_at_most_n_wait():
+    behind, done, waiting = Behind(most=2), [], []
+    gate = threading.Event()
+
+    def call(k):
+        gate.wait()
+        done.append(k)
+
+    for k in range(2):
+        behind.submit(call, k)
+    late = threading.Thread(target=lambda: (behind.submit(call, 2), waiting.append(True)))
+    late.start()
+    time.sleep(0.2)
+    assert not waiting, "a third call was taken while two waited"
+    gate.set()
+    late.join(5)
+    behind.close()
+    assert done == [0, 1, 2] and waiting == [True]
+
+
+def test_an_error_is_raised_where_the_caller_asks_next_and_later_calls_are_skipped():
+    behind, done = Behind(), []
+
+    def fail():
+        raise OSError("disk full")
+
+    behind.submit(fail)
+    behind.submit(done.append, 1)
+    with pytest.raises(OSError, match="disk full"):
+        behind.pause()
+    assert done == []
+    with pytest.raises(OSError, match="disk full"):
+        behind.submit(done.append, 2)
+    behind.close(failed=True)  # the error is not wanted any more
+
+
+def test_calls_submitted_from_another_thread_while_paused_are_all_run(tmp_path):
+    """A layout's calls write a file whose hash trails them (a second `Behind`), while this process pauses
+    the hash again and again (as `pause_threads` does before every fork): no write goes unhashed, and once
+    every one is paused no thread runs."""
+    path = tmp_path / "f.bin"
+    with open(path, "wb", buffering=0) as f:
+        digest = TrailingDigest(str(path), BinDigest())
+        layout = Behind(most=2)
+
+        def lay_out(data):
+            f.write(data)
+            digest.advance(len(data))
+            time.sleep(0.001)
+
+        for k in range(200):
+            layout.submit(lay_out, bytes([k]) * 10_000)
+            digest._behind.pause()
+        pause_threads()
+        assert threading.active_count() == 1, threading.enumerate()
+        expected = BinDigest()
+        expected.update(b"".join(bytes([k]) * 10_000 for k in range(200)))
+        assert digest.hexdigest() == expected.hexdigest()
+        layout.close()
+        digest.close()
+    assert os.path.getsize(path) == 2_000_000
