@@ -326,6 +326,14 @@ class SampleWindows:
         """The buffers of windows that were laid out (`ids` and `mask` of any of them), to be written again."""
         self._spare.append((ids.base if ids.base is not None else ids, mask.base if mask.base is not None else mask))
 
+    def _buffers(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """A buffer pair of `size` tokens or more: one given back, or new ones."""
+        while self._spare:
+            ids, mask = self._spare.pop()
+            if len(ids) >= size:
+                return ids, mask
+        return np.empty(size, self._ids.dtype), np.empty(size, np.uint8)
+
     def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray):
         """Copies the samples (the arrays may be views of memory about to be reused)."""
         end = self._tokens + len(ids)
@@ -350,7 +358,7 @@ class SampleWindows:
         while first < len(lengths) and (plan := next_window(lengths[first:], self.packing, self.capacity, final)):
             n = len(plan.order)
             if not at:  # the buffers go with the windows: the samples still to come need others
-                self._ids, self._mask = self._spare.pop() if self._spare else (np.empty_like(ids), np.empty_like(mask))
+                self._ids, self._mask = self._buffers(len(ids))
             yield ids[at: at + plan.tokens], mask[at: at + plan.tokens], lengths[first: first + n], plan
             first, at = first + n, at + plan.tokens
         if at:  # the samples of the window still open, at the front of their buffers

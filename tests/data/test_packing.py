@@ -327,6 +327,37 @@ def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monke
         assert rows([(PACKINGS[method] if method else one_per_row)(lengths, 1024)]) == rows(p for _, p in at_once)
 
 
+def test_windows_stay_whole_until_their_buffers_are_given_back(monkeypatch):
+    """A run lays out windows behind its main thread (`SFTWriter`): their arrays are views of buffers
+    the next samples must not touch until the layout gives them back (`reuse`), whatever the pieces'
+    sizes (a piece larger than every buffer given back makes new ones)."""
+    monkeypatch.setattr(packing, "PACK_WINDOW", 5000)
+    lengths = realistic_sft_lengths(600, capacity=1024, seed=5)
+    ids = np.arange(lengths.sum(), dtype=np.int32)
+    mask = (ids % 5 == 0).astype(np.uint8)
+    ends = np.cumsum(lengths)
+    cuts = [*range(5, 200, 7), 420, *range(425, 600, 11)]  # samples 200-420 in one piece: the buffers grow
+    stream, waiting, at = SampleWindows("best-fit", 1024, np.int32), [], 0
+
+    def lay_out(batch):  # as the layout thread: each window's samples as fed, then its buffers back
+        nonlocal at
+        for w_ids, w_mask, _, plan in batch:
+            assert np.array_equal(w_ids, ids[at:at + plan.tokens]) and np.array_equal(w_mask, mask[at:at + plan.tokens])
+            at += plan.tokens
+        stream.reuse(*batch[0][:2])
+
+    for a, b in zip([0, *cuts], [*cuts, len(lengths)]):
+        first = int(ends[a - 1]) if a else 0
+        waiting += [batch for batch in [list(stream.add(ids[first:ends[b - 1]], mask[first:ends[b - 1]],
+                                                        lengths[a:b]))] if batch]
+        while len(waiting) > 2:  # the layout two batches behind
+            lay_out(waiting.pop(0))
+    waiting += [batch for batch in [list(stream.close())] if batch]
+    for batch in waiting:
+        lay_out(batch)
+    assert at == len(ids)
+
+
 def test_best_fit_in_windows_fills_realistic_rows_at_4096():
     """The fill of best fit window by window, at the real window size, over several windows."""
     lengths = realistic_sft_lengths(100_000, capacity=4096, seed=1)
