@@ -50,6 +50,14 @@ class BinDigest:
         return f"{SCHEME}:{self.n}:{self.h[0]:016x}:{self.h[1]:016x}"
 
 
+def digest_of(array) -> str:
+    """The joinable hash of an array's bytes as they are written (a worker hashes what it hands over,
+    so the process writing the files hashes none of it)."""
+    digest = BinDigest()
+    digest.update(array)
+    return digest.hexdigest()
+
+
 def join(digests: list[str]) -> str:
     """The hash of the byte strings of `digests` back to back."""
     h, n = [0, 0], 0

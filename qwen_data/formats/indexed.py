@@ -188,15 +188,18 @@ class MaskedWriter:
     def files(prefix: str) -> list[str]:
         return [prefix + channel + ext for channel in ("", MASK_SUFFIX) for ext in (".bin", ".idx")]
 
-    def __init__(self, paths: list[str], dtype, hashed: bool = True) -> None:
+    def __init__(self, paths: list[str], dtype, hashed: bool | str = True) -> None:
         """`paths`: where to write `files(prefix)`, in that order."""
         ids_bin, ids_idx, mask_bin, mask_idx = paths
         self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype, hashed)
         self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8, hashed)
 
-    def add_batch(self, ids, mask, sequence_lengths, sequences_per_document=None) -> None:
-        self.ids.add_batch(ids, sequence_lengths, sequences_per_document)
-        self.mask.add_batch(mask, sequence_lengths, sequences_per_document)
+    def add_batch(self, ids, mask, sequence_lengths, sequences_per_document=None,
+                  digests: tuple[str, str] | None = None) -> None:
+        """`digests`: the joinable hashes of `ids` and `mask` as written (a writer made with hashed="given")."""
+        ids_digest, mask_digest = digests or (None, None)
+        self.ids.add_batch(ids, sequence_lengths, sequences_per_document, digest=ids_digest)
+        self.mask.add_batch(mask, sequence_lengths, sequences_per_document, digest=mask_digest)
 
     def finalize(self) -> None:
         self.ids.finalize()

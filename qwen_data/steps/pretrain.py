@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import RecordError
-from ..formats.digest import BinDigest
+from ..formats.digest import digest_of
 from ..formats.indexed import IndexedDatasetWriter, token_dtype
 from ..formats.manifest import Manifest, fingerprinted, train_problems
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
@@ -101,7 +101,7 @@ class Tokenize:
         records = len(texts.by_key[0])
         dtype = token_dtype(self.tokenizer.vocab_size)
         result = Documents(rejects.entries, records, texts.text_bytes, sum(map(len, ids)), texts.special_records,
-                           ids, lengths, [_digest(doc_ids.astype(dtype, copy=False)) for doc_ids in ids])
+                           ids, lengths, [digest_of(doc_ids.astype(dtype, copy=False)) for doc_ids in ids])
         if self.checks is not None:
             result.misspelled, result.spelled = misspelled, 0 if misspelled else records
             ends = [np.cumsum(n) for n in lengths]
@@ -126,12 +126,6 @@ class Tokenize:
     def journaled(self) -> list[str]:
         """The staged files a run appends to chunk by chunk (`run.journal`): a killed run resumes."""
         return [f for p in self.prefixes() for f in IndexedDatasetWriter.files(p + ".bin" + TMP_SUFFIX, p + ".idx" + TMP_SUFFIX)]
-
-
-def _digest(ids: np.ndarray) -> str:
-    digest = BinDigest()
-    digest.update(ids)
-    return digest.hexdigest()
 
 
 class PretrainWriter:

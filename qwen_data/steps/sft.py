@@ -24,6 +24,7 @@ import numpy as np
 
 from ..certify.spelling import SpellingError
 from ..errors import RecordError
+from ..formats.digest import digest_of
 from ..formats.indexed import Behind, MaskedWriter, token_dtype
 from ..formats.layouts import DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
@@ -127,6 +128,9 @@ class SampleBatch(ChunkResult):
     mask: np.ndarray
     lengths: np.ndarray  # per sample
     truncated: int
+    # The joinable hashes of `ids` and `mask` as written, where the run writes the samples as they come
+    # (hashed in the worker; the main process hashes rows it lays out itself)
+    digests: tuple[str, str] | None = None
 
 
 def run(config: SFTConfig, progress=None) -> Manifest:
@@ -293,9 +297,12 @@ class _Batching:
 
     def result(self, rejects: list[dict]) -> SampleBatch:
         lengths = np.asarray([len(ids) for ids in self.ids], dtype=np.int64)
+        ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
+        mask = np.concatenate(self.mask) if self.mask else np.zeros(0, np.uint8)
+        written = ids.astype(token_dtype(self.step.tokenizer.vocab_size), copy=False)  # (the writer checks the range)
+        digests = None if self.config.lays_out_here else (digest_of(written), digest_of(mask))
         return SampleBatch(rejects, self.records, self.text_bytes, int(lengths.sum()), self.special_records,
-                           np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32),
-                           np.concatenate(self.mask) if self.mask else np.zeros(0, np.uint8), lengths, self.truncated)
+                           ids, mask, lengths, self.truncated, digests)
 
 
 def _as_read(record: Record, value: dict, columns) -> bytes | dict:
@@ -365,7 +372,8 @@ class SFTWriter:
             # costs it half: bench/results/cpu/2026-11-29-sft-main-checkers.md).
             self.laying = Behind(most=LAYOUTS_WAITING)
         else:
-            self.samples = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(self.prefix)], self.dtype)
+            self.samples = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(self.prefix)], self.dtype,
+                                        hashed="given")
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
 
@@ -385,7 +393,7 @@ class SFTWriter:
         if self.step.config.lays_out_here:
             self._lay_out(list(self.windows.add(result.ids, result.mask, result.lengths)))
         else:
-            self.samples.add_batch(result.ids, result.mask, result.lengths)
+            self.samples.add_batch(result.ids, result.mask, result.lengths, digests=result.digests)
         self.lengths.append(result.lengths.copy())  # a view of memory the next result reuses
         self.truncated += result.truncated
         self.special_records += result.special_records
