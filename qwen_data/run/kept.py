@@ -47,11 +47,11 @@ def recorded(directory: str, run: str, shards: int | None) -> int | None:
     None otherwise."""
     try:
         with open(os.path.join(directory, RUN_FILE), encoding="utf-8") as f:
-            recorded = json.load(f)
-        count = recorded["shards"]
+            found = json.load(f)
+        count = found["shards"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if recorded.get("run") != run or type(count) is not int or count < 1 or shards not in (None, count):
+    if found.get("run") != run or type(count) is not int or count < 1 or shards not in (None, count):
         return None
     return count
 
