@@ -299,8 +299,9 @@ class _Batching:
         lengths = np.asarray([len(ids) for ids in self.ids], dtype=np.int64)
         ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
         mask = np.concatenate(self.mask) if self.mask else np.zeros(0, np.uint8)
-        written = ids.astype(token_dtype(self.step.tokenizer.vocab_size), copy=False)  # (the writer checks the range)
-        digests = None if self.config.lays_out_here else (digest_of(written), digest_of(mask))
+        # (hashed as written, in the writer's dtype: the writer checks that every id fits it)
+        digests = None if self.config.lays_out_here else (
+            digest_of(ids.astype(token_dtype(self.step.tokenizer.vocab_size), copy=False)), digest_of(mask))
         return SampleBatch(rejects, self.records, self.text_bytes, int(lengths.sum()), self.special_records,
                            ids, mask, lengths, self.truncated, digests)
 
