@@ -22,6 +22,7 @@ import numpy as np
 from ..formats.indexed import MaskedWriter, bin_tokens, read_index
 from .messages import NotMappable, RecordReading
 from .reference import ChatReference, NotCertified, TextReference, difference, preload, reference_jinja, versions
+from . import trimmed
 from .sample import LONG_BYTES, Sampling, detection, numbers, ranges, window
 from .spelling import Speller, normalized
 
@@ -97,6 +98,11 @@ class _Checks:
         return {}
 
 
+# A run estimated to hold this many records or fewer checks each batch with HF's tokenizer cut down to
+# its texts (`certify.trimmed`: a few ms where loading the whole takes ~0.4 s, more than such a run's work).
+TRIM_RECORDS = 64
+
+
 class TextChecks(_Checks):
     """Pretraining: each document's ids spell its text; picked records' ids (or a window of a long
     one's) equal HF tokenizers' on the same text, under the run's special-token policy."""
@@ -110,7 +116,8 @@ class TextChecks(_Checks):
         super().__init__(step, inputs, estimates)
         policy = step.config.special_tokens
         self.speller = Speller(self.tokenizer, policy)
-        self.reference = TextReference(self.tokenizer.directory, self.tokenizer.flavour, policy)
+        self.reference = TextReference(self.tokenizer.directory, self.tokenizer.flavour, policy,
+                                       trim=self.sampling.estimated <= TRIM_RECORDS)
         self.eod_id = step.eod_id
 
     def item(self, number: int, position: int, documents: list[tuple[str, np.ndarray, str | None]]) -> tuple:
@@ -406,17 +413,19 @@ def _joinable(part: dict | None) -> bool:
 
 
 _CHECKS = None  # the checking process's checker, once sent
+READY = "ready"  # the answer to "checks": loaded, checking from now on
 
 
 def check_in_side(item) -> tuple[dict, str | None] | None:
-    """In the checking process: load HF's tokenizer, take the checker (and load the rest of its
-    reference), then check."""
+    """In the checking process: load HF's tokenizer (or, `whole` false, the tables it is cut down
+    from), take the checker (and load the rest of its reference), then check."""
     global _CHECKS
     if isinstance(item, tuple) and item[0] == "load":
-        preload(item[1])
+        _, path, whole = item
+        preload(path) if whole else trimmed.tables(path)  # a pretrain run's checks load the rest as they need it
         return None
     if isinstance(item, tuple) and item[0] == "checks":
         _CHECKS = item[1]
         _CHECKS.load()
-        return None
+        return READY
     return _CHECKS.check(item)

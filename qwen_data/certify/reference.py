@@ -30,6 +30,7 @@ from importlib import metadata
 import numpy as np
 
 from ..qwen import CONTENT_TOKENS, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from . import trimmed
 from .messages import NotMappable, RecordReading, read_record
 from .render import ChatJinja, named_tokens
 from .sample import LONG_RENDER, window
@@ -68,16 +69,24 @@ class TextReference:
     run keeps as plain text (all under text; structural ones under safe and reject; those beyond the
     run's flavour always), the text is cut at the literals kept as ids, as HF cuts at added tokens,
     and the pieces are encoded by HF's own model, normalizer and pre-tokenizer with no added tokens.
-    HF's tokenizer loads when the first record is checked (`_hf_tokenizer`).
+    HF's tokenizer loads when the first record is checked (`_hf_tokenizer`). `trim`: a run of few
+    records, whose checks each take HF's tokenizer cut down to the batch's texts (`certify.trimmed`,
+    ~5 ms) where this process does not hold the whole one (~0.4 s to load).
     """
 
-    def __init__(self, directory: str, flavour: str, policy: str) -> None:
+    def __init__(self, directory: str, flavour: str, policy: str, trim: bool = False) -> None:
         self.path = os.path.join(directory, "tokenizer.json")
         self.last_id = FIRST_ADDED_ID + FLAVOUR_ADDED_TOKENS[flavour] - 1
         self.policy = policy
+        self.trim = trim
 
     def load(self) -> None:
-        _hf_tokenizer(self.path)
+        if not self._trims:
+            _hf_tokenizer(self.path)
+
+    @property
+    def _trims(self) -> bool:
+        return self.trim and not holds(self.path) and trimmed.tables(self.path) is not None
 
     @property
     def _full(self):
@@ -85,16 +94,13 @@ class TextReference:
 
     @functools.cached_property
     def _plain(self):
-        from tokenizers import Tokenizer
-
-        plain = Tokenizer(self._full.model)
-        plain.normalizer, plain.pre_tokenizer = self._full.normalizer, self._full.pre_tokenizer
-        return plain
+        return _plain(self._full)
 
     @functools.cached_property
     def _literals(self) -> tuple[dict[str, int], set[str], set[str]]:
         """(every added token's literal → its id, the flavour's literals, those this policy keeps as ids)."""
-        added = {t.content: i for i, t in self._full.get_added_tokens_decoder().items()}
+        base = trimmed.tables(self.path).base if self._trims else self._full  # HF's reading of the added tokens
+        added = {t.content: i for i, t in base.get_added_tokens_decoder().items()}
         flavour = {c for c, i in added.items() if i <= self.last_id}
         return added, flavour, {"parse": flavour, "text": set()}.get(self.policy, flavour & CONTENT_TOKENS)
 
@@ -114,19 +120,33 @@ class TextReference:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text, as `encode` gives them, one text after another: HF's batch encoder
         runs a thread per core, which on a run's busy host spun for as much CPU as it encoded."""
+        if self._trims:
+            cut = trimmed.tables(self.path).tokenizer(piece for text in texts for piece in self.pieces(text))
+            models = cut, _plain(cut)
+            return [self.encode(text, models=models)[0] for text in texts]
         return [self.encode(text)[0] for text in texts]
+
+    def pieces(self, text: str) -> list[str]:
+        """The pieces of `text` HF's model encodes (`encode`): between the added tokens' literals
+        where HF splits them out, else between those this policy keeps as ids."""
+        every, kept = self._patterns
+        split = every if every.pattern == kept.pattern or not every.search(text) else kept
+        return split.split(text)[::2]
 
     def spelled(self, text: str, unmark: dict | None = None) -> str:
         """What `text`'s ids spell: its placeholders put back, normalized as HF normalizes it."""
         return normalized(text.translate(unmark) if unmark else text)
 
-    def encode(self, text: str, unmark: dict | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+    def encode(self, text: str, unmark: dict | None = None, models: tuple | None = None
+               ) -> tuple[list[int], list[tuple[int, int]]]:
         """(ids, each id's character span in `text`). `unmark`: a `str.translate` table of the
         placeholders `text` holds (`ChatReference`), each one character standing for another: the
-        text between the literals kept as ids is encoded with them put back."""
+        text between the literals kept as ids is encoded with them put back. `models`: HF's
+        tokenizer and its model alone (`_plain`) to encode with (default: the whole ones)."""
         every, kept = self._patterns
+        full, plain = models or (self._full, self._plain)
         if not unmark and (every.pattern == kept.pattern or not every.search(text)):
-            encoding = self._full.encode(text, add_special_tokens=False)
+            encoding = full.encode(text, add_special_tokens=False)
             return encoding.ids, encoding.offsets
         ids, offsets, position = [], [], 0
         for k, piece in enumerate(kept.split(text)):  # text, literal, text, ...: the literals at odd places
@@ -134,11 +154,20 @@ class TextReference:
                 ids.append(self.ids_of[piece])
                 offsets.append((position, position + len(piece)))
             elif piece:
-                encoding = self._plain.encode(piece.translate(unmark) if unmark else piece, add_special_tokens=False)
+                encoding = plain.encode(piece.translate(unmark) if unmark else piece, add_special_tokens=False)
                 ids += encoding.ids
                 offsets += [(position + a, position + b) for a, b in encoding.offsets]
             position += len(piece)
         return ids, offsets
+
+
+def _plain(tokenizer):
+    """HF's model of `tokenizer` with its normalizer and pre-tokenizer, and no added tokens."""
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer(tokenizer.model)
+    plain.normalizer, plain.pre_tokenizer = tokenizer.normalizer, tokenizer.pre_tokenizer
+    return plain
 
 
 def _pattern(contents) -> re.Pattern:

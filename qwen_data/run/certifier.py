@@ -15,7 +15,7 @@ workers ran 0.5-1 s later); kept here, the workers start as they do without the 
 
 from __future__ import annotations
 
-from ..certify.checks import CertificateError, add_counts, check_in_side
+from ..certify.checks import READY, CertificateError, add_counts, check_in_side
 from ..certify.reference import holds
 from .prestart import take as take_prestarted
 
@@ -41,14 +41,15 @@ class Certifier:
             side.send(("checks", checks))
 
     @staticmethod
-    def early(tokenizer_json: str, count: int = 1) -> list:
+    def early(tokenizer_json: str, count: int = 1, whole: bool = True) -> list:
         """`count` checking processes, forked before the run prepares anything (or the one forked
         as the command started, `prestart`, adopted), that load HF's tokenizer from `tokenizer_json`
         at once (~0.4-0.8 s: the reference's fixed cost, which a small run would otherwise add to
         its own); none where this process holds it already (a
         second run in one process, as tests and Ray tasks make: it checks here). HF encodes ~1 MB/s
         a core: a run of many workers checks its sample in several processes, or its end would
-        wait for one."""
+        wait for one. `whole` false: they load the tables HF's tokenizer is cut down from
+        (`certify.trimmed`), and the whole one only where the run's checks ask (pretraining)."""
         if holds(tokenizer_json):
             take_prestarted(None)  # one forked as the command started (`prestart`) is not needed
             return []
@@ -58,7 +59,7 @@ class Certifier:
         sides = [SideProcess(check_in_side, forked)] if forked else []
         sides += [SideProcess(check_in_side) for _ in range(count - len(sides))]
         for side in sides:
-            side.send(("load", tokenizer_json))
+            side.send(("load", tokenizer_json, whole))
         return sides
 
     @classmethod
@@ -84,7 +85,6 @@ class Certifier:
         self.waiting.append(items)
         for k, side in enumerate(self.sides):
             for answer in side.arrived():
-                self.loading = False  # a first answer says the reference is loaded
                 self._answer(k, answer)
         if not self.loading:
             self._send_waiting()
@@ -92,7 +92,10 @@ class Certifier:
 
     def _answer(self, side: int, answer) -> None:
         """An answer of checking process `side`: the next batch it was sent (loads answer nothing)."""
-        if answer is None:  # to "load" or "checks": no batch
+        if answer is None:  # to "load": no batch
+            return
+        if answer == READY:  # to "checks", which load what the checks need: one side checks now
+            self.loading = False
             return
         self._take(side + len(self.sides) * self._taken[side], answer)
         self._taken[side] += 1

@@ -155,7 +155,7 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     early = []
     if config.certify and config.check_here:
         early = Certifier.early(os.path.join(resolve_tokenizer_dir(config.tokenizer.name)[1], "tokenizer.json"),
-                                checkers(step, config.workers))
+                                checkers(step, config.workers), whole=step.kind == "sft")
     else:
         take_prestarted(None)  # nothing checks here: a checking process forked as the command started goes
     try:

@@ -38,7 +38,7 @@ def prestart(argv: list[str]) -> None:
     pid = os.fork()
     if pid == 0:  # the checking process: never returns
         ours.close()
-        _check_here(theirs, parent, path, held)
+        _check_here(theirs, parent, path, held, whole=_command(argv) == "sft")
     signal.pthread_sigmask(signal.SIG_SETMASK, held)
     theirs.close()
     _prestarted = (pid, ours, path)
@@ -64,11 +64,14 @@ def take(tokenizer_json: str | None) -> tuple[int, socket.socket] | None:
     return None
 
 
+def _command(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def _tokenizer_json(argv: list[str]) -> str | None:
     """The tokenizer.json a certified pretrain or sft `argv` encodes with, where the command line
     alone says (the CLI decides everything else; a guess that proves wrong costs a killed process)."""
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command not in COMMANDS or {"--no-certify", "-h", "--help"} & set(argv):
+    if _command(argv) not in COMMANDS or {"--no-certify", "-h", "--help"} & set(argv):
         return None
     values = {}
     for k, arg in enumerate(argv):
@@ -83,9 +86,11 @@ def _tokenizer_json(argv: list[str]) -> str | None:
     return os.path.join(os.path.abspath(folder), "tokenizer.json")
 
 
-def _check_here(sock: socket.socket, parent: int, path: str, mask: set) -> None:
-    """The checking process: HF's tokenizer loaded first (the long part), then the run's checks
-    served as `run.certifier` serves them in the processes it forks."""
+def _check_here(sock: socket.socket, parent: int, path: str, mask: set, whole: bool) -> None:
+    """The checking process: HF's tokenizer loaded first (the long part; for pretraining, only the
+    tables it is cut down from, `certify.trimmed`: a run of few records needs no more, and a larger
+    one's checks load the rest), then the run's checks served as `run.certifier` serves them in the
+    processes it forks."""
     status = 0
     try:
         for signum in STOPPING:  # the run decides, then kills us
@@ -95,10 +100,16 @@ def _check_here(sock: socket.socket, parent: int, path: str, mask: set) -> None:
         die_with(parent)
         from tokenizers import Tokenizer
 
+        loaded = None
         try:
-            loaded = Tokenizer.from_file(path)
+            if whole:
+                loaded = Tokenizer.from_file(path)
+            else:
+                from ..certify import trimmed
+
+                trimmed.tables(path)
         except Exception:  # the run's own request to load it says why, in the run
-            loaded = None
+            pass
         from multiprocess.connection import Connection
 
         from ..certify.reference import hold
