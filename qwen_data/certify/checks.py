@@ -205,6 +205,30 @@ class ChatChecks(_Checks):
                 ((named(k, count), 0, documents + index, 0, len(ids), ids),
                  (named(k, count), 1, documents + index, 0, len(mask), mask))]
 
+    @staticmethod
+    def item_json(item: tuple) -> list | None:
+        """An item as a run's journal keeps it (`run.journal`), to be checked by the run that resumes
+        (which reads back no sample of it: the journal's hashes vouch for the reused bytes, so where
+        its samples were written is not kept); None for a record JSON cannot give back as it is (a
+        row holding dates or bytes): its chunk is then reused only once its answer is in the journal."""
+        number, (source, count, samples), _ = item
+        if isinstance(source, bytes):
+            kept = {"line": base64.b64encode(source).decode()}
+        else:
+            try:
+                if json.loads(json.dumps(source)) != source:
+                    return None
+            except (TypeError, ValueError):
+                return None
+            kept = {"value": source}
+        return [number, kept, count, [[k, _array_json(ids), _array_json(mask)] for k, ids, mask in samples]]
+
+    @staticmethod
+    def item_from_json(value: list) -> tuple:
+        number, kept, count, samples = value
+        source = base64.b64decode(kept["line"]) if "line" in kept else kept["value"]
+        return number, (source, count, [(k, _array_of(ids), _array_of(mask)) for k, ids, mask in samples]), []
+
     def staged_files(self, prefixes: list[str]) -> list[tuple[str, str]]:
         (prefix,) = prefixes
         ids_bin, ids_idx, mask_bin, mask_idx = MaskedWriter.files(prefix)
@@ -329,6 +353,17 @@ def _ids_of(kept) -> np.ndarray:
     if isinstance(kept, list):
         return np.asarray(kept, dtype=np.int32)
     return np.frombuffer(base64.b64decode(kept), dtype="<i4").astype(np.int32)
+
+
+def _array_json(array: np.ndarray) -> list[str]:
+    """An array as a journal keeps it: its dtype and base64 of its bytes."""
+    array = np.ascontiguousarray(array)
+    return [array.dtype.str, base64.b64encode(array).decode()]
+
+
+def _array_of(kept: list[str]) -> np.ndarray:
+    dtype, data = kept
+    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype)).copy()
 
 
 def _lines(items: list) -> dict[str, list[int]]:

@@ -97,6 +97,19 @@ class IndexedDatasetWriter:
         self._lengths.flush()
         self._doc_ends.flush()
 
+    def journaled(self, digest: str) -> dict[str, str | None]:
+        """`flush`, then each file appended to (`files`) with the joinable hash of what the last batch
+        added to it, for `run.journal`: the .bin's as given (`digest`), None for the index's side files
+        (the journal reads those few bytes back)."""
+        self.flush()
+        bin_path, lengths, ends = self.files(self.bin_path, self.idx_path)
+        return {bin_path: digest, lengths: None, ends: None}
+
+    def sequence_lengths(self) -> np.ndarray:
+        """Every sequence's length written so far (a resumed run's included), from the side file."""
+        self.flush()
+        return np.fromfile(self.idx_path + ".lengths", dtype=np.int32).astype(np.int64)
+
     def add_document(self, tokens, sequence_lengths=None) -> None:
         """One document; `sequence_lengths` splits it into sequences (default: one)."""
         tokens = np.asarray(tokens)
@@ -179,6 +192,7 @@ class IndexedDatasetWriter:
 
 # SFT data is two datasets with one index: the ids at PREFIX, the uint8 loss mask at PREFIX.lossmask.
 MASK_SUFFIX = ".lossmask"
+CHANNELS = ("", MASK_SUFFIX)  # a prefix's datasets, in order (its manifest's digests): the ids', the mask's
 
 
 class MaskedWriter:
@@ -186,13 +200,16 @@ class MaskedWriter:
 
     @staticmethod
     def files(prefix: str) -> list[str]:
-        return [prefix + channel + ext for channel in ("", MASK_SUFFIX) for ext in (".bin", ".idx")]
+        return [prefix + channel + ext for channel in CHANNELS for ext in (".bin", ".idx")]
 
-    def __init__(self, paths: list[str], dtype, hashed: bool | str = True) -> None:
-        """`paths`: where to write `files(prefix)`, in that order."""
+    def __init__(self, paths: list[str], dtype, hashed: bool | str = True,
+                 resumed: tuple[str, str] | None = None) -> None:
+        """`paths`: where to write `files(prefix)`, in that order; `resumed`: the joinable hashes of
+        the ids' and the mask's .bin bytes a killed run wrote (`IndexedDatasetWriter`)."""
         ids_bin, ids_idx, mask_bin, mask_idx = paths
-        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype, hashed)
-        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8, hashed)
+        ids_resumed, mask_resumed = resumed or (None, None)
+        self.ids = IndexedDatasetWriter(ids_bin, ids_idx, dtype, hashed, resumed=ids_resumed)
+        self.mask = IndexedDatasetWriter(mask_bin, mask_idx, np.uint8, hashed, resumed=mask_resumed)
 
     def add_batch(self, ids, mask, sequence_lengths, sequences_per_document=None,
                   digests: tuple[str, str] | None = None) -> None:

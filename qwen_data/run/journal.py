@@ -64,14 +64,18 @@ class Journal:
         self._file = None
         self._ends: dict[str, int] = {}
 
-    def resumable(self, files: list[str]) -> Resumed:
+    def resumable(self, files: list[str], read_picked=None) -> Resumed:
         """The chunks of an earlier run of this identity whose bytes in `files` (staged paths) are
         still what the journal says, each file cut back to the last of them; none where there is no
-        such run (the files are then written anew)."""
+        such run (the files are then written anew). `read_picked`: reads a picked record back
+        (`item_from_json`); a chunk whose picked records were not kept or do not read back is reused
+        only where its check is in the journal."""
         chunks, answers = _read(self.path, self.run)
         if not chunks or not all(os.path.exists(f) for f in files):
             return Resumed()
         good = _checked(chunks, files)
+        good = next((k for k, chunk in enumerate(chunks[:good])
+                     if k not in answers and not _reads_back(chunk["picked"], read_picked)), good)
         resumed = Resumed(chunks[:good], {k: a for k, a in answers.items() if k < good})
         for path in files:
             os.truncate(path, resumed.ends.get(path, 0))
@@ -184,6 +188,19 @@ def _read(path: str, run: str) -> tuple[list[dict], dict[int, dict]]:
         except (ValueError, AttributeError, KeyError, TypeError):  # a line cut short by the kill, or no journal of ours
             pass
     return chunks, answers
+
+
+def _reads_back(picked: list | None, read) -> bool:
+    """Whether a chunk's picked records were kept and read back (a journal of another version may
+    keep them otherwise: its chunk is then done again, never a failure)."""
+    if picked is None:
+        return False
+    try:
+        for _, item in picked if read is not None else []:
+            read(item)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return False
+    return True
 
 
 def _checked(chunks: list[dict], files: list[str]) -> int:

@@ -26,7 +26,7 @@ from ..certify.checks import CertificateError, add_counts, checkers, checks_for,
 from ..errors import InputFileError
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
-from ..formats.indexed import pause_threads
+from ..formats.indexed import CHANNELS, pause_threads
 from ..formats.manifest import Manifest, input_entry
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
 from ..inputs.chunks import DEFAULT_CHUNK_BYTES, Chunk, LineNumbers
@@ -175,8 +175,9 @@ def _run(step: Step, config: RunConfig, start: float, early, progress: Progress 
             side.end()
         early.clear()
     # A step whose writer appends chunk by chunk keeps a journal: a killed run resumes (`journal`).
-    journal = Journal(config.output_prefix, identity(config, inputs)) \
-        if config.check_here and hasattr(step, "journaled") and STDIN not in config.inputs else None
+    journaled = step.journaled() if config.check_here and hasattr(step, "journaled") and STDIN not in config.inputs \
+        else None
+    journal = Journal(config.output_prefix, identity(config, inputs)) if journaled is not None else None
     if journal is not None:  # a commit a killed run began is finished first, its files checked
         held = AtomicOutputs(step.files() + [config.rejects_path])
         try:
@@ -190,7 +191,9 @@ def _run(step: Step, config: RunConfig, start: float, early, progress: Progress 
                   dataset_owner(step.prefixes(), step.kind))
     try:
         with AtomicOutputs(step.files() + [config.rejects_path], keep_on_interrupt=journal is not None) as outputs:
-            resumed = journal.resumable([*step.journaled(), config.rejects_path + TMP_SUFFIX]) if journal else Resumed()
+            resumed = journal.resumable([*journaled, config.rejects_path + TMP_SUFFIX],
+                                        step.checks.item_from_json if step.checks is not None else None) \
+                if journal else Resumed()
             writer = step.open(outputs, resumed) if journal else step.open(outputs)
             rejects = RejectLog(outputs.tmp(config.rejects_path), config.max_rejects,
                                 _summed(resumed, "rejects") if resumed.chunks else None)
@@ -241,9 +244,10 @@ def _written(step: Step, config: RunConfig, sources: list[InputFile], inputs: li
     if rejects.count == 0:
         outputs.discard(config.rejects_path)
     markers = [prefix + ".json" for prefix in manifests]
-    if journal is not None:  # (a step that journals writes one channel a prefix: PREFIX.bin)
+    if journal is not None:  # (each .bin's hash from its manifest, channel by channel)
         journal.committing(*outputs.commit_order(markers),
-                           {prefix + ".bin": m.digests[0][1] for prefix, m in manifests.items()})
+                           {prefix + channel + ".bin": digest for prefix, m in manifests.items()
+                            for channel, (_, digest) in zip(CHANNELS, m.digests)})
     outputs.commit(markers=markers)
     return manifests
 
@@ -307,9 +311,10 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
             rejects.add(result.rejects)
             progress.update(result.records, result.text_bytes, result.tokens, input_bytes)
             if journal is not None:
+                picked = [] if batch is None else [[f"{path}:{item[0] + shift}", checks.item_json(item)]
+                                                   for item in result.to_check]
                 _journal(journal, writer, rejects, result, first, span, input_bytes, batch,
-                         [] if batch is None else [[f"{path}:{item[0] + shift}", checks.item_json(item)]
-                                                   for item in result.to_check])
+                         None if any(item is None for _, item in picked) else picked)
                 journal.answers(certifier.answered if certifier is not None else {})
         progress.close()
         rejects.close()
@@ -352,7 +357,7 @@ def _journal(journal: Journal, writer: Writer, rejects: RejectLog, result: Chunk
              span: bool, input_bytes: int, batch: int | None, picked: list) -> None:
     """A chunk written, in the journal at once: its counts, where its bytes end in each staged file
     and their hashes, and its records picked for the certificate (checked by the run that resumes
-    where their answer is not in the journal)."""
+    where their answer is not in the journal; None: they could not be kept)."""
     rejects.flush()
     reasons: dict[str, int] = {}
     for entry in result.rejects:
@@ -360,6 +365,7 @@ def _journal(journal: Journal, writer: Writer, rejects: RejectLog, result: Chunk
     journal.chunk({"first": first, "span": span, "lines": result.lines, "records": result.records,
                    "text_bytes": result.text_bytes, "tokens": result.tokens, "input_bytes": input_bytes,
                    "special_records": result.special_records, "spelled": result.spelled, "rejects": reasons,
+                   "truncated": getattr(result, "truncated", 0),  # (SFT's samples cut to --seq-length)
                    "picked": picked, **journal.written(writer.flush() | {rejects.path: None})}, batch)
 
 

@@ -149,9 +149,7 @@ class PretrainWriter:
         to each (None: the journal reads it back), for `run.journal`."""
         hashes = {}
         for writer, digest in zip(self.writers.values(), self._last):
-            writer.flush()
-            lengths, ends = IndexedDatasetWriter.files(writer.bin_path, writer.idx_path)[1:]
-            hashes |= {writer.bin_path: digest, lengths: None, ends: None}
+            hashes |= writer.journaled(digest)
         return hashes
 
     def add(self, result: Documents) -> None:

@@ -25,10 +25,10 @@ import numpy as np
 from ..certify.spelling import SpellingError
 from ..errors import RecordError
 from ..formats.digest import digest_of
-from ..formats.indexed import Behind, MaskedWriter, token_dtype
+from ..formats.indexed import Behind, IndexedDatasetWriter, MaskedWriter, token_dtype
 from ..formats.layouts import DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
-from ..formats.outputs import AtomicOutputs
+from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
 from ..formats.packing import DEFAULT_PACKING, PACKINGS, SampleWindows
 from ..inputs.columns import ColumnMap
 from ..inputs.chunks import Chunk
@@ -37,6 +37,7 @@ from ..qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN
 from ..qwen import EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS
 from ..qwen import FIRST_ADDED_ID, MAX_SEQ_LENGTH, TEMPLATE_FLAVOURS, TEMPLATE_TOKENS
 from ..run import pipeline
+from ..run.journal import Resumed, joined
 from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals
 from ..text.conversations import FORMATS, to_conversation
@@ -197,8 +198,16 @@ class ChatSamples:
         return literals.render(self.template, conversation, self.acted_on if special and policy != "parse" else None,
                                self.config.rendered_history, self.config.enable_thinking)
 
-    def open(self, outputs: AtomicOutputs) -> "SFTWriter":
-        return SFTWriter(self, outputs)
+    def open(self, outputs: AtomicOutputs, resumed: Resumed | None = None) -> "SFTWriter":
+        return SFTWriter(self, outputs, resumed)
+
+    def journaled(self) -> list[str] | None:
+        """The staged files a run appends to chunk by chunk (`run.journal`): a killed run resumes.
+        None where the run lays out rows (packed, Pai): a row waits on samples of chunks to come."""
+        if self.config.lays_out_here:
+            return None
+        ids_bin, ids_idx, mask_bin, mask_idx = (path + TMP_SUFFIX for path in MaskedWriter.files(self.config.output_prefix))
+        return IndexedDatasetWriter.files(ids_bin, ids_idx) + IndexedDatasetWriter.files(mask_bin, mask_idx)
 
 
 class _Batching:
@@ -358,7 +367,9 @@ class SFTWriter:
     """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), or,
     for a layout that lays out rows, its rows, written as windows of samples close (`packing.SampleWindows`)."""
 
-    def __init__(self, step: ChatSamples, outputs: AtomicOutputs) -> None:
+    def __init__(self, step: ChatSamples, outputs: AtomicOutputs, resumed: Resumed | None = None) -> None:
+        """`resumed`: the chunks a killed run wrote, which the files hold (`run.journal`; samples
+        written as they come only)."""
         self.step = step
         config = step.config
         self.dtype = token_dtype(step.tokenizer.vocab_size)
@@ -373,10 +384,16 @@ class SFTWriter:
             # costs it half: bench/results/cpu/2026-11-29-sft-main-checkers.md).
             self.laying = Behind(most=LAYOUTS_WAITING)
         else:
-            self.samples = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(self.prefix)], self.dtype,
-                                        hashed="given")
+            files = MaskedWriter.files(self.prefix)
+            paths = [outputs.tmp(path) for path in files]
+            reused = resumed is not None and bool(resumed.chunks)
+            self.samples = MaskedWriter(paths, self.dtype, hashed="given", resumed=(
+                joined(resumed, outputs.staged(files[0])), joined(resumed, outputs.staged(files[2]))) if reused else None)
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
+        if resumed is not None and resumed.chunks:
+            self.lengths.append(self.samples.ids.sequence_lengths())
+            self.truncated, self.special_records = resumed.total("truncated"), resumed.total("special_records")
 
     @property
     def documents(self) -> int:
@@ -395,9 +412,16 @@ class SFTWriter:
             self._lay_out(list(self.windows.add(result.ids, result.mask, result.lengths)))
         else:
             self.samples.add_batch(result.ids, result.mask, result.lengths, digests=result.digests)
+            self._last = result.digests
         self.lengths.append(result.lengths.copy())  # a view of memory the next result reuses
         self.truncated += result.truncated
         self.special_records += result.special_records
+
+    def flush(self) -> dict[str, str | None]:
+        """The ids and the mask handed to the kernel; → each appended file with the joinable hash of
+        what the last result added to it (`run.journal`)."""
+        ids_digest, mask_digest = self._last
+        return self.samples.ids.journaled(ids_digest) | self.samples.mask.journaled(mask_digest)
 
     def _lay_out(self, windows: list) -> None:
         """The windows that closed (views of one buffer pair), laid out behind; their buffers then reused."""

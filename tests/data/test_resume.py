@@ -1,5 +1,6 @@
-"""A pretrain run killed (SIGKILL) and run again with the same command goes on from its journal
-(`run.journal`) and ends with the bytes of a run never killed; what it reuses is checked, never trusted.
+"""A pretrain run, or an SFT run that writes its samples as they come (unpacked), killed (SIGKILL)
+and run again with the same command goes on from its journal (`run.journal`) and ends with the bytes
+of a run never killed; what it reuses is checked, never trusted.
 
 Each kill is made deterministic by a child process that runs `qwen-data` with one function wrapped
 to kill the process at its N-th call: after a chunk's journal line (between chunks), half-way
@@ -15,7 +16,8 @@ import sys
 
 import numpy as np
 import pytest
-from _helpers import corpus, manifest
+from _helpers import chats, corpus, manifest
+from _oracles import oracle_dir
 
 from qwen_data.cli import main
 
@@ -44,6 +46,9 @@ elif where == "mid-chunk":
     from qwen_data.formats import indexed
     original = indexed._write_all
     indexed._write_all = killing(original)
+elif where == "sft-result":  # the N-th result an SFT run takes
+    from qwen_data.steps import sft
+    sft.SFTWriter.add = killing(sft.SFTWriter.add)
 elif where == "commit":  # the N-th file renamed into place, the others not
     from qwen_data.formats import outputs
     commit = outputs.AtomicOutputs.commit
@@ -106,3 +111,98 @@ def test_picked_ids_in_a_journal_read_back_as_written_and_as_0_4_0_wrote_them():
         number, position, [(text, back, a, b)] = TextChecks.item_from_json(value)
         assert (number, position, text, a, b) == (3, 1, "hello", 0, 4)
         assert back.dtype == np.int32 and np.array_equal(back, ids)
+
+
+@pytest.fixture(scope="module")
+def chat_records(tmp_path_factory):
+    return chats(tmp_path_factory.mktemp("resume-sft") / "c.jsonl", seed=5, count=3000, longest=40)
+
+
+def _sft_args(records, prefix):
+    return ["sft", records, "-o", prefix, "--quiet", "--workers", "2", "--chunk-mb", "0.05", "--template", "qwen2p5",
+            "--seq-length", "256", "--overlong", "truncate",
+            "--reference-template", str(oracle_dir() / "qwen2.5-instruct.jinja")]
+
+
+@pytest.fixture(scope="module")
+def whole_sft(chat_records, tmp_path_factory):
+    prefix = str(tmp_path_factory.mktemp("whole-sft") / "w")
+    assert main(_sft_args(chat_records, prefix)) == 0
+    return manifest(prefix)
+
+
+@pytest.mark.parametrize("where, after", [("between-chunks", 4), ("mid-chunk", 11), ("commit", 3)])
+def test_a_killed_sft_run_resumes_to_the_same_bytes(chat_records, whole_sft, tmp_path, where, after):
+    prefix = str(tmp_path / "s")
+    args = _sft_args(chat_records, prefix)
+    killed = subprocess.run([sys.executable, "-c", KILLER, where, str(after), *args], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not os.path.exists(prefix + ".json")
+    with open(prefix + ".journal", encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f][1:]
+    chunks = [line for line in lines if "files" in line]
+    if where == "between-chunks":
+        assert len(chunks) == after and any(chunk["picked"] for chunk in chunks)
+    if where != "commit":  # the samples written but not journaled are done again: a few chunks at most
+        written, journaled = os.path.getsize(prefix + ".bin.tmp"), chunks[-1]["files"][prefix + ".bin.tmp"]
+        assert (written - journaled) / (whole_sft["tokens"] * 4) <= 0.10
+    assert main(args) == 0
+    again = manifest(prefix)
+    assert again["fingerprint"] == whole_sft["fingerprint"] and again["digests"] == whole_sft["digests"]
+    assert again["sft"] == whole_sft["sft"] and again["sft"]["truncated"] > 0
+    for name in ("documents", "tokens", "rejects"):
+        assert again[name] == whole_sft[name]
+    ours, theirs = again["certificate"], whole_sft["certificate"]
+    assert ours["certified"] and ours["records_checked"] == theirs["records_checked"]
+    assert ours["lines_checked"] == theirs["lines_checked"]
+    assert not [name for name in os.listdir(tmp_path) if name.endswith((".tmp", ".journal", ".lengths", ".docends"))]
+
+
+def test_a_packed_sft_run_keeps_no_journal(chat_records, tmp_path):
+    """Packed rows wait on the samples of chunks to come: such a run starts again from its first chunk."""
+    prefix = str(tmp_path / "p")
+    args = [*_sft_args(chat_records, prefix), "--pack"]
+    killed = subprocess.run([sys.executable, "-c", KILLER, "sft-result", "6", *args], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not os.path.exists(prefix + ".journal")
+    assert main(args) == 0 and manifest(prefix)["certificate"]["certified"]
+
+
+def test_picked_sft_records_in_a_journal_read_back_as_they_were():
+    """A picked record's line and samples go through the journal as bytes and arrays (not where they
+    were written: a resumed chunk is not read back); a row JSON cannot give back whole is not kept (its
+    chunk is reused only once its answer is journaled)."""
+    import datetime
+
+    from qwen_data.certify.checks import ChatChecks
+
+    ids, mask = np.array([151644, 872, 198], dtype=np.int32), np.array([0, 1, 1], dtype=np.uint8)
+    item = (7, (b'{"messages": []}\n', 1, [(0, ids, mask)]), [(0, 12, ids[:2], mask[:2])])
+    number, (source, count, [(k, a, m)]), written = ChatChecks.item_from_json(
+        json.loads(json.dumps(ChatChecks.item_json(item))))
+    assert (number, source, count, k, written) == (7, b'{"messages": []}\n', 1, 0, [])
+    assert a.dtype == ids.dtype and np.array_equal(a, ids) and np.array_equal(m, mask) and m.dtype == np.uint8
+    row = (7, ({"messages": [], "when": datetime.date(2026, 1, 1)}, 1, [(0, ids, mask)]), [])
+    assert ChatChecks.item_json(row) is None
+    assert ChatChecks.item_json((7, ({"messages": [], "n": 1}, 1, [(0, ids, mask)]), [])) is not None
+
+
+@pytest.mark.parametrize("answered, reused", [(False, 1), (True, 3)])
+@pytest.mark.parametrize("unread", [None, [["f.jsonl:9", [1, 2]]]])  # not kept; kept as no reader reads it
+def test_a_chunk_whose_picked_records_do_not_read_back_is_reused_once_they_were_checked(tmp_path, answered, reused,
+                                                                                         unread):
+    from qwen_data.certify.checks import TextChecks
+    from qwen_data.run.journal import Journal, Resumed
+
+    staged, prefix = str(tmp_path / "d.bin.tmp"), str(tmp_path / "d")
+    journal = Journal(prefix, "run")
+    journal.start(Resumed())
+    for k, picked in enumerate(([], unread, [])):
+        with open(staged, "ab") as f:
+            f.write(bytes([k]) * 100)
+        journal.chunk({"picked": picked, **journal.written({staged: None})}, batch=k)
+    if answered:
+        journal.answers({1: {"records_checked": 1}})
+    journal.close()
+    assert len(Journal(prefix, "run").resumable([staged], TextChecks.item_from_json).chunks) == reused
+    assert os.path.getsize(staged) == 100 * reused
