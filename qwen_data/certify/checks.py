@@ -457,7 +457,10 @@ def check_in_side(item) -> tuple[dict, str | None] | None:
     global _CHECKS
     if isinstance(item, tuple) and item[0] == "load":
         _, path, whole = item
-        preload(path) if whole else trimmed.tables(path)  # a pretrain run's checks load the rest as they need it
+        if whole:
+            preload(path)
+        else:  # a pretrain run's checks load the rest where they need it (`TextChecks.load`)
+            trimmed.tables(path)
         return None
     if isinstance(item, tuple) and item[0] == "checks":
         _CHECKS = item[1]

@@ -36,7 +36,7 @@ class Tables:
         `ids[k]`; `merges`: (left id, right id, made id) a row, in merge order."""
         from tokenizers import Tokenizer
 
-        self.shell, self.pieces, self.merges = shell, pieces, merges
+        self.shell, self.merges = shell, merges
         self.id_of = dict(zip(pieces, ids.tolist()))
         self.longest = max(map(len, pieces))
         self.piece_of = dict(zip(ids.tolist(), pieces))
