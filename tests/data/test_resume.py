@@ -74,19 +74,18 @@ def whole(text, tmp_path_factory):
     return manifest(prefix)
 
 
-@pytest.mark.parametrize("where, after", [("between-chunks", 5), ("mid-chunk", 9), ("commit", 2)])
-def test_a_killed_run_resumes_to_the_same_bytes(text, whole, tmp_path, where, after):
-    prefix = str(tmp_path / "p")
-    args = ["pretrain", text, "-o", prefix, "--quiet", "--workers", "2", "--chunk-mb", "0.1"]
+def killed_then_resumed(args: list[str], prefix: str, where: str, after: int, whole: dict) -> dict:
+    """`args` killed at `where` (at its `after`-th call), then run again as they are: the manifest of
+    the run that resumed, which holds the bytes, counts and certificate of `whole` (a run never killed)."""
     killed = subprocess.run([sys.executable, "-c", KILLER, where, str(after), *args], capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not os.path.exists(prefix + ".json")
     with open(prefix + ".journal", encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f][1:]
+        chunks = [line for line in map(json.loads, f) if "files" in line]
     if where == "between-chunks":
-        assert len(lines) == after
+        assert len(chunks) == after and any(chunk["picked"] for chunk in chunks)
     if where != "commit":  # what was written but not journaled is done again: a few chunks at most
-        written, journaled = os.path.getsize(prefix + ".bin.tmp"), lines[-1]["files"][prefix + ".bin.tmp"]
+        written, journaled = os.path.getsize(prefix + ".bin.tmp"), chunks[-1]["files"][prefix + ".bin.tmp"]
         assert (written - journaled) / (whole["tokens"] * 4) <= 0.10
     assert main(args) == 0
     again = manifest(prefix)
@@ -96,7 +95,16 @@ def test_a_killed_run_resumes_to_the_same_bytes(text, whole, tmp_path, where, af
     ours, theirs = again["certificate"], whole["certificate"]
     assert ours["certified"] and ours["records_checked"] == theirs["records_checked"]
     assert ours["lines_checked"] == theirs["lines_checked"]
-    assert not [name for name in os.listdir(tmp_path) if name.endswith((".tmp", ".journal", ".lengths", ".docends"))]
+    assert not [name for name in os.listdir(os.path.dirname(prefix))
+                if name.endswith((".tmp", ".journal", ".lengths", ".docends"))]
+    return again
+
+
+@pytest.mark.parametrize("where, after", [("between-chunks", 5), ("mid-chunk", 9), ("commit", 2)])
+def test_a_killed_run_resumes_to_the_same_bytes(text, whole, tmp_path, where, after):
+    prefix = str(tmp_path / "p")
+    killed_then_resumed(["pretrain", text, "-o", prefix, "--quiet", "--workers", "2", "--chunk-mb", "0.1"], prefix,
+                        where, after, whole)
 
 
 def test_picked_ids_in_a_journal_read_back_as_written_and_as_0_4_0_wrote_them():
@@ -134,28 +142,8 @@ def whole_sft(chat_records, tmp_path_factory):
 @pytest.mark.parametrize("where, after", [("between-chunks", 4), ("mid-chunk", 11), ("commit", 3)])
 def test_a_killed_sft_run_resumes_to_the_same_bytes(chat_records, whole_sft, tmp_path, where, after):
     prefix = str(tmp_path / "s")
-    args = _sft_args(chat_records, prefix)
-    killed = subprocess.run([sys.executable, "-c", KILLER, where, str(after), *args], capture_output=True, text=True)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert not os.path.exists(prefix + ".json")
-    with open(prefix + ".journal", encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f][1:]
-    chunks = [line for line in lines if "files" in line]
-    if where == "between-chunks":
-        assert len(chunks) == after and any(chunk["picked"] for chunk in chunks)
-    if where != "commit":  # the samples written but not journaled are done again: a few chunks at most
-        written, journaled = os.path.getsize(prefix + ".bin.tmp"), chunks[-1]["files"][prefix + ".bin.tmp"]
-        assert (written - journaled) / (whole_sft["tokens"] * 4) <= 0.10
-    assert main(args) == 0
-    again = manifest(prefix)
-    assert again["fingerprint"] == whole_sft["fingerprint"] and again["digests"] == whole_sft["digests"]
+    again = killed_then_resumed(_sft_args(chat_records, prefix), prefix, where, after, whole_sft)
     assert again["sft"] == whole_sft["sft"] and again["sft"]["truncated"] > 0
-    for name in ("documents", "tokens", "rejects"):
-        assert again[name] == whole_sft[name]
-    ours, theirs = again["certificate"], whole_sft["certificate"]
-    assert ours["certified"] and ours["records_checked"] == theirs["records_checked"]
-    assert ours["lines_checked"] == theirs["lines_checked"]
-    assert not [name for name in os.listdir(tmp_path) if name.endswith((".tmp", ".journal", ".lengths", ".docends"))]
 
 
 def test_a_packed_sft_run_keeps_no_journal(chat_records, tmp_path):
