@@ -130,8 +130,13 @@ class TextReference:
         """The pieces of `text` HF's model encodes (`encode`): between the added tokens' literals
         where HF splits them out, else between those this policy keeps as ids."""
         every, kept = self._patterns
-        split = every if every.pattern == kept.pattern or not every.search(text) else kept
-        return split.split(text)[::2]
+        return (every if self._hf_splits(text) else kept).split(text)[::2]
+
+    def _hf_splits(self, text: str, unmark: dict | None = None) -> bool:
+        """Whether HF's whole tokenizer encodes `text` as the policy asks, splitting out every literal
+        it holds (each one the policy keeps as an id, or none there)."""
+        every, kept = self._patterns
+        return not unmark and (every.pattern == kept.pattern or not every.search(text))
 
     def spelled(self, text: str, unmark: dict | None = None) -> str:
         """What `text`'s ids spell: its placeholders put back, normalized as HF normalizes it."""
@@ -143,13 +148,12 @@ class TextReference:
         placeholders `text` holds (`ChatReference`), each one character standing for another: the
         text between the literals kept as ids is encoded with them put back. `models`: HF's
         tokenizer and its model alone (`_plain`) to encode with (default: the whole ones)."""
-        every, kept = self._patterns
         full, plain = models or (self._full, self._plain)
-        if not unmark and (every.pattern == kept.pattern or not every.search(text)):
+        if self._hf_splits(text, unmark):
             encoding = full.encode(text, add_special_tokens=False)
             return encoding.ids, encoding.offsets
         ids, offsets, position = [], [], 0
-        for k, piece in enumerate(kept.split(text)):  # text, literal, text, ...: the literals at odd places
+        for k, piece in enumerate(self._patterns[1].split(text)):  # text, literal, text, ...: literals at odd places
             if k % 2:
                 ids.append(self.ids_of[piece])
                 offsets.append((position, position + len(piece)))
