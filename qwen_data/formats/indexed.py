@@ -108,7 +108,7 @@ class IndexedDatasetWriter:
     def sequence_lengths(self) -> np.ndarray:
         """Every sequence's length written so far (a resumed run's included), from the side file."""
         self.flush()
-        return np.fromfile(self.idx_path + ".lengths", dtype=np.int32).astype(np.int64)
+        return np.fromfile(self.files(self.bin_path, self.idx_path)[1], dtype=np.int32).astype(np.int64)
 
     def add_document(self, tokens, sequence_lengths=None) -> None:
         """One document; `sequence_lengths` splits it into sequences (default: one)."""

@@ -374,6 +374,7 @@ class SFTWriter:
         config = step.config
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.prefix = config.output_prefix
+        reused = resumed is not None and bool(resumed.chunks)
         if config.lays_out_here:
             packing = config.packing if config.pack else None
             self.windows = SampleWindows(packing, config.seq_length, self.dtype)
@@ -386,12 +387,11 @@ class SFTWriter:
         else:
             files = MaskedWriter.files(self.prefix)
             paths = [outputs.tmp(path) for path in files]
-            reused = resumed is not None and bool(resumed.chunks)
             self.samples = MaskedWriter(paths, self.dtype, hashed="given", resumed=(
                 joined(resumed, outputs.staged(files[0])), joined(resumed, outputs.staged(files[2]))) if reused else None)
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
-        if resumed is not None and resumed.chunks:
+        if reused:
             self.lengths.append(self.samples.ids.sequence_lengths())
             self.truncated, self.special_records = resumed.total("truncated"), resumed.total("special_records")
 
