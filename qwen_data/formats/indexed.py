@@ -222,6 +222,10 @@ class MaskedWriter:
         self.ids.finalize()
         self.mask.finalize()
 
+    def abort(self) -> None:
+        self.ids.abort()
+        self.mask.abort()
+
     @property
     def digests(self) -> list[tuple[str, str]]:
         return [self.ids.digests, self.mask.digests]

@@ -75,9 +75,11 @@ class AtomicOutputs:
         return final_path + TMP_SUFFIX
 
     def discard(self, final_path: str) -> None:
-        """Drop a tmp file this run turned out not to need; an old `final_path` goes at commit."""
+        """Drop a tmp file this run turned out not to need (removed here, if its writer has not); an
+        old `final_path` goes at commit."""
         self._files.remove(final_path)
-        os.remove(final_path + TMP_SUFFIX)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(final_path + TMP_SUFFIX)
         self._obsolete.append(final_path)
 
     def leave_out(self, final_path: str) -> None:

@@ -12,6 +12,9 @@ if the row is not full, so a reader knows every boundary and samples never need 
 `qwen_data.formats.layouts` says what each layout is.
 Packing and the Pai layout lay a run's samples out in rows window by window as they come
 (`packing.SampleWindows`); a shard leaves its samples as they are, and `merge` lays them out (`layouts.finish`).
+A run that keeps a journal (`run.journal`) and lays out rows also stages its samples as they come
+(PREFIX.unpacked, journaled chunk by chunk, removed at the commit): a row waits on samples of chunks
+to come, so a killed run resumes from the samples, laying out again the rows they made.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from ..certify.spelling import SpellingError
 from ..errors import RecordError
 from ..formats.digest import digest_of
 from ..formats.indexed import Behind, IndexedDatasetWriter, MaskedWriter, token_dtype
-from ..formats.layouts import DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
+from ..formats.layouts import UNPACKED, DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
-from ..formats.packing import DEFAULT_PACKING, PACKINGS, SampleWindows
+from ..formats.packing import DEFAULT_PACKING, PACK_WINDOW, PACKINGS, SampleWindows
 from ..inputs.columns import ColumnMap
 from ..inputs.chunks import Chunk
 from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
@@ -129,8 +132,8 @@ class SampleBatch(ChunkResult):
     mask: np.ndarray
     lengths: np.ndarray  # per sample
     truncated: int
-    # The joinable hashes of `ids` and `mask` as written, where the run writes the samples as they come
-    # (hashed in the worker; the main process hashes rows it lays out itself)
+    # The joinable hashes of `ids` and `mask` as written where the run writes the samples as they come
+    # (hashed in the worker; the rows a run lays out are hashed as they are written)
     digests: tuple[str, str] | None = None
 
 
@@ -169,9 +172,11 @@ class ChatSamples:
         return [self.config.output_prefix]
 
     def files(self) -> list[str]:
-        """The mask layout's files whatever the layout: a Pai run removes an older run's loss mask."""
+        """The mask layout's files whatever the layout (a Pai run removes an older run's loss mask),
+        and where rows are laid out, the samples staged for a resume (`SFTWriter`)."""
         prefix = self.config.output_prefix
-        return MaskedWriter.files(prefix) + [prefix + ".json"]
+        staged = MaskedWriter.files(prefix + UNPACKED) if self.config.lays_out_here else []
+        return MaskedWriter.files(prefix) + staged + [prefix + ".json"]
 
     def columns(self) -> list[str] | None:
         return self.config.columns.columns_read() if self.config.columns else None
@@ -201,13 +206,16 @@ class ChatSamples:
     def open(self, outputs: AtomicOutputs, resumed: Resumed | None = None) -> "SFTWriter":
         return SFTWriter(self, outputs, resumed)
 
-    def journaled(self) -> list[str] | None:
-        """The staged files a run appends to chunk by chunk (`run.journal`): a killed run resumes.
-        None where the run lays out rows (packed, Pai): a row waits on samples of chunks to come."""
-        if self.config.lays_out_here:
-            return None
-        ids_bin, ids_idx, mask_bin, mask_idx = (path + TMP_SUFFIX for path in MaskedWriter.files(self.config.output_prefix))
+    def journaled(self) -> list[str]:
+        """The staged files a run appends to chunk by chunk (`run.journal`): a killed run resumes. The
+        samples as they come: the output itself, or where rows are laid out, PREFIX.unpacked."""
+        ids_bin, ids_idx, mask_bin, mask_idx = (path + TMP_SUFFIX for path in MaskedWriter.files(self.samples_prefix))
         return IndexedDatasetWriter.files(ids_bin, ids_idx) + IndexedDatasetWriter.files(mask_bin, mask_idx)
+
+    @property
+    def samples_prefix(self) -> str:
+        """Where a run writes its samples as they come (`journaled`)."""
+        return self.config.output_prefix + (UNPACKED if self.config.lays_out_here else "")
 
 
 class _Batching:
@@ -309,8 +317,7 @@ class _Batching:
         ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
         mask = np.concatenate(self.mask) if self.mask else np.zeros(0, np.uint8)
         # (hashed as written, in the writer's dtype: the writer checks that every id fits it)
-        digests = None if self.config.lays_out_here else (
-            digest_of(ids.astype(token_dtype(self.step.tokenizer.vocab_size), copy=False)), digest_of(mask))
+        digests = (digest_of(ids.astype(token_dtype(self.step.tokenizer.vocab_size), copy=False)), digest_of(mask))
         return SampleBatch(rejects, self.records, self.text_bytes, int(lengths.sum()), self.special_records,
                            ids, mask, lengths, self.truncated, digests)
 
@@ -365,16 +372,24 @@ LAYOUTS_WAITING = 2  # windows of samples (PACK_WINDOW tokens, 5 bytes each) hel
 
 class SFTWriter:
     """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), or,
-    for a layout that lays out rows, its rows, written as windows of samples close (`packing.SampleWindows`)."""
+    for a layout that lays out rows, its rows, written as windows of samples close (`packing.SampleWindows`).
+    With a journal (`resumed` given), a run that lays out rows also stages its samples as they come
+    (`ChatSamples.journaled`): a resumed run lays out the rows of the samples it reuses again."""
 
     def __init__(self, step: ChatSamples, outputs: AtomicOutputs, resumed: Resumed | None = None) -> None:
-        """`resumed`: the chunks a killed run wrote, which the files hold (`run.journal`; samples
-        written as they come only)."""
-        self.step = step
+        """`resumed`: the chunks a killed run wrote, which the staged samples hold (`run.journal`);
+        None where the run keeps no journal."""
+        self.step, self.outputs = step, outputs
         config = step.config
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.prefix = config.output_prefix
         reused = resumed is not None and bool(resumed.chunks)
+        self.samples = None  # the samples as they come, where they are written so
+        if resumed is not None or not config.lays_out_here:
+            files = MaskedWriter.files(step.samples_prefix)
+            paths = [outputs.tmp(path) for path in files]
+            self.samples = MaskedWriter(paths, self.dtype, hashed="given", resumed=(
+                joined(resumed, outputs.staged(files[0])), joined(resumed, outputs.staged(files[2]))) if reused else None)
         if config.lays_out_here:
             packing = config.packing if config.pack else None
             self.windows = SampleWindows(packing, config.seq_length, self.dtype)
@@ -384,16 +399,13 @@ class SFTWriter:
             # meanwhile (at 16 workers it was busy 2.7 s of a packed run's 3 s, 600 MB; its writing now
             # costs it half: bench/results/cpu/2026-11-29-sft-main-checkers.md).
             self.laying = Behind(most=LAYOUTS_WAITING)
-        else:
-            files = MaskedWriter.files(self.prefix)
-            paths = [outputs.tmp(path) for path in files]
-            self.samples = MaskedWriter(paths, self.dtype, hashed="given", resumed=(
-                joined(resumed, outputs.staged(files[0])), joined(resumed, outputs.staged(files[2]))) if reused else None)
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
         if reused:
             self.lengths.append(self.samples.ids.sequence_lengths())
             self.truncated, self.special_records = resumed.total("truncated"), resumed.total("special_records")
+            if config.lays_out_here:
+                self._lay_out_staged(self.lengths[0])
 
     @property
     def documents(self) -> int:
@@ -408,11 +420,11 @@ class SFTWriter:
                 for where, dataset, sample, a, b, ours in entries]
 
     def add(self, result: SampleBatch) -> None:
-        if self.step.config.lays_out_here:
-            self._lay_out(list(self.windows.add(result.ids, result.mask, result.lengths)))
-        else:
+        if self.samples is not None:
             self.samples.add_batch(result.ids, result.mask, result.lengths, digests=result.digests)
             self._last = result.digests
+        if self.step.config.lays_out_here:
+            self._lay_out(list(self.windows.add(result.ids, result.mask, result.lengths)))
         self.lengths.append(result.lengths.copy())  # a view of memory the next result reuses
         self.truncated += result.truncated
         self.special_records += result.special_records
@@ -422,6 +434,19 @@ class SFTWriter:
         what the last result added to it (`run.journal`)."""
         ids_digest, mask_digest = self._last
         return self.samples.ids.journaled(ids_digest) | self.samples.mask.journaled(mask_digest)
+
+    def _lay_out_staged(self, lengths: np.ndarray) -> None:
+        """The rows of the samples a resumed run reuses, laid out again from where they are staged,
+        as they were laid out as they came (windows fall where the samples' lengths put them)."""
+        ends = np.cumsum(lengths)
+        with open(self.samples.ids.bin_path, "rb") as ids, open(self.samples.mask.bin_path, "rb") as mask:
+            first = 0
+            while first < len(lengths):  # a window's tokens at a time, so memory stays flat
+                last = max(first + 1, int(np.searchsorted(ends, ends[first] + PACK_WINDOW)))
+                tokens = int(lengths[first:last].sum())
+                self._lay_out(list(self.windows.add(np.fromfile(ids, self.dtype, tokens),
+                                                    np.fromfile(mask, np.uint8, tokens), lengths[first:last])))
+                first = last
 
     def _lay_out(self, windows: list) -> None:
         """The windows that closed (views of one buffer pair), laid out behind; their buffers then reused."""
@@ -441,6 +466,10 @@ class SFTWriter:
             self._lay_out(list(self.windows.close()))
             self.laying.close()
             counts, section = self.laid_out.close(section)
+            if self.samples is not None:  # staged for a resume only
+                self.samples.abort()
+                for path in MaskedWriter.files(step.samples_prefix):
+                    self.outputs.discard(path)
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
             self.samples.finalize()
             counts = counts_of(self.samples.ids, self.samples.digests)

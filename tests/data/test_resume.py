@@ -1,6 +1,6 @@
-"""A pretrain run, or an SFT run that writes its samples as they come (unpacked), killed (SIGKILL)
-and run again with the same command goes on from its journal (`run.journal`) and ends with the bytes
-of a run never killed; what it reuses is checked, never trusted.
+"""A pretrain or SFT run (unpacked, packed, Pai rows) killed (SIGKILL) and run again with the same
+command goes on from its journal (`run.journal`) and ends with the bytes of a run never killed; what
+it reuses is checked, never trusted.
 
 Each kill is made deterministic by a child process that runs `qwen-data` with one function wrapped
 to kill the process at its N-th call: after a chunk's journal line (between chunks), half-way
@@ -20,6 +20,9 @@ from _helpers import chats, corpus, manifest
 from _oracles import oracle_dir
 
 from qwen_data.cli import main
+from qwen_data.formats import packing
+from qwen_data.formats.layouts import UNPACKED
+from qwen_data.steps import sft
 
 KILLER = """
 import os, signal, sys
@@ -74,9 +77,11 @@ def whole(text, tmp_path_factory):
     return manifest(prefix)
 
 
-def killed_then_resumed(args: list[str], prefix: str, where: str, after: int, whole: dict) -> dict:
+def killed_then_resumed(args: list[str], prefix: str, where: str, after: int, whole: dict,
+                        staged: str | None = None) -> dict:
     """`args` killed at `where` (at its `after`-th call), then run again as they are: the manifest of
-    the run that resumed, which holds the bytes, counts and certificate of `whole` (a run never killed)."""
+    the run that resumed, which holds the bytes, counts and certificate of `whole` (a run never killed).
+    `staged`: the prefix whose .bin the run journals (default `prefix`)."""
     killed = subprocess.run([sys.executable, "-c", KILLER, where, str(after), *args], capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not os.path.exists(prefix + ".json")
@@ -85,7 +90,8 @@ def killed_then_resumed(args: list[str], prefix: str, where: str, after: int, wh
     if where == "between-chunks":
         assert len(chunks) == after and any(chunk["picked"] for chunk in chunks)
     if where != "commit":  # what was written but not journaled is done again: a few chunks at most
-        written, journaled = os.path.getsize(prefix + ".bin.tmp"), chunks[-1]["files"][prefix + ".bin.tmp"]
+        bin_path = (staged or prefix) + ".bin.tmp"
+        written, journaled = os.path.getsize(bin_path), chunks[-1]["files"][bin_path]
         assert (written - journaled) / (whole["tokens"] * 4) <= 0.10
     assert main(args) == 0
     again = manifest(prefix)
@@ -146,14 +152,38 @@ def test_a_killed_sft_run_resumes_to_the_same_bytes(chat_records, whole_sft, tmp
     assert again["sft"] == whole_sft["sft"] and again["sft"]["truncated"] > 0
 
 
-def test_a_packed_sft_run_keeps_no_journal(chat_records, tmp_path):
-    """Packed rows wait on the samples of chunks to come: such a run starts again from its first chunk."""
-    prefix = str(tmp_path / "p")
-    args = [*_sft_args(chat_records, prefix), "--pack"]
-    killed = subprocess.run([sys.executable, "-c", KILLER, "sft-result", "6", *args], capture_output=True, text=True)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert not os.path.exists(prefix + ".journal")
-    assert main(args) == 0 and manifest(prefix)["certificate"]["certified"]
+@pytest.fixture(scope="module", params=[["--pack"], ["--pack", "--packing", "next-fit"], ["--layout", "pai", "--pack"]],
+                ids=["best-fit", "next-fit", "pai"])
+def rows_sft(request, chat_records, tmp_path_factory):
+    """A run that lays out rows, and its manifest never killed. Best fit's windows are cut to a few
+    chunks' samples here (PACK_WINDOW), so that rows are laid out, and staged samples wait, as in a
+    large run."""
+    prefix = str(tmp_path_factory.mktemp("whole-rows") / "w")
+    extra = request.param
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sft, "PACK_WINDOW", WINDOW)
+        patch.setattr(packing, "PACK_WINDOW", WINDOW)
+        assert main([*_sft_args(chat_records, prefix), *extra]) == 0
+    return extra, manifest(prefix)
+
+
+WINDOW = 20_000  # tokens a best-fit window packs here (a few chunks' samples)
+SMALL_WINDOWS = f"from qwen_data.formats import packing; from qwen_data.steps import sft; " \
+                f"packing.PACK_WINDOW = sft.PACK_WINDOW = {WINDOW}\n"
+
+
+@pytest.mark.parametrize("where, after", [("between-chunks", 7), ("mid-chunk", 13), ("commit", 2)])
+def test_a_killed_run_that_lays_out_rows_resumes_to_the_same_bytes(chat_records, rows_sft, tmp_path, where, after,
+                                                                  monkeypatch):
+    """Packed (best fit, next fit) and Pai rows: the samples staged as they came are laid out again."""
+    extra, whole = rows_sft
+    prefix = str(tmp_path / "r")
+    args = [*_sft_args(chat_records, prefix), *extra]
+    monkeypatch.setattr(sft, "PACK_WINDOW", WINDOW)
+    monkeypatch.setattr(packing, "PACK_WINDOW", WINDOW)
+    monkeypatch.setattr(sys.modules[__name__], "KILLER", SMALL_WINDOWS + KILLER)
+    again = killed_then_resumed(args, prefix, where, after, whole, staged=prefix + UNPACKED)
+    assert again["sft"] == whole["sft"] and again["sft"]["rows"] == whole["sft"]["rows"]
 
 
 def test_picked_sft_records_in_a_journal_read_back_as_they_were():
