@@ -12,8 +12,8 @@ alone (`structure_mask`: each `<|im_start|>assistant\\n` control token opens a s
 on the next `<|im_end|>` control token, cut as the run's --assistant-span says) and must equal the
 mask the run made from its labelled segments.
 
-Costs: each token's bytes compared once, in C (`_native.misspelled`, ~7.5 ns a token); where a
-document fails, why is found in Python.
+Costs: each token's bytes compared once, in C (`_native.misspelled`, ~5 ns a token on a worker's
+chunks: `bench/spelling.py`); where a document fails, why is found in Python.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import unicodedata
 import numpy as np
 
 from ..qwen import FIRST_ADDED_ID, IM_END_ID, IM_START_ID
+from ..text.cache import checked_bytes, store
 
 from .._native import misspelled, structure_mask as _native_structure_mask
 
@@ -71,10 +72,9 @@ class Spelling:
     @classmethod
     def of(cls, tokenizer) -> "Spelling":
         """The table of a `QwenTokenizer`, kept in its cache folder under the files' hash."""
-        from ..text.tokenizer import _cached, _store  # the tokenizer's checked cache (sha256 beside)
 
         path, n = tokenizer._cache_path("spelling.npy"), tokenizer.vocab_size + 1
-        cached = _cached(path, tokenizer._file())
+        cached = checked_bytes(path, tokenizer._file())
         try:
             packed = np.load(io.BytesIO(cached), allow_pickle=False) if cached is not None else np.zeros(0, np.uint8)
         except (ValueError, EOFError):
@@ -87,7 +87,7 @@ class Spelling:
             with open(tmp, "wb") as f:
                 np.save(f, np.concatenate([table.starts.view(np.uint8), table.flat]))
 
-        _store(path, write)
+        store(path, write)
         return table
 
     @classmethod

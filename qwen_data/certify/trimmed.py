@@ -9,7 +9,7 @@ merges; only tables it would never consult are left out.
 
 The tables (every piece, every merge as ids, the file without them) are read from tokenizer.json
 once and kept in the tokenizer cache under the file's sha256, themselves checked by theirs
-(`text.tokenizer._cached`): ~50 ms to load. A tokenizer for a batch of a few documents is built in
+(`text.cache.checked_bytes`): ~50 ms to load. A tokenizer for a batch of a few documents is built in
 ~5 ms. A word the caller did not give would be encoded by too small a table: the reference gives
 every piece it encodes (`TextReference.pieces`); a test holds the cut tokenizer to the whole one on
 held-out text in every special-token policy.
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..text.tokenizer import _cached, _store, cache_dir
+from ..text.cache import cache_dir, checked_bytes, store
 
 _TABLES: dict[str, "Tables | None"] = {}  # tokenizer.json's real path → its tables, once a process
 
@@ -84,7 +84,7 @@ def _load(path: str) -> Tables | None:
     except OSError:  # the whole tokenizer's load says why
         return None
     cache = os.path.join(cache_dir(), f"{hashlib.sha256(source).hexdigest()}.reference-tables.npz")
-    cached = _cached(cache, path)
+    cached = checked_bytes(cache, path)
     if cached is not None:
         try:
             with np.load(io.BytesIO(cached), allow_pickle=False) as z:
@@ -102,7 +102,7 @@ def _load(path: str) -> Tables | None:
             np.savez(f, shell=np.frombuffer(json.dumps(shell).encode("utf-8"), np.uint8),
                      pieces=np.frombuffer("\n".join(pieces).encode("utf-8"), np.uint8), ids=ids, merges=merges)
 
-    _store(cache, write)
+    store(cache, write)
     return Tables(shell, pieces, ids, merges)
 
 

@@ -28,14 +28,14 @@ import io
 import json
 import os
 import re
-import sys
-import tempfile
 import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from . import nfc
+from .cache import cache_dir, checked_bytes, store
 from .bundled import bundled_tokenizer_dir as find_bundled
 
 SPECIAL_POLICIES = ("text", "safe", "parse", "reject")
@@ -238,7 +238,7 @@ class QwenTokenizer:
         decodes the whole file, which the rest of a run with a rank file (`_rank_file`) never needs.
         A file is decoded, and refused if broken, the first time only: its hash is then known good."""
         path = os.path.join(cache_dir(), f"{self.sha256}.added_tokens.json")
-        cached = _cached(path, self._file())
+        cached = checked_bytes(path, self._file())
         if cached is not None:
             try:
                 return json.loads(cached)
@@ -250,7 +250,7 @@ class QwenTokenizer:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(tokens, f)
 
-        _store(path, write)
+        store(path, write)
         return tokens
 
     def __getstate__(self):
@@ -378,14 +378,14 @@ class QwenTokenizer:
         if not self._rank_file():
             return texts
         literals = None
-        out = []
-        for text in texts:
-            if not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        out = list(texts)
+        for k in nfc.suspects(out):  # (the others are their own NFC)
+            text = out[k]
+            if not unicodedata.is_normalized("NFC", text):
                 if literals is None:
                     literals = _literal_pattern(self.kept_tokens(special))
                 pieces = literals.split(text)  # the literals at odd positions: the pattern is a group
-                text = "".join(p if k % 2 else unicodedata.normalize("NFC", p) for k, p in enumerate(pieces))
-            out.append(text)
+                out[k] = "".join(p if j % 2 else unicodedata.normalize("NFC", p) for j, p in enumerate(pieces))
         return out
 
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
@@ -443,7 +443,7 @@ class QwenTokenizer:
         concurrent processes read a whole file or none, and checked against its recorded sha256
         (`_cached`); a cache that cannot be written or read only costs the build."""
         path = self._cache_path(name + ".npy")
-        cached = _cached(path, self._file())
+        cached = checked_bytes(path, self._file())
         if cached is not None:
             try:
                 array = np.load(io.BytesIO(cached), allow_pickle=False)
@@ -457,7 +457,7 @@ class QwenTokenizer:
             with open(tmp, "wb") as f:
                 np.save(f, array)
 
-        _store(path, write)
+        store(path, write)
         return array
 
     def _cache_path(self, name: str) -> str:
@@ -476,9 +476,9 @@ class QwenTokenizer:
         """
         if not hasattr(self, "_ranks"):
             path = self._cache_path("bpe.tiktoken")
-            cached = _cached(path, self._file())
+            cached = checked_bytes(path, self._file())
             if cached is None:  # built now; None where the cache cannot be written, empty where there is no rank file
-                ranks = _store(path, self._write_ranks) not in (None, hashlib.sha256(b"").hexdigest())
+                ranks = store(path, self._write_ranks) not in (None, hashlib.sha256(b"").hexdigest())
             else:
                 ranks = bool(cached)
             self._ranks = path if ranks else None
@@ -549,6 +549,8 @@ class QwenTokenizer:
         self.encode_batch(["warm up"], special)
         if self.config.backend == "gigatoken":
             self._spelling_starts(self.backend(special))
+            if self._rank_file():
+                nfc.stable_bits()  # (`gigatoken_input`'s)
 
     def backend(self, special: str):
         """The raw encoder for a special-token policy (gigatoken or HF `tokenizers`), without the
@@ -573,79 +575,11 @@ class QwenTokenizer:
         return self._backends[key]
 
 
-def cache_dir() -> str:
-    """Where arrays derived from tokenizer files are kept: $XDG_CACHE_HOME/qwen-data (~/.cache)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "qwen-data")
-
-
 def _literal_pattern(contents) -> re.Pattern:
     # longest first, so that no literal is matched by a shorter one it starts with (leftmost longest,
     # as HF and gigatoken match added tokens); one group, so that `split` keeps the literals
     alternatives = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
     return re.compile(f"({alternatives or '(?!)'})")
-
-
-# Beside each derived file, the sha256 of its bytes as built (PATH.sha256): a cache file edited,
-# truncated or damaged on disk after its build would give wrong ids to every later run (`verify`
-# reads only the data), so it is rebuilt, never used (`_cached`). Reading and hashing what a run
-# reads (~2.7 MB for Qwen's: the rank file, an array, the added tokens) takes ~4 ms.
-CHECKSUM_SUFFIX = ".sha256"
-
-
-def _cached(path: str, source: str) -> bytes | None:
-    """The bytes of the derived file `path` if they are the ones its build recorded; None where the
-    file or its record is missing (never built, a build under way elsewhere, an older qwen-data's
-    cache): the caller builds it. A file that is not what was recorded is named on stderr."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        with open(path + CHECKSUM_SUFFIX, encoding="ascii") as f:
-            recorded = f.read().strip()
-    except (OSError, ValueError):
-        return None
-    if hashlib.sha256(data).hexdigest() == recorded:
-        return data
-    print(f"qwen-data: the cached {path} did not match the sha256 recorded when it was derived from {source}; "
-          "rebuilt", file=sys.stderr)
-    return None
-
-
-def _store(path: str, write) -> str | None:
-    """`write(tmp)` to a file beside `path`, then moved onto it, and the sha256 of its bytes
-    recorded beside it (`_cached`), after it: concurrent processes read a whole file or none, and a
-    file read before its record is only rebuilt. A cache that cannot be written only costs the build.
-    → the sha256 of what is now at `path`, None where nothing could be written."""
-    digest = _replace(path, write)
-    if digest is not None:
-        _replace(path + CHECKSUM_SUFFIX, lambda tmp: _write_text(tmp, digest + "\n"))
-    return digest
-
-
-def _replace(path: str, write) -> str | None:
-    """`write(tmp)`, then tmp moved onto `path`; the sha256 of what was written, None where it could not be."""
-    tmp = None
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path), suffix=".tmp")
-        os.close(fd)
-        write(tmp)
-        with open(tmp, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users' runs
-        os.replace(tmp, path)
-        tmp = None
-        return digest
-    except OSError:
-        return None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="ascii") as f:
-        f.write(text)
 
 
 def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:

@@ -65,6 +65,24 @@ def test_an_id_moved_across_documents_or_a_text_cut_short_is_found(encoded):
     assert speller.first_misspelled(TEXTS[:7] + [TEXTS[7] + "\ud800"] + TEXTS[8:], ids, counts) == 7
 
 
+def test_a_byte_changed_anywhere_in_a_long_token_is_found(encoded):
+    """Tokens longer than 8 bytes are compared 8 bytes at a time, the last 8 overlapping: a byte
+    changed at each place of each such token (ASCII text: a character is a byte) is found."""
+    speller = encoded[0]
+    texts = ["internationalization " + "-" * 40 + " " * 40 + "=" * 16 + " responsibilities" + " " * 17 + "def"]
+    ids, counts = speller.tokenizer.encode_batch(texts, "text")
+    assert speller.first_misspelled(texts, ids, counts) == -1
+    lengths = speller.table.lengths[ids]
+    starts = np.cumsum(lengths) - lengths
+    long = np.flatnonzero(lengths > 8)
+    assert len(long) >= 4 and lengths[long].max() >= 32, lengths
+    for t in long:
+        for j in range(int(lengths[t])):
+            at = int(starts[t]) + j
+            changed = texts[0][:at] + ("#" if texts[0][at] != "#" else "@") + texts[0][at + 1:]
+            assert speller.first_misspelled([changed], ids, counts) == 0, (t, j)
+
+
 def test_the_utf8_the_encoder_left_on_a_str_is_read_as_a_copy_without_it_is(encoded):
     """gigatoken asks CPython for each text's UTF-8, which stays on the str: the check reads it there;
     a copy of the text (built character by character: nothing asked for its UTF-8) is made UTF-8 by

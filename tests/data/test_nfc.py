@@ -1,0 +1,79 @@
+"""`text.nfc`: a text it does not name as a suspect is in NFC, as `unicodedata.is_normalized` says, for every
+way a text can fail to be: a code point NFC changes alone, a mark out of order, a pair that composes (by
+table and, for Hangul, by rule); and the bits it keeps are checked before use."""
+
+import os
+import random
+import unicodedata
+
+import numpy as np
+import pytest
+
+from qwen_data.text import nfc
+from qwen_data.text.cache import cache_dir
+
+
+def _pairs():
+    """Every canonical composition pair (first, second), and Hangul's L+V and LV+T by rule."""
+    pairs = []
+    for c in range(nfc.CODE_POINTS):
+        parts = unicodedata.decomposition(chr(c)).split()
+        if len(parts) == 2 and not parts[0].startswith("<"):
+            pairs.append((chr(int(parts[0], 16)), chr(int(parts[1], 16))))
+    return pairs + [("\u1100", "\u1161"), ("\uac00", "\u11a8"), ("\u1112", "\u1175"), ("\uc544", "\u11c2")]
+
+
+def _not_normalized_named(texts):
+    named = set(nfc.suspects(texts))
+    return [t for k, t in enumerate(texts) if k not in named and not unicodedata.is_normalized("NFC", t)]
+
+
+def test_every_pair_that_composes_is_a_suspect():
+    texts = [f"x {first}{second} y" for first, second in _pairs()]
+    assert len(texts) > 900
+    assert _not_normalized_named(texts) == []
+    assert len(nfc.suspects(texts)) == len(texts)  # each holds a second part
+
+
+def test_every_code_point_nfc_changes_or_moves_is_a_suspect():
+    changed = [chr(c) for c in range(0x300, nfc.CODE_POINTS) if not 0xD800 <= c < 0xE000
+               and (not unicodedata.is_normalized("NFC", chr(c)) or unicodedata.combining(chr(c)))]
+    assert len(changed) > 1000
+    texts = [f"\u4e2d{c}\u0301a" for c in changed]  # after a base and before a mark: every width of str
+    assert _not_normalized_named(texts) == []
+    assert len(nfc.suspects([f"\u4e2d{c}" for c in changed])) == len(changed)
+
+
+def test_random_texts_named_as_stable_are_normalized():
+    rng = random.Random(7)
+    pools = ["abc xyz", "\u00e9\u00fc\u00df", "\u4e2d\u6587\u5b57", "\u041a\u0438\u0440", "\u0301\u0308\u0323\u0345",
+             "\u1100\u1161\u11a8\uac00", "\u0dd9\u0dcf\u0dca", "\u212b\u2126\uf900", "\U0001f600\U00010348\U0001d15e",
+             "\u201c\u201d\u2014", "\u0627\u0644\u0651\u064e"]
+    texts = ["".join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(1, 12))) for _ in range(20000)]
+    assert _not_normalized_named(texts) == []
+    named = set(nfc.suspects(texts))
+    stable = [t for k, t in enumerate(texts) if k not in named]
+    assert len(stable) > 2000 and any(not t.isascii() for t in stable)  # the fast answer is given, and used
+
+
+def test_its_bits_are_checked_before_use(capsys):
+    path = os.path.join(cache_dir(), f"nfc-stable-{unicodedata.unidata_version}-{nfc.RULE}.npy")
+    nfc.stable_bits.cache_clear()
+    good = nfc.stable_bits().copy()
+    with open(path, "r+b") as f:  # the bit of U+0301 (a mark) set: texts holding it would be taken as NFC
+        f.seek(-(nfc.CODE_POINTS // 8) + 0x301 // 8, os.SEEK_END)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte | 1 << (0x301 % 8)]))
+    nfc.stable_bits.cache_clear()
+    try:
+        assert np.array_equal(nfc.stable_bits(), good)
+        assert "nfc-stable" in capsys.readouterr().err
+        assert nfc.suspects(["e\u0301"]) == [0]
+    finally:
+        nfc.stable_bits.cache_clear()
+
+
+@pytest.mark.parametrize("text", ["", "ascii", "caf\u00e9", "\u4e2d\u6587", "\U0001f600"])
+def test_texts_in_nfc_of_every_width_are_not_suspects(text):
+    assert nfc.suspects([text]) == []
