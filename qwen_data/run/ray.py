@@ -260,7 +260,9 @@ def _tell_done(run: int, info: dict, quiet: bool) -> None:
     if quiet:
         return
     retried = sum(n - 1 for n in info.get("attempts", {}).values())
-    print(f"ray: {run} shards done in {info['tasks_seconds']:.1f} s (the last task's code began "
+    took = sorted(info["shard_seconds"])
+    each = f"each shard's task {took[0]:.1f}-{took[-1]:.1f} s, median {took[len(took) // 2]:.1f}; " if took else ""
+    print(f"ray: {run} shards done in {info['tasks_seconds']:.1f} s ({each}the last task's code began "
           f"{info['task_start_seconds']:.1f} s after it was sent)"
           + (f" ({retried} attempts repeated)" if retried else ""), file=sys.stderr)
 
@@ -282,7 +284,7 @@ def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: di
     refs = {task.remote(step_type, c, os.getcwd(), tally): c for c in configs}
     pending = list(refs)
     results: dict[int, list[Manifest]] = {}
-    info["task_start_seconds"] = 0.0
+    info["task_start_seconds"], info["shard_seconds"] = 0.0, []
     progress = Progress(total_bytes, enabled=not config.quiet, label="ray")
     polled = time.monotonic()
     try:
@@ -291,8 +293,9 @@ def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: di
             for ref in done:
                 shard = refs[ref].shard
                 try:
-                    results[shard.index], picked, began = ray.get(ref)
+                    results[shard.index], picked, began, ended = ray.get(ref)
                     info["task_start_seconds"] = round(max(info["task_start_seconds"], began - sent), 3)
+                    info["shard_seconds"].append(round(ended - began, 3))
                     if checks is not None:
                         checks.add(picked)
                 except Exception as exc:
@@ -473,11 +476,11 @@ _CHECKS = None  # the driver's checking process's checker
 
 
 # -- in the tasks ----------------------------------------------------------------------------------
-def _shard_task(step_type, config, cwd: str, tally) -> tuple[list[Manifest], list, float]:
+def _shard_task(step_type, config, cwd: str, tally) -> tuple[list[Manifest], list, float, float]:
     """One shard, in a Ray worker: its step built from its config and run in the driver's directory
     (relative paths mean there what they mean to the driver), with a progress that reports to the
     tally actor. Its manifests, the records it picked for the certificate (`pipeline.Step.check`
-    items) and when its code began (time.time)."""
+    items), and when its code began and ended (time.time)."""
     began = time.time()
     import ray
 
@@ -492,7 +495,7 @@ def _shard_task(step_type, config, cwd: str, tally) -> tuple[list[Manifest], lis
         attempt = None
     step = step_type(config)
     manifests = pipeline.run(step, _Reporter(tally, config.shard.index, attempt))
-    return manifests, getattr(step, "picked", []), began
+    return manifests, getattr(step, "picked", []), began, time.time()
 
 
 class _Reporter:
