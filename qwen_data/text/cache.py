@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import sys
 import tempfile
+
+import numpy as np
 
 
 def cache_dir() -> str:
@@ -75,3 +78,24 @@ def _replace(path: str, write) -> str | None:
 def _write_text(path: str, text: str) -> None:
     with open(path, "w", encoding="ascii") as f:
         f.write(text)
+
+
+def cached_array(path: str, source: str, build, fits) -> np.ndarray:
+    """The array kept at `path` (a .npy derived from `source`, named where it is found damaged) where its
+    bytes are the ones recorded and `fits(array)`; else `build()`, kept there for the next run."""
+    data = checked_bytes(path, source)
+    if data is not None:
+        try:
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+            if fits(array):
+                return array
+        except (ValueError, EOFError):
+            pass
+    array = build()
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+
+    store(path, write)
+    return array

@@ -13,14 +13,13 @@ tests/data/test_nfc.py compares the answers with `unicodedata.is_normalized`.
 from __future__ import annotations
 
 import functools
-import io
 import os
 import unicodedata
 
 import numpy as np
 
 from .._native import nfc_suspects
-from .cache import cache_dir, checked_bytes, store
+from .cache import cache_dir, cached_array
 
 CODE_POINTS = 0x110000
 RULE = 1  # the derivation's version, in the cached file's name: a changed rule never reads an older rule's bits
@@ -35,24 +34,9 @@ def suspects(texts: list[str]) -> list[int]:
 @functools.lru_cache(maxsize=1)
 def stable_bits() -> np.ndarray:
     """A bit a code point, 1 where it is stable (see the module's docstring), least significant first."""
-    
-    path = os.path.join(cache_dir(), f"nfc-stable-{unicodedata.unidata_version}-{RULE}.npy")
-    cached = checked_bytes(path, f"Python's unicodedata {unicodedata.unidata_version}")
-    if cached is not None:
-        try:
-            bits = np.load(io.BytesIO(cached), allow_pickle=False)
-            if bits.dtype == np.uint8 and bits.shape == (CODE_POINTS // 8,):
-                return bits
-        except (ValueError, EOFError):
-            pass
-    bits = _derived()
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.save(f, bits)
-
-    store(path, write)
-    return bits
+    return cached_array(os.path.join(cache_dir(), f"nfc-stable-{unicodedata.unidata_version}-{RULE}.npy"),
+                        f"Python's unicodedata {unicodedata.unidata_version}", _derived,
+                        lambda bits: bits.dtype == np.uint8 and bits.shape == (CODE_POINTS // 8,))
 
 
 def _derived() -> np.ndarray:

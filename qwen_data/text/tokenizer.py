@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import os
 import re
@@ -35,7 +34,7 @@ import numpy as np
 
 from ..qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 from . import nfc
-from .cache import cache_dir, checked_bytes, store
+from .cache import cache_dir, cached_array, checked_bytes, store
 from .bundled import bundled_tokenizer_dir as find_bundled
 
 SPECIAL_POLICIES = ("text", "safe", "parse", "reject")
@@ -441,24 +440,9 @@ class QwenTokenizer:
         kept in `cache_dir()` under their hash (building it loops over the vocabulary in Python,
         ~0.5 s, which every process, Ray task and command would pay). Written atomically, so
         concurrent processes read a whole file or none, and checked against its recorded sha256
-        (`_cached`); a cache that cannot be written or read only costs the build."""
-        path = self._cache_path(name + ".npy")
-        cached = checked_bytes(path, self._file())
-        if cached is not None:
-            try:
-                array = np.load(io.BytesIO(cached), allow_pickle=False)
-                if array.shape == (self.vocab_size,):
-                    return array
-            except (ValueError, EOFError):
-                pass
-        array = build()
-
-        def write(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                np.save(f, array)
-
-        store(path, write)
-        return array
+        (`cache.checked_bytes`); a cache that cannot be written or read only costs the build."""
+        return cached_array(self._cache_path(name + ".npy"), self._file(), build,
+                            lambda array: array.shape == (self.vocab_size,))
 
     def _cache_path(self, name: str) -> str:
         return os.path.join(cache_dir(), f"{self.sha256}-{self.vocab_size}", name)
