@@ -19,7 +19,6 @@ chunks: `bench/spelling.py`); where a document fails, why is found in Python.
 from __future__ import annotations
 
 import functools
-import io
 import json
 import re
 import unicodedata
@@ -27,7 +26,7 @@ import unicodedata
 import numpy as np
 
 from ..qwen import FIRST_ADDED_ID, IM_END_ID, IM_START_ID
-from ..text.cache import checked_bytes, store
+from ..text.cache import cached_array
 
 from .._native import misspelled, structure_mask as _native_structure_mask
 
@@ -71,24 +70,17 @@ class Spelling:
 
     @classmethod
     def of(cls, tokenizer) -> "Spelling":
-        """The table of a `QwenTokenizer`, kept in its cache folder under the files' hash."""
+        """The table of a `QwenTokenizer`, kept in its cache folder under the files' hash (`starts` as
+        bytes, then `flat`)."""
+        n = tokenizer.vocab_size + 1
 
-        path, n = tokenizer._cache_path("spelling.npy"), tokenizer.vocab_size + 1
-        cached = checked_bytes(path, tokenizer._file())
-        try:
-            packed = np.load(io.BytesIO(cached), allow_pickle=False) if cached is not None else np.zeros(0, np.uint8)
-        except (ValueError, EOFError):
-            packed = np.zeros(0, np.uint8)
-        if len(packed) >= 8 * n:
-            return cls(packed[:8 * n].view(np.int64).copy(), packed[8 * n:].copy())
-        table = cls.from_json(tokenizer._json_text, tokenizer.added_tokens, tokenizer.vocab_size)
+        def build() -> np.ndarray:
+            table = cls.from_json(tokenizer._json_text, tokenizer.added_tokens, tokenizer.vocab_size)
+            return np.concatenate([table.starts.view(np.uint8), table.flat])
 
-        def write(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                np.save(f, np.concatenate([table.starts.view(np.uint8), table.flat]))
-
-        store(path, write)
-        return table
+        packed = cached_array(tokenizer._cache_path("spelling.npy"), tokenizer._file(), build,
+                              lambda array: array.dtype == np.uint8 and array.ndim == 1 and len(array) >= 8 * n)
+        return cls(packed[:8 * n].view(np.int64).copy(), packed[8 * n:].copy())
 
     @classmethod
     def from_json(cls, text: str, added: dict[str, int], vocab_size: int) -> "Spelling":
