@@ -3,7 +3,7 @@ command goes on from its journal (`run.journal`) and ends with the bytes of a ru
 it reuses is checked, never trusted.
 
 Each kill is made deterministic by a child process that runs `qwen-data` with one function wrapped
-to kill the process at its N-th call: after a chunk's journal line (between chunks), half-way
+to kill the process at its N-th call in the main thread: after a chunk's journal line (between chunks), half-way
 through writing a chunk (its ids written, its index entries not), and half-way through the commit
 (which the next run finishes, once each file holds what the journal hashed).
 """
@@ -25,13 +25,15 @@ from qwen_data.formats.layouts import UNPACKED
 from qwen_data.steps import sft
 
 KILLER = """
-import os, signal, sys
+import os, signal, sys, threading
 from qwen_data.cli import main
 where, after = sys.argv[1], int(sys.argv[2])
 calls = [0]
 
 def killing(function):
     def wrapped(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return function(*args, **kwargs)  # (rows laid out behind: when they are written is the thread's)
         calls[0] += 1
         if where == "mid-chunk" and calls[0] == after:
             function(*args, **kwargs)  # the .bin written ...
