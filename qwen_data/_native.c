@@ -327,36 +327,63 @@ static PyObject *poly(PyObject *self, PyObject *args) {
  * or the newline after it where there is one); `last_only`: the sample's last turn only;
  * `empty_think`: an empty think block opening the content is left out. A token is trained when any
  * of its bytes is. The bytes are the concatenation of every id's spelling, samples included (a
- * newline after <|im_end|> is looked for there even across a sample's end, as numpy's did). */
+ * newline after <|im_end|> is looked for there even across a sample's end, as numpy's did).
+ *
+ * Every byte it asks about lies a few tokens after an im_start (the header, an empty think block) or
+ * at the im_end, so it finds them by walking from there: no byte offset of every token is made (an
+ * array of them, 8 bytes a token, took most of the time). */
 static const char HEADER[] = "<|im_start|>assistant\n", EMPTY_THINK[] = "<think>\n\n</think>\n\n";
 
 typedef struct {
     const int32_t *ids;
-    const int64_t *pos;  /* pos[t]: token t's first byte; pos[n]: the end */
     const int64_t *table;
     const uint8_t *flat;
     Py_ssize_t n;
 } Stream;
 
-/* Whether the bytes from `offset` (within token `tok` or after it) are `pattern`. */
-static int spells_at(const Stream *s, Py_ssize_t tok, int64_t offset, const char *pattern, size_t length) {
-    for (size_t k = 0; k < length; k++, offset++) {
-        while (tok < s->n && s->pos[tok + 1] <= offset) tok++;
+static inline int64_t token_length(const Stream *s, Py_ssize_t t) {
+    return s->table[s->ids[t] + 1] - s->table[s->ids[t]];
+}
+
+/* The token holding the byte `*at` bytes after token `tok`'s first byte (`*at` becomes its place in
+ * that token); n where the stream ends before it. */
+static Py_ssize_t holding(const Stream *s, Py_ssize_t tok, int64_t *at) {
+    for (; tok < s->n; tok++) {
+        int64_t length = token_length(s, tok);
+        if (*at < length) return tok;
+        *at -= length;
+    }
+    return s->n;
+}
+
+/* Whether the bytes from `at` bytes after token `tok`'s first byte are `pattern`. */
+static int spells_at(const Stream *s, Py_ssize_t tok, int64_t at, const char *pattern, size_t length) {
+    tok = holding(s, tok, &at);
+    for (size_t k = 0; k < length; k++) {
         if (tok >= s->n) return 0;
-        if (s->flat[s->table[s->ids[tok]] + (offset - s->pos[tok])] != (uint8_t)pattern[k]) return 0;
+        if (s->flat[s->table[s->ids[tok]] + at] != (uint8_t)pattern[k]) return 0;
+        if (++at == token_length(s, tok)) {  /* on to the next token that spells a byte */
+            at = 0;
+            tok = holding(s, tok + 1, &at);
+        }
     }
     return 1;
 }
 
-/* Marks the tokens touching bytes [a, b): from the first ending after a to the last starting before b. */
-static void mark(const Stream *s, uint8_t *mask, int64_t a, int64_t b) {
+/* The tokens touching bytes [a, b) counted from token `tok`'s first byte: [first, last]; none where
+ * b <= a (first > last). */
+static void touching(const Stream *s, Py_ssize_t tok, int64_t a, int64_t b, Py_ssize_t range[2]) {
+    range[0] = 1, range[1] = 0;
     if (b <= a) return;
-    Py_ssize_t lo = 0, hi = s->n;
-    while (lo < hi) {  /* the first token whose end is past a */
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (s->pos[mid + 1] > a) hi = mid; else lo = mid + 1;
-    }
-    for (Py_ssize_t t = lo; t < s->n && s->pos[t] < b; t++) mask[t] = 1;
+    int64_t at = a;
+    Py_ssize_t first = holding(s, tok, &at);
+    at += b - a - 1;  /* the last byte, from `first`'s first byte */
+    range[0] = first, range[1] = holding(s, first, &at);
+    if (range[1] >= s->n) range[1] = s->n - 1;
+}
+
+static void mark(uint8_t *mask, const Py_ssize_t range[2]) {
+    if (range[1] >= range[0]) memset(mask + range[0], 1, (size_t)(range[1] - range[0] + 1));
 }
 
 static PyObject *structure_mask(PyObject *self, PyObject *args) {
@@ -375,66 +402,65 @@ static PyObject *structure_mask(PyObject *self, PyObject *args) {
     if (view(starts_obj, &starts_b, 8, "starts") < 0) goto ends;
     if (view(flat_obj, &flat_b, 1, "flat") < 0) goto starts;
 
-    Stream s = {ids_b.buf, NULL, starts_b.buf, flat_b.buf, ids_b.len / 4};
+    Stream s = {ids_b.buf, starts_b.buf, flat_b.buf, ids_b.len / 4};
     const int64_t *sample_ends = ends_b.buf;
     Py_ssize_t n_samples = ends_b.len / 8;
     int64_t n_table = starts_b.len / 8 - 1;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, s.n);
-    int64_t *pos = PyMem_Malloc((size_t)(s.n + 1) * sizeof(int64_t));
-    if (out == NULL || pos == NULL) {
-        Py_XDECREF(out);
-        PyMem_Free(pos);
-        PyErr_NoMemory();
+    int32_t bad = 0;
+    for (Py_ssize_t t = 0; t < s.n; t++)  /* the spelling check refuses these first */
+        bad |= (s.ids[t] < 0) | (s.ids[t] >= n_table);
+    if (bad) {
+        for (Py_ssize_t t = 0; t < s.n; t++)
+            if (s.ids[t] < 0 || s.ids[t] >= n_table) {
+                PyErr_Format(PyExc_ValueError, "id %d outside the table", (int)s.ids[t]);
+                break;
+            }
         goto flat;
     }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, s.n);
+    if (out == NULL) goto flat;
     uint8_t *mask = (uint8_t *)PyBytes_AS_STRING(out);
     memset(mask, 0, (size_t)s.n);
-    pos[0] = 0;
-    for (Py_ssize_t t = 0; t < s.n; t++) {
-        int32_t id = s.ids[t];
-        if (id < 0 || id >= n_table) {  /* the spelling check refuses these first */
-            Py_DECREF(out);
-            PyMem_Free(pos);
-            PyErr_Format(PyExc_ValueError, "id %d outside the table", (int)id);
-            goto flat;
-        }
-        pos[t + 1] = pos[t] + (s.table[id + 1] - s.table[id]);
-    }
-    s.pos = pos;
+    const int64_t header = (int64_t)(sizeof HEADER - 1), think = (int64_t)(sizeof EMPTY_THINK - 1);
     Py_ssize_t begin = 0, closing = -1;  /* the last im_end found, and the head it was found for */
     for (Py_ssize_t k = 0; k < n_samples; k++) {
         Py_ssize_t end = sample_ends[k] < s.n ? (Py_ssize_t)sample_ends[k] : s.n;
-        int64_t last[4] = {0, 0, 0, 0};  /* the sample's last turn's pieces, under last_only */
-        int turns = 0;
+        Py_ssize_t last[2][2] = {{1, 0}, {1, 0}};  /* the sample's last turn's tokens, under last_only */
         for (Py_ssize_t h = begin; h < end; h++) {
-            if (s.ids[h] != im_start || !spells_at(&s, h, pos[h], HEADER, sizeof HEADER - 1)) continue;
+            if (s.ids[h] != im_start || !spells_at(&s, h, 0, HEADER, (size_t)header)) continue;
             if (closing <= h)
                 for (closing = h + 1; closing < s.n && s.ids[closing] != im_end; closing++) {}
             if (closing >= end) continue;  /* no im_end in the sample after it */
-            int64_t start = pos[h], content = start + (int64_t)(sizeof HEADER - 1), close = pos[closing + 1];
-            int64_t stop = close + spells_at(&s, closing, close, "\n", 1);
-            int64_t first = span == 2 ? content - 1 : span == 3 ? start : content;
-            int64_t piece[4] = {first, span == 1 ? close : stop, 0, 0};
-            if (empty_think && spells_at(&s, h, content, EMPTY_THINK, sizeof EMPTY_THINK - 1)) {
-                piece[2] = content + (int64_t)(sizeof EMPTY_THINK - 1);
-                piece[3] = piece[1];
-                piece[1] = content;
+            /* Bytes from h's first one: the content starts at `header`; the im_end is token `closing`,
+             * and the byte after it (a newline or not) the first of the next token spelling one. */
+            int64_t first = span == 2 ? header - 1 : span == 3 ? 0 : header;
+            Py_ssize_t after = closing;
+            if (span != 1) {
+                int64_t at = token_length(&s, closing);
+                after = holding(&s, closing, &at);
+                if (after >= s.n || s.flat[s.table[s.ids[after]] + at] != '\n') after = closing;
+            }
+            Py_ssize_t piece[2][2];
+            if (empty_think && spells_at(&s, h, header, EMPTY_THINK, (size_t)think)) {
+                touching(&s, h, first, header, piece[0]);
+                touching(&s, h, header + think, header + think + 1, piece[1]);
+                piece[1][1] = after;
+            } else {
+                touching(&s, h, first, first + 1, piece[0]);
+                piece[0][1] = after;
+                piece[1][0] = 1, piece[1][1] = 0;
             }
             if (last_only) {
                 memcpy(last, piece, sizeof piece);
-                turns++;
             } else {
-                mark(&s, mask, piece[0], piece[1]);
-                mark(&s, mask, piece[2], piece[3]);
+                mark(mask, piece[0]);
+                mark(mask, piece[1]);
             }
         }
-        if (last_only && turns) {
-            mark(&s, mask, last[0], last[1]);
-            mark(&s, mask, last[2], last[3]);
-        }
+        mark(mask, last[0]);
+        mark(mask, last[1]);
         begin = end;
     }
-    PyMem_Free(pos);
     PyBuffer_Release(&flat_b);
     PyBuffer_Release(&starts_b);
     PyBuffer_Release(&ends_b);
