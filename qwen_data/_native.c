@@ -271,19 +271,10 @@ static void make_terms(void) {
     }
 }
 
-static PyObject *poly(PyObject *self, PyObject *args) {
-    Py_buffer data;
-    unsigned long long h1, h2;
-    if (!PyArg_ParseTuple(args, "y*KK", &data, &h1, &h2)) return NULL;
-    if (h1 >= P61 || h2 >= P61) {
-        PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "a hash is below 2^61 - 1");
-        return NULL;
-    }
-    const uint8_t *b = data.buf;
-    Py_ssize_t n = data.len, i = 0;
-    uint64_t a1 = h1, a2 = h2;
-    Py_BEGIN_ALLOW_THREADS
+/* The hash (*h1, *h2) going on over n bytes at b (Horner's rule, eight bytes a term). */
+static void poly_run(const uint8_t *b, Py_ssize_t n, uint64_t *h1, uint64_t *h2) {
+    Py_ssize_t i = 0;
+    uint64_t a1 = *h1, a2 = *h2;
     /* sixteen bytes a turn: the running hash waits on one multiplication per 16 bytes, the first
      * eight's sum is moved by X^8 beside it */
     for (; i + 16 <= n; i += 16) {
@@ -312,9 +303,109 @@ static PyObject *poly(PyObject *self, PyObject *args) {
         a1 = reduce61(mul61(a1, X[0]) + b[i]);
         a2 = reduce61(mul61(a2, X[1]) + b[i]);
     }
+    *h1 = a1, *h2 = a2;
+}
+
+/* X[k]^n mod 2^61 - 1, by squaring. */
+static uint64_t power61(int k, uint64_t n) {
+    uint64_t result = 1, base = X[k];
+    for (; n; n >>= 1, base = mul61(base, base))
+        if (n & 1) result = mul61(result, base);
+    return result;
+}
+
+static PyObject *poly(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned long long h1, h2;
+    if (!PyArg_ParseTuple(args, "y*KK", &data, &h1, &h2)) return NULL;
+    if (h1 >= P61 || h2 >= P61) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "a hash is below 2^61 - 1");
+        return NULL;
+    }
+    uint64_t a1 = h1, a2 = h2;
+    Py_BEGIN_ALLOW_THREADS
+    poly_run(data.buf, data.len, &a1, &a2);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     return Py_BuildValue("KK", (unsigned long long)a1, (unsigned long long)a2);
+}
+
+/* poly_each(data, ends) -> bytes: the hash of each piece of `data` on its own, pieces ending at `ends`
+ * (int64, bytes, rising), as (h1, h2) uint64 pairs back to back: a worker hashes its samples once
+ * each, and whoever lays them out in another order joins their hashes (`poly_join`) without reading
+ * a byte of them. */
+static PyObject *poly_each(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *ends_obj;
+    if (!PyArg_ParseTuple(args, "OO", &data_obj, &ends_obj)) return NULL;
+    Py_buffer data, ends_b;
+    if (PyObject_GetBuffer(data_obj, &data, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (view(ends_obj, &ends_b, 8, "ends") < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const int64_t *ends = ends_b.buf;
+    Py_ssize_t k = ends_b.len / 8;
+    PyObject *out = NULL;
+    for (Py_ssize_t j = 0; j < k; j++)
+        if (ends[j] < (j ? ends[j - 1] : 0) || ends[j] > data.len) {
+            PyErr_SetString(PyExc_ValueError, "ends: rising, within the data");
+            goto done;
+        }
+    out = PyBytes_FromStringAndSize(NULL, k * 16);
+    if (out == NULL) goto done;
+    uint64_t *h = (uint64_t *)PyBytes_AS_STRING(out);
+    const uint8_t *b = data.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0, start = 0; j < k; start = ends[j++]) {
+        h[2 * j] = h[2 * j + 1] = 0;
+        poly_run(b + start, ends[j] - start, h + 2 * j, h + 2 * j + 1);
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&ends_b);
+    PyBuffer_Release(&data);
+    return out;
+}
+
+/* poly_join(hashes, sizes, h1, h2) -> (h1, h2): the hash going on over pieces of `sizes` bytes (int64)
+ * whose own hashes are `hashes` ((h1, h2) uint64 pairs), in that order: h * X^size + the piece's. */
+static PyObject *poly_join(PyObject *self, PyObject *args) {
+    PyObject *hashes_obj, *sizes_obj;
+    unsigned long long h1, h2;
+    if (!PyArg_ParseTuple(args, "OOKK", &hashes_obj, &sizes_obj, &h1, &h2)) return NULL;
+    Py_buffer hashes_b, sizes_b;
+    if (view(hashes_obj, &hashes_b, 8, "hashes") < 0) return NULL;
+    if (view(sizes_obj, &sizes_b, 8, "sizes") < 0) {
+        PyBuffer_Release(&hashes_b);
+        return NULL;
+    }
+    const uint64_t *hashes = hashes_b.buf;
+    const int64_t *sizes = sizes_b.buf;
+    Py_ssize_t k = sizes_b.len / 8;
+    PyObject *out = NULL;
+    if (hashes_b.len / 8 != 2 * k || h1 >= P61 || h2 >= P61) {
+        PyErr_SetString(PyExc_ValueError, "a (h1, h2) pair per size expected, each below 2^61 - 1");
+        goto done;
+    }
+    uint64_t a[2] = {h1, h2};
+    int bad = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        if (sizes[j] < 0 || hashes[2 * j] >= P61 || hashes[2 * j + 1] >= P61) {
+            bad = 1;
+            break;
+        }
+        for (int p = 0; p < 2; p++)
+            a[p] = reduce61(mul61(a[p], power61(p, (uint64_t)sizes[j])) + hashes[2 * j + p]);
+    }
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, "a size below 0, or a hash not below 2^61 - 1");
+    else
+        out = Py_BuildValue("KK", (unsigned long long)a[0], (unsigned long long)a[1]);
+done:
+    PyBuffer_Release(&sizes_b);
+    PyBuffer_Release(&hashes_b);
+    return out;
 }
 
 /* structure_mask(ids, sample_ends, starts, flat, im_start, im_end, span, last_only, empty_think)
@@ -527,6 +618,8 @@ static PyMethodDef methods[] = {
     {"misspelled", misspelled, METH_VARARGS, "The first text whose ids do not spell it, or -1."},
     {"structure_mask", structure_mask, METH_VARARGS, "The loss mask the samples' ChatML structure gives."},
     {"poly", poly, METH_VARARGS, "The .bin hash (h1, h2) going on over data."},
+    {"poly_each", poly_each, METH_VARARGS, "The hash of each piece of data, (h1, h2) pairs as bytes."},
+    {"poly_join", poly_join, METH_VARARGS, "The hash (h1, h2) going on over pieces of known hashes."},
     {"nfc_suspects", nfc_suspects, METH_VARARGS, "The texts that may not be in NFC, by index."},
     {NULL, NULL, 0, NULL},
 };

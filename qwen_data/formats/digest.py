@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import os
 
-from .._native import poly
+import numpy as np
+
+from .._native import poly, poly_each, poly_join
 
 P = (1 << 61) - 1
 # The points: the first 16 hex digits of sha256(b"qwen-data .bin hash, point k"), k = 1, 2, mod P
@@ -46,6 +48,13 @@ class BinDigest:
         self.h = poly(view, *self.h)
         self.n += len(view)
 
+    def join_pieces(self, hashes: np.ndarray, sizes: np.ndarray) -> None:
+        """Go on over pieces whose own hashes are known (`piece_hashes`: (h1, h2) a row), `sizes` bytes
+        each, in that order, without a byte of them."""
+        self.h = poly_join(np.ascontiguousarray(hashes, dtype=np.uint64), np.ascontiguousarray(sizes, dtype=np.int64),
+                           *self.h)
+        self.n += int(np.sum(sizes))
+
     def hexdigest(self) -> str:
         return f"{SCHEME}:{self.n}:{self.h[0]:016x}:{self.h[1]:016x}"
 
@@ -55,6 +64,32 @@ def digest_of(array) -> str:
     so the process writing the files hashes none of it)."""
     digest = BinDigest()
     digest.update(array)
+    return digest.hexdigest()
+
+
+def piece_hashes(array: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The hash of each piece of `array`'s bytes on its own, pieces of `lengths` items back to back:
+    (h1, h2) a row, uint64 (an SFT worker's samples, which the rows a run lays out join in their order)."""
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64)) * array.itemsize
+    data = memoryview(np.ascontiguousarray(array)).cast("B")
+    return np.frombuffer(poly_each(data, ends), dtype=np.uint64).reshape(-1, 2)
+
+
+def repeated_hashes(unit: bytes, most: int) -> np.ndarray:
+    """The hash of `unit` repeated k times, for k from 0 to `most`: (h1, h2) a row (a row's padding)."""
+    step, x = poly(unit, 0, 0), [pow(point, len(unit), P) for point in POINTS]
+    out = np.zeros((most + 1, 2), dtype=np.uint64)
+    h = [0, 0]
+    for k in range(1, most + 1):
+        h = [(a * b + c) % P for a, b, c in zip(h, x, step)]
+        out[k] = h
+    return out
+
+
+def pieces_digest(hashes: np.ndarray, sizes: np.ndarray) -> str:
+    """The joinable hash of pieces back to back, from their own hashes and sizes in bytes (`piece_hashes`)."""
+    digest = BinDigest()
+    digest.join_pieces(hashes, sizes)
     return digest.hexdigest()
 
 

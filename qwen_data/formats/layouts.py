@@ -30,7 +30,8 @@ from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError
                       check_same_index)
 from .manifest import Manifest, SFTSection, fingerprinted
 from .outputs import AtomicOutputs
-from .packing import DEFAULT_PACKING, RowBuffers, RowGroups, padded_rows, window_plans
+from .digest import piece_hashes, repeated_hashes
+from .packing import DEFAULT_PACKING, RowBuffers, RowGroups, padded_rows, rows_digests, window_plans
 
 CHUNK = 1 << 20  # index entries checked at a time
 
@@ -294,17 +295,27 @@ def layout_of(manifest: Manifest) -> DataLayout:
 
 
 class _MaskRowWriter:
-    """Rows of ids and loss mask, each padded to its capacity (`MaskLayout`)."""
+    """Rows of ids and loss mask, each padded to its capacity (`MaskLayout`), hashed from their
+    samples' own hashes (`packing.rows_digests`): the bytes are written, never read again to hash."""
 
     def __init__(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> None:
-        self.data = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], dtype)
-        self.pad_id = pad_id
+        self.data = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], dtype, hashed="given")
+        self.pad_id, self.dtype = pad_id, np.dtype(dtype)
         self.buffers = RowBuffers()
+        self._pads: np.ndarray | None = None  # the hash of k pad ids, k up to a row's capacity
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups) -> int:
-        """The rows of `plan` from its samples back to back; how many tokens they train."""
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups,
+            hashes: np.ndarray | None = None) -> int:
+        """The rows of `plan` from its samples back to back; how many tokens they train. `hashes`:
+        the samples' own (`packing.SampleWindows`; none: made here, from their bytes)."""
+        if hashes is None:
+            hashes = np.concatenate([piece_hashes(ids.astype(self.dtype, copy=False), lengths),
+                                     piece_hashes(mask, lengths)], axis=1)
+        if self._pads is None or len(self._pads) <= plan.capacity:
+            self._pads = repeated_hashes(np.array([self.pad_id], self.dtype).tobytes(), plan.capacity)
         rows_ids, rows_mask = padded_rows(ids, mask, lengths, plan, self.pad_id, self.buffers)
-        self.data.add_batch(rows_ids, rows_mask, *plan.sequence_layout(lengths))
+        self.data.add_batch(rows_ids, rows_mask, *plan.sequence_layout(lengths),
+                            digests=rows_digests(lengths, plan, hashes, self.dtype.itemsize, self._pads))
         return int(np.count_nonzero(mask))
 
     def close(self) -> dict:
@@ -321,8 +332,9 @@ class _PaiRowWriter:
         for path in MaskedWriter.files(prefix)[2:]:
             outputs.leave_out(path)
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups) -> int:
-        return pai.write_rows(ids, mask, lengths, plan, self.data, self.pad_id)
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups,
+            hashes: np.ndarray | None = None) -> int:
+        return pai.write_rows(ids, mask, lengths, plan, self.data, self.pad_id)  # (hashed as written)
 
     def close(self) -> dict:
         self.data.finalize()
@@ -345,8 +357,10 @@ class LaidOut:
         self._placed: list[tuple[int, int, np.ndarray]] = []
         self.sequenced = layout_name == "mask" and packing is not None
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups) -> None:
-        self.trained += self.writer.add(ids, mask, lengths, plan)
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups,
+            hashes: np.ndarray | None = None) -> None:
+        """`hashes`: the samples' own (`packing.SampleWindows`; none: made from their bytes)."""
+        self.trained += self.writer.add(ids, mask, lengths, plan, hashes)
         self.rows += plan.rows
         self.tokens += plan.tokens
         if self.sequenced:

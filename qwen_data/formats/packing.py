@@ -36,6 +36,8 @@ from functools import cached_property
 
 import numpy as np
 
+from .digest import piece_hashes, pieces_digest
+
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,7 @@ class SampleWindows:
         self.packing, self.capacity = packing, capacity
         self._ids, self._mask = np.zeros(0, dtype), np.zeros(0, np.uint8)
         self._lengths: list[np.ndarray] = []
+        self._hashes: list[np.ndarray] = []  # per sample: its ids' and its mask's own hash (`digest.piece_hashes`)
         self._tokens = 0
         self._spare: list[tuple[np.ndarray, np.ndarray]] = []
 
@@ -334,8 +337,12 @@ class SampleWindows:
                 return ids, mask
         return np.empty(size, self._ids.dtype), np.empty(size, np.uint8)
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray):
-        """Copies the samples (the arrays may be views of memory about to be reused)."""
+    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, hashes: tuple | None = None):
+        """Copies the samples (the arrays may be views of memory about to be reused). `hashes`: each
+        sample's ids' and mask's own hashes as written (`digest.piece_hashes`; none: made here)."""
+        if hashes is None:
+            hashes = piece_hashes(ids.astype(self._ids.dtype, copy=False), lengths), piece_hashes(mask, lengths)
+        self._hashes.append(np.concatenate(hashes, axis=1))
         end = self._tokens + len(ids)
         if end > len(self._ids):
             grown = max(end, 2 * len(self._ids))
@@ -351,19 +358,22 @@ class SampleWindows:
         yield from self._windows(final=True)
 
     def _windows(self, final: bool):
-        """(ids, mask, lengths, plan) of each window that is closed, its samples back to back."""
+        """(ids, mask, lengths, plan, hashes) of each window that is closed, its samples back to back
+        (hashes: each sample's ids' then mask's own, four uint64 a row)."""
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
+        hashes = np.concatenate(self._hashes) if self._hashes else np.zeros((0, 4), np.uint64)
         ids, mask, tokens = self._ids, self._mask, self._tokens
         first = at = 0
         while first < len(lengths) and (plan := next_window(lengths[first:], self.packing, self.capacity, final)):
             n = len(plan.order)
             if not at:  # the buffers go with the windows: the samples still to come need others
                 self._ids, self._mask = self._buffers(len(ids))
-            yield ids[at: at + plan.tokens], mask[at: at + plan.tokens], lengths[first: first + n], plan
+            yield (ids[at: at + plan.tokens], mask[at: at + plan.tokens], lengths[first: first + n], plan,
+                   hashes[first: first + n])
             first, at = first + n, at + plan.tokens
         if at:  # the samples of the window still open, at the front of their buffers
             self._ids[:tokens - at], self._mask[:tokens - at] = ids[at:tokens], mask[at:tokens]
-            self._lengths, self._tokens = [lengths[first:]], tokens - at
+            self._lengths, self._hashes, self._tokens = [lengths[first:]], [hashes[first:]], tokens - at
 
 
 def window_plans(lengths: np.ndarray, packing: str | None, capacity: int):
@@ -399,6 +409,24 @@ def padded_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: Ro
         np.concatenate(id_pieces, out=out_ids)
         np.concatenate(mask_pieces, out=out_mask)
     return out_ids, out_mask
+
+
+def rows_digests(lengths: np.ndarray, plan: RowGroups, hashes: np.ndarray, itemsize: int,
+                 pads: np.ndarray) -> tuple[str, str]:
+    """The joinable hashes of `padded_rows`' (ids, mask) of `plan`, from its samples' own hashes
+    (`hashes`: ids' then mask's, four a sample, `SampleWindows`) and `pads` (the hash of k pad ids,
+    `digest.repeated_hashes`), never from their bytes: the pieces `padded_rows` joins, in its order,
+    each row's samples then its padding (a mask's padding is zeros, whose hash is 0)."""
+    rows, order = plan.rows, plan.order
+    pad_at = plan.row_starts[1:] + np.arange(rows)  # each row's padding, after its samples
+    is_pad = np.zeros(len(order) + rows, dtype=bool)
+    is_pad[pad_at] = True
+    pieces = np.empty((len(is_pad), 4), dtype=np.uint64)
+    sizes = np.empty(len(is_pad), dtype=np.int64)
+    pieces[~is_pad], sizes[~is_pad] = hashes[order], np.asarray(lengths, np.int64)[order]
+    padding = plan.capacity - plan.row_tokens
+    pieces[is_pad, :2], pieces[is_pad, 2:], sizes[is_pad] = pads[padding], 0, padding
+    return pieces_digest(pieces[:, :2], sizes * itemsize), pieces_digest(pieces[:, 2:], sizes)
 
 
 class RowBuffers:

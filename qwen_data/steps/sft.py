@@ -27,7 +27,7 @@ import numpy as np
 
 from ..certify.spelling import SpellingError
 from ..errors import RecordError
-from ..formats.digest import digest_of
+from ..formats.digest import piece_hashes, pieces_digest
 from ..formats.indexed import Behind, IndexedDatasetWriter, MaskedWriter, token_dtype
 from ..formats.layouts import UNPACKED, DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
@@ -132,9 +132,12 @@ class SampleBatch(ChunkResult):
     mask: np.ndarray
     lengths: np.ndarray  # per sample
     truncated: int
-    # The joinable hashes of `ids` and `mask` as written where the run writes the samples as they come
-    # (hashed in the worker; the rows a run lays out are hashed as they are written)
+    # The joinable hashes of `ids` and `mask` as written where the run writes the samples as they come,
+    # and each sample's own (ids then mask, `digest.piece_hashes`): the rows a run lays out join these
+    # in their order, so the process writing them reads none of their bytes to hash them. Made in the
+    # worker, which hashes each byte once.
     digests: tuple[str, str] | None = None
+    sample_hashes: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def run(config: SFTConfig, progress=None) -> Manifest:
@@ -317,9 +320,11 @@ class _Batching:
         ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
         mask = np.concatenate(self.mask) if self.mask else np.zeros(0, np.uint8)
         # (hashed as written, in the writer's dtype: the writer checks that every id fits it)
-        digests = (digest_of(ids.astype(token_dtype(self.step.tokenizer.vocab_size), copy=False)), digest_of(mask))
+        written = ids.astype(token_dtype(self.step.tokenizer.vocab_size), copy=False)
+        hashes = piece_hashes(written, lengths), piece_hashes(mask, lengths)
+        digests = pieces_digest(hashes[0], lengths * written.itemsize), pieces_digest(hashes[1], lengths)
         return SampleBatch(rejects, self.records, self.text_bytes, int(lengths.sum()), self.special_records,
-                           ids, mask, lengths, self.truncated, digests)
+                           ids, mask, lengths, self.truncated, digests, hashes)
 
 
 def _as_read(record: Record, value: dict, columns) -> bytes | dict:
@@ -424,7 +429,7 @@ class SFTWriter:
             self.samples.add_batch(result.ids, result.mask, result.lengths, digests=result.digests)
             self._last = result.digests
         if self.step.config.lays_out_here:
-            self._lay_out(list(self.windows.add(result.ids, result.mask, result.lengths)))
+            self._lay_out(list(self.windows.add(result.ids, result.mask, result.lengths, result.sample_hashes)))
         self.lengths.append(result.lengths.copy())  # a view of memory the next result reuses
         self.truncated += result.truncated
         self.special_records += result.special_records

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from qwen_data.formats import packing
+from qwen_data.formats.digest import piece_hashes
 from qwen_data.formats.packing import PACKINGS, RowGroups, SampleWindows, next_fit, one_per_row, pack, padded_rows, window_plans
 
 PAD_ID = 151654
@@ -304,7 +305,7 @@ def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monke
     ends = np.cumsum(lengths)
     for a, b in zip([0, *cuts], [*cuts, len(lengths)]):
         first = int(ends[a - 1]) if a else 0
-        fed += [(i.copy(), m.copy(), n, p) for i, m, n, p in  # views, valid until the next add
+        fed += [(i.copy(), m.copy(), n, p, h) for i, m, n, p, h in  # views, valid until the next add
                 stream.add(ids[first:ends[b - 1]], mask[first:ends[b - 1]], lengths[a:b])]
     fed += stream.close()
     def rows(plans):  # every row's samples, numbered over all samples
@@ -314,11 +315,13 @@ def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monke
             first += len(plan.order)
         return out
 
-    assert rows(plan for *_, plan in fed) == rows(plan for _, plan in at_once)
+    assert rows(plan for *_, plan, _ in fed) == rows(plan for _, plan in at_once)
     assert len(at_once) > 3 if method == "best-fit" else len(fed) > 3  # several windows
     at = 0
-    for w_ids, w_mask, _, plan in fed:  # each window's samples as they were fed
+    for w_ids, w_mask, w_lengths, plan, hashes in fed:  # each window's samples as they were fed, and their hashes
         assert np.array_equal(w_ids, ids[at:at + plan.tokens]) and np.array_equal(w_mask, mask[at:at + plan.tokens])
+        assert np.array_equal(hashes, np.concatenate([piece_hashes(w_ids, w_lengths), piece_hashes(w_mask, w_lengths)],
+                                                     axis=1))
         at += plan.tokens
     assert at == len(ids)
     if method == "best-fit":  # each window the fewest samples holding PACK_WINDOW tokens, the last what is left
@@ -341,7 +344,7 @@ def test_windows_stay_whole_until_their_buffers_are_given_back(monkeypatch):
 
     def lay_out(batch):  # as the layout thread: each window's samples as fed, then its buffers back
         nonlocal at
-        for w_ids, w_mask, _, plan in batch:
+        for w_ids, w_mask, _, plan, _ in batch:
             assert np.array_equal(w_ids, ids[at:at + plan.tokens]) and np.array_equal(w_mask, mask[at:at + plan.tokens])
             at += plan.tokens
         stream.reuse(*batch[0][:2])
@@ -379,3 +382,25 @@ def test_padded_rows_hold_each_rows_samples_in_order_then_padding():
         got = rows_ids[r * 8:(r + 1) * 8]
         assert np.array_equal(got[:len(expected)], expected) and (got[len(expected):] == PAD_ID).all()
         assert rows_mask[r * 8:(r + 1) * 8].sum() == len(expected)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint16])
+@pytest.mark.parametrize("method", ["best-fit", "next-fit", None])
+def test_rows_are_hashed_from_their_samples_hashes_as_from_their_bytes(method, dtype):
+    """A run hashes the rows it lays out from its samples' own hashes (`rows_digests`), never reading
+    the rows: the hashes must be those of the rows' bytes, padding included, in any packing."""
+    from qwen_data.formats.digest import digest_of, repeated_hashes
+    from qwen_data.formats.packing import rows_digests
+
+    lengths = np.append(realistic_sft_lengths(300, capacity=512, seed=7), 512)  # one row full, without padding
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 60000, int(lengths.sum())).astype(dtype)
+    mask = rng.integers(0, 2, int(lengths.sum())).astype(np.uint8)
+    plan = (PACKINGS[method] if method else one_per_row)(lengths, 512)
+    assert plan.pad_tokens > 0 and (plan.row_tokens == 512).any()  # padded rows, and a full one
+    hashes = np.concatenate([piece_hashes(ids, lengths), piece_hashes(mask, lengths)], axis=1)
+    pad = PAD_ID if dtype is np.int32 else 65000  # (a small vocabulary's .bin is uint16)
+    pads = repeated_hashes(np.array([pad], dtype).tobytes(), 512)
+    rows_ids, rows_mask = padded_rows(ids, mask, lengths, plan, pad)
+    assert rows_digests(lengths, plan, hashes, np.dtype(dtype).itemsize, pads) == (digest_of(rows_ids),
+                                                                                   digest_of(rows_mask))
