@@ -36,13 +36,11 @@ class SampleEncoder:
 
     def encode(self, samples: list[Sample]) -> list[tuple[np.ndarray, np.ndarray]]:
         """(ids int32, mask uint8) per sample; RecordError instances stand in for bad samples."""
-        out = []
-        for sample, ids in zip(samples, self._ids(samples)):
-            try:
-                out.append((ids, self.mask(sample, ids)))
-            except RecordError as error:
-                out.append(error)
-        return out
+        ids = self._ids(samples)
+        if self.train_everything:
+            return [(one, np.ones(len(one), dtype=np.uint8)) for one in ids]
+        return [mask if isinstance(mask, RecordError) else (one, mask)
+                for one, mask in zip(ids, self.masks(samples, ids))]
 
     def _ids(self, samples: list[Sample]) -> list[np.ndarray]:
         """Every literal in a sample's text is a control id (as HF parses it), except in marked
@@ -71,32 +69,49 @@ class SampleEncoder:
             out.append(np.concatenate(ids).astype(np.int32))
         return out
 
-    def mask(self, sample: Sample, ids: np.ndarray) -> np.ndarray:
-        if self.train_everything:
-            return np.ones(len(ids), dtype=np.uint8)
-        starts, ends, position = [], [], 0
-        for segment in sample.segments:
-            text = segment.text
-            size = len(text) if text.isascii() else len(self._normalized(text).encode("utf-8"))
-            if segment.turn in sample.trained_turns and segment.kind in self.trained_kinds and size:
-                if starts and ends[-1] == position:  # adjacent trained segments form one span
-                    ends[-1] = position + size
-                else:
-                    starts.append(position)
-                    ends.append(position + size)
-            position += size
-        token_ends = np.cumsum(self._byte_lengths[ids])
-        if len(ids) and token_ends[-1] != position:
+    def masks(self, samples: list[Sample], ids: list[np.ndarray]) -> list:
+        """Each sample's mask (a RecordError where its tokens do not lie over its text's bytes), all
+        samples' at once: their trained spans' bytes (within each sample's text), moved to where the
+        sample's tokens lie among all the samples' tokens back to back; each span's first and last
+        token found by one search, and the mask made as runs of 0 and 1 (a search of the spans for
+        every token, or numpy's calls per sample, cost more than the rest of the encoding)."""
+        span_starts, span_ends, span_sample, sizes = [], [], [], np.empty(len(samples), dtype=np.int64)
+        for k, sample in enumerate(samples):
+            position = 0
+            for segment in sample.segments:
+                text = segment.text
+                size = len(text) if text.isascii() else len(self._normalized(text).encode("utf-8"))
+                if size and segment.turn in sample.trained_turns and segment.kind in self.trained_kinds:
+                    if span_ends and span_ends[-1] == position and span_sample[-1] == k:
+                        span_ends[-1] = position + size  # adjacent trained segments form one span
+                    else:
+                        span_starts.append(position)
+                        span_ends.append(position + size)
+                        span_sample.append(k)
+                position += size
+            sizes[k] = position
+        counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+        token_ends = np.cumsum(self._byte_lengths[flat])
+        ends = np.cumsum(counts)
+        bounds = np.concatenate([[0], token_ends])
+        before = bounds[ends - counts]  # the bytes of the tokens before each sample's first
+        spelled = bounds[ends] - before
+        shift = before[np.asarray(span_sample, dtype=np.intp)]
+        starts, stops = np.asarray(span_starts, dtype=np.int64) + shift, np.asarray(span_ends, dtype=np.int64) + shift
+        # A token is trained when any of its bytes is: from the first token ending after a span's
+        # start to the last one starting before its end (token t starts where token t-1 ends).
+        first = np.searchsorted(token_ends, starts, side="right")
+        last = np.minimum(np.searchsorted(token_ends, stops, side="left") + 1, len(flat))
+        first[1:] = np.maximum(first[1:], last[:-1])  # a token touching two spans: one run of 1s
+        last = np.maximum(last, first)
+        runs = np.diff(np.concatenate([[0], np.column_stack([first, last]).ravel(), [len(flat)]]))
+        trained = np.repeat(np.resize(np.array([0, 1], dtype=np.uint8), len(runs)), runs)
+        out = np.split(trained, ends[:-1]) if len(ids) else []
+        for k in np.flatnonzero((spelled != sizes) & (counts > 0)).tolist():
             # NFC composed characters across a segment boundary: offsets are no longer exact.
-            raise RecordError("normalization-boundary", "Unicode normalization joins text across a template boundary")
-        token_starts = token_ends - self._byte_lengths[ids]
-        span_ends = np.asarray(ends, dtype=np.int64)
-        # The first span ending after a token's start is the only one it can overlap.
-        j = np.searchsorted(span_ends, token_starts, side="right")
-        hit = j < len(starts)
-        trained = np.zeros(len(ids), dtype=bool)
-        trained[hit] = np.asarray(starts, dtype=np.int64)[j[hit]] < token_ends[hit]
-        return trained.astype(np.uint8)
+            out[k] = RecordError("normalization-boundary", "Unicode normalization joins text across a template boundary")
+        return out
 
     def _normalized(self, text: str) -> str:
         """`text` as the tokenizer normalizes it (NFC, by HF's older Unicode tables). Text already in
