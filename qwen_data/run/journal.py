@@ -104,10 +104,12 @@ class Journal:
         self._ends = ends
         return {"files": ends, "hashes": hashes}
 
-    def chunk(self, entry: dict, batch: int | None = None) -> None:
-        """A chunk's line (`written`'s, with its counts and picked records), numbered in turn;
-        `batch`: the certifier's number of its picked records (`answers`)."""
-        self._line(entry)
+    def chunk(self, entry: dict, batch: int | None = None, picked: str | None = None) -> None:
+        """A chunk's line (`written`'s, with its counts), numbered in turn; `picked`: its picked
+        records as JSON text, made by the worker (`pipeline.picked_json`; None: not kept), put in
+        the line as it is; `batch`: the certifier's number of them (`answers`)."""
+        text = json.dumps(entry)
+        self._text(f'{text[:-1]}, "picked": {picked if picked is not None else "null"}}}')
         if batch is not None:
             self.awaiting(batch, self.chunks)
         self.chunks += 1
@@ -122,7 +124,10 @@ class Journal:
             self._line({"answered": self._awaited.pop(batch), "checked": answered[batch]})
 
     def _line(self, value: dict) -> None:
-        self._file.write(json.dumps(value) + "\n")
+        self._text(json.dumps(value))
+
+    def _text(self, line: str) -> None:
+        self._file.write(line + "\n")
         self._file.flush()  # in the page cache: a killed process's writes outlive it
 
     def committing(self, renamed: list[str], removed: list[str], bins: dict[str, str]) -> None:

@@ -208,7 +208,7 @@ def test_picked_sft_records_in_a_journal_read_back_as_they_were():
 
 
 @pytest.mark.parametrize("answered, reused", [(False, 1), (True, 3)])
-@pytest.mark.parametrize("unread", [None, [["f.jsonl:9", [1, 2]]]])  # not kept; kept as no reader reads it
+@pytest.mark.parametrize("unread", [None, [[9, [1, 2]]]])  # not kept; kept as no reader reads it
 def test_a_chunk_whose_picked_records_do_not_read_back_is_reused_once_they_were_checked(tmp_path, answered, reused,
                                                                                          unread):
     from qwen_data.certify.checks import TextChecks
@@ -220,7 +220,7 @@ def test_a_chunk_whose_picked_records_do_not_read_back_is_reused_once_they_were_
     for k, picked in enumerate(([], unread, [])):
         with open(staged, "ab") as f:
             f.write(bytes([k]) * 100)
-        journal.chunk({"picked": picked, **journal.written({staged: None})}, batch=k)
+        journal.chunk(journal.written({staged: None}), batch=k, picked=None if picked is None else json.dumps(picked))
     if answered:
         journal.answers({1: {"records_checked": 1}})
     journal.close()
