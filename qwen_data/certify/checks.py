@@ -24,7 +24,8 @@ from .messages import NotMappable, RecordReading
 from .reference import ChatReference, NotCertified, TextReference, difference, preload, reference_jinja, versions
 from . import trimmed
 from .sample import LONG_BYTES, Sampling, detection, numbers, ranges, window
-from .spelling import Speller, normalized
+from ..text.tokenizer import QwenTokenizer
+from .spelling import Speller, Spelling, normalized
 
 
 class CertificateError(ValueError):
@@ -55,13 +56,24 @@ class _Checks:
     def __init__(self, step, inputs: list[dict], estimates: list[int | None]) -> None:
         self.tokenizer = step.tokenizer
         self.tokenizer_sha256, self.backend = step.tokenizer.sha256, step.tokenizer.config.backend
+        self.tokenizer_config = step.tokenizer.config
         self.sampling = Sampling(inputs, estimates)
         self.uncertified: str | None = None
 
     def __getstate__(self) -> dict:
-        # The checking process takes the reference's side only: the tokenizer and the spelling table
-        # are the workers' (forked, never pickled), and would cost megabytes through its pipe.
-        return {k: v for k, v in self.__dict__.items() if k not in ("tokenizer", "speller")}
+        # The checking process takes the reference's side only: the tokenizer and the spelling tables
+        # are the workers' (forked, never pickled), and would cost megabytes through its pipe (whose
+        # reader, still loading HF's tokenizer, held the run's start back ~0.15 s a process to read
+        # them); a checking process that needs the table reads it from the cache itself (`spelling`).
+        return {k: v for k, v in self.__dict__.items() if k not in ("tokenizer", "speller", "table")}
+
+    @property
+    def spelling(self):
+        """The tokenizer's spelling table (`spelling.Spelling`): the workers', or, in a checking
+        process, read from the tokenizer's cache (or made there) at its first use."""
+        if getattr(self, "table", None) is None:
+            self.table = Spelling.of(QwenTokenizer(self.tokenizer_config))
+        return self.table
 
     def picks(self, chunk, record) -> bool:
         return self.sampling.picks(chunk, record)
@@ -170,7 +182,7 @@ class ChatChecks(_Checks):
         config = self.config = step.config
         self.template = step.template
         self.speller = Speller(self.tokenizer, "parse")
-        self.table = self.speller.table  # the checking process's too: it spells samples checked on a window
+        self.table = self.speller.table  # (a checking process reads its own: `spelling`)
         self.structure = None if config.mask == "all" else {
             "span": config.assistant_span, "last_only": config.rendered_history != "rendered",
             "empty_think_is_prompt": config.enable_thinking is False}
@@ -236,6 +248,7 @@ class ChatChecks(_Checks):
 
     def load(self) -> None:
         self.reference.load()
+        self.spelling  # noqa: B018 - read while the workers start
 
     def check(self, items: list) -> tuple[dict, str | None]:
         """Each picked record's samples (before truncation and packing) against the reference's,
@@ -254,7 +267,7 @@ class ChatChecks(_Checks):
                 continue
             counts["records_checked"] += 1
             counts["records_through_columns"] += self.through_columns
-            mismatch = compare_samples(where, count, samples, theirs, counts, table=self.table)
+            mismatch = compare_samples(where, count, samples, theirs, counts, table=self.spelling)
             if mismatch:
                 return counts, mismatch
             checked.append((where, None))

@@ -799,6 +799,26 @@ def test_a_long_chat_is_checked_on_a_window_and_a_fault_there_fails_the_run(tmp_
     assert f"{corpus}:1 (the window of its tokens" in error and "our ids differ from the reference's" in error
 
 
+def test_a_run_of_its_own_checks_long_chats_in_its_checking_processes(tmp_path):
+    """A command run on its own checks in processes of their own, forked as it starts (not here, where
+    HF's tokenizer is loaded already): they read the spelling table from the cache themselves (the
+    run hands them none) to compare a long render's spelling whole, and the run is certified."""
+    import subprocess
+    import sys
+
+    words = " ".join(f"word{k} hello" for k in range(60))
+    chats = [{"messages": [m for t in range(4) for m in ({"role": "user", "content": f"turn {t}: {words}"},
+                                                         {"role": "assistant", "content": f"answer {t}: {words}"})]}
+             for _ in range(3)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    prefix = str(tmp_path / "s")
+    run = subprocess.run([sys.executable, "-m", "qwen_data", "sft", corpus, "--quiet", "--workers", "2", *REFERENCE,
+                          str(reference_template()), "-o", prefix], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    found = certificate(prefix)
+    assert found["certified"] and found["records_checked"] == 3 and found["masks_not_checked"] == 3  # windows
+
+
 def test_a_long_chat_rendered_otherwise_outside_its_window_fails_the_run(tmp_path, monkeypatch, capsys):
     """The reference encodes a window of a long render, and compares the whole render, as bytes,
     with what our ids spell: a parser's fault anywhere in it is found."""
