@@ -197,6 +197,9 @@ def main() -> None:
     jobs = args.jobs.split(",")
     corpus_of = {"pretrain": text, **{job: corpora.scaled_sft_corpus(job[4:], args.sft_mb * 1_000_000, args.chats)
                                       for job in jobs if job in ("sft-chat", "sft-alpaca")}}
+    # The corpora just made are on disk before any run is timed, so that no run shares the host with the
+    # kernel writing GBs of them back.
+    os.sync()
     runs: list[dict] = []
     work = tempfile.mkdtemp(prefix="cores-")
 
