@@ -265,6 +265,9 @@ def warm_up(jobs: list[str], corpus_of: dict, mine, work: str) -> None:
                 if held >= 4_000_000:
                     break
         mine(job, 1, head, f"warm-up ({job})")
+        for name in os.listdir(work):  # its outputs: the next job's kind may not write over them
+            if name.startswith("ours"):
+                os.remove(os.path.join(work, name))
 
 
 if __name__ == "__main__":
