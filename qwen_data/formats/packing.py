@@ -39,7 +39,6 @@ import numpy as np
 from .digest import piece_hashes, pieces_digest
 
 
-
 @dataclass(frozen=True)
 class RowGroups:
     """Which samples share each row.
