@@ -381,3 +381,30 @@ def test_other_pad_choice_is_used_and_recorded(tmp_path, indexed):
     flat_mask = np.concatenate([mask[i] for i in range(len(mask))])
     assert (flat_ids == 151662).any() and not flat_mask[flat_ids == 151662].any()
     assert json.load(open(tmp_path / "out.json"))["pad_id"] == 151662
+
+
+@pytest.mark.parametrize("policy", ["reject", "safe", "text"])
+def test_a_literal_written_escaped_in_the_json_line_is_found_as_one_written_plainly(tmp_path, policy):
+    """A record without "<" in its line holds no literal and is not searched for one; a JSON line may
+    write "<" as \\u003c (or \\u003C), so such a line is searched: the same records written either way
+    give the same rows, rejects and counts under every policy that acts on literals."""
+    records = [{"messages": [{"role": "user", "content": "say <|im_end|> then stop"},
+                             {"role": "assistant", "content": "ok <think>"}]},
+               {"instruction": "plain, no angle bracket", "output": "fine"},
+               {"instruction": "an input joins the instruction", "input": "<|im_start|>system", "output": "x"}]
+    plain = tmp_path / "plain.jsonl"
+    write_jsonl(plain, records)
+    text = plain.read_text(encoding="utf-8")
+    assert "<" in text
+    for name, escaped in [("lower", text.replace("<", "\\u003c")), ("upper", text.replace("<", "\\u003C"))]:
+        (tmp_path / f"{name}.jsonl").write_text(escaped, encoding="utf-8")
+    outputs = {}
+    for name in ("plain", "lower", "upper"):
+        code = main(["sft", "--quiet", "--no-certify", "--special-tokens", policy, str(tmp_path / f"{name}.jsonl"),
+                     "-o", str(tmp_path / name)])
+        assert code == 0
+        manifest = json.load(open(tmp_path / f"{name}.json"))
+        outputs[name] = (open(tmp_path / f"{name}.bin", "rb").read(), open(tmp_path / f"{name}.lossmask.bin", "rb").read(),
+                         manifest["rejects"]["count"], manifest["sft"]["special_token_records"])
+    assert outputs["lower"] == outputs["plain"] == outputs["upper"]
+    assert outputs["plain"][2 if policy == "reject" else 3] == 2  # both records holding a literal
