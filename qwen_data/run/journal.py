@@ -189,6 +189,8 @@ def _read(path: str, run: str) -> tuple[list[dict], dict[int, dict]]:
                 if "answered" in value:
                     answers[value["answered"]] = value["checked"]
                 elif "files" in value and "hashes" in value:
+                    if value.get("picked") and "picked_at" not in value:
+                        value["picked"] = None  # kept as an earlier build kept them: not read back
                     chunks.append(value)
         except (ValueError, AttributeError, KeyError, TypeError):  # a line cut short by the kill, or no journal of ours
             pass

@@ -208,6 +208,33 @@ def test_picked_sft_records_in_a_journal_read_back_as_they_were():
 
 
 @pytest.mark.parametrize("answered, reused", [(False, 1), (True, 3)])
+def test_picked_records_an_earlier_build_journaled_are_not_read_back(tmp_path, answered, reused):
+    """An earlier build kept a chunk's picked records as [file:line, item], without `picked_at`: such a
+    chunk is reused only once its check is in the journal (done again otherwise, never a failure)."""
+    from qwen_data.certify.checks import TextChecks
+    from qwen_data.run.journal import Journal, Resumed
+
+    staged, prefix = str(tmp_path / "d.bin.tmp"), str(tmp_path / "d")
+    journal = Journal(prefix, "run")
+    journal.start(Resumed())
+    item = TextChecks.item_json((7, 0, [("hello", np.array([1, 2], dtype=np.int32), 0, 2)]))
+    for k in range(3):
+        with open(staged, "ab") as f:
+            f.write(bytes([k]) * 100)
+        if k == 1:
+            journal._line({"picked": [["f.jsonl:9", item]], **journal.written({staged: None})})
+            journal.awaiting(k, k)
+            journal.chunks += 1
+        else:
+            journal.chunk(journal.written({staged: None}), batch=k, picked="[]")
+    if answered:
+        journal.answers({1: {"records_checked": 1}})
+    journal.close()
+    resumed = Journal(prefix, "run").resumable([staged], TextChecks.item_from_json)
+    assert len(resumed.chunks) == reused and os.path.getsize(staged) == 100 * reused
+
+
+@pytest.mark.parametrize("answered, reused", [(False, 1), (True, 3)])
 @pytest.mark.parametrize("unread", [None, [[9, [1, 2]]]])  # not kept; kept as no reader reads it
 def test_a_chunk_whose_picked_records_do_not_read_back_is_reused_once_they_were_checked(tmp_path, answered, reused,
                                                                                          unread):
