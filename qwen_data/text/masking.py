@@ -97,8 +97,13 @@ class SampleEncoder:
         bounds = np.concatenate([[0], token_ends])
         before = bounds[ends - counts]  # the bytes of the tokens before each sample's first
         spelled = bounds[ends] - before
-        shift = before[np.asarray(span_sample, dtype=np.intp)]
-        starts, stops = np.asarray(span_starts, dtype=np.int64) + shift, np.asarray(span_ends, dtype=np.int64) + shift
+        # The spans of samples whose tokens spell other bytes than their text (refused below) are left
+        # out: moved among the tokens, they could reach into the next sample's.
+        span_sample = np.asarray(span_sample, dtype=np.intp)
+        kept = (spelled == sizes)[span_sample]
+        shift = before[span_sample[kept]]
+        starts = np.asarray(span_starts, dtype=np.int64)[kept] + shift
+        stops = np.asarray(span_ends, dtype=np.int64)[kept] + shift
         # A token is trained when any of its bytes is: from the first token ending after a span's
         # start to the last one starting before its end (token t starts where token t-1 ends).
         first = np.searchsorted(token_ends, starts, side="right")

@@ -408,3 +408,26 @@ def test_a_literal_written_escaped_in_the_json_line_is_found_as_one_written_plai
                          manifest["rejects"]["count"], manifest["sft"]["special_token_records"])
     assert outputs["lower"] == outputs["plain"] == outputs["upper"]
     assert outputs["plain"][2 if policy == "reject" else 3] == 2  # both records holding a literal
+
+
+@pytest.mark.parametrize("cut", [-3, 3])  # the refused sample's tokens spell fewer bytes than its text, or more
+def test_a_sample_refused_for_a_normalization_boundary_leaves_the_others_masks_alone(cut):
+    """Masks are made for a chunk's samples at once (`SampleEncoder.masks`): a sample whose tokens do
+    not lie over its text's bytes is refused, and the samples around it get the masks they get alone."""
+    from qwen_data.text.masking import SampleEncoder
+    from qwen_data.text.tokenizer import QwenTokenizer
+
+    template = get_template("qwen2p5")
+    conversations = [to_conversation({"messages": [{"role": "user", "content": f"question {k}"},
+                                                   {"role": "assistant", "content": f"answer number {k}"}]})
+                     for k in range(3)]
+    samples = [s for c in conversations for s in render_samples(template, c, "rendered")]
+    tokenizer = QwenTokenizer.shared()
+    encoder = SampleEncoder(tokenizer)
+    ids = [tokenizer.encode(s.text) for s in samples]
+    alone = [encoder.masks([s], [i])[0] for s, i in zip(samples, ids)]
+    text = samples[1].text
+    ids[1] = tokenizer.encode(text[:cut] if cut < 0 else text + "x" * cut)  # as if NFC had joined a boundary
+    found = encoder.masks(samples, ids)
+    assert found[1].reason == "normalization-boundary"
+    assert np.array_equal(found[0], alone[0]) and np.array_equal(found[2], alone[2])
