@@ -12,6 +12,7 @@ from .records import Record
 
 
 DEFAULT_CHUNK_BYTES = 4 << 20
+SKIP_BLOCK = 1 << 16  # bytes read at a time to find where a line ends
 
 
 @dataclass
@@ -46,31 +47,33 @@ class Chunk:
             self.lines = self.rows
             yield from self._rows()
             return
-        if self.span is not None and self.data is None:
-            self.data = self._read_span()
-        lines = self.data.split(b"\n")
+        # a span's bytes are read here and not kept: the lines hold them while the records are made
+        data = self._read_span() if self.span is not None and self.data is None else self.data
+        lines = data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
-        if b"\r" in self.data:  # checked once a chunk: most chunks hold none, and this loop is hot
+        if b"\r" in data:  # checked once a chunk: most chunks hold none, and this loop is hot
             lines = [line.rstrip(b"\r") for line in lines]
+        del data
         self.lines = len(lines)
         for number, line in enumerate(lines, start=1 if self.span is not None else self.first):
             yield Record.from_line(number, line)
 
     def _read_span(self) -> bytes:
-        """The whole lines that start in the span: a line belongs to the span holding its first byte."""
+        """The whole lines that start in the span: a line belongs to the span holding its first byte.
+        Where they begin and end is found first and they are read in one piece: no copy of the chunk
+        is made to cut or extend it, and the lines around are scanned, never kept (a line longer than
+        many spans costs each span its own bytes)."""
         start, stop = self.span
         with open(self.path, "rb") as f:
-            if start == 0:
-                data = f.read(stop)
+            # the first line starting in the span follows a newline at or after the byte before it
+            begin = 0 if start == 0 else _after_newline(f, start - 1, stop)
+            if begin >= stop:
+                data = b""
             else:
-                # From the byte before the span: the first line starting in it follows a newline.
-                # Only the span is read, so a line longer than many spans costs each span its own bytes.
-                f.seek(start - 1)
-                data = f.read(stop - start + 1)
-                data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
-            if data and not data.endswith(b"\n"):
-                data += f.readline()  # the last line starts in the span and ends beyond it
+                end = _after_newline(f, stop - 1)  # the end of the line holding the span's last byte
+                f.seek(begin)
+                data = f.read(end - begin)
             size = os.fstat(f.fileno()).st_size
         if size != self.file_size:
             raise InputFileError(f"{self.path}: changed while it was read ({self.file_size:,} bytes when the inputs "
@@ -146,3 +149,16 @@ def _row(table, i: int):
         return table.slice(i, 1).to_pylist()[0]
     except UnicodeDecodeError as exc:
         return RecordError("invalid-utf8", f"invalid UTF-8 in the row ({exc.reason})")
+
+
+def _after_newline(f, at: int, limit: int | None = None) -> int:
+    """The offset after the first newline at or after `at` in the file `f` (its end where none), looked
+    for in blocks up to `limit` (`limit` where none before it)."""
+    f.seek(at)
+    while limit is None or f.tell() < limit:
+        block = f.read(SKIP_BLOCK if limit is None else min(SKIP_BLOCK, limit - f.tell()))
+        if not block:
+            break
+        if (k := block.find(b"\n")) >= 0:
+            return f.tell() - len(block) + k + 1
+    return f.tell()

@@ -160,6 +160,12 @@ SHARED_TEXT_BUDGET = 1 << 30
 BATCH_AFTER = 100_000
 
 
+def _int32(ids: np.ndarray) -> np.ndarray:
+    """gigatoken's uint32 ids seen as int32 where they lie (every id < 2**31): a copy of them was a
+    chunk's size more of each worker's peak memory."""
+    return ids.view(np.int32) if ids.dtype == np.uint32 else ids.astype(np.int32)
+
+
 class QwenTokenizer:
     """Exact Qwen encoding plus the facts pipelines record: flavour, eod, vocab size, identity.
 
@@ -344,12 +350,12 @@ class QwenTokenizer:
             if self.texts <= BATCH_AFTER:
                 pieces = [backend.encode(text) for text in texts]
                 lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-                ids = np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, dtype=np.int32)
+                ids = _int32(np.concatenate(pieces)) if pieces else np.zeros(0, dtype=np.int32)
             else:
                 import awkward as ak
 
                 encoded = backend.encode_batch(texts, parallel=False)
-                ids = np.asarray(ak.flatten(encoded, axis=1), dtype=np.int32)
+                ids = _int32(np.asarray(ak.flatten(encoded, axis=1)))
                 lengths = np.asarray(ak.num(encoded, axis=1), dtype=np.int64)
             rows = self.exact_rows(raw, ids, lengths, backend)
             if rows:

@@ -415,3 +415,24 @@ def test_dataset_info_entries_read_without_conversion(tmp_path):
     same_data(plain, sft([renamed], tmp_path / "cols", "--columns", "instruction=prompt,output=answer"),
               ("", ".lossmask"))
     shutil.rmtree(data)
+
+
+def test_spans_hold_each_line_once_where_it_starts(tmp_path, monkeypatch):
+    """A plain jsonl file's spans (`Chunk._read_span`): the lines starting in each, whole, so the spans
+    together give every line once, in order; lines longer than many spans and scanned in small blocks
+    included."""
+    from qwen_data.inputs import chunks
+
+    monkeypatch.setattr(chunks, "SKIP_BLOCK", 3)
+    rng, path = random.Random(7), tmp_path / "lines.jsonl"
+    for trial in range(400):
+        data = bytes(rng.choice(b"ab\n" if trial % 2 else b"abcdefgh\n") for _ in range(rng.randint(0, 80)))
+        path.write_bytes(data)
+        cuts = sorted({0, len(data), *(rng.randint(0, len(data)) for _ in range(rng.randint(0, 6)))})
+        starts = [0] + [k + 1 for k, byte in enumerate(data) if byte == ord("\n") and k + 1 < len(data)]
+        for a, b in zip(cuts, cuts[1:]):
+            chunk = chunks.Chunk(path=str(path), first=None)
+            chunk.span, chunk.file_size = (a, b), len(data)
+            mine = [s for s in starts if a <= s < b]
+            expected = data[mine[0]:next((s for s in starts if s >= b), len(data))] if mine else b""
+            assert chunk._read_span() == expected, (data, a, b)
