@@ -36,6 +36,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .._native import pack_rows
 from .digest import piece_hashes, pieces_digest
 
 
@@ -388,25 +389,16 @@ def window_plans(lengths: np.ndarray, packing: str | None, capacity: int):
 def padded_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups,
                 pad_id: int, buffers: "RowBuffers | None" = None) -> tuple[np.ndarray, np.ndarray]:
     """The rows of `plan` from its samples laid back to back in input order, each padded to
-    exactly its capacity: (ids, mask), rows back to back. Each channel is one concatenation of the
-    samples in row order with each row's padding after them: nothing goes token by token, or row
-    by row. `buffers`: where to put the rows (valid until their next use), instead of new arrays."""
-    ends = np.cumsum(lengths)
-    starts, ends = (ends - lengths).tolist(), ends.tolist()
-    width, order = plan.capacity, plan.order.tolist()
-    pads, no_mask = np.full(width, pad_id, ids.dtype), np.zeros(width, np.uint8)
-    id_pieces, mask_pieces, taken = [], [], 0
-    for size, n in zip(plan.row_sizes.tolist(), plan.row_tokens.tolist()):
-        for sample in order[taken:taken + size]:
-            id_pieces.append(ids[starts[sample]:ends[sample]])
-            mask_pieces.append(mask[starts[sample]:ends[sample]])
-        taken += size
-        id_pieces.append(pads[:width - n])
-        mask_pieces.append(no_mask[:width - n])
+    exactly its capacity: (ids, mask), rows back to back; a copy a sample, in C (`_native.pack_rows`,
+    which lets the GIL go: the writer's thread packs while the main thread takes results).
+    `buffers`: where to put the rows (valid until their next use), instead of new arrays."""
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    width = plan.capacity
     out_ids, out_mask = (buffers or RowBuffers()).take(plan.rows * width, ids.dtype)
-    if id_pieces:
-        np.concatenate(id_pieces, out=out_ids)
-        np.concatenate(mask_pieces, out=out_mask)
+    pack_rows(np.ascontiguousarray(ids), np.ascontiguousarray(mask, dtype=np.uint8), starts, lengths,
+              np.ascontiguousarray(plan.order, dtype=np.int64), np.ascontiguousarray(plan.row_sizes, dtype=np.int64),
+              np.ascontiguousarray(plan.row_tokens, dtype=np.int64), width, pad_id, out_ids, out_mask)
     return out_ids, out_mask
 
 
