@@ -120,9 +120,10 @@ class TextChecks(_Checks):
     one's) equal HF tokenizers' on the same text, under the run's special-token policy."""
 
     libraries = ("tokenizers",)
-    # HF encodes a window (~256 bytes) in ~0.5 ms: a sample's 1.5-2 CPU s, which one process checks behind
-    # a 1 GB run's 16 workers only at its end (3.4 s against 3.0-3.2 s with two, on a 16-core host).
-    workers_per_checker = 8
+    # HF encodes a window (~256 bytes) in ~0.3-0.5 ms: a sample's 1-2 CPU s, which one process checks while
+    # 16 workers make 2 GB of text (a 16-core H200 host: 5.49-5.54 s against 5.66-5.68 s with two, whose
+    # second tokenizer took the workers' cores; `bench/results/cpu/2026-11-30-pretrain-checkers.md`).
+    workers_per_checker = 16
 
     def __init__(self, step, inputs, estimates) -> None:
         super().__init__(step, inputs, estimates)
