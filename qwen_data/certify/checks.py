@@ -133,6 +133,10 @@ class TextChecks(_Checks):
                                        trim=self.sampling.estimated <= TRIM_RECORDS)
         self.eod_id = step.eod_id
 
+    def picked(self, keys: list[bytes]) -> list[int]:
+        """`picks` of a chunk's records at once, by their keys (`sample.record_key`): their indices."""
+        return self.sampling.picked(keys)
+
     def item(self, number: int, position: int, documents: list[tuple[str, np.ndarray, str | None]]) -> tuple:
         """What the checking process takes of a picked record: per text key, the text checked
         (the whole text, or a window of a long one), our ids for it and where they lie in the

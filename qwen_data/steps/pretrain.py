@@ -26,6 +26,7 @@ from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..run import pipeline
 from ..run.journal import Resumed, joined
 from ..run.pipeline import ChunkResult, RunConfig
+from ..certify.sample import record_key
 from ..certify.spelling import SpellingError
 from ..text.tokenizer import QwenTokenizer
 
@@ -89,6 +90,8 @@ class Tokenize:
     def process(self, chunk: Chunk) -> Documents:
         texts, rejects = _Texts(self, chunk), Rejects(chunk)
         rejects.sift(chunk.records(), texts.add)
+        if self.checks is not None:  # the records the reference checks, picked all at once
+            texts.picked = [(texts.numbers[k], k) for k in self.checks.picked(texts.hashed)]
         ids, lengths, encoded, misspelled = [], [], [], None
         for bucket in texts.by_key:
             flat, counts = self.tokenizer.encode_batch(bucket, special=self.config.special_tokens)
@@ -185,6 +188,7 @@ class _Texts:
         self.text_bytes = self.special_records = 0
         self.chunk, self.checks = chunk, step.checks
         self.numbers: list[int] = []  # each kept record's number in the chunk
+        self.hashed: list[bytes] = []  # each kept record's key for the reference's pick (`sample.record_key`)
         self.picked: list[tuple[int, int]] = []  # records the reference checks: (number, position)
 
     def add(self, record: Record) -> None:
@@ -198,8 +202,8 @@ class _Texts:
                     raise RecordError("special-token", f"literal special token {special!r} in text")
                 break
         self.text_bytes += record.size
-        if self.checks is not None and self.checks.picks(self.chunk, record):
-            self.picked.append((record.number, len(self.by_key[0])))
+        if self.checks is not None:
+            self.hashed.append(record_key(self.chunk.path, record))
         self.numbers.append(record.number)
         for bucket, value in zip(self.by_key, values):
             bucket.append(value)

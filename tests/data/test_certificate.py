@@ -891,3 +891,39 @@ def test_placeholders_mark_literals_in_every_string_of_a_record():
     plain = [{"role": "user", "content": "no literal here"}]
     assert reference.placeholders(plain, literals, "")[0] is plain
     assert reference.placeholders(plain, literals, "")[1] is None
+
+
+def _fmix32_rule(line: bytes, seed: int) -> int:
+    """The pick rule as every certificate states it, written from that text alone:
+    fmix32(crc32(record, seed) ^ seed), MurmurHash3's 32-bit finalizer."""
+    import zlib
+
+    h = zlib.crc32(line, seed) ^ seed
+    for shift, factor in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+        h = ((h ^ (h >> shift)) * factor) % 2**32
+    return h ^ (h >> 16)
+
+
+def test_the_records_checked_are_those_the_stated_rule_picks(tmp_path):
+    """A pretraining run picks its records a chunk at a time (`sample.record_hashes`): the lines its
+    certificate says it checked are exactly those whose hash under the stated seed falls below
+    rate × 2³², over several chunks and workers, and the batch hash is the one-record one."""
+    from _helpers import manifest, pretrain, write_jsonl as write
+    from qwen_data.certify.sample import numbers, record_hash, record_hashes
+    from qwen_data.inputs.records import Record
+
+    rng = np.random.default_rng(5)
+    path = write(tmp_path / "many.jsonl", [{"text": f"record {i} " + "x" * int(rng.integers(1, 40))}
+                                           for i in range(9000)])
+    out = manifest(pretrain([path], tmp_path / "o", "--workers", "2", "--chunk-mb", "0.05"))
+    sample, lines = out["certificate"]["sample"], out["certificate"]["lines_checked"]
+    assert 0 < sample["rate"] < 1
+    with open(path, "rb") as f:
+        raw = f.read().split(b"\n")[:-1]
+    below = int(sample["rate"] * 2**32)
+    expected = [k + 1 for k, line in enumerate(raw) if _fmix32_rule(line, sample["seed"]) < below]
+    assert numbers(next(iter(lines.values()))) == expected and len(expected) > 1000
+    keys = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 50, 300)]
+    for seed in (0, 1, 2**32 - 1):
+        assert record_hashes(keys, seed).tolist() == [record_hash("f", Record(1, key, None, len(key)), seed)
+                                                      for key in keys] == [_fmix32_rule(k, seed) for k in keys]
