@@ -923,7 +923,7 @@ def test_the_records_checked_are_those_the_stated_rule_picks(tmp_path):
     below = int(sample["rate"] * 2**32)
     expected = [k + 1 for k, line in enumerate(raw) if _fmix32_rule(line, sample["seed"]) < below]
     assert numbers(next(iter(lines.values()))) == expected and len(expected) > 1000
-    keys = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 50, 300)]
+    keys = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 300, 400)]
     for seed in (0, 1, 2**32 - 1):
         assert record_hashes(keys, seed).tolist() == [record_hash("f", Record(1, key, None, len(key)), seed)
                                                       for key in keys] == [_fmix32_rule(k, seed) for k in keys]
