@@ -415,13 +415,12 @@ done:
  * others int64 (mask uint8). A copy a sample, the GIL let go: done in Python, a slice object a sample
  * took the writer thread's time and the main thread's GIL with it (~4 s of a 2 GB alpaca run). */
 static PyObject *pack_rows(PyObject *self, PyObject *args) {
-    PyObject *o[11];
+    PyObject *objs[9];  /* ids, mask, starts, lengths, order, row_sizes, row_tokens, out_ids, out_mask */
     Py_ssize_t width;
     long long pad;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnLOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &width, &pad, &o[9],
-                          &o[10]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOnLOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                          &width, &pad, &objs[7], &objs[8]))
         return NULL;
-    PyObject *objs[9] = {o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[9], o[10]};
     Py_buffer b[9];
     int got = 0;
     for (; got < 9; got++)
