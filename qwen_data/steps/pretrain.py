@@ -90,8 +90,8 @@ class Tokenize:
     def process(self, chunk: Chunk) -> Documents:
         texts, rejects = _Texts(self, chunk), Rejects(chunk)
         rejects.sift(chunk.records(), texts.add)
-        if self.checks is not None:  # the records the reference checks, picked all at once
-            texts.picked = [(texts.numbers[k], k) for k in self.checks.picked(texts.hashed)]
+        # the records the reference checks, (number, position), picked all at once
+        picked = [(texts.numbers[k], k) for k in self.checks.picked(texts.hashed)] if self.checks is not None else []
         ids, lengths, encoded, misspelled = [], [], [], None
         for bucket in texts.by_key:
             flat, counts = self.tokenizer.encode_batch(bucket, special=self.config.special_tokens)
@@ -111,7 +111,7 @@ class Tokenize:
             result.to_check = [self.checks.item(number, k, [(bucket[k], doc_ids[end[k] - n[k]:end[k]], as_encoded[k])
                                                             for bucket, doc_ids, n, end, as_encoded
                                                             in zip(texts.by_key, ids, lengths, ends, encoded)])
-                               for number, k in texts.picked]
+                               for number, k in picked]
         return result
 
     def _spell(self, texts: "_Texts", bucket: list[str], flat: np.ndarray, counts: np.ndarray):
@@ -189,7 +189,6 @@ class _Texts:
         self.chunk, self.checks = chunk, step.checks
         self.numbers: list[int] = []  # each kept record's number in the chunk
         self.hashed: list[bytes] = []  # each kept record's key for the reference's pick (`sample.record_key`)
-        self.picked: list[tuple[int, int]] = []  # records the reference checks: (number, position)
 
     def add(self, record: Record) -> None:
         """Raises RecordError for a record without a usable text under every key."""
