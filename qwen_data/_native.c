@@ -2,9 +2,10 @@
  *
  * misspelled: the certificate's spelling check (`certify.spelling`). numpy's version gathers the table
  * once per token in several passes; this one reads one 16-byte entry per token (`Entry`: the token's
- * first 8 bytes, its length, whether it may stand here), so most tokens cost one cache line of the table
- * and one 8-byte comparison. A non-ASCII text's UTF-8 is the one CPython keeps on the str where the
- * encoder asked for it (gigatoken does), else made here.
+ * first 8 bytes, where the rest lie, its length), writes the token's bytes out and compares them with
+ * the text once it ends: most tokens cost one cache line of the table and ~20 instructions. A
+ * non-ASCII text's UTF-8 is the one CPython keeps on the str where the encoder asked for it
+ * (gigatoken does), else made here.
  *
  * misspelled(ids, counts, texts, entries, flat, first) -> int
  *   ids      int32, every text's ids back to back (counts[k] of them for texts[k])
@@ -37,10 +38,6 @@ static int view(PyObject *obj, Py_buffer *buf, Py_ssize_t item, const char *name
     }
     return 0;
 }
-
-/* LOW_BYTES[n]: the low n bytes of a little-endian word */
-static const uint64_t LOW_BYTES[9] = {0, 0xffULL, 0xffffULL, 0xffffffULL, 0xffffffffULL, 0xffffffffffULL,
-                                      0xffffffffffffULL, 0xffffffffffffffULL, 0xffffffffffffffffULL};
 
 /* One character as UTF-8 at `o`; → past it, or NULL for a lone surrogate. */
 static inline uint8_t *put_utf8(uint8_t *o, Py_UCS4 u) {
@@ -111,30 +108,38 @@ static Py_ssize_t utf8_of(PyObject *text, uint8_t **buf, Py_ssize_t *cap) {
     return o - *buf;
 }
 
-/* One id of the table, as `Spelling.entries` lays it out: a token's check reads one cache line. */
+/* One id of the table, as `Spelling.entries` lays it out: a token's check reads one cache line. An id
+ * that may not stand in a text (a control id the policy keeps as text, one spelling nothing) has
+ * length BARRED and offset past any table, so the check of a long token refuses it. */
 typedef struct {
     uint64_t head;    /* the token's first 8 bytes (zeros past its end) */
     uint32_t offset;  /* where its bytes start in flat */
     uint16_t length;  /* its bytes */
-    uint8_t allowed;  /* 0: the id may not stand in a text (a control id the policy keeps as text) */
-    uint8_t unused;
+    uint16_t unused;
 } Entry;
 
-/* Whether `n` (> 8) bytes at `a` and `b` are equal: 8 at a time, the last 8 overlapping, inline (memcmp
- * was a call for each of the ~5% of tokens longer than 8 bytes). */
-static inline int same_bytes(const uint8_t *a, const uint8_t *b, Py_ssize_t n) {
-    uint64_t x, y;
-    for (Py_ssize_t i = 0; i + 8 < n; i += 8) {
-        memcpy(&x, a + i, 8), memcpy(&y, b + i, 8);
-        if (x != y) return 0;
-    }
-    memcpy(&x, a + n - 8, 8), memcpy(&y, b + n - 8, 8);
-    return x == y;
-}
+/* The tokens written between two checks that the spelled bytes are still within the text: each short
+ * one adds at most 8 bytes past it, so the buffer holds the text and SLACK more. */
+#define BLOCK 16
+#define SLACK (BLOCK * 8 + 16)
 
 /* Tokens ahead whose table entry is fetched early: a worker's encoding evicts the table between checks,
  * and a miss waited for token by token cost more than the comparisons. */
 #define PREFETCH 16
+
+/* Writes the bytes of the token `e` at `spelled + *pos` and moves `*pos` past them; 0 where it is
+ * barred or would end past the text (`size`) or the table. */
+static inline int spell_token(const Entry *e, const uint8_t *flat, Py_ssize_t flat_len, uint8_t *spelled,
+                              Py_ssize_t *pos, Py_ssize_t size) {
+    Py_ssize_t length = e->length;
+    memcpy(spelled + *pos, &e->head, 8);
+    if (length > 8) {
+        if ((Py_ssize_t)e->offset + length > flat_len || length > size - *pos) return 0;
+        memcpy(spelled + *pos, flat + e->offset, (size_t)length);
+    }
+    *pos += length;
+    return 1;
+}
 
 static PyObject *misspelled(PyObject *self, PyObject *args) {
     PyObject *ids_obj, *counts_obj, *texts, *entries_obj, *flat_obj;
@@ -144,6 +149,7 @@ static PyObject *misspelled(PyObject *self, PyObject *args) {
         return NULL;
     Py_buffer ids_b, counts_b, entries_b, flat_b;
     uint8_t *own = NULL;  /* a non-ASCII text's UTF-8, made here: CPython's would stay on the str */
+    uint8_t *spelled = NULL;  /* the bytes a text's ids spell, written out */
     if (view(ids_obj, &ids_b, 4, "ids") < 0) return NULL;
     if (view(counts_obj, &counts_b, 8, "counts") < 0) goto ids;
     if (view(entries_obj, &entries_b, 1, "entries") < 0) goto counts;
@@ -159,8 +165,14 @@ static PyObject *misspelled(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "counts and texts differ in length");
         goto fail;
     }
-    Py_ssize_t at = 0, result = -1, cap = 0;
+    Py_ssize_t at = 0, result = -1, cap = 0, spelled_cap = 0;
     for (Py_ssize_t k = 0; k < first && k < n_texts; k++) at += counts[k];
+    /* the first id outside the table (n_ids where none), so the loop below need not ask each id */
+    int32_t bad = 0, n32 = n_table < INT32_MAX ? (int32_t)n_table : INT32_MAX;
+    for (Py_ssize_t i = at; i < n_ids; i++) bad |= (uint32_t)ids[i] >= (uint32_t)n32;  /* vectorized */
+    Py_ssize_t outside = n_ids;
+    if (bad)
+        for (outside = at; (uint32_t)ids[outside] < (uint64_t)n_table; outside++) {}
     for (Py_ssize_t k = first; k < n_texts; k++) {
         PyObject *text = PyList_GET_ITEM(texts, k);
         if (!PyUnicode_Check(text)) {
@@ -190,36 +202,44 @@ static PyObject *misspelled(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "counts add up to more ids than given");
             goto fail;
         }
-        for (; at < end; at++) {
-            int32_t id = ids[at];
-            if (id < 0 || id >= n_table) break;
-            if (at + PREFETCH < n_ids) {  /* the entry a later token reads, fetched while this one is compared */
-                uint32_t ahead = (uint32_t)ids[at + PREFETCH];
-                if (ahead < (uint64_t)n_table) __builtin_prefetch(table + ahead);
-            }
-            const Entry *e = table + id;
-            Py_ssize_t length = e->length;
-            if (!e->allowed || length > size - pos) break;
-            if (length <= 8) {
-                /* most tokens: one 8-byte comparison, the bytes past the token masked off */
-                uint64_t y = 0;
-                if (pos + 8 <= size)
-                    memcpy(&y, bytes + pos, 8);  /* a constant size: one load, where a size known only here was a call */
-                else
-                    memcpy(&y, bytes + pos, (size_t)(size - pos));
-                if ((e->head ^ y) & LOW_BYTES[length]) break;
-            } else if ((Py_ssize_t)e->offset + length > flat_len ||  /* never read past the table */
-                       !same_bytes(flat + e->offset, bytes + pos, length)) {
-                break;
-            }
-            pos += length;
+        if (end > outside) {  /* the id outside the table is this text's */
+            result = k;
+            break;
         }
-        if (at < end || pos != size) {
+        if (size + SLACK > spelled_cap) {
+            uint8_t *grown = PyMem_Realloc(spelled, (size_t)(size + SLACK));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            spelled = grown;
+            spelled_cap = size + SLACK;
+        }
+        /* The ids' bytes are written out, each token's 8-byte head whatever its length (the next one
+         * overwrites what is past its end), and the text compared with them once at the end: a token
+         * costs a load, a store and its length, where comparing token by token cost ~40 instructions. */
+        while (at < end) {
+            Py_ssize_t stop = at + BLOCK < end ? at + BLOCK : end;
+            if (stop + PREFETCH <= n_ids) {
+                for (; at < stop; at++) {
+                    /* a later token's entry fetched while this one is written (a prefetch never faults) */
+                    __builtin_prefetch((const void *)((uintptr_t)table + ((uintptr_t)(uint32_t)ids[at + PREFETCH] << 4)));
+                    if (!spell_token(table + ids[at], flat, flat_len, spelled, &pos, size)) goto refused;
+                }
+            } else {
+                for (; at < stop; at++)
+                    if (!spell_token(table + ids[at], flat, flat_len, spelled, &pos, size)) goto refused;
+            }
+            if (pos > size) break;
+        }
+    refused:
+        if (at != end || pos != size || memcmp(spelled, bytes, (size_t)size) != 0) {
             result = k;
             break;
         }
     }
     PyMem_Free(own);
+    PyMem_Free(spelled);
     PyBuffer_Release(&flat_b);
     PyBuffer_Release(&entries_b);
     PyBuffer_Release(&counts_b);
@@ -227,6 +247,7 @@ static PyObject *misspelled(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(result);
 fail:
     PyMem_Free(own);
+    PyMem_Free(spelled);
     PyBuffer_Release(&flat_b);
 entries:
     PyBuffer_Release(&entries_b);

@@ -12,8 +12,9 @@ alone (`structure_mask`: each `<|im_start|>assistant\\n` control token opens a s
 on the next `<|im_end|>` control token, cut as the run's --assistant-span says) and must equal the
 mask the run made from its labelled segments.
 
-Costs: each token's bytes compared once, in C (`_native.misspelled`, ~5 ns a token on a worker's
-chunks: `bench/spelling.py`); where a document fails, why is found in Python.
+Costs: each token's bytes written out once and the text compared with them, in C
+(`_native.misspelled`, ~3.4-3.7 ns and ~21 instructions a token on a worker's chunks: `bench/spelling.py`,
+callgrind); where a document fails, why is found in Python.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ..text.cache import cached_array
 from .._native import misspelled, structure_mask as _native_structure_mask
 
 # `Spelling.entries`: one id of the table as `_native.c`'s Entry lays it out (16 bytes, one cache line's quarter)
-ENTRY = np.dtype([("head", "<u8"), ("offset", "<u4"), ("length", "<u2"), ("allowed", "u1"), ("unused", "u1")])
+ENTRY = np.dtype([("head", "<u8"), ("offset", "<u4"), ("length", "<u2"), ("unused", "<u2")])
+BARRED = (0xFFFFFFFF, 0xFFFF)  # an id a text may not hold: offset and length past any table, so no text spells it
 LOW_BYTES = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=np.uint64)  # a word's low n bytes
 BLOCK_TOKENS = 1 << 22  # ids decoded at a time: a 58 MB record is spelled in bounded memory
 
@@ -99,15 +101,17 @@ class Spelling:
 
     def entries(self, allowed: np.ndarray) -> np.ndarray:
         """The table as `_native.misspelled` reads it, 16 bytes an id (`Entry` there): its first 8
-        bytes, where its bytes start in `flat`, its length, and `allowed[id]` (whether a text may
-        hold it). One token's check then reads one cache line of the table, where reading `starts`,
-        `flat` and `allowed` apart took three."""
+        bytes, where its bytes start in `flat`, and its length; `BARRED` for an id where `allowed[id]`
+        is 0 (a text may not hold it). One token's check then reads one cache line of the table, where
+        reading `starts`, `flat` and `allowed` apart took three."""
         entries = np.zeros(len(self.lengths), dtype=ENTRY)
         padded = np.concatenate([self.flat, np.zeros(8, np.uint8)])
         words = np.ndarray((len(self.flat),), "<u8", padded, strides=(1,))  # the 8 bytes from each byte on
         first = np.minimum(self.starts[:-1], len(self.flat) - 1)
         entries["head"] = words[first] & LOW_BYTES[np.minimum(self.lengths, 8)]
-        entries["offset"], entries["length"], entries["allowed"] = self.starts[:-1], self.lengths, allowed
+        barred = np.asarray(allowed) == 0
+        entries["offset"] = np.where(barred, BARRED[0], self.starts[:-1])
+        entries["length"] = np.where(barred, BARRED[1], self.lengths)
         return entries.view(np.uint8)
 
     @functools.cached_property

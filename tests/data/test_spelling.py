@@ -65,6 +65,22 @@ def test_an_id_moved_across_documents_or_a_text_cut_short_is_found(encoded):
     assert speller.first_misspelled(TEXTS[:7] + [TEXTS[7] + "\ud800"] + TEXTS[8:], ids, counts) == 7
 
 
+def test_ids_spelling_far_more_or_less_than_their_text_are_found(encoded):
+    """The loop writes the ids' bytes out and checks that they stay within the text only every few
+    tokens: ids spelling kilobytes more than their text (short tokens, long ones, both) are refused,
+    as are ids spelling less, and a barred id among many good ones."""
+    speller, ids, counts = encoded
+    long = TEXTS[4]
+    many, n = speller.tokenizer.encode_batch([long], "text")
+    for text in ("", "x", long[:100], long[:-1], long + "x"):
+        assert speller.first_misspelled(["plain text", text], np.concatenate([ids[:counts[0]], many]),
+                                        np.array([counts[0], n[0]])) == 1, len(text)
+    barred = many.copy()
+    barred[len(barred) // 2] = FIRST_ADDED_ID
+    assert speller.first_misspelled([long], barred, n) == 0
+    assert speller.first_misspelled([long], many, n) == -1
+
+
 def test_a_byte_changed_anywhere_in_a_long_token_is_found(encoded):
     """Tokens longer than 8 bytes are compared 8 bytes at a time, the last 8 overlapping: a byte
     changed at each place of each such token (ASCII text: a character is a byte) is found."""
