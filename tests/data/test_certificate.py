@@ -895,9 +895,13 @@ def test_placeholders_mark_literals_in_every_string_of_a_record():
 
 def _fmix32_rule(line: bytes, seed: int) -> int:
     """The pick rule as every certificate states it, written from that text alone:
-    fmix32(crc32(record, seed) ^ seed), MurmurHash3's 32-bit finalizer."""
+    fmix32(crc32(key, seed) ^ seed), MurmurHash3's 32-bit finalizer; a key over 256 bytes is its first
+    and last 128 and its length."""
+    import struct
     import zlib
 
+    if len(line) > 256:  # the rule's key of a long line: its ends and its length
+        line = line[:128] + line[-128:] + struct.pack("<Q", len(line))
     h = zlib.crc32(line, seed) ^ seed
     for shift, factor in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
         h = ((h ^ (h >> shift)) * factor) % 2**32
@@ -909,11 +913,11 @@ def test_the_records_checked_are_those_the_stated_rule_picks(tmp_path):
     certificate says it checked are exactly those whose hash under the stated seed falls below
     rate × 2³², over several chunks and workers, and the batch hash is the one-record one."""
     from _helpers import manifest, pretrain, write_jsonl as write
-    from qwen_data.certify.sample import numbers, record_hash, record_hashes
+    from qwen_data.certify.sample import numbers, record_hash, record_hashes, record_key
     from qwen_data.inputs.records import Record
 
     rng = np.random.default_rng(5)
-    path = write(tmp_path / "many.jsonl", [{"text": f"record {i} " + "x" * int(rng.integers(1, 40))}
+    path = write(tmp_path / "many.jsonl", [{"text": f"record {i} " + "x" * int(rng.integers(1, 40 if i % 3 else 600))}
                                            for i in range(9000)])
     out = manifest(pretrain([path], tmp_path / "o", "--workers", "2", "--chunk-mb", "0.05"))
     sample, lines = out["certificate"]["sample"], out["certificate"]["lines_checked"]
@@ -923,7 +927,8 @@ def test_the_records_checked_are_those_the_stated_rule_picks(tmp_path):
     below = int(sample["rate"] * 2**32)
     expected = [k + 1 for k, line in enumerate(raw) if _fmix32_rule(line, sample["seed"]) < below]
     assert numbers(next(iter(lines.values()))) == expected and len(expected) > 1000
-    keys = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 300, 400)]
+    lines = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 600, 400)]
+    records = [Record(1, line, None, len(line)) for line in lines]
     for seed in (0, 1, 2**32 - 1):
-        assert record_hashes(keys, seed).tolist() == [record_hash("f", Record(1, key, None, len(key)), seed)
-                                                      for key in keys] == [_fmix32_rule(k, seed) for k in keys]
+        assert record_hashes([record_key("f", r) for r in records], seed).tolist() == [
+            record_hash("f", r, seed) for r in records] == [_fmix32_rule(line, seed) for line in lines]
