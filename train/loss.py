@@ -42,6 +42,15 @@ def _sum_exp(logits, peak, at, here):
     return shifted.exp().sum(-1), target
 
 
+def _softmax_stats(logits, at, here):
+    """Per row: the maximum logit, Σ exp(logit − maximum), and the label's logit − maximum: one
+    read of the bf16 logits once compiled (inductor's online softmax takes the maximum and the sum
+    in one pass), where no other rank holds part of the row."""
+    peak = logits.amax(-1).float()
+    sums, target = _sum_exp(logits, peak, at, here)
+    return peak, sums, target
+
+
 def _logit_grad(logits, peak, sums, at, here, c):
     """d(Σ c·loss)/d logits = c·(softmax − one-hot of the label), in the logits' dtype."""
     scaled = (logits.float() - peak[:, None]).exp() * (c / sums)[:, None]
@@ -50,6 +59,16 @@ def _logit_grad(logits, peak, sums, at, here, c):
 
 
 _compiled = {}
+
+
+def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out += a @ b, `out` float32, `a` and `b` in a lower precision: on CUDA one matmul that
+    accumulates into `out` in float32 (no product rounded to the inputs' dtype, no separate add);
+    elsewhere the product in float32, added."""
+    if out.is_cuda:
+        torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+    else:
+        out += (a @ b).float()
 
 
 def _kernel(fn, device: torch.device):
@@ -70,6 +89,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         rows_of_vocab = weight.shape[0]
         first = rows_of_vocab * parallel_state.get_tensor_model_parallel_rank()
         sum_exp, logit_grad = _kernel(_sum_exp, hidden.device), _kernel(_logit_grad, hidden.device)
+        softmax_stats = _kernel(_softmax_stats, hidden.device)
         w = weight.to(dtype)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         if need_grads:
@@ -82,17 +102,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
             here = (local >= 0) & (local < rows_of_vocab)
             at = local.clamp(0, rows_of_vocab - 1)
             logits = h @ w.t()
-            peak = logits.amax(-1).float()
-            _all_reduce(peak, dist.ReduceOp.MAX, group)
-            sums, target = sum_exp(logits, peak, at, here)
-            _all_reduce(target, dist.ReduceOp.SUM, group)
-            _all_reduce(sums, dist.ReduceOp.SUM, group)
+            if group is None:
+                peak, sums, target = softmax_stats(logits, at, here)
+            else:
+                peak = logits.amax(-1).float()
+                _all_reduce(peak, dist.ReduceOp.MAX, group)
+                sums, target = sum_exp(logits, peak, at, here)
+                _all_reduce(target, dist.ReduceOp.SUM, group)
+                _all_reduce(sums, dist.ReduceOp.SUM, group)
             total += ((sums.log() - target) * c).sum()
             if need_grads:
                 g = logit_grad(logits, peak, sums, at, here, c)
                 del logits
-                grad_hidden[start:start + CHUNK_TOKENS] = g @ w
-                grad_weight += g.t() @ h
+                torch.mm(g, w, out=grad_hidden[start:start + CHUNK_TOKENS])
+                _accumulate_mm(grad_weight, g.t(), h)
         if need_grads:
             ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.hidden_dtype = hidden.dtype

@@ -66,6 +66,9 @@ class AdamW:
             marks.mark_low_bits(p, low)
             marks.mark_float32_grad(p, torch.zeros(p.shape, dtype=torch.float32, device=p.device))
             p.register_post_accumulate_grad_hook(_add_to_float32_grad)
+        if self.split and self.split[0].is_cuda:  # compiled here, never inside a graph's capture
+            total = marks.float32_grad(self.split[0])
+            _fused(_add_in_place)(total.view(-1), torch.zeros(total.numel(), dtype=torch.bfloat16, device=total.device))
 
     def step(self, lr: float) -> torch.Tensor:
         """Clip the gradients (`clip_grad_norm`), step at `lr`, clear them; → the norm before clipping."""
@@ -160,8 +163,24 @@ def _fused(fn):
 
 def _add_to_float32_grad(p: torch.nn.Parameter) -> None:
     if p.grad is not None:  # (None where the fused cross-entropy added the output weight's already)
-        marks.float32_grad(p).add_(p.grad)
+        accumulate(marks.float32_grad(p), p.grad)
         p.grad = None
+
+
+def accumulate(total: torch.Tensor, grad: torch.Tensor) -> None:
+    """total += grad, a float32 tensor and a bf16 one of its shape. torch's add of two dtypes takes
+    its slow CUDA path (each element cast on its own, no vector loads): 7.3 ms of a 0.5B step at
+    micro batch 4 for its 200 adds. Compiled, one vectorised kernel (2.4 ms), which a CUDA graph
+    replays; called eagerly, its ~80 us of host time a call would outweigh that, and the eager
+    add stays."""
+    if total.is_cuda and grad.is_contiguous() and torch.cuda.is_current_stream_capturing():
+        _fused(_add_in_place)(total.view(-1), grad.view(-1))
+    else:
+        total.add_(grad)
+
+
+def _add_in_place(total: torch.Tensor, grad: torch.Tensor) -> None:
+    total.add_(grad)
 
 
 class DistributedAdamW:

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing
+from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing, rope
 
 pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
 
@@ -39,7 +39,7 @@ def replaced(monkeypatch):
         seen.append((owner, name, vars(owner).get(name, MISSING), value))
         return replacing.replaced(owner, name, value)
 
-    for module in (cpu, compat, autocast):
+    for module in (cpu, compat, autocast, rope):
         monkeypatch.setattr(module, "_replaced", recording)
     return seen
 
@@ -82,3 +82,18 @@ def test_backports_apply_below_the_version_that_fixes_them(monkeypatch, replaced
     assert ((torch.distributed, "get_rank") in owners) == (installed < compat.FIXED_IN[compat.single_process_rank])
     assert ((TopKRouter, "attach_and_log_load_balancing_loss") in owners) == (
         installed < compat.FIXED_IN[compat.moe_balance_loss_over_tp_cp])
+
+
+def test_rope_tables_rotate_as_megatron_core():
+    """The rotation from rope.py's tables is megatron-core's, bit for bit (bf16 and float32)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    torch.manual_seed(0)
+    freqs = torch.randn(16, 1, 1, 8) * 100
+    for dtype in (torch.bfloat16, torch.float32):
+        t = torch.randn(16, 2, 3, 8, dtype=dtype)
+        cos, sin = rope.rope_tables(freqs, 1.0, dtype)
+        ours = t * cos + rope_utils._rotate_half(t, False) * sin
+        assert torch.equal(ours, rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=False))
+        with megatron_core():  # off CUDA the patch hands over to megatron-core's own
+            assert torch.equal(rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=False), ours)
