@@ -264,27 +264,31 @@ class Behind:
         self._lock = threading.Lock()
         Behind._live.add(self)
 
-    def submit(self, call, *args) -> None:
+    def submit(self, call, *args, room: bool = True) -> None:
+        """`call(*args)` behind; `room` false: a call that holds little (a small write) waits for no
+        room and takes none, so the calls that hold much stay bounded apart from it."""
         if self._error is not None:
             raise self._error
-        if self._room is not None:
+        held = room and self._room is not None
+        if held:
             self._room.acquire()
         with self._lock:
             if self._thread is None:
                 self._queue = queue.SimpleQueue()
                 self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
                 self._thread.start()
-            self._queue.put((call, args))
+            self._queue.put((call, args, held))
 
     def _run(self, todo: queue.SimpleQueue) -> None:
         while (item := todo.get()) is not None:
+            call, args, held = item
             try:
                 if self._error is None:
-                    item[0](*item[1])
+                    call(*args)
             except BaseException as exc:  # raised by the caller's next pause or submit
                 self._error = exc
             finally:
-                if self._room is not None:
+                if held:
                     self._room.release()
 
     def pause(self) -> None:

@@ -93,12 +93,13 @@ class Journal:
         self._ends = resumed.ends
         self.chunks = len(resumed.chunks)
 
-    def written(self, files: dict[str, str | None]) -> dict:
+    def written(self, files: dict[str, str | None], known: dict[str, int] | None = None) -> dict:
         """Where each staged file ends now a chunk is written, and the joinable hash of the bytes it
-        added (`files`: path → that hash, or None: read back here, from the page cache)."""
+        added (`files`: path → that hash, or None: read back here, from the page cache); `known`:
+        where some of them end, as taken when the chunk was written (the file may have grown since)."""
         ends, hashes = {}, {}
         for path, digest in files.items():
-            ends[path] = end = os.path.getsize(path)
+            ends[path] = end = (known or {}).get(path, os.path.getsize(path))
             start = self._ends.get(path, 0)
             hashes[path] = digest if digest is not None else _range_digest(path, start, end - start)
         self._ends = ends

@@ -110,6 +110,17 @@ class Writer(Protocol):
 
     def add(self, result: ChunkResult) -> None: ...
 
+    def flush(self) -> dict[str, str | None]:
+        """Each appended file handed to the kernel, with the joinable hash of what the last result
+        added to it (None: the journal reads it back)."""
+
+    def behind(self, call) -> None:
+        """`call()` once everything added so far is written: in the writer's own thread where it
+        writes behind this one (the journal's lines go there, after the bytes they vouch for)."""
+
+    def settle(self) -> None:
+        """Wait for what the writer runs behind; its errors are not wanted."""
+
     def close(self) -> dict[str, Manifest]:
         """Finish the files; the manifest of each dataset by its prefix (inputs, rejects and time
         are filled in by `run`)."""
@@ -191,6 +202,7 @@ def _run(step: Step, config: RunConfig, start: float, early, progress: Progress 
             held.release()
     check_outputs(step.files() + [config.rejects_path], [s.path for s in sources if s.path != STDIN],
                   dataset_owner(step.prefixes(), step.kind))
+    writer = None
     try:
         with AtomicOutputs(step.files() + [config.rejects_path], keep_on_interrupt=journal is not None) as outputs:
             resumed = journal.resumable([*journaled, config.rejects_path + TMP_SUFFIX],
@@ -203,17 +215,24 @@ def _run(step: Step, config: RunConfig, start: float, early, progress: Progress 
                 journal.start(resumed)
             manifests = _written(step, config, sources, inputs, outputs, writer, rejects, progress, early,
                                  journal, resumed, start)
-    except KeyboardInterrupt:  # (and SIGTERM): the staged files and the journal stay, for the next run
+    except BaseException as stopped:
         if journal is not None:
-            journal.close()
-        raise
-    except BaseException:
-        if journal is not None:
-            journal.remove()
+            _stopped(journal, writer, isinstance(stopped, KeyboardInterrupt))
         raise
     if journal is not None:
         journal.remove()
     return list(manifests.values())
+
+
+def _stopped(journal: Journal, writer: Writer | None, interrupted: bool) -> None:
+    """A run that stops: interrupted (Ctrl-C, SIGTERM), its staged files and journal stay for the next
+    run; failed, its journal goes. The writer's thread first writes what it holds (journal lines too)."""
+    if writer is not None:
+        writer.settle()
+    if interrupted:
+        journal.close()
+    else:
+        journal.remove()
 
 
 def _written(step: Step, config: RunConfig, sources: list[InputFile], inputs: list[dict], outputs: AtomicOutputs,
@@ -315,7 +334,8 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
             if journal is not None:
                 _journal(journal, writer, rejects, result, first, span, input_bytes, batch,
                          "[]" if batch is None else result.picked_json, [path, shift])
-                journal.answers(certifier.answered if certifier is not None else {})
+                # (the thread behind reads the answers as they are then: more may have come, never fewer)
+                writer.behind(functools.partial(journal.answers, certifier.answered if certifier is not None else {}))
         progress.close()
         rejects.close()
         # A mismatch raises here, before anything is committed: the run leaves no output.
@@ -356,20 +376,28 @@ def _replay(resumed: Resumed, numbers: LineNumbers, checked: RunChecks, progress
 
 def _journal(journal: Journal, writer: Writer, rejects: RejectLog, result: ChunkResult, first: int | None,
              span: bool, input_bytes: int, batch: int | None, picked: str | None, picked_at: list) -> None:
-    """A chunk written, in the journal at once: its counts, where its bytes end in each staged file
-    and their hashes, and its records picked for the certificate (checked by the run that resumes
-    where their answer is not in the journal), as JSON text the worker made (`picked_json`; None:
-    they could not be kept), each [its number in the chunk, item]; `picked_at`: [the input's path,
-    what the chunk's numbers are shifted by]."""
+    """A chunk written, in the journal once its bytes are (`Writer.behind`): its counts, where its
+    bytes end in each staged file and their hashes, and its records picked for the certificate
+    (checked by the run that resumes where their answer is not in the journal), as JSON text the
+    worker made (`picked_json`; None: they could not be kept), each [its number in the chunk, item];
+    `picked_at`: [the input's path, what the chunk's numbers are shifted by]. The rejects' end is
+    taken here, as this chunk's rejects are written: the next chunk's may follow before the line."""
     rejects.flush()
+    rejects_end = os.path.getsize(rejects.path)
     reasons: dict[str, int] = {}
     for entry in result.rejects:
         reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
-    journal.chunk({"first": first, "span": span, "lines": result.lines, "records": result.records,
-                   "text_bytes": result.text_bytes, "tokens": result.tokens, "input_bytes": input_bytes,
-                   "special_records": result.special_records, "spelled": result.spelled, "rejects": reasons,
-                   "truncated": getattr(result, "truncated", 0),  # (SFT's samples cut to --seq-length)
-                   "picked_at": picked_at, **journal.written(writer.flush() | {rejects.path: None})}, batch, picked)
+    entry = {"first": first, "span": span, "lines": result.lines, "records": result.records,
+             "text_bytes": result.text_bytes, "tokens": result.tokens, "input_bytes": input_bytes,
+             "special_records": result.special_records, "spelled": result.spelled, "rejects": reasons,
+             "truncated": getattr(result, "truncated", 0),  # (SFT's samples cut to --seq-length)
+             "picked_at": picked_at}
+
+    def line() -> None:
+        written = journal.written(writer.flush() | {rejects.path: None}, {rejects.path: rejects_end})
+        journal.chunk(entry | written, batch, picked)
+
+    writer.behind(line)
 
 
 def _take_checks(checks, certifier: Certifier, checked: RunChecks, result: ChunkResult, path: str, shift: int,

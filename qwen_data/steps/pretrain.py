@@ -155,6 +155,12 @@ class PretrainWriter:
             hashes |= writer.journaled(digest)
         return hashes
 
+    def behind(self, call) -> None:
+        call()  # (written at once)
+
+    def settle(self) -> None:
+        pass
+
     def add(self, result: Documents) -> None:
         for writer, ids, lengths, digest in zip(self.writers.values(), result.ids, result.lengths, result.digests):
             writer.add_batch(ids, lengths, digest=digest)

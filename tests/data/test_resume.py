@@ -3,7 +3,8 @@ command goes on from its journal (`run.journal`) and ends with the bytes of a ru
 it reuses is checked, never trusted.
 
 Each kill is made deterministic by a child process that runs `qwen-data` with one function wrapped
-to kill the process at its N-th call in the main thread: after a chunk's journal line (between chunks), half-way
+to kill the process at its N-th call, in whichever thread makes it (a packed run stages its samples and
+journals them behind its main thread): after a chunk's journal line (between chunks), half-way
 through writing a chunk (its ids written, its index entries not), and half-way through the commit
 (which the next run finishes, once each file holds what the journal hashed).
 """
@@ -25,14 +26,16 @@ from qwen_data.formats.layouts import UNPACKED
 from qwen_data.steps import sft
 
 KILLER = """
-import os, signal, sys, threading
+import os, signal, sys
 from qwen_data.cli import main
 where, after = sys.argv[1], int(sys.argv[2])
 calls = [0]
 
+staged = os.environ["STAGED"] + "."  # the files the journal vouches for (not the rows laid out from them)
+
 def killing(function):
     def wrapped(*args, **kwargs):
-        if threading.current_thread() is not threading.main_thread():
+        if where == "mid-chunk" and not os.path.basename(args[0].name).startswith(staged):
             return function(*args, **kwargs)  # (rows laid out behind: when they are written is the thread's)
         calls[0] += 1
         if where == "mid-chunk" and calls[0] == after:
@@ -84,7 +87,8 @@ def killed_then_resumed(args: list[str], prefix: str, where: str, after: int, wh
     """`args` killed at `where` (at its `after`-th call), then run again as they are: the manifest of
     the run that resumed, which holds the bytes, counts and certificate of `whole` (a run never killed).
     `staged`: the prefix whose .bin the run journals (default `prefix`)."""
-    killed = subprocess.run([sys.executable, "-c", KILLER, where, str(after), *args], capture_output=True, text=True)
+    killed = subprocess.run([sys.executable, "-c", KILLER, where, str(after), *args], capture_output=True, text=True,
+                            env=os.environ | {"STAGED": os.path.basename(staged or prefix)})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not os.path.exists(prefix + ".json")
     with open(prefix + ".journal", encoding="utf-8") as f:
