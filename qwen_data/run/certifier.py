@@ -15,6 +15,8 @@ workers ran 0.5-1 s later); kept here, the workers start as they do without the 
 
 from __future__ import annotations
 
+from collections import deque
+
 from ..certify.checks import READY, CertificateError, add_counts, check_in_side
 from ..certify.reference import holds
 from .prestart import take as take_prestarted
@@ -32,11 +34,15 @@ class Certifier:
         self.waiting: list[list] = []  # items picked while the checking processes load
         self.loading = bool(self.sides)
         self.sent = 0
-        # Each batch of items added gets a number, in order (batch b goes to side b % sides); the
-        # counts of those answered so far, by number (`run.journal` writes a chunk once its batch is).
+        # Each batch of items added gets a number, in order; the counts of those answered so far, by
+        # number (`run.journal` writes a chunk once its batch is). A batch goes to the side with the
+        # fewest records not answered yet: one that started later or checks slower gets fewer (at 16
+        # workers the side forked as the command started, which imports and loads on the run's cores,
+        # took 2.5 times the other's CPU and was the run's tail).
         self.added = 0
         self.answered: dict[int, dict] = {}
-        self._taken = [0] * len(self.sides)
+        self._queued: list[deque] = [deque() for _ in self.sides]  # per side: (batch, records) sent, not answered
+        self._load = [0] * len(self.sides)  # per side: the records of those
         for side in self.sides:
             side.send(("checks", checks))
 
@@ -97,8 +103,9 @@ class Certifier:
         if answer == READY:  # to "checks", which load what the checks need: one side checks now
             self.loading = False
             return
-        self._take(side + len(self.sides) * self._taken[side], answer)
-        self._taken[side] += 1
+        batch, records = self._queued[side].popleft()
+        self._load[side] -= records
+        self._take(batch, answer)
 
     def _take(self, batch: int, answer) -> None:
         take(self.counts, answer)
@@ -120,7 +127,10 @@ class Certifier:
 
     def _send_waiting(self) -> None:
         for items in self.waiting:
-            self.sides[self.sent % len(self.sides)].send(items)  # in turn: the sides check at once
+            side = min(range(len(self.sides)), key=self._load.__getitem__)
+            self.sides[side].send(items)
+            self._queued[side].append((self.sent, len(items)))
+            self._load[side] += len(items)
             self.sent += 1
         self.waiting = []
 

@@ -352,6 +352,50 @@ def test_the_checking_process_keeps_checking_while_the_run_goes_on(tmp_path):
         certifier.end()
 
 
+class _PacedChecks(_CountingChecks):
+    """The first process to check claims to be slow (10 ms a batch); each check logs its process."""
+
+    def check(self, items):
+        import time
+
+        if not hasattr(self, "slow"):
+            try:
+                os.close(os.open(self.log + ".slow", os.O_CREAT | os.O_EXCL))
+                self.slow = True
+            except FileExistsError:
+                self.slow = False
+        if self.slow:
+            time.sleep(0.01)
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return {"records_checked": len(items)}, None
+
+
+def test_batches_go_to_the_side_with_least_to_check_and_each_answer_to_its_batch(tmp_path):
+    """Two checking processes, one slow: the slow one gets fewer batches (a side that imports and
+    loads on the run's cores was its tail), and every answer is counted for the batch it answers."""
+    import collections
+    import time
+
+    from qwen_data.certify.checks import check_in_side
+    from qwen_data.run import certifier as module
+    from qwen_data.run.workers import SideProcess
+
+    log = tmp_path / "checks"
+    certifier = module.Certifier(_PacedChecks(log), [SideProcess(check_in_side), SideProcess(check_in_side)])
+    sizes = [1 + k % 5 for k in range(300)]
+    try:
+        for k, n in enumerate(sizes):
+            certifier.add([(f"f.jsonl:{k + 1}", "text")] * n)
+            time.sleep(0.002)
+        assert certifier.finish() == {"records_checked": sum(sizes)}
+    finally:
+        certifier.end()
+    assert {batch: counts["records_checked"] for batch, counts in certifier.answered.items()} == dict(enumerate(sizes))
+    slow, fast = sorted(collections.Counter(log.read_text().split()).values())
+    assert slow + fast == len(sizes) and slow < fast / 2, (slow, fast)
+
+
 # -- faults injected at the encoder's, the mask's and the writer's seams ---------------------------
 def _ten_thousand(tmp_path):
     return write_jsonl(tmp_path / "many.jsonl", [{"text": f"record {k} says hello to you"} for k in range(10_000)])
