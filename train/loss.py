@@ -23,7 +23,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
                                                     gather_from_sequence_parallel_region)
 
-from . import marks
+from . import kernels, marks
 
 # Positions per chunk: 4096 × 151,936 bf16 logits = 1.2 GB at a time, big enough matmuls.
 CHUNK_TOKENS = 4096
@@ -90,6 +90,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         first = rows_of_vocab * parallel_state.get_tensor_model_parallel_rank()
         sum_exp, logit_grad = _kernel(_sum_exp, hidden.device), _kernel(_logit_grad, hidden.device)
         softmax_stats = _kernel(_softmax_stats, hidden.device)
+        triton = kernels.enabled(hidden)  # train/kernels.py: one read of the logits for the statistics
         w = weight.to(dtype)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         if need_grads:
@@ -102,7 +103,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             here = (local >= 0) & (local < rows_of_vocab)
             at = local.clamp(0, rows_of_vocab - 1)
             logits = h @ w.t()
-            if group is None:
+            if group is None and triton:
+                peak, sums, target = kernels.softmax_stats(logits, at, here)
+            elif group is None:
                 peak, sums, target = softmax_stats(logits, at, here)
             else:
                 peak = logits.amax(-1).float()
@@ -112,7 +115,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 _all_reduce(sums, dist.ReduceOp.SUM, group)
             total += ((sums.log() - target) * c).sum()
             if need_grads:
-                g = logit_grad(logits, peak, sums, at, here, c)
+                if triton:  # over the logits, in place
+                    g = kernels.logit_grad_(logits, peak, sums, at, here, c)
+                else:
+                    g = logit_grad(logits, peak, sums, at, here, c)
                 del logits
                 torch.mm(g, w, out=grad_hidden[start:start + CHUNK_TOKENS])
                 _accumulate_mm(grad_weight, g.t(), h)

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing, rope
+from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing, rope, swiglu
 
 pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
 
@@ -39,7 +39,7 @@ def replaced(monkeypatch):
         seen.append((owner, name, vars(owner).get(name, MISSING), value))
         return replacing.replaced(owner, name, value)
 
-    for module in (cpu, compat, autocast, rope):
+    for module in (cpu, compat, autocast, rope, swiglu):
         monkeypatch.setattr(module, "_replaced", recording)
     return seen
 

@@ -5,6 +5,7 @@ The patches live by how long they are needed, one module each:
   compat    backports from newer megatron-core, each applied only below the version that fixes it
   autocast  what float32 masters under autocast cost: every run of the trainer needs them
   rope      RoPE's cosine and sine as tables a layer call (a speed patch: the same numbers)
+  swiglu    the MLP's SwiGLU by a Triton kernel on CUDA (a speed patch: train/kernels.py)
 
 Each replaces an attribute with `replacing.replaced`, which restores it on exit, so nothing outside the
 `with` block (another test, a later run in the same process) sees a patched library.
@@ -21,8 +22,8 @@ def megatron_core() -> Iterator[None]:
     """megatron-core as this process runs it: on the CPU where there is no CUDA, with the backports
     its version lacks, and fit for float32 weights under autocast. Entering it again inside the
     block is harmless: each inner replacement restores the outer one."""
-    from . import autocast, compat, cpu, rope
+    from . import autocast, compat, cpu, rope, swiglu
 
     with cpu.megatron_on_cpu(), compat.backports(), autocast.float32_masters_under_autocast(), \
-            rope.rope_from_tables():
+            rope.rope_from_tables(), swiglu.swiglu_kernels():
         yield
