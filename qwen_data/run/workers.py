@@ -55,6 +55,7 @@ import multiprocess
 import numpy as np
 from multiprocess.connection import Connection, wait
 
+from ..formats.indexed import Behind
 from .lifetime import STOPPING, die_with
 
 _STOP = None  # sent instead of a task: finish what is queued, then exit
@@ -150,17 +151,24 @@ class _OrderedMap:
 class SideProcess:
     """One worker process beside a map, for work handed over as the map goes and answered at the
     end: `send(item)` has `fn(item)` run there, in order; `answers()` waits for all of them. Sending
-    never waits for the worker (it drains its pipe at once). Start it before the map's workers and
-    any thread, and `end` it in a `finally`. `forked`: (pid, socket) of a process forked earlier that
+    never waits for the worker: items are written to its pipe by a thread of their own (`Behind`,
+    paused before a fork as every one is). The worker's reading thread drains the pipe only when the
+    GIL of a process busy checking lets it, so a write could wait there, and the caller with it (a
+    large run's main thread, the funnel of its results). Start it before the map's workers and any
+    thread, and `end` it in a `finally`. `forked`: (pid, socket) of a process forked earlier that
     serves `fn` already (`prestart.take`), adopted instead of forking one."""
 
     def __init__(self, fn: Callable, forked: tuple[int, socket.socket] | None = None) -> None:
         with _stops_held():
             adopted = None if forked is None else (Connection(forked[1].detach()), _Forked(forked[0]))
             self._worker = _Worker(fn, (), _Position(0, 0), 0, adopted)
+        self._outbox = Behind()
 
     def send(self, item) -> None:
-        self._worker.send(self._worker.assigned, 0, item)
+        worker = self._worker
+        self._outbox.submit(worker._send, (worker.assigned, 0, item))
+        worker.assigned += 1
+        worker.outstanding += 1
 
     def arrived(self) -> list:
         """The answers that have come so far, in order, without waiting for more: read as they come,
@@ -172,6 +180,7 @@ class SideProcess:
 
     def answers(self) -> list:
         """Every answer not read yet, in the order the items were sent; a `fn` that raised raises here."""
+        self._outbox.pause()  # every item written (a write's error raised here)
         answers = [self._worker.result()[2] for _ in range(self._worker.outstanding)]
         self._worker.retire()
         return answers
@@ -179,6 +188,7 @@ class SideProcess:
     def end(self, kill: bool = True) -> None:
         with _stops_held():
             self._worker.end(kill)
+        self._outbox.close(failed=True)  # (after the kill: a write to a full pipe then fails, never waits)
 
 
 class _Forked:
