@@ -125,10 +125,11 @@ TRAIN_FLOORS = {
     "attention": set(),
     "config": {"shapes"},
     "plan": {"attention", "config", "shapes"},
-    "patches": {"attention"},
+    "patches": {"attention", "kernels"},
     "model": {"attention", "config", "marks", "plan", "shapes"},
     "hf": {"marks", "shapes"},
-    "loss": {"marks"},
+    "kernels": set(),  # (Triton's, for the loss and the SwiGLU patch)
+    "loss": {"kernels", "marks"},
     "distributed": {"marks"},
     "data": {"config", "patches"},
     "loader": {"config", "data", "plan"},

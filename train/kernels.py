@@ -50,6 +50,10 @@ def _build():
     import triton
     import triton.language as tl
 
+    return _swiglu(triton, tl) | _softmax(triton, tl)
+
+
+def _swiglu(triton, tl) -> dict:
     @triton.jit
     def swiglu_fwd(y, out, half, BLOCK: tl.constexpr):
         row, cols = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -69,6 +73,10 @@ def _build():
         tl.store(dy + row * 2 * half + cols, (grad * s * (1 + a * (1 - s)) * b).to(dy.dtype.element_ty), mask=keep)
         tl.store(dy + row * 2 * half + half + cols, (grad * a * s).to(dy.dtype.element_ty), mask=keep)
 
+    return dict(swiglu_fwd=swiglu_fwd, swiglu_bwd=swiglu_bwd)
+
+
+def _softmax(triton, tl) -> dict:
     @triton.jit
     def softmax_stats(logits, at, here, peak, sums, target, vocab, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
@@ -99,7 +107,7 @@ def _build():
         g = tl.exp(x - tl.load(peak + row)) * scale - tl.where(label, weight, 0.0)
         tl.store(ptr, g.to(logits.dtype.element_ty), mask=keep)
 
-    return dict(swiglu_fwd=swiglu_fwd, swiglu_bwd=swiglu_bwd, softmax_stats=softmax_stats, logit_grad=logit_grad)
+    return dict(softmax_stats=softmax_stats, logit_grad=logit_grad)
 
 
 # ---- SwiGLU --------------------------------------------------------------------------------------
