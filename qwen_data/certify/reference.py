@@ -124,10 +124,14 @@ class TextReference:
             cut = trimmed.tables(self.path).tokenizer(piece for text in texts for piece in self.pieces(text))
             models = cut, _plain(cut)
             return [self.encode(text, models=models)[0] for text in texts]
-        # ids alone where HF's whole tokenizer encodes the text as it is: its offsets, made into Python
-        # tuples, were ~12% of a pretraining checker's encoding
-        return [self._full.encode(text, add_special_tokens=False).ids if self._hf_splits(text) else self.encode(text)[0]
-                for text in texts]
+        return [self.ids(text) for text in texts]
+
+    def ids(self, text: str, unmark: dict | None = None) -> list[int]:
+        """`encode`'s ids alone: where HF's whole tokenizer encodes the text as it is, its offsets are
+        never made (into Python tuples, they were ~12% of a pretraining checker's encoding)."""
+        if self._hf_splits(text, unmark):
+            return self._full.encode(text, add_special_tokens=False).ids
+        return self.encode(text, unmark)[0]
 
     def pieces(self, text: str) -> list[str]:
         """The pieces of `text` HF's model encodes (`encode`): between the added tokens' literals
@@ -350,11 +354,14 @@ class ChatReference:
             a, b = cut
             start = len(self.text.spelled(full[:a], unmark).encode("utf-8"))
             stop = start + len(self.text.spelled(full[a:b], unmark).encode("utf-8"))
-            return self.text.encode(full[a:b], unmark)[0], None, (self.text.spelled(full, unmark), start, stop)
-        ids, offsets = self.text.encode(full, unmark)
+            return self.text.ids(full[a:b], unmark), None, (self.text.spelled(full, unmark), start, stop)
         if self.mask_policy == "all":
+            ids = self.text.ids(full, unmark)
             return ids, np.ones(len(ids), dtype=np.uint8), None
-        spans = [self._span(rendered, full, i) for i in trained] if masks else [None]
+        if not masks:  # (the mask from renders: the first records a process checks, `record_samples`)
+            return self.text.ids(full, unmark), None, None
+        ids, offsets = self.text.encode(full, unmark)
+        spans = [self._span(rendered, full, i) for i in trained]
         return ids, None if None in spans else _token_mask(offsets, spans), None
 
     def _span(self, rendered, full: str, i: int) -> tuple[int, int] | None:
