@@ -10,7 +10,7 @@ import sys
 import pytest
 from _helpers import chats, copy_prefix, corpus, manifest, pretrain, sft, words, write_jsonl
 
-from qwen_data.blend.files import BlendError, drawn_shares, load_source, read_blend
+from qwen_data.blend.files import BlendError, load_source, read_blend
 from qwen_data.blend.weights import parse_split, weighed_blend
 from qwen_data.cli import main
 
@@ -217,8 +217,6 @@ def test_huge_and_tiny_weights_keep_their_ratio_for_megatron(prefixes, tmp_path)
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
     from qwen_data_train import data
-
-    from qwen_data.blend.files import load_source
 
     huge = weighed_blend([f"{prefixes['web']}=1e308", f"{prefixes['code']}=1.7e308"])
     assert [e.weight for e in huge.splits["train"]] == pytest.approx([1 / 2.7, 1.7 / 2.7])
