@@ -17,7 +17,8 @@
  * Returns the index of the first text from `first` whose ids do not spell it (or hold an id not
  * allowed or outside the table), or -1 where all do.
  *
- * nfc_suspects: the texts that may not be in NFC (`text.nfc`), a bit test a character.
+ * nfc_suspects: the texts that may not be in NFC (`text.nfc`), a bit test a character; nfc_unsettled,
+ * of those, the ones a check of classes and composing pairs cannot prove to be.
  *
  * structure_mask: the loss mask an SFT sample's ChatML structure gives (`certify.spelling`), read from
  * its ids through the same table in one pass, where numpy's version took three times the spelling
@@ -223,7 +224,8 @@ static PyObject *misspelled(PyObject *self, PyObject *args) {
             if (stop + PREFETCH <= n_ids) {
                 for (; at < stop; at++) {
                     /* a later token's entry fetched while this one is written (a prefetch never faults) */
-                    __builtin_prefetch((const void *)((uintptr_t)table + ((uintptr_t)(uint32_t)ids[at + PREFETCH] << 4)));
+                    uintptr_t ahead = (uintptr_t)(uint32_t)ids[at + PREFETCH] << 4;
+                    __builtin_prefetch((const void *)((uintptr_t)table + ahead));
                     if (!spell_token(table + ids[at], flat, flat_len, spelled, &pos, size)) goto refused;
                 }
             } else {
@@ -708,6 +710,92 @@ static PyObject *nfc_suspects(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* nfc_unsettled(texts, indices, props, pairs) -> list of int: of the texts at `indices` (the suspects of
+ * `nfc_suspects`), those this finer check cannot prove to be their own NFC. `props` (uint16, one a code
+ * point below PROPS_END; `text.nfc` derives them from Python's tables): the canonical combining class
+ * in the low byte, then NFC_MAYBE (the second of a pair that composes), NFC_NO (NFC changes it alone),
+ * NFC_SPLITS (NFD changes it). `pairs` (uint64, sorted): first << 21 | second of each pair that composes.
+ * A text is settled when no character is NFC_NO, its non-starters are in canonical order, no non-starter
+ * or second of a pair follows a starter that splits (what NFD puts after it could reorder or compose),
+ * and no second of a pair follows a starter it composes with (blocked or not: the check may send a text
+ * on that is NFC, never the reverse). Python's is_normalized then asks only the others: Indic and
+ * Arabic texts hold viramas and vowel signs that the bit test suspects and nothing changes. */
+#define PROPS_END 0x30000
+#define NFC_MAYBE 0x100
+#define NFC_NO 0x200
+#define NFC_SPLITS 0x400
+
+static int composes(const uint64_t *pairs, Py_ssize_t n, uint64_t key) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (pairs[mid] < key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && pairs[lo] == key;
+}
+
+static int settled(PyObject *text, const uint16_t *props, const uint64_t *pairs, Py_ssize_t n_pairs) {
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    int64_t starter = -1;  /* the last starter */
+    int splits = 0, before = 0;  /* whether it splits under NFD; the last character's class */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        unsigned p = c < PROPS_END ? props[c] : (c > 0x10FFFF ? NFC_NO : 0);
+        unsigned ccc = p & 0xFF;
+        if (p & NFC_NO) return 0;
+        if (ccc && (ccc < (unsigned)before || splits || (p & NFC_SPLITS))) return 0;
+        if ((p & NFC_MAYBE) && (splits || (starter >= 0 && composes(pairs, n_pairs, (uint64_t)starter << 21 | c))))
+            return 0;
+        if (!ccc) {
+            starter = c;
+            splits = (p & NFC_SPLITS) != 0;
+        }
+        before = (int)ccc;
+    }
+    return 1;
+}
+
+static PyObject *nfc_unsettled(PyObject *self, PyObject *args) {
+    PyObject *texts, *indices, *props_obj, *pairs_obj;
+    if (!PyArg_ParseTuple(args, "O!O!OO", &PyList_Type, &texts, &PyList_Type, &indices, &props_obj, &pairs_obj))
+        return NULL;
+    Py_buffer props_b, pairs_b;
+    if (view(props_obj, &props_b, 2, "props") < 0) return NULL;
+    if (view(pairs_obj, &pairs_b, 8, "pairs") < 0) {
+        PyBuffer_Release(&props_b);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (props_b.len / 2 < PROPS_END) {
+        PyErr_SetString(PyExc_ValueError, "props: one for every code point below U+30000 expected");
+        goto done;
+    }
+    out = PyList_New(0);
+    for (Py_ssize_t j = 0; out != NULL && j < PyList_GET_SIZE(indices); j++) {
+        PyObject *index = PyList_GET_ITEM(indices, j);
+        Py_ssize_t k = PyLong_AsSsize_t(index);
+        if (k == -1 && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (k < 0 || k >= PyList_GET_SIZE(texts) || !PyUnicode_Check(PyList_GET_ITEM(texts, k))) {
+            PyErr_SetString(PyExc_ValueError, "indices: each the index of a str of texts");
+            Py_CLEAR(out);
+            break;
+        }
+        if (!settled(PyList_GET_ITEM(texts, k), props_b.buf, pairs_b.buf, pairs_b.len / 8) &&
+            PyList_Append(out, index) < 0)
+            Py_CLEAR(out);
+    }
+done:
+    PyBuffer_Release(&pairs_b);
+    PyBuffer_Release(&props_b);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"pack_rows", pack_rows, METH_VARARGS, "Packed rows laid out from their samples and plan."},
     {"misspelled", misspelled, METH_VARARGS, "The first text whose ids do not spell it, or -1."},
@@ -716,6 +804,7 @@ static PyMethodDef methods[] = {
     {"poly_each", poly_each, METH_VARARGS, "The hash of each piece of data, (h1, h2) pairs as bytes."},
     {"poly_join", poly_join, METH_VARARGS, "The hash (h1, h2) going on over pieces of known hashes."},
     {"nfc_suspects", nfc_suspects, METH_VARARGS, "The texts that may not be in NFC, by index."},
+    {"nfc_unsettled", nfc_unsettled, METH_VARARGS, "Of the suspects, those a finer check leaves unproven."},
     {NULL, NULL, 0, NULL},
 };
 

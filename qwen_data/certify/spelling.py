@@ -150,9 +150,10 @@ def normalized(text: str, literals: re.Pattern | None = None) -> str:
 
 def normalized_all(texts: list[str]) -> list[str]:
     """Each of `texts` as `normalized` gives it; only those that may not be in NFC are asked (`text.nfc`:
-    a bit test a character, where Python's own check of every text took a tenth of SFT's spelling)."""
+    a bit test a character, then classes and composing pairs, where Python's own check of every text
+    took a tenth of SFT's spelling)."""
     out = list(texts)
-    for k in nfc.suspects(out):
+    for k in nfc.unsettled(out):
         out[k] = normalized(out[k])
     return out
 

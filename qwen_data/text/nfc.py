@@ -18,7 +18,7 @@ import unicodedata
 
 import numpy as np
 
-from .._native import nfc_suspects
+from .._native import nfc_suspects, nfc_unsettled
 from .cache import cache_dir, cached_array
 
 CODE_POINTS = 0x110000
@@ -29,6 +29,61 @@ HANGUL_SECOND = (*range(0x1161, 0x1176), *range(0x11A8, 0x11C3))  # medial vowel
 def suspects(texts: list[str]) -> list[int]:
     """The indices of `texts` that may not be in NFC (the others are)."""
     return nfc_suspects(texts, stable_bits())
+
+
+def unsettled(texts: list[str]) -> list[int]:
+    """The `suspects` that a finer check (`_native.nfc_unsettled`: canonical classes and the pairs
+    that compose) cannot prove to be in NFC; the others are. Of a never-repeating corpus's suspects
+    (Indic and Arabic texts, whose viramas and vowel signs are not stable alone) it proves most, where
+    Python's check of each was 10% of a pretraining worker's instructions."""
+    props, pairs = composition()
+    return nfc_unsettled(texts, suspects(texts), props, pairs)
+
+
+PROPS_END = 0x30000  # code points above hold no mark, nothing NFC or NFD changes (`_composition` checks)
+NFC_MAYBE, NFC_NO, NFC_SPLITS = 0x100, 0x200, 0x400  # `_native.c`'s flags, above the combining class
+COMPOSING_RULE = 1  # `_composition`'s version, in its cached file's name
+
+
+@functools.lru_cache(maxsize=1)
+def composition() -> tuple[np.ndarray, np.ndarray]:
+    """(props, pairs) as `_native.nfc_unsettled` reads them: per code point below PROPS_END its
+    canonical combining class and flags; each pair that composes as first << 21 | second, sorted. Derived
+    from Python's unicodedata (~2 s), kept in the cache folder as one array (pairs after the props)."""
+    name = f"nfc-composing-{unicodedata.unidata_version}-{COMPOSING_RULE}.npy"
+    packed = cached_array(os.path.join(cache_dir(), name),
+                          f"Python's unicodedata {unicodedata.unidata_version}", _composition,
+                          lambda a: a.dtype == np.uint8 and a.ndim == 1 and len(a) > 2 * PROPS_END
+                          and (len(a) - 2 * PROPS_END) % 8 == 0)
+    return packed[:2 * PROPS_END].view(np.uint16), packed[2 * PROPS_END:].view(np.uint64)
+
+
+def _composition() -> np.ndarray:
+    props = np.zeros(PROPS_END, dtype=np.uint16)
+    pairs = {(lead, vowel) for lead in range(0x1100, 0x1113) for vowel in range(0x1161, 0x1176)}  # Hangul LV
+    for c in range(0x110000):
+        if 0xD800 <= c < 0xE000:
+            props[c] = NFC_NO
+            continue
+        ch = chr(c)
+        if unicodedata.category(ch) == "Cn":  # unassigned: a starter NFC and NFD leave alone
+            continue
+        flags = unicodedata.combining(ch) | (NFC_NO if unicodedata.normalize("NFC", ch) != ch else 0) | \
+            (NFC_SPLITS if unicodedata.normalize("NFD", ch) != ch else 0)
+        if c >= PROPS_END:
+            if flags:
+                raise RuntimeError(f"unicodedata {unicodedata.unidata_version}: U+{c:04X} is not a plain starter")
+            continue
+        props[c] = flags
+        parts = unicodedata.decomposition(ch).split()
+        if len(parts) == 2 and not parts[0].startswith("<"):
+            first, second = int(parts[0], 16), int(parts[1], 16)
+            if unicodedata.normalize("NFC", chr(first) + chr(second)) == ch:
+                pairs.add((first, second))
+    for second in {second for _, second in pairs} | set(HANGUL_SECOND):  # (LV + T by rule: LV splits)
+        props[second] |= NFC_MAYBE
+    keys = np.array(sorted(first << 21 | second for first, second in pairs), dtype=np.uint64)
+    return np.concatenate([props.view(np.uint8), keys.view(np.uint8)])
 
 
 @functools.lru_cache(maxsize=1)

@@ -391,7 +391,7 @@ class QwenTokenizer:
             return texts
         literals = None
         out = list(texts)
-        for k in nfc.suspects(out):  # (the others are their own NFC)
+        for k in nfc.unsettled(out):  # (the others are their own NFC)
             text = out[k]
             normal = unicodedata.normalize("NFC", text)  # (once: asking is_normalized first made it twice)
             if normal == text:
@@ -552,7 +552,7 @@ class QwenTokenizer:
         if self.config.backend == "gigatoken":
             self._spelling_starts(self.backend(special))
             if self._rank_file():
-                nfc.stable_bits()  # (`gigatoken_input`'s)
+                nfc.stable_bits(), nfc.composition()  # (`gigatoken_input`'s, read before the fork)
 
     def backend(self, special: str):
         """The raw encoder for a special-token policy (gigatoken or HF `tokenizers`), without the
