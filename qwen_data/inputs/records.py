@@ -74,13 +74,6 @@ class Record:
     def rejected(self, chunk, error: RecordError) -> dict:
         return reject_entry(chunk, self.number, self.raw, error)
 
-def escapes_surrogate(data: bytes) -> bool:
-    """Whether JSON text may spell a lone surrogate, itself or in a string of it read again as JSON
-    (tool arguments): only a \\ud800-\\udfff escape makes one (UTF-8 cannot encode one, and Arrow
-    strings are UTF-8), so any such escape counts."""
-    return b"\\ud" in data or b"\\uD" in data
-
-
 def check_unicode(text: str, where: str) -> None:
     """RecordError unless `text` is valid Unicode: no lone surrogate (a tokenizer cannot take one)."""
     try:

@@ -35,7 +35,7 @@ from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
 from ..formats.packing import DEFAULT_PACKING, PACK_WINDOW, PACKINGS, SampleWindows
 from ..inputs.columns import ColumnMap
 from ..inputs.chunks import Chunk
-from ..inputs.records import Record, Rejects, check_unicode, escapes_surrogate, reject_entry
+from ..inputs.records import Record, Rejects, check_unicode, reject_entry
 from ..qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN
 from ..qwen import EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS
 from ..qwen import FIRST_ADDED_ID, MAX_SEQ_LENGTH, TEMPLATE_FLAVOURS, TEMPLATE_TOKENS
@@ -43,6 +43,7 @@ from ..run import pipeline
 from ..run.journal import Resumed, joined
 from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals
+from ..text.literals import ESCAPES_SURROGATE, MAY_HOLD_LEAD, json_marks
 from ..text.conversations import FORMATS, to_conversation
 from ..text.masking import MASK_POLICIES, SampleEncoder
 from ..text.templates import HISTORY_MODES, SPAN_KINDS, TEMPLATE_NAMES, Sample, get_template
@@ -176,10 +177,10 @@ class ChatSamples:
         self.literals_lead = all(c.startswith("<") for c in self.tokenizer.added_tokens) and \
             "<" not in config.input_separator
 
-    def may_hold_literal(self, raw) -> bool:
-        """Whether a record (its jsonl line or .json element as bytes, else a row) may hold a literal."""
-        return not (self.literals_lead and isinstance(raw, bytes)) or b"<" in raw or b"\\u003c" in raw or \
-            b"\\u003C" in raw
+    def may_hold_literal(self, marks: int | None) -> bool:
+        """Whether a record may hold a literal, by the `_native.json_marks` of its jsonl line or .json
+        element (None: a row, which may)."""
+        return not (self.literals_lead and marks is not None) or bool(marks & MAY_HOLD_LEAD)
 
     def prefixes(self) -> list[str]:
         return [self.config.output_prefix]
@@ -269,10 +270,11 @@ class _Batching:
                                        input_separator=config.input_separator)
         # A JSON string in a record (tools, tool arguments) is read again here and may spell a lone
         # surrogate, whatever read the record: rows are checked whole, lines that escape one too.
-        if not isinstance(record.raw, bytes) or escapes_surrogate(record.raw):
+        marks = json_marks(record.raw) if isinstance(record.raw, bytes) else None
+        if marks is None or marks & ESCAPES_SURROGATE:
             for where, text in conversation.strings():
                 check_unicode(text, where)
-        special = literals.find(conversation, self.step.acted_on) if self.step.may_hold_literal(record.raw) else None
+        special = literals.find(conversation, self.step.acted_on) if self.step.may_hold_literal(marks) else None
         self.special_records += bool(special)
         rendered = self.step._render_conversation(conversation, special)
         self.records += 1

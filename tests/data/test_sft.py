@@ -431,3 +431,19 @@ def test_a_sample_refused_for_a_normalization_boundary_leaves_the_others_masks_a
     found = encoder.masks(samples, ids)
     assert found[1].reason == "normalization-boundary"
     assert np.array_equal(found[0], alone[0]) and np.array_equal(found[2], alone[2])
+
+
+def test_json_marks_are_the_substrings_they_stand_for():
+    """`literals.json_marks` finds in one pass what the substring searches it replaced found: "<" or an
+    escaped one (a literal may be there), a \\ud / \\uD escape (a lone surrogate may be), anywhere."""
+    import random
+
+    from qwen_data.text.literals import ESCAPES_SURROGATE, MAY_HOLD_LEAD, json_marks
+
+    rng = random.Random(11)
+    parts = [b"\\", b"u", b"d", b"D", b"003", b"c", b"C", b"<", b"x", b"\\u", b"\\u00", b"\\u003", b"\\ud8", b"\"\\"]
+    for _ in range(100_000):
+        data = b"".join(rng.choice(parts) for _ in range(rng.randint(0, 8)))
+        lead = b"<" in data or b"\\u003c" in data or b"\\u003C" in data
+        surrogate = b"\\ud" in data or b"\\uD" in data
+        assert json_marks(data) == lead * MAY_HOLD_LEAD | surrogate * ESCAPES_SURROGATE, data
