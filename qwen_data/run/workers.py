@@ -163,12 +163,10 @@ class SideProcess:
             adopted = None if forked is None else (Connection(forked[1].detach()), _Forked(forked[0]))
             self._worker = _Worker(fn, (), _Position(0, 0), 0, adopted)
         self._outbox = Behind()
+        self._write = lambda message: self._outbox.submit(self._worker._send, message)
 
     def send(self, item) -> None:
-        worker = self._worker
-        self._outbox.submit(worker._send, (worker.assigned, 0, item))
-        worker.assigned += 1
-        worker.outstanding += 1
+        self._worker.send(self._worker.assigned, 0, item, self._write)
 
     def arrived(self) -> list:
         """The answers that have come so far, in order, without waiting for more: read as they come,
@@ -267,8 +265,9 @@ class _Worker:
         self.process.start()
         theirs.close()
 
-    def send(self, index: int, slot: int, item) -> None:
-        self._send((index, slot, item))
+    def send(self, index: int, slot: int, item, write: Callable | None = None) -> None:
+        """`write`: what hands the message to `_send` (default: this thread, at once)."""
+        (write or self._send)((index, slot, item))
         self.assigned += 1
         self.outstanding += 1
 

@@ -174,8 +174,7 @@ class ChatSamples:
         # Every literal begins with "<", and nothing but the record puts one in its conversation: a JSON
         # record without "<" (as itself or escaped) holds no literal, and is not searched for one (the
         # search of every string was ~8% of a worker's time; most records hold no "<").
-        self.literals_lead = all(c.startswith("<") for c in self.tokenizer.added_tokens) and \
-            "<" not in config.input_separator
+        self.literals_lead = self.tokenizer.literal_lead == "<" and "<" not in config.input_separator
 
     def may_hold_literal(self, marks: int | None) -> bool:
         """Whether a record may hold a literal, by the `_native.json_marks` of its jsonl line or .json
