@@ -76,20 +76,48 @@ def _polynomial(data: bytes) -> str:
     return f"p61x2:{len(data)}:{h[0]:016x}:{h[1]:016x}"
 
 
-def test_the_joinable_hash_is_its_definition_and_joins_at_every_cut():
-    rng = random.Random(3)
-    for n in (0, 1, 7, 8, 9, 15, 16, 17, 33, 300):
-        data = bytes(rng.randrange(256) for _ in range(n))
-        whole = digest.BinDigest()
-        whole.update(data)
-        assert whole.hexdigest() == _polynomial(data)
-        for cut in range(n + 1):
-            parts = [digest.BinDigest(), digest.BinDigest()]
-            parts[0].update(data[:cut])
-            parts[1].update(data[cut:])
-            assert digest.join([p.hexdigest() for p in parts]) == whole.hexdigest()
+def _block_loops() -> list[str]:
+    """The hash's block loops this machine runs (`_native.poly_path`)."""
+    from qwen_data._native import poly_path
+
+    now, runs = poly_path(), []
+    for name in ("avx2", "sse2", "scalar"):
+        try:
+            runs.append(poly_path(name))
+        except ValueError:
+            pass
+    poly_path(now)
+    return runs
+
+
+@pytest.mark.parametrize("loop", _block_loops())
+def test_the_joinable_hash_is_its_definition_and_joins_at_every_cut(loop):
+    from qwen_data._native import poly_path
+
+    rng, before = random.Random(3), poly_path(loop)
+    # around the 512-byte blocks of the SIMD loops, and bytes of 255 where a block's sums are largest
+    sizes = (0, 1, 7, 8, 9, 15, 16, 17, 33, 300, 511, 512, 513, 1024, 1535, 2600)
+    try:
+        for data in [bytes(rng.randrange(256) for _ in range(n)) for n in sizes] + [b"\xff" * 2048]:
+            _hashes_as_defined(data, cuts=range(0, len(data) + 1, 1 + len(data) // 40))
+    finally:
+        poly_path(before)
+
+
+def _hashes_as_defined(data: bytes, cuts) -> None:
+    whole = digest.BinDigest()
+    whole.update(data)
+    assert whole.hexdigest() == _polynomial(data)
+    for cut in cuts:
+        parts = [digest.BinDigest(), digest.BinDigest()]
+        parts[0].update(data[:cut])
+        parts[1].update(data[cut:])
+        assert digest.join([p.hexdigest() for p in parts]) == whole.hexdigest()
+
+
+def test_the_c_loops_points_are_the_ones_stated_in_python():
     x = digest.BinDigest()
-    x.update(b"\x01\x00")  # 1 * X + 0: the C loop's points are the ones stated in Python
+    x.update(b"\x01\x00")  # 1 * X + 0
     assert [int(h, 16) for h in x.hexdigest().split(":")[2:]] == list(digest.POINTS)
 
 
