@@ -945,12 +945,61 @@ static PyObject *json_marks(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(marks);
 }
 
+/* rows_marked(ids, lengths, marked) -> bytes: the rows (texts of lengths[k] ids each, back to back in
+ * ids, int32) holding an id whose byte in `marked` (uint8, one an id) is set, as int64 row numbers:
+ * the texts gigatoken may encode unlike HF (`QwenTokenizer.exact_rows`), found in one pass over the
+ * ids, where numpy's gather of a flag per id made an index array of 8 bytes an id first. */
+static PyObject *rows_marked(PyObject *self, PyObject *args) {
+    PyObject *ids_obj, *lengths_obj, *marked_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &ids_obj, &lengths_obj, &marked_obj)) return NULL;
+    Py_buffer ids_b, lengths_b, marked_b;
+    PyObject *out = NULL;
+    if (view(ids_obj, &ids_b, 4, "ids") < 0) return NULL;
+    if (view(lengths_obj, &lengths_b, 8, "lengths") < 0) goto ids;
+    if (view(marked_obj, &marked_b, 1, "marked") < 0) goto lengths;
+    const int32_t *ids = ids_b.buf;
+    const int64_t *lengths = lengths_b.buf;
+    const uint8_t *marked = marked_b.buf;
+    Py_ssize_t n_ids = ids_b.len / 4, rows = lengths_b.len / 8, n_marked = marked_b.len, at = 0, found = 0;
+    int64_t *hits = PyMem_Malloc((rows ? rows : 1) * sizeof(int64_t));
+    if (hits == NULL) {
+        PyErr_NoMemory();
+        goto marked;
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (lengths[r] < 0 || lengths[r] > n_ids - at) {
+            PyErr_SetString(PyExc_ValueError, "lengths: more ids than there are");
+            goto hits;
+        }
+        uint8_t any = 0;
+        for (Py_ssize_t end = at + lengths[r]; at < end; at++) {
+            if ((uint32_t)ids[at] >= (uint32_t)n_marked) {
+                PyErr_Format(PyExc_ValueError, "id %d outside the table of %zd", ids[at], n_marked);
+                goto hits;
+            }
+            any |= marked[ids[at]];
+        }
+        if (any) hits[found++] = r;
+    }
+    out = PyBytes_FromStringAndSize((const char *)hits, found * (Py_ssize_t)sizeof(int64_t));
+hits:
+    PyMem_Free(hits);
+marked:
+    PyBuffer_Release(&marked_b);
+lengths:
+    PyBuffer_Release(&lengths_b);
+ids:
+    PyBuffer_Release(&ids_b);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"pack_rows", pack_rows, METH_VARARGS, "Packed rows laid out from their samples and plan."},
     {"misspelled", misspelled, METH_VARARGS, "The first text whose ids do not spell it, or -1."},
     {"structure_mask", structure_mask, METH_VARARGS, "The loss mask the samples' ChatML structure gives."},
     {"poly", poly, METH_VARARGS, "The .bin hash (h1, h2) going on over data."},
     {"poly_each", poly_each, METH_VARARGS, "The hash of each piece of data, (h1, h2) pairs as bytes."},
+    {"rows_marked", rows_marked, METH_VARARGS, "The rows holding an id marked in a table, as int64."},
     {"poly_path", poly_path, METH_VARARGS, "The hash's block loop, after switching to the one named."},
     {"poly_join", poly_join, METH_VARARGS, "The hash (h1, h2) going on over pieces of known hashes."},
     {"nfc_suspects", nfc_suspects, METH_VARARGS, "The texts that may not be in NFC, by index."},

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._native import rows_marked
 from ..qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 from . import nfc
 from .cache import cache_dir, cached_array, checked_bytes, store
@@ -419,20 +420,8 @@ class QwenTokenizer:
         """
         from qwen_data.text.unicode_exact import needs_exact
 
-        rows = np.flatnonzero([not t.isascii() for t in texts])  # an ASCII text holds none
-        if not len(rows):
-            return []
-        ends = np.cumsum(lengths)
-        if len(rows) < len(texts) // 2:  # look at the ids of those texts only
-            ids = np.concatenate([ids[ends[r] - lengths[r]:ends[r]] for r in rows.tolist()])
-            ends = np.cumsum(lengths[rows])
-        else:
-            rows = np.arange(len(texts))
-        seen = self._spelling_starts(backend)[ids.astype(np.intp)]  # numpy indexes with int32 at half the speed
-        if not seen.any():
-            return []
-        hit = rows[np.searchsorted(ends, np.flatnonzero(seen), side="right")]
-        rows = hit[np.flatnonzero(np.diff(hit, prepend=-1))]  # hits come sorted: drop repeats
+        starts = self._spelling_starts(backend).view(np.uint8)
+        rows = np.frombuffer(rows_marked(_int32(ids), np.asarray(lengths, dtype=np.int64), starts), dtype=np.int64)
         return [r for r in rows.tolist() if needs_exact(texts[r])]
 
     def _spelling_starts(self, backend) -> np.ndarray:
