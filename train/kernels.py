@@ -8,15 +8,23 @@ replaces (the reference: the CPU, and CUDA when QWEN_TRAIN_KERNELS=torch).
   softmax_stats      the fused cross-entropy's per-row maximum, Σ exp(logit − maximum) and the label's
                      logit in one read of the bf16 logits (online softmax: a running maximum, the sum
                      rescaled when it grows), where inductor read them twice
+                     (each row split over STATS_PARTS programs, joined by a small second kernel)
   logit_grad_        c·(softmax − one-hot) written over the logits in place
+  qkv_rope           the QKV projection's bias added, the heads split into query, key and value, the
+                     query and key rotated (RoPE) and all three cast to autocast's dtype: one read of
+                     the projection and one write of each, where inductor's split and rotation (four
+                     kernels) could not take the bias or the cast once the rotation was opaque; its
+                     backward writes the projection's gradient and the bias's by parts
 
 Arithmetic in float32, rounded once to the output's dtype, as inductor's fused kernels do; the sums
-differ from the compiled path's only in their order. Triton is imported on first use on CUDA: CI
-and the CPU never see it.
+differ from the compiled path's only in their order, the rotation's products only by the fused
+multiply-add's one rounding. Triton is imported on first use on CUDA: CI and the CPU never see it.
 
 One H200, Qwen2.5-0.5B pretraining, micro batch 4, seq 4096 (bench/results/gpu/2026-11-30-small-mfu-kernels.md):
 SwiGLU backward 16.1 -> 9.3 ms a step (bitwise the compiled path's numbers), the softmax passes 13.3 ->
-9.5 ms; the step 277 -> 270 ms, 41.7% -> 42.9% MFU (causal), peak memory 22.5 -> 21.3 GiB.
+9.5 ms; the step 277 -> 270 ms, 41.7% -> 42.9% MFU (causal), peak memory 22.5 -> 21.3 GiB. Then
+(bench/results/gpu/2026-11-30-small-mfu-qkv.md) the QKV split, RoPE and bias 12.2 + 1.1 -> 3.0 ms a step
+(incl. the bias's sums), the statistics 4.4 -> 2.9 ms; the step 270 -> 260 ms, 42.9% -> 44.4% MFU (causal).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +59,8 @@ def _build():
     import triton
     import triton.language as tl
 
-    return _swiglu(triton, tl) | _softmax(triton, tl)
+    return (_swiglu(triton, tl) | _softmax(triton, tl) | _qkv_rope_fwd_kernel(triton, tl)
+            | _qkv_rope_bwd_kernel(triton, tl))
 
 
 def _swiglu(triton, tl) -> dict:
@@ -78,22 +88,39 @@ def _swiglu(triton, tl) -> dict:
 
 def _softmax(triton, tl) -> dict:
     @triton.jit
-    def softmax_stats(logits, at, here, peak, sums, target, vocab, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def softmax_parts(logits, part_peak, part_sums, vocab, span, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+        """One of a row's PARTS spans of columns: its maximum and Σ exp(logit − maximum)."""
+        row, part = tl.program_id(0).to(tl.int64), tl.program_id(1)
         base = logits + row * vocab
+        first = part * span
+        end = tl.minimum(vocab, first + span)
         m = tl.full((), float("-inf"), tl.float32)
         s = tl.zeros((), tl.float32)
-        for start in range(0, vocab, BLOCK):
+        for start in range(first, end, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            x = tl.load(base + cols, mask=cols < end, other=float("-inf")).to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, 0))
             s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
             m = m_new
-        label = tl.load(at + row)
-        t = tl.load(base + label).to(tl.float32) - m
-        tl.store(peak + row, m)
-        tl.store(sums + row, s)
-        tl.store(target + row, tl.where(tl.load(here + row), t, 0.0))
+        tl.store(part_peak + row * PARTS + part, m)
+        tl.store(part_sums + row * PARTS + part, s)
+
+    @triton.jit
+    def softmax_join(logits, at, here, part_peak, part_sums, peak, sums, target, n, vocab, PARTS: tl.constexpr,
+                     ROWS: tl.constexpr):
+        """ROWS rows' parts joined: the maximum, the sum rescaled to it, the label's logit − maximum."""
+        rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+        keep = rows < n
+        parts = rows[:, None] * PARTS + tl.arange(0, PARTS)[None, :]
+        pm = tl.load(part_peak + parts, mask=keep[:, None], other=float("-inf"))
+        ps = tl.load(part_sums + parts, mask=keep[:, None], other=0.0)
+        m = tl.max(pm, 1)
+        s = tl.sum(tl.where(ps > 0, ps * tl.exp(pm - m[:, None]), 0.0), 1)
+        label = tl.load(at + rows, mask=keep, other=0)
+        t = tl.load(logits + rows * vocab + label, mask=keep, other=0.0).to(tl.float32) - m
+        tl.store(peak + rows, m, mask=keep)
+        tl.store(sums + rows, s, mask=keep)
+        tl.store(target + rows, tl.where(tl.load(here + rows, mask=keep, other=0) != 0, t, 0.0), mask=keep)
 
     @triton.jit
     def logit_grad(logits, peak, sums, at, here, c, vocab, BLOCK: tl.constexpr):
@@ -107,7 +134,84 @@ def _softmax(triton, tl) -> dict:
         g = tl.exp(x - tl.load(peak + row)) * scale - tl.where(label, weight, 0.0)
         tl.store(ptr, g.to(logits.dtype.element_ty), mask=keep)
 
-    return dict(softmax_stats=softmax_stats, logit_grad=logit_grad)
+    return dict(softmax_parts=softmax_parts, softmax_join=softmax_join, logit_grad=logit_grad)
+
+
+def _qkv_rope_fwd_kernel(triton, tl) -> dict:
+    """One program: BLOCK_T tokens of one head of the fused QKV projection, whose slots run per
+    query group as Q query heads, its key, its value (megatron-core's order). Each head's two
+    halves are loaded apart: the rotation pairs element i with i + HALF."""
+    @triton.jit
+    def qkv_rope_fwd(mixed, bias, cos, sin, q, k, v, tokens, batch, Q: tl.constexpr, GROUPS: tl.constexpr,
+                     HALF: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr):
+        slot = tl.program_id(1)
+        group, j = slot // (Q + 2), slot % (Q + 2)
+        t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[:, None]
+        d = tl.arange(0, HALF)[None, :]
+        keep = t < tokens
+        src = mixed + t * (GROUPS * (Q + 2) * 2 * HALF) + slot * 2 * HALF + d
+        a, b = tl.load(src, mask=keep).to(tl.float32), tl.load(src + HALF, mask=keep).to(tl.float32)
+        if HAS_BIAS:  # the projection's bias, added in float32 as the linear's add would
+            a += tl.load(bias + slot * 2 * HALF + d).to(tl.float32)
+            b += tl.load(bias + slot * 2 * HALF + HALF + d).to(tl.float32)
+        if j == Q + 1:  # the value: copied
+            dst = v + t * (GROUPS * 2 * HALF) + group * 2 * HALF + d
+            tl.store(dst, a.to(v.dtype.element_ty), mask=keep)
+            tl.store(dst + HALF, b.to(v.dtype.element_ty), mask=keep)
+        else:
+            if j < Q:
+                dst = q + t * (GROUPS * Q * 2 * HALF) + (group * Q + j) * 2 * HALF + d
+            else:
+                dst = k + t * (GROUPS * 2 * HALF) + group * 2 * HALF + d
+            at = (t // batch) * 2 * HALF + d
+            c1, c2 = tl.load(cos + at, mask=keep).to(tl.float32), tl.load(cos + at + HALF, mask=keep).to(tl.float32)
+            s1, s2 = tl.load(sin + at, mask=keep).to(tl.float32), tl.load(sin + at + HALF, mask=keep).to(tl.float32)
+            tl.store(dst, (a * c1 + (-b) * s1).to(dst.dtype.element_ty), mask=keep)
+            tl.store(dst + HALF, (b * c2 + a * s2).to(dst.dtype.element_ty), mask=keep)
+
+    return dict(qkv_rope_fwd=qkv_rope_fwd)
+
+
+def _qkv_rope_bwd_kernel(triton, tl) -> dict:
+    """The forward's programs, the inverse rotation: d(mixed) from the query's, key's and value's
+    gradients (strided: SDPA's backward hands them over as [b, heads, s, d] permuted); with a bias,
+    each program's sum over its tokens (the bias's gradient, once the programs' sums are added)."""
+    @triton.jit
+    def qkv_rope_bwd(dq, dk, dv, cos, sin, dmixed, dbias, tokens, batch, q_s, q_b, q_h, k_s, k_b, k_h, v_s, v_b, v_h,
+                     Q: tl.constexpr, GROUPS: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+                     HAS_BIAS: tl.constexpr):
+        slot = tl.program_id(1)
+        group, j = slot // (Q + 2), slot % (Q + 2)
+        t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[:, None]
+        d = tl.arange(0, HALF)[None, :]
+        keep = t < tokens
+        pos, row = t // batch, t % batch
+        if j == Q + 1:
+            src = dv + pos * v_s + row * v_b + group * v_h + d
+            o1 = tl.load(src, mask=keep, other=0.0).to(tl.float32)
+            o2 = tl.load(src + HALF, mask=keep, other=0.0).to(tl.float32)
+        else:
+            if j < Q:
+                src = dq + pos * q_s + row * q_b + (group * Q + j) * q_h + d
+            else:
+                src = dk + pos * k_s + row * k_b + group * k_h + d
+            at = pos * 2 * HALF + d
+            c1 = tl.load(cos + at, mask=keep, other=0.0).to(tl.float32)
+            c2 = tl.load(cos + at + HALF, mask=keep, other=0.0).to(tl.float32)
+            s1 = tl.load(sin + at, mask=keep, other=0.0).to(tl.float32)
+            s2 = tl.load(sin + at + HALF, mask=keep, other=0.0).to(tl.float32)
+            g1 = tl.load(src, mask=keep, other=0.0).to(tl.float32)
+            g2 = tl.load(src + HALF, mask=keep, other=0.0).to(tl.float32)
+            o1, o2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
+        dst = dmixed + t * (GROUPS * (Q + 2) * 2 * HALF) + slot * 2 * HALF + d
+        tl.store(dst, o1.to(dmixed.dtype.element_ty), mask=keep)
+        tl.store(dst + HALF, o2.to(dmixed.dtype.element_ty), mask=keep)
+        if HAS_BIAS:
+            part = dbias + tl.program_id(0) * (GROUPS * (Q + 2) * 2 * HALF) + slot * 2 * HALF + tl.arange(0, HALF)
+            tl.store(part, tl.sum(o1, 0))
+            tl.store(part + HALF, tl.sum(o2, 0))
+
+    return dict(qkv_rope_bwd=qkv_rope_bwd)
 
 
 # ---- SwiGLU --------------------------------------------------------------------------------------
@@ -184,7 +288,13 @@ def triton_cdiv(a: int, b: int) -> int:
 
 # ---- the fused cross-entropy's softmax passes ----------------------------------------------------
 
-STATS_BLOCK = 4096
+# A row's statistics over STATS_PARTS programs (a power of two), joined by a second, small kernel. One
+# H200, [4096, 151,936] bf16: one program a row (4096 rows a chunk) read the logits at 2.40 TB/s, 8 parts
+# of 2048-column blocks at 3.86 TB/s with 4 warps (2.79 with 8); 4-32 parts, 1024-4096 blocks measured
+# (bench/results/gpu/2026-11-30-small-mfu-qkv.md).
+STATS_PARTS = 8
+STATS_BLOCK = 2048
+STATS_WARPS = 4
 GRAD_BLOCK = 4096
 
 
@@ -195,8 +305,16 @@ def softmax_stats(logits: torch.Tensor, at: torch.Tensor, here: torch.Tensor):
     assert logits.is_contiguous()
     peak, sums, target = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
     if n:
-        _triton()["softmax_stats"][(n,)](logits, at.contiguous(), here.contiguous(), peak, sums, target, vocab,
-                                         BLOCK=STATS_BLOCK, num_warps=16)
+        parts = 1 << (STATS_PARTS - 1).bit_length()  # tl.arange's lengths are powers of two
+        span = triton_cdiv(triton_cdiv(vocab, parts), STATS_BLOCK) * STATS_BLOCK
+        part_peak, part_sums = (torch.empty(n, parts, dtype=torch.float32, device=logits.device) for _ in range(2))
+        kernels = _triton()
+        kernels["softmax_parts"][(n, parts)](logits, part_peak, part_sums, vocab, span, PARTS=parts,
+                                             BLOCK=STATS_BLOCK, num_warps=STATS_WARPS)
+        rows = max(1, 1024 // parts)
+        kernels["softmax_join"][(triton_cdiv(n, rows),)](logits, at.contiguous(), here.contiguous(), part_peak,
+                                                        part_sums, peak, sums, target, n, vocab, PARTS=parts,
+                                                        ROWS=rows, num_warps=4)
     return peak, sums, target
 
 
@@ -209,3 +327,124 @@ def logit_grad_(logits: torch.Tensor, peak, sums, at, here, c) -> torch.Tensor:
             logits, peak.contiguous(), sums.contiguous(), at.contiguous(), here.contiguous(), c.contiguous(), vocab,
             BLOCK=GRAD_BLOCK, num_warps=8)
     return logits
+
+
+# ---- the fused QKV projection split into query, key and value, RoPE applied ---------------------
+
+ROPE_TOKENS = 64  # tokens a program (of one head)
+
+
+def rotate_reference(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """megatron-core's rotation (`_apply_rotary_pos_emb_bshd`, not interleaved) by tables of t's dtype."""
+    t1, t2 = torch.chunk(t, 2, -1)
+    return t * cos + torch.cat((-t2, t1), -1) * sin
+
+
+def _with_bias(mixed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return mixed if bias is None else mixed + bias.view(mixed.shape[2], -1)
+
+
+def qkv_rope_reference(mixed: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                       q_heads: int, dtype: torch.dtype):
+    """The projection's bias added, megatron-core's split path, then autocast's cast to `dtype`:
+    [s, b, groups, (q_heads + 2)·d] → the rotated query [s, b, groups·q_heads, d], the rotated key and
+    the value [s, b, groups, d]."""
+    d = cos.shape[-1]
+    query, key, value = torch.split(_with_bias(mixed, bias), [q_heads * d, d, d], dim=3)
+    query = query.reshape(*query.shape[:2], -1, d)
+    return (rotate_reference(query, cos, sin).to(dtype), rotate_reference(key, cos, sin).to(dtype),
+            value.to(dtype, copy=True))
+
+
+def qkv_rope_back_reference(dq, dk, dv, cos, sin, dtype: torch.dtype, with_bias: bool):
+    """The gradients of `qkv_rope_reference`: mixed's (of `dtype`; the inverse rotation in float32,
+    rounded once: inductor's arithmetic) and the bias's (float32; empty without one)."""
+    def unrotate(g):
+        (g1, g2), (c1, c2), (s1, s2) = (torch.chunk(x.float(), 2, -1) for x in (g, cos, sin))
+        return torch.cat((g1 * c1 + g2 * s2, g2 * c2 - g1 * s1), -1)
+    s, b, groups = dk.shape[:3]
+    grad = torch.cat((unrotate(dq).reshape(s, b, groups, -1), unrotate(dk), dv.float()), -1)
+    return grad.to(dtype), grad.sum((0, 1)).flatten() if with_bias else grad.new_empty(0)
+
+
+def _tables_fit(cos: torch.Tensor, s, dtype: torch.dtype) -> bool:
+    d = cos.shape[-1]
+    return d >= 2 and d & (d - 1) == 0 and cos.dtype == dtype and tuple(cos.shape) == (s, 1, 1, d)
+
+
+def qkv_rope_fits(mixed: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor) -> bool:
+    """The kernel's case: CUDA, a head dimension of a power of two, tables [s, 1, 1, d] of the dtype
+    of mixed plus its bias (a bias of mixed's last two dimensions)."""
+    if bias is not None and (bias.numel() != mixed.shape[2] * mixed.shape[3] or bias.device != mixed.device):
+        return False
+    dtype = mixed.dtype if bias is None else torch.promote_types(mixed.dtype, bias.dtype)
+    return enabled(mixed) and _tables_fit(cos, mixed.shape[0], dtype)
+
+
+@torch.library.custom_op("qwen_data_train::qkv_rope", mutates_args=())
+def qkv_rope(mixed: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, q_heads: int,
+             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`qkv_rope_reference` in one kernel: mixed [s, b, groups, (q_heads + 2)·d] read once, the query,
+    key and value written contiguous in `dtype`: the bias's add, the split path's kernels and autocast's
+    casts in one. Under autocast mixed is the bf16 product and the bias float32, the tables too."""
+    if not qkv_rope_fits(mixed, bias, cos):
+        return qkv_rope_reference(mixed, bias, cos, sin, q_heads, dtype)
+    s, b, groups, d = *mixed.shape[:3], cos.shape[-1]
+    mixed, cos, sin = mixed.contiguous(), cos.contiguous(), sin.contiguous()
+    q = mixed.new_empty(s, b, groups * q_heads, d, dtype=dtype)
+    k, v = mixed.new_empty(s, b, groups, d, dtype=dtype), mixed.new_empty(s, b, groups, d, dtype=dtype)
+    if s * b:
+        _triton()["qkv_rope_fwd"][(triton_cdiv(s * b, ROPE_TOKENS), groups * (q_heads + 2))](
+            mixed, mixed if bias is None else bias.contiguous(), cos, sin, q, k, v, s * b, b, Q=q_heads,
+            GROUPS=groups, HALF=d // 2, BLOCK_T=ROPE_TOKENS, HAS_BIAS=bias is not None, num_warps=4)
+    return q, k, v
+
+
+@qkv_rope.register_fake
+def _(mixed, bias, cos, sin, q_heads, dtype):
+    s, b, groups, d = *mixed.shape[:3], cos.shape[-1]
+    return (mixed.new_empty(s, b, groups * q_heads, d, dtype=dtype), mixed.new_empty(s, b, groups, d, dtype=dtype),
+            mixed.new_empty(s, b, groups, d, dtype=dtype))
+
+
+@torch.library.custom_op("qwen_data_train::qkv_rope_back", mutates_args=())
+def qkv_rope_back(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  dtype: torch.dtype, with_bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of `qkv_rope`: mixed's (of `dtype`) and the bias's (float32, empty without one),
+    from the query's, key's and value's (any strides with the head dimension's last and dense)."""
+    if not (enabled(dk) and _tables_fit(cos, dk.shape[0], cos.dtype)):
+        return qkv_rope_back_reference(dq, dk, dv, cos, sin, dtype, with_bias)
+    s, b, groups, d = *dk.shape[:3], cos.shape[-1]
+    q_heads, blocks = dq.shape[2] // groups, triton_cdiv(s * b, ROPE_TOKENS)
+    dq, dk, dv = (g if g.stride(-1) == 1 else g.contiguous() for g in (dq, dk, dv))
+    dmixed = dk.new_empty(s, b, groups, (q_heads + 2) * d, dtype=dtype)
+    parts = dk.new_empty(blocks if with_bias else 0, groups * (q_heads + 2) * d, dtype=torch.float32)
+    if s * b:
+        _triton()["qkv_rope_bwd"][(blocks, groups * (q_heads + 2))](
+            dq, dk, dv, cos.contiguous(), sin.contiguous(), dmixed, parts, s * b, b, *dq.stride()[:3],
+            *dk.stride()[:3], *dv.stride()[:3], Q=q_heads, GROUPS=groups, HALF=d // 2, BLOCK_T=ROPE_TOKENS,
+            HAS_BIAS=with_bias, num_warps=4)
+    return dmixed, parts.sum(0) if with_bias else parts.new_empty(0)
+
+
+@qkv_rope_back.register_fake
+def _(dq, dk, dv, cos, sin, dtype, with_bias):
+    s, b, groups, d = *dk.shape[:3], cos.shape[-1]
+    width = groups * (dq.shape[2] // groups + 2) * d
+    return dk.new_empty(s, b, groups, width // groups, dtype=dtype), dk.new_empty(width if with_bias else 0,
+                                                                                 dtype=torch.float32)
+
+
+def _qkv_rope_setup(ctx, inputs, output):
+    mixed, bias, cos, sin = inputs[:4]
+    ctx.save_for_backward(cos, sin)
+    ctx.dtype, ctx.bias_dtype = mixed.dtype, None if bias is None else bias.dtype
+
+
+def _qkv_rope_backward(ctx, dq, dk, dv):
+    cos, sin = ctx.saved_tensors
+    dmixed, dbias = qkv_rope_back(dq, dk, dv, cos, sin, ctx.dtype, ctx.bias_dtype is not None)
+    return dmixed, None if ctx.bias_dtype is None else dbias.to(ctx.bias_dtype), None, None, None, None
+
+
+qkv_rope.register_autograd(_qkv_rope_backward, setup_context=_qkv_rope_setup)

@@ -1,6 +1,7 @@
 """train/kernels.py: the Triton kernels (CUDA only, skipped elsewhere) equal the torch path they
 replace, forward and backward, on random inputs; the custom SwiGLU op is megatron-core's SwiGLU on
-the CPU too, and the MLP keeps megatron-core's own function where the kernels do not run."""
+the CPU too, and the MLP keeps megatron-core's own function where the kernels do not run; the fused
+QKV split + RoPE op is megatron-core's split path, and the model asks for it only where it runs."""
 
 import pytest
 import torch
@@ -94,3 +95,155 @@ def test_triton_softmax_passes_equal_torch(rows, vocab):
     grad = kernels.logit_grad_(logits.clone(), peak, sums, at, here, c)
     torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=8e-3, atol=1e-9)
     assert (grad != ref_grad).float().mean().item() < 0.01
+
+
+@cuda
+@pytest.mark.parametrize("parts", [1, 3, 16])
+def test_triton_softmax_stats_any_parts(parts, monkeypatch):
+    """A row's statistics split over any number of programs (a part may hold no column) join to the same."""
+    monkeypatch.setattr(kernels, "STATS_PARTS", parts)
+    test_triton_softmax_passes_equal_torch(300, 5000)
+
+
+def _qkv_case(s, b, groups, q_heads, d, dtype, device="cpu", bias_dtype=None):
+    """A projection [s, b, groups, (q_heads + 2)·d] of `dtype`, its bias (of `bias_dtype`; None without),
+    the angles and their tables (of the sum's dtype), and the gradients as SDPA's backward hands them
+    over: [b, heads, s, d] permuted to [s, b, heads, d]."""
+    torch.manual_seed(2)
+    mixed = torch.randn(s, b, groups, (q_heads + 2) * d, device=device).to(dtype)
+    bias = None if bias_dtype is None else torch.randn(groups * (q_heads + 2) * d, device=device).to(bias_dtype)
+    summed = dtype if bias is None else torch.promote_types(dtype, bias_dtype)
+    freqs = torch.randn(s, 1, 1, d // 2, device=device).repeat(1, 1, 1, 2) * 30
+    cos, sin = (f(freqs).to(summed) for f in (torch.cos, torch.sin))
+    dq = torch.randn(b, groups * q_heads, s, d, device=device).to(summed).permute(2, 0, 1, 3)
+    dk = torch.randn(b, groups, s, d, device=device).to(summed).permute(2, 0, 1, 3)
+    dv = torch.randn(s, b, groups, d, device=device).to(summed)
+    return mixed, bias, freqs, cos, sin, (dq, dk, dv)
+
+
+def _megatron_split_rope(mixed, bias, freqs, q_heads, grads):
+    """The linear's bias add, megatron-core's split path (split, the query's heads, each rotated by
+    megatron-core's function) and its autograd: the outputs, mixed's and the bias's gradients."""
+    from megatron.core.models.common.embeddings import rope_utils
+    mixed = mixed.detach().clone().requires_grad_()
+    bias = None if bias is None else bias.detach().clone().requires_grad_()
+    d = freqs.shape[-1]
+    summed = mixed if bias is None else mixed + bias.view(mixed.shape[2], -1)
+    query, key, value = torch.split(summed, [q_heads * d, d, d], dim=3)
+    query = query.reshape(*query.shape[:2], -1, d)
+    outs = tuple(rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=False) for t in (query, key))
+    torch.autograd.backward((*outs, value), grads)
+    return (*(o.detach() for o in outs), value.detach()), mixed.grad, None if bias is None else bias.grad
+
+
+def _ours_qkv(mixed, bias, cos, sin, q_heads, grads, dtype=None):
+    mixed = mixed.detach().clone().requires_grad_()
+    bias = None if bias is None else bias.detach().clone().requires_grad_()
+    outs = kernels.qkv_rope(mixed, bias, cos, sin, q_heads, dtype or cos.dtype)
+    torch.autograd.backward(outs, grads)
+    return tuple(o.detach() for o in outs), mixed.grad, None if bias is None else bias.grad
+
+
+@pytest.mark.parametrize("bias_dtype", [None, torch.float32])
+def test_qkv_rope_op_is_megatron_split_path_on_cpu(bias_dtype):
+    """float32: the query, key and value and the gradients of the linear's bias add and megatron-core's
+    split path; an op autograd and torch.compile accept; bf16 outputs are autocast's cast of them."""
+    mixed, bias, freqs, cos, sin, grads = _qkv_case(9, 2, 2, 3, 8, torch.float32, bias_dtype=bias_dtype)
+    (q, k, v), grad, bias_grad = _ours_qkv(mixed, bias, cos, sin, 3, grads)
+    (rq, rk, rv), ref_grad, ref_bias_grad = _megatron_split_rope(mixed, bias, freqs, 3, grads)
+    assert q.shape == (9, 2, 6, 8) and k.shape == v.shape == (9, 2, 2, 8)
+    for ours, ref in ((q, rq), (k, rk), (v, rv), (grad, ref_grad), (bias_grad, ref_bias_grad)):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    with_bias = None if bias is None else bias.clone().requires_grad_()
+    torch.library.opcheck(kernels.qkv_rope, (mixed.clone().requires_grad_(), with_bias, cos, sin, 3, torch.float32))
+    torch.library.opcheck(kernels.qkv_rope_back, (*(g.contiguous() for g in grads), cos, sin, torch.float32,
+                                                  bias is not None))
+    (bq, bk, bv), bgrad, _ = _ours_qkv(mixed, bias, cos, sin, 3, tuple(g.bfloat16() for g in grads), torch.bfloat16)
+    assert bq.dtype == bk.dtype == bv.dtype == torch.bfloat16 and bgrad.dtype == torch.float32  # autocast's cast
+    assert torch.equal(bq, rq.bfloat16()) and torch.equal(bv, rv.bfloat16())
+
+
+def test_fused_qkv_rope_patch_runs_megatron_split_path_off_cuda():
+    """The hook megatron-core calls under fused_single_qkv_rope: off CUDA its own split path (after
+    the bias's add, where FusedQKVSelfAttention hands it on), bit for bit."""
+    from megatron.core.transformer import attention
+
+    from qwen_data_train.patches import megatron_core, rope
+    mixed, bias, freqs, _, _, grads = _qkv_case(9, 2, 2, 3, 8, torch.bfloat16, bias_dtype=torch.float32)
+    with megatron_core():
+        assert attention.HAVE_FUSED_QKV_ROPE and attention.apply_fused_qkv_rotary_pos_emb is rope.fused_qkv_rope
+        ours = rope.fused_qkv_rope((mixed, bias), freqs, freqs, [24, 8, 8])
+        plain = rope.fused_qkv_rope(mixed, freqs, freqs, [24, 8, 8])
+    ref, _, _ = _megatron_split_rope(mixed, bias, freqs, 3, tuple(g.float() for g in grads))
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref))
+    ref, _, _ = _megatron_split_rope(mixed, None, freqs, 3, tuple(g.bfloat16() for g in grads))
+    assert all(torch.equal(a, b) for a, b in zip(plain, ref))
+
+
+def test_the_model_fuses_qkv_rope_only_where_it_runs():
+    """On CUDA without QK norms, FP8 or context parallelism; never on the CPU. Where it does, the
+    layers' attention hands the QKV bias on (FusedQKVSelfAttention)."""
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.model.layers import FusedQKVSelfAttention
+    from qwen_data_train.model.spec import layer_spec
+    from qwen_data_train.model.transformer import fused_qkv_rope
+    from qwen_data_train.plan import Environment, RunPlan
+    from qwen_data_train.shapes import PRESETS
+
+    def plan(*args, model="qwen2.5-0.5b", env=Environment(cuda=True, te_installed=True, capability=(9, 0))):
+        config = TrainConfig.parse(["--data", "x", "--model", model, "--seq-length", "128", *args])
+        return RunPlan.resolve(config, PRESETS[model], env)
+
+    def attention(p):
+        return layer_spec(p).submodules.self_attention.module
+
+    assert fused_qkv_rope(plan()) and fused_qkv_rope(plan(model="tiny"))
+    assert attention(plan()) is FusedQKVSelfAttention
+    assert not fused_qkv_rope(plan("--fp8", "tensorwise"))
+    for refused in (plan(env=Environment()), plan(model="tiny-qwen3")):
+        assert not fused_qkv_rope(refused)  # the CPU; QK norms (megatron-core splits first)
+        assert attention(refused) is not FusedQKVSelfAttention
+
+
+@cuda
+@pytest.mark.parametrize("shape", [(4096, 4, 2, 7, 64), (37, 3, 1, 1, 128), (5, 2, 4, 2, 16)])
+@pytest.mark.parametrize("dtype, bias_dtype, out", [(torch.bfloat16, torch.float32, torch.bfloat16),
+                                                    (torch.float32, None, torch.bfloat16),
+                                                    (torch.bfloat16, None, torch.bfloat16)])
+def test_triton_qkv_rope_equals_torch(shape, dtype, bias_dtype, out):
+    """Under autocast (a bf16 product, its float32 bias, bf16 out), a float32 projection cast for
+    attention, bf16 throughout: the float32-rounded-once results (inductor's arithmetic of the bias's
+    add, megatron-core's path and autocast's cast) and their backward."""
+    s, b, groups, q_heads, d = shape
+    mixed, bias, freqs, cos, sin, grads = _qkv_case(*shape, dtype, "cuda", bias_dtype)
+    grads = tuple(g.to(out) for g in grads)
+    (q, k, v), grad, bias_grad = _ours_qkv(mixed, bias, cos, sin, q_heads, grads, out)
+    ref = kernels.qkv_rope_reference(mixed.float(), None if bias is None else bias.float(), cos.float(), sin.float(),
+                                     q_heads, out)
+    ref_grad, ref_bias_grad = kernels.qkv_rope_back_reference(*grads, cos, sin, dtype, bias is not None)
+    assert torch.equal(v, ref[2]) and grad.dtype == dtype
+    for ours, want in ((q, ref[0]), (k, ref[1]), (grad, ref_grad)):
+        # The kernel's multiply-adds are fused (one rounding, where torch's reference rounds the products):
+        # float32 results a rounding apart; bf16 ones a bf16 rounding apart where a float32 product
+        # made the difference, and where a rotation cancels (a·c1 ≈ b·s1) a few float32 roundings of
+        # its terms (atol).
+        if ours.dtype == torch.float32:
+            torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
+        else:
+            torch.testing.assert_close(ours, want, rtol=8e-3, atol=1e-5)
+            assert (ours == want).float().mean().item() > 0.99
+    if bias is not None:
+        torch.testing.assert_close(bias_grad, ref_bias_grad, rtol=1e-4, atol=1e-3)
+
+
+@cuda
+@pytest.mark.parametrize("shape", [(4096, 4, 2, 7, 64), (37, 3, 1, 1, 128)])
+def test_triton_qkv_rope_float32_is_megatron_split_path(shape):
+    """float32 throughout, with a bias: the linear's add and megatron-core's split path and their
+    autograd, to float32 rounding."""
+    mixed, bias, freqs, cos, sin, grads = _qkv_case(*shape, torch.float32, "cuda", torch.float32)
+    (q, k, v), grad, bias_grad = _ours_qkv(mixed, bias, cos, sin, shape[3], grads)
+    (rq, rk, rv), ref_grad, ref_bias_grad = _megatron_split_rope(mixed, bias, freqs, shape[3], grads)
+    for ours, want in ((q, rq), (k, rk), (v, rv), (grad, ref_grad)):
+        torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bias_grad, ref_bias_grad, rtol=1e-4, atol=1e-3)

@@ -14,7 +14,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..attention import SDPACoreAttention, TECoreAttention
 from .experts import AutocastDispatchMoELayer, GroupedExperts
-from .layers import FP8SelfAttention, GroupedRowParallelLinear, RMSNorm, SeededTransformerLayer, fp8_linear
+from .layers import (FP8SelfAttention, FusedQKVSelfAttention, GroupedRowParallelLinear, RMSNorm, SeededTransformerLayer,
+                     fp8_linear)
 
 Converter = Callable[[ModuleSpec], ModuleSpec]
 
@@ -79,6 +80,13 @@ def core_attention(attention: str) -> Converter:
             attention_parts(spec).core_attention = CORE_ATTENTION[attention]
         return spec
     return convert
+
+
+def fused_qkv_attention(spec: ModuleSpec) -> ModuleSpec:
+    """An attention handing its QKV projection's bias on to the fused split and RoPE
+    (FusedQKVSelfAttention; the config's fused_single_qkv_rope with it)."""
+    spec.submodules.self_attention = _with_module(spec.submodules.self_attention, FusedQKVSelfAttention)
+    return spec
 
 
 def fp8_linears(spec: ModuleSpec) -> ModuleSpec:

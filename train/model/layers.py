@@ -134,3 +134,28 @@ class FP8SelfAttention(SelfAttention):
         for heads_first in (query, key):  # [s, b, heads, head dim]
             torch._dynamo.maybe_mark_dynamic(heads_first, 2)
         return (query, key, *rest)
+
+
+class FusedQKVSelfAttention(SelfAttention):
+    """megatron-core's SelfAttention under `fused_single_qkv_rope` (model/transformer.py), its QKV
+    projection's bias handed on beside the product instead of added to it, so that one kernel adds it,
+    splits the heads, rotates the query and key and casts all three for attention
+    (patches/rope.py: `fused_qkv_rope`, train/kernels.py: `qkv_rope`). Under autocast the product is
+    bf16 and the bias float32: added by the linear, their float32 sum was written and read again
+    (inductor fuses the add into its own split and rotation, but not into an opaque kernel)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.linear_qkv.skip_bias_add = True  # the linear returns (product, bias); the parameters are the same
+
+    def get_query_key_value_tensors(self, hidden_states, key_value_states=None, output_gate=False, split_qkv=True):
+        """((mixed [s, b, groups, (q + 2)·d], bias or None), [q·d, d, d]): what megatron-core hands
+        `apply_fused_qkv_rotary_pos_emb`, the bias with it. megatron-core takes the unsplit path
+        whenever the config asks for it and it can (no QK norm, no packed THD parameters, not inferring):
+        where it could not, the layer would have lost its bias, so that is refused."""
+        if split_qkv or output_gate or self.config.num_query_groups < self.world_size:
+            raise ValueError("FusedQKVSelfAttention runs megatron-core's fused_single_qkv_rope path only")
+        mixed, bias = self.linear_qkv(hidden_states)
+        groups, d = self.num_query_groups_per_partition, self.hidden_size_per_attention_head
+        q = self.num_attention_heads_per_partition // groups
+        return (mixed.view(*mixed.shape[:-1], groups, (q + 2) * d), bias), [q * d, d, d]

@@ -117,6 +117,17 @@ def fixed(fuse_swiglu: bool = False) -> dict:
     )
 
 
+def fused_qkv_rope(plan: RunPlan) -> bool:
+    """megatron-core's `fused_single_qkv_rope`: the QKV projection handed on unsplit to one function
+    that splits it and rotates the query and key (patches/rope.py: train/kernels.py's kernel on CUDA).
+    Where megatron-core takes that path (no QK norms, every rank holding whole query groups) and it
+    was measured: on CUDA, without FP8 or context parallelism. One H200, Qwen2.5-0.5B, micro batch 4:
+    bench/results/gpu/2026-11-30-small-mfu-qkv.md."""
+    shape = plan.shape
+    return (plan.cuda and not shape.qk_norm and shape.num_query_groups % plan.tp == 0 and plan.cp == 1
+            and not plan.fp8)
+
+
 def transformer_config(plan: RunPlan) -> TransformerConfig:
     """megatron-core's TransformerConfig of the plan's model (its attention already resolved).
 
@@ -137,4 +148,5 @@ def transformer_config(plan: RunPlan) -> TransformerConfig:
         use_cpu_initialization=plan.initialize,
         params_dtype=torch.float32,
         **fp8_fields(plan.fp8),
+        fused_single_qkv_rope=fused_qkv_rope(plan),
     )

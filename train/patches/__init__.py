@@ -4,7 +4,8 @@ The patches live by how long they are needed, one module each:
   cpu       stand-ins for CUDA where there is none (smoke tests, CI); nothing on a GPU host
   compat    backports from newer megatron-core, each applied only below the version that fixes it
   autocast  what float32 masters under autocast cost: every run of the trainer needs them
-  rope      RoPE's cosine and sine as tables a layer call (a speed patch: the same numbers)
+  rope      RoPE's cosine and sine as tables a layer call (a speed patch: the same numbers), and the
+            fused QKV split + RoPE in Transformer Engine's place (train/kernels.py's kernel on CUDA)
   swiglu    the MLP's SwiGLU by a Triton kernel on CUDA (a speed patch: train/kernels.py)
 
 Each replaces an attribute with `replacing.replaced`, which restores it on exit, so nothing outside the

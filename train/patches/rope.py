@@ -10,6 +10,16 @@ One H200, Qwen2.5-0.5B, micro batch 4, seq 4096: the query/key rotation's kernel
 step, the step 285 → 282 ms; packed SFT's losses over 30 steps equal to the last digit logged
 (bench/results/gpu/2026-11-30-small-mfu.md). Falls back to megatron-core's own off CUDA and for
 interleaved or partial rotary embeddings.
+
+`fused_qkv_rope` goes further where the model asks for megatron-core's `fused_single_qkv_rope`
+(model/transformer.py: CUDA, no QK norms, no FP8 or context parallelism): megatron-core hands the
+unsplit QKV projection, with its bias beside it (model.layers.FusedQKVSelfAttention), to Transformer
+Engine's `apply_fused_qkv_rotary_pos_emb`, whose place this takes. On CUDA one Triton kernel
+(`kernels.qkv_rope`) adds the bias, splits, rotates the query and key and writes all three in
+autocast's dtype; with QWEN_TRAIN_KERNELS=torch the bias's add and megatron-core's split path run, the
+same operations as without the flag (inductor fuses them as before). One H200, Qwen2.5-0.5B, micro
+batch 4: the split and rotation's kernels 12.2 -> 3.0 ms a step, the step (with the statistics kernel)
+270 -> 260 ms (bench/results/gpu/2026-11-30-small-mfu-qkv.md).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from typing import Iterator
 
 import torch
 
+from .. import kernels
 from .replacing import replaced as _replaced
 
 
@@ -49,5 +60,32 @@ def rope_from_tables() -> Iterator[None]:
         cos, sin = rope_tables(freqs, float(options.get("mscale", 1.0)), t.dtype)
         return t * cos + rope_utils._rotate_half(t, False) * sin
 
-    with _replaced(rope_utils, "_apply_rotary_pos_emb_bshd", apply):
+    from megatron.core.transformer import attention
+
+    with _replaced(rope_utils, "_apply_rotary_pos_emb_bshd", apply), \
+            _replaced(attention, "HAVE_FUSED_QKV_ROPE", True), \
+            _replaced(attention, "apply_fused_qkv_rotary_pos_emb", fused_qkv_rope):
         yield
+
+
+def fused_qkv_rope(mixed, q_freqs: torch.Tensor, k_freqs: torch.Tensor, split: list[int]):
+    """Transformer Engine's `apply_fused_qkv_rotary_pos_emb` as megatron-core calls it: mixed
+    [s, b, groups, (q + 2)·d], or (mixed, the projection's bias) from model.layers.FusedQKVSelfAttention,
+    and each head's share of it (`split`: q·d, d, d) → the rotated query [s, b, groups·q, d], the
+    rotated key and the value [s, b, groups, d]."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    mixed, bias = mixed if isinstance(mixed, tuple) else (mixed, None)
+    d = split[1]
+    if kernels.enabled(mixed) and q_freqs is k_freqs and q_freqs.shape[-1] == d:
+        summed = mixed.dtype if bias is None else torch.promote_types(mixed.dtype, bias.dtype)
+        cos, sin = rope_tables(q_freqs, 1.0, summed)
+        if kernels.qkv_rope_fits(mixed, bias, cos):  # written in autocast's dtype, which attention casts them to
+            dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else summed
+            return kernels.qkv_rope(mixed, bias, cos, sin, split[0] // d, dtype)
+    if bias is not None:
+        mixed = mixed + bias.view(mixed.shape[2], -1)
+    query, key, value = torch.split(mixed, split, dim=3)  # megatron-core's split path
+    query = query.reshape(query.size(0), query.size(1), -1, d)
+    return (rope_utils._apply_rotary_pos_emb_bshd(query, q_freqs, rotary_interleaved=False),
+            rope_utils._apply_rotary_pos_emb_bshd(key, k_freqs, rotary_interleaved=False), value)
