@@ -372,17 +372,6 @@ def test_fuzz_default_backend_gives_hf_ids(ours, special):
     assert our_ids(ours, special, texts) == hf_ids(special, texts)
 
 
-if __name__ == "__main__":
-    found, _, _ = find_differences()
-    everything = set().union(*found.values())
-    print("EXACT_RANGES: tuple[tuple[int, int], ...] = (")
-    for a, b in as_ranges(everything):
-        kinds = "+".join(kind for kind, cps in found.items() if cps & set(range(a, b + 1)))
-        print(f"    (0x{a:05X}, 0x{b:05X}),  # {kinds}")
-    print(")")
-    print(f"# {len(everything)} code points; " + ", ".join(f"{k} {len(v)}" for k, v in found.items())
-          + f"; in the current table but not found: {len(table() - everything)}", file=sys.stderr)
-
 
 def test_the_rows_holding_a_marked_id_are_those_numpy_finds():
     """`_native.rows_marked`, which picks the texts `exact_rows` searches, against numpy's reading."""
@@ -401,3 +390,16 @@ def test_the_rows_holding_a_marked_id_are_those_numpy_finds():
         rows_marked(np.array([5, 1000], dtype=np.int32), np.array([2], dtype=np.int64), marked.view(np.uint8))
     with pytest.raises(ValueError, match="more ids"):
         rows_marked(np.array([5], dtype=np.int32), np.array([2], dtype=np.int64), marked.view(np.uint8))
+
+
+if __name__ == "__main__":
+    found, _, _ = find_differences()
+    everything = set().union(*found.values())
+    print("EXACT_RANGES: tuple[tuple[int, int], ...] = (")
+    for a, b in as_ranges(everything):
+        kinds = "+".join(kind for kind, cps in found.items() if cps & set(range(a, b + 1)))
+        print(f"    (0x{a:05X}, 0x{b:05X}),  # {kinds}")
+    print(")")
+    print(f"# {len(everything)} code points; " + ", ".join(f"{k} {len(v)}" for k, v in found.items())
+          + f"; in the current table but not found: {len(table() - everything)}", file=sys.stderr)
+
