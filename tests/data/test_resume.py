@@ -211,6 +211,20 @@ def test_picked_sft_records_in_a_journal_read_back_as_they_were():
     assert ChatChecks.item_json((7, ({"messages": [], "n": 1}, 1, [(0, ids, mask)]), [])) is not None
 
 
+def test_a_chunks_picked_records_as_journal_text_are_the_items_json():
+    """`pipeline.picked_json` (orjson, json where orjson refuses a value) gives the items' JSON whatever writes it."""
+    from qwen_data.certify.checks import ChatChecks
+    from qwen_data.run.pipeline import picked_json
+
+    ids, mask = np.array([151644, 872, 198], dtype=np.int32), np.array([0, 1, 1], dtype=np.uint8)
+    line = (3, (b'{"messages": ["\\u00e9"]}\n', 1, [(0, ids, mask)]), [])
+    row = (4, ({"messages": [], "n": 2 ** 70, "text": "\u00e9\u2028"}, 1, [(0, ids, mask)]), [])
+    for items in ([line], [line, row]):
+        expected = [[item[0], ChatChecks.item_json(item)] for item in items]
+        assert json.loads(picked_json(ChatChecks, items)) == expected
+    assert picked_json(ChatChecks, [(5, ({"x": float("nan")}, 1, []), [])]) is None
+
+
 @pytest.mark.parametrize("answered, reused", [(False, 1), (True, 3)])
 def test_picked_records_an_earlier_build_journaled_are_not_read_back(tmp_path, answered, reused):
     """An earlier build kept a chunk's picked records as [file:line, item], without `picked_at`: such a
