@@ -304,6 +304,8 @@ static void make_terms(void) {
  * a limb is below 2^14, a byte 2^8, a lane adds 2 * POLY_BLOCK / 8 products: below 2^29, within int32. */
 #define POLY_BLOCK 512
 #define LIMBS 5  /* 5 * 14 bits hold a number below 2^61 */
+typedef Py_ssize_t (*BlockLoop)(const uint8_t *, Py_ssize_t, uint64_t *);
+static Py_ssize_t poly_blocks_none(const uint8_t *b, Py_ssize_t n, uint64_t *h) { return 0; }
 #if defined(__SSE2__)
 static int16_t BLOCK_LIMBS[2][LIMBS][POLY_BLOCK] __attribute__((aligned(32)));
 static uint64_t XBLOCK[2], LIMB_SCALE[LIMBS];  /* X^POLY_BLOCK; 2^(14 l) */
@@ -378,21 +380,19 @@ __attribute__((target("avx2"))) static Py_ssize_t poly_blocks_avx2(const uint8_t
 }
 #endif
 
-static Py_ssize_t poly_blocks_none(const uint8_t *b, Py_ssize_t n, uint64_t *h) { return 0; }
-
-/* The block loops, the fastest this machine runs first (`poly_path` picks another, for the tests). */
-typedef Py_ssize_t (*BlockLoop)(const uint8_t *, Py_ssize_t, uint64_t *);
-static const struct { const char *name; BlockLoop loop; } PATHS[] = {
-#if defined(__GNUC__) && defined(__x86_64__)
-    {"avx2", poly_blocks_avx2},
-#endif
-    {"sse2", poly_blocks_sse2}, {"scalar", poly_blocks_none}};
 #else
-static Py_ssize_t poly_blocks_none(const uint8_t *b, Py_ssize_t n, uint64_t *h) { return 0; }
-typedef Py_ssize_t (*BlockLoop)(const uint8_t *, Py_ssize_t, uint64_t *);
-static const struct { const char *name; BlockLoop loop; } PATHS[] = {{"scalar", poly_blocks_none}};
 static void make_block_limbs(void) {}
 #endif
+
+/* The block loops, the fastest this machine runs first (`poly_path` picks another, for the tests). */
+static const struct { const char *name; BlockLoop loop; } PATHS[] = {
+#if defined(__SSE2__) && defined(__GNUC__) && defined(__x86_64__)
+    {"avx2", poly_blocks_avx2},
+#endif
+#if defined(__SSE2__)
+    {"sse2", poly_blocks_sse2},
+#endif
+    {"scalar", poly_blocks_none}};
 #define N_PATHS ((int)(sizeof(PATHS) / sizeof(PATHS[0])))
 static int poly_at = N_PATHS - 1;  /* set as the module loads (`choose_path`) */
 #define poly_blocks (PATHS[poly_at].loop)
@@ -763,7 +763,8 @@ static PyObject *structure_mask(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < n_samples; k++) {
         Py_ssize_t end = sample_ends[k] < s.n ? (Py_ssize_t)sample_ends[k] : s.n;
         Py_ssize_t last[2][2] = {{1, 0}, {1, 0}};  /* the sample's last turn's tokens, under last_only */
-        for (Py_ssize_t h = next_id(s.ids, begin, end, im_start); h < end; h = next_id(s.ids, h + 1, end, im_start)) {
+        for (Py_ssize_t h = next_id(s.ids, begin, end, im_start); h < end;
+             h = next_id(s.ids, h + 1, end, im_start)) {
             if (!spells_at(&s, h, 0, HEADER, (size_t)header)) continue;
             if (closing <= h) closing = next_id(s.ids, h + 1, s.n, im_end);
             if (closing >= end) continue;  /* no im_end in the sample after it */
