@@ -187,6 +187,56 @@ def test_records_picked_by_shards_are_checked_in_one_process_of_the_driver(tmp_p
         checks.end()
 
 
+def test_records_a_shard_reports_as_it_runs_are_checked_once(tmp_path, monkeypatch):
+    """A Ray task reports its picked records as it goes (checked while the other shards run, not all
+    after the last one ends) and then hands them all over with its result: each is checked once, and
+    one that comes back unlike its report (a retried task that did not repeat its work) stops the run."""
+    import dataclasses
+
+    from _helpers import corpus, pretrain
+
+    from qwen_data.inputs.files import Shard, expand
+    from qwen_data.run import pipeline
+    from qwen_data.run.ray import _DriverChecks, _Tally
+    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
+
+    data = corpus(tmp_path / "c.jsonl", 2, 300, 40)
+    whole = certificate(pretrain([data], tmp_path / "local"))
+    monkeypatch.setattr(reference, "_LOADED", {})
+    config = PretrainConfig(inputs=[data], output_prefix=str(tmp_path / "ray"), quiet=True)
+    sources = expand([data])
+    inputs = pipeline.input_list(sources)
+    step = Tokenize(dataclasses.replace(config, shard=Shard(0, 1), workers=0, check_here=False,
+                                        output_prefix=str(tmp_path / "shard0")))
+    spelled = pipeline.run(step)[0].certificate["records_spelled"]
+    picked, half = step.picked, len(step.picked) // 2
+    tally = _Tally()
+    tally.begin(0)
+    tally.report(0, 1, (0, 0, 0, 0), 0, picked[:half])
+    tally.report(0, 2, (0, 0, 0, 0), half, picked[half:])  # an attempt the tally never began: ignored
+    assert tally.totals()[2] == [(0, 0, picked[:half])] and tally.totals()[2] == []
+    checks = _DriverChecks(Tokenize(config), inputs, sources)
+    try:
+        checks.shard(0, 0, picked[:half])
+        checks.shard(0, 0, picked)  # the task's result: the first half only compared
+        checks.shard(0, half, picked[half:])  # its last report, polled after the result
+        again = checks.certificate({"records_spelled": spelled, "records_kept": whole["records_kept"]},
+                                   whole["fingerprint"])
+        assert again == whole and whole["records_checked"] == len(picked) >= 50
+    finally:
+        checks.end()
+    where, (number, position, [(text, ids, a, b)]), documents = picked[0]
+    changed = ids.copy()
+    changed[0] += 1
+    checks = _DriverChecks(Tokenize(config), inputs, sources)
+    try:
+        checks.shard(0, 0, picked[:half])
+        with pytest.raises(CertificateError, match=f"{where}: shard 0 picked this record again, unlike"):
+            checks.shard(0, 0, [(where, (number, position, [(text, changed, a, b)]), documents)] + picked[1:])
+    finally:
+        checks.end()
+
+
 # -- qwen-data verify --certify N ------------------------------------------------------------------
 def recheck_corpus(tmp_path):
     records = [{"text": f"document {k}: caf\u00e9 <think>x</think> \u212b"} for k in range(12)]
