@@ -247,3 +247,150 @@ def test_triton_qkv_rope_float32_is_megatron_split_path(shape):
     for ours, want in ((q, rq), (k, rk), (v, rv), (grad, ref_grad)):
         torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(bias_grad, ref_bias_grad, rtol=1e-4, atol=1e-3)
+
+
+# ---- RMSNorm with the residual's add (add_rms_norm) and the layer that uses it --------------------
+
+def _norm_case(n, width, device="cpu", branch=True):
+    torch.manual_seed(1)
+    x = torch.randn(n, width, device=device) * 2
+    b = torch.randn(n, width, device=device).bfloat16() if branch else None
+    w = 1 + 0.1 * torch.randn(width, device=device)
+    return x, b, w
+
+
+def _through(op, x, b, w, dres, dout, dtype):
+    """The residual and normalised rows, and x's, the branch's and the weight's gradients."""
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    b = None if b is None else b.clone().requires_grad_()
+    res, out = op(x, b, w, dtype)
+    torch.autograd.backward((res, out), (dres, dout))
+    return res.detach(), out.detach(), x.grad, None if b is None else b.grad, w.grad
+
+
+def _torch_norm(x, b, w, dtype):  # megatron-core's layer: the residual add, then torch.nn.RMSNorm, then autocast's cast
+    res = x if b is None else x + b
+    return res, torch.nn.functional.rms_norm(res, (res.shape[-1],), w, 1e-6).to(dtype)
+
+
+def _our_norm(x, b, w, dtype):
+    res, out, _ = kernels.add_rms_norm(x, b, w, 1e-6, dtype)
+    return res, out
+
+
+@pytest.mark.parametrize("branch", [True, False])
+def test_add_rms_norm_op_is_torch_on_cpu(branch):
+    """The residual (x + branch, or a copy of x) and its norm, and the gradients of x (the residual's
+    plus the norm's), the branch and the weight: torch's, to float32 rounding; an op autograd and
+    torch.compile accept."""
+    x, b, w = _norm_case(12, 40, branch=branch)
+    grads = (torch.randn(12, 40), torch.randn(12, 40).bfloat16())
+    ours = _through(_our_norm, x, b, w, *grads, torch.bfloat16)
+    want = _through(_torch_norm, x, b, w, *grads, torch.bfloat16)
+    assert torch.equal(ours[0], want[0]) and torch.equal(ours[1], want[1])
+    for got, ref in zip(ours[2:], want[2:]):
+        if ref is not None:
+            assert got.dtype == ref.dtype
+            torch.testing.assert_close(got.float(), ref.float(), rtol=1e-5, atol=1e-5)
+    args = (x.clone().requires_grad_(), None if b is None else b.clone().requires_grad_(), w.clone().requires_grad_())
+    torch.library.opcheck(kernels.add_rms_norm, (*args, 1e-6, torch.bfloat16))
+    res, _, rstd = kernels.add_rms_norm(x, b, w, 1e-6, torch.bfloat16)
+    torch.library.opcheck(kernels.add_rms_norm_back, (grads[0], grads[1], res, rstd, w, b.dtype if branch else None))
+
+
+def test_the_fused_norm_layer_is_megatron_layer_on_cpu():
+    """The tiny model with FusedNormTransformerLayer (forced: the plan picks it on CUDA only) against
+    megatron-core's layer, the same weights: the same loss and every gradient to float32 rounding;
+    compiled (dynamo's tracing, the eager backend) each layer one graph without a break."""
+    from torch._dynamo.utils import counters
+
+    from qwen_data_train.distributed import distributed
+    from qwen_data_train.model import build_model, transformer
+    from qwen_data_train.model.layers import FusedNormTransformerLayer, ResidualRMSNorm
+    from qwen_data_train.patches import megatron_core
+    from qwen_data_train.plan import RunPlan
+    from qwen_data_train.shapes import PRESETS
+    from qwen_data_train.step import ForwardSpec, masked_loss
+
+    b, s = 2, 64
+    batch = dict(tokens=torch.randint(0, 1000, (b, s)), labels=torch.randint(0, 1000, (b, s)),
+                 position_ids=torch.arange(s).repeat(b, 1), segment_ids=torch.zeros(b, s, dtype=torch.long))
+    runs = {}
+    with megatron_core(), distributed(1) as device, pytest.MonkeyPatch.context() as patch:
+        if device.type != "cpu":
+            pytest.skip("the CPU's torch path (on a GPU the kernels run: test_triton_add_rms_norm_equals_torch)")
+        spec = ForwardSpec("sdpa", device, autocast=False, cross_entropy="fused", seq_length=s)
+        for fused in (False, True):
+            patch.setattr(transformer, "fused_norms", lambda plan, fused=fused: fused)
+            torch.manual_seed(3)
+            model = build_model(RunPlan.for_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=128))
+            layer = model.decoder.layers[0]
+            assert isinstance(layer, FusedNormTransformerLayer) == fused
+            assert isinstance(layer.pre_mlp_layernorm, ResidualRMSNorm) == fused
+            loss = masked_loss(model, batch, torch.ones(b, s), spec)
+            loss.backward()
+            runs[fused] = loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+        assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-6)
+        assert runs[True][1].keys() == runs[False][1].keys()  # the same parameters, by name
+        for name, grad in runs[False][1].items():
+            torch.testing.assert_close(runs[True][1][name], grad, rtol=1e-5, atol=1e-5, msg=name)
+        torch._dynamo.reset()
+        counters.clear()
+        for layer in model.decoder.layers:
+            layer.compile(backend="eager")
+        try:
+            masked_loss(model, batch, torch.ones(b, s), spec).backward()
+            assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] == 1
+        finally:
+            torch._dynamo.reset()
+
+
+def test_the_model_fuses_norms_only_where_it_runs():
+    """Dense layers on CUDA, without recompute, sequence parallelism, FP8 or experts; never on the CPU."""
+    from qwen_data_train.config import TrainConfig
+    from qwen_data_train.model.layers import FusedNormTransformerLayer
+    from qwen_data_train.model.spec import layer_spec
+    from qwen_data_train.model.transformer import fused_norms
+    from qwen_data_train.plan import Environment, RunPlan
+    from qwen_data_train.shapes import PRESETS
+
+    def plan(*args, model="qwen2.5-0.5b", env=Environment(cuda=True, te_installed=True, capability=(9, 0))):
+        config = TrainConfig.parse(["--data", "x", "--model", model, "--seq-length", "128", *args])
+        return RunPlan.resolve(config, PRESETS[model], env)
+
+    assert fused_norms(plan()) and layer_spec(plan()).module is FusedNormTransformerLayer
+    for refused in (plan("--fp8", "tensorwise"), plan("--recompute", "full"), plan(model="tiny-qwen3-moe")):
+        assert not fused_norms(refused)
+    assert layer_spec(plan(env=Environment())).module is not FusedNormTransformerLayer
+
+
+@cuda
+@pytest.mark.parametrize("n, width", [(16384, 896), (37, 1000), (5, 7)])
+@pytest.mark.parametrize("branch", [True, False])
+def test_triton_add_rms_norm_equals_torch(n, width, branch):
+    """The kernels against the reference in float32 arithmetic: the residual bitwise, the bf16 rows
+    and the branch's gradient 99.9% bitwise (the rest a rounding apart: the sums' order), x's
+    gradient and the weight's to float32 rounding of their sums."""
+    x, b, w = _norm_case(n, width, "cuda", branch)
+    dres, dout = torch.randn(n, width, device="cuda"), torch.randn(n, width, device="cuda").bfloat16()
+    res, out, rstd = kernels.add_rms_norm(x, b, w, 1e-6, torch.bfloat16)
+    ref = kernels.add_rms_norm_reference(x, b, w, 1e-6, torch.bfloat16)
+    assert torch.equal(res, ref[0])
+    torch.testing.assert_close(rstd, ref[2], rtol=1e-6, atol=0)
+    torch.testing.assert_close(out.float(), ref[1].float(), rtol=8e-3, atol=1e-5)
+    assert (out == ref[1]).float().mean().item() > 0.999
+    for d in (dres, None):
+        got = kernels.add_rms_norm_back(d, dout, res, rstd, w, b.dtype if branch else None)
+        want = kernels.add_rms_norm_back_reference(d, dout, res, rstd, w, b.dtype if branch else None)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-3)
+        if branch:
+            torch.testing.assert_close(got[1].float(), want[1].float(), rtol=8e-3, atol=1e-5)
+            assert (got[1] == want[1]).float().mean().item() > 0.999
+
+
+@cuda
+@pytest.mark.parametrize("rows, width", [(256, 1152), (512, 896), (3, 5), (1000, 33)])
+def test_triton_column_sum(rows, width):
+    parts = torch.randn(rows, width, device="cuda")
+    torch.testing.assert_close(kernels.column_sum(parts), parts.double().sum(0).float(), rtol=1e-5, atol=1e-4)
