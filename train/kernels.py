@@ -15,11 +15,6 @@ replaces (the reference: the CPU, and CUDA when QWEN_TRAIN_KERNELS=torch).
                      the projection and one write of each, where inductor's split and rotation (four
                      kernels) could not take the bias or the cast once the rotation was opaque; its
                      backward writes the projection's gradient and the bias's by parts
-  add_rms_norm       RMSNorm of the float32 residual stream with the branch's add before it (or a copy of
-                     the residual): the sum and the normalised rows (autocast's dtype) written in one
-                     pass; its backward adds the residual's incoming gradient to RMSNorm's and writes it
-                     (and its cast for the branch) once, the weight's gradient by parts
-  column_sum         the parts' sums (the QKV bias's and the norms' weights' gradients)
 
 Arithmetic in float32, rounded once to the output's dtype, as inductor's fused kernels do; the sums
 differ from the compiled path's only in their order, the rotation's products only by the fused
@@ -30,9 +25,6 @@ SwiGLU backward 16.1 -> 9.3 ms a step (bitwise the compiled path's numbers), the
 9.5 ms; the step 277 -> 270 ms, 41.7% -> 42.9% MFU (causal), peak memory 22.5 -> 21.3 GiB. Then
 (bench/results/gpu/2026-11-30-small-mfu-qkv.md) the QKV split, RoPE and bias 12.2 + 1.1 -> 3.0 ms a step
 (incl. the bias's sums), the statistics 4.4 -> 2.9 ms; the step 270 -> 260 ms, 42.9% -> 44.4% MFU (causal).
-Then (bench/results/gpu/2026-12-01-small-mfu-norm.md) the norms, the residual adds around them and the weights'
-and bias's sums 14.5 -> 12.8 ms a step; the step 260.6 -> 259.3 ms, 44.4% -> 44.6% MFU (packed SFT 41.1% ->
-41.5%), peak memory 21.3 -> 23.3 GiB (the residual saved, where inductor recomputed it).
 """
 
 from __future__ import annotations
@@ -68,7 +60,7 @@ def _build():
     import triton.language as tl
 
     return (_swiglu(triton, tl) | _softmax(triton, tl) | _qkv_rope_fwd_kernel(triton, tl)
-            | _qkv_rope_bwd_kernel(triton, tl) | _rms_norm_kernels(triton, tl) | _column_sum_kernel(triton, tl))
+            | _qkv_rope_bwd_kernel(triton, tl))
 
 
 def _swiglu(triton, tl) -> dict:
@@ -220,68 +212,6 @@ def _qkv_rope_bwd_kernel(triton, tl) -> dict:
             tl.store(part + HALF, tl.sum(o2, 0))
 
     return dict(qkv_rope_bwd=qkv_rope_bwd)
-
-
-def _rms_norm_kernels(triton, tl) -> dict:
-    """ROWS rows a program, each whole in one block of BLOCK ≥ the width: the forward's sum
-    (residual + branch, float32) written and normalised; the backward's input gradient plus the
-    residual's, and the program's rows' sums of the weight's gradient (added by `column_sum`)."""
-    @triton.jit
-    def rms_norm_fwd(x, branch, weight, res, out, rstd, n, width, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                     HAS_BRANCH: tl.constexpr):
-        rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
-        cols = tl.arange(0, BLOCK)[None, :]
-        keep = (rows < n) & (cols < width)
-        at = rows * width + cols
-        s = tl.load(x + at, mask=keep, other=0.0).to(tl.float32)
-        if HAS_BRANCH:
-            s += tl.load(branch + at, mask=keep, other=0.0).to(tl.float32)
-        tl.store(res + at, s.to(res.dtype.element_ty), mask=keep)
-        r = tl.rsqrt(tl.sum(s * s, 1) / width + eps)
-        w = tl.load(weight + cols, mask=cols < width, other=0.0).to(tl.float32)
-        tl.store(out + at, (s * r[:, None] * w).to(out.dtype.element_ty), mask=keep)
-        tl.store(rstd + rows, r[:, None], mask=rows < n)
-
-    @triton.jit
-    def rms_norm_bwd(dout, res, rstd, weight, dres, dx, dlow, dw_parts, n, width, ROWS: tl.constexpr,
-                     STEPS: tl.constexpr, BLOCK: tl.constexpr, HAS_DRES: tl.constexpr, HAS_LOW: tl.constexpr):
-        cols = tl.arange(0, BLOCK)[None, :]
-        w = tl.load(weight + cols, mask=cols < width, other=0.0).to(tl.float32)
-        acc = tl.zeros((ROWS, BLOCK), tl.float32)  # the weight's gradient, summed over the rows at the end
-        for step in range(STEPS):
-            rows = ((tl.program_id(0) * STEPS + step) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
-            keep = (rows < n) & (cols < width)
-            at = rows * width + cols
-            g = tl.load(dout + at, mask=keep, other=0.0).to(tl.float32)
-            r = tl.load(rstd + rows, mask=rows < n, other=0.0)
-            xh = tl.load(res + at, mask=keep, other=0.0).to(tl.float32) * r
-            gw = g * w
-            d = r * (gw - xh * (tl.sum(gw * xh, 1)[:, None] / width))
-            if HAS_DRES:
-                d += tl.load(dres + at, mask=keep, other=0.0).to(tl.float32)
-            tl.store(dx + at, d.to(dx.dtype.element_ty), mask=keep)
-            if HAS_LOW:
-                tl.store(dlow + at, d.to(dlow.dtype.element_ty), mask=keep)
-            acc += g * xh
-        tl.store(dw_parts + tl.program_id(0) * width + tl.arange(0, BLOCK), tl.sum(acc, 0),
-                 mask=tl.arange(0, BLOCK) < width)
-
-    return dict(rms_norm_fwd=rms_norm_fwd, rms_norm_bwd=rms_norm_bwd)
-
-
-def _column_sum_kernel(triton, tl) -> dict:
-    """out[c] = Σ_r parts[r, c] (float32), BLOCK_C columns a program, the rows in order."""
-    @triton.jit
-    def column_sum(parts, out, rows, width, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-        cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-        acc = tl.zeros((BLOCK_C,), tl.float32)
-        for start in range(0, rows, BLOCK_R):
-            r = (start + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
-            acc += tl.sum(tl.load(parts + r * width + cols[None, :], mask=(r < rows) & (cols[None, :] < width),
-                                  other=0.0), 0)
-        tl.store(out + cols, acc.to(out.dtype.element_ty), mask=cols < width)
-
-    return dict(column_sum=column_sum)
 
 
 # ---- SwiGLU --------------------------------------------------------------------------------------
@@ -494,7 +424,7 @@ def qkv_rope_back(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cos: tor
             dq, dk, dv, cos.contiguous(), sin.contiguous(), dmixed, parts, s * b, b, *dq.stride()[:3],
             *dk.stride()[:3], *dv.stride()[:3], Q=q_heads, GROUPS=groups, HALF=d // 2, BLOCK_T=ROPE_TOKENS,
             HAS_BIAS=with_bias, num_warps=4)
-    return dmixed, column_sum(parts) if with_bias else parts.new_empty(0)
+    return dmixed, parts.sum(0) if with_bias else parts.new_empty(0)
 
 
 @qkv_rope_back.register_fake
@@ -518,136 +448,3 @@ def _qkv_rope_backward(ctx, dq, dk, dv):
 
 
 qkv_rope.register_autograd(_qkv_rope_backward, setup_context=_qkv_rope_setup)
-
-
-# ---- the column sums of a kernel's per-program parts ---------------------------------------------
-
-SUM_ROWS, SUM_COLUMNS, SUM_WARPS = 256, 32, 8  # a program's block: 32 columns, up to 256 parts at a time
-
-
-def column_sum(parts: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Σ over the rows of float32 parts [rows, width], as `dtype`: where torch's sum of a few hundred
-    rows of ~1,000 columns took ~6-11 µs on an H200 (its reduction over the leading dimension runs
-    few blocks)."""
-    rows, width = parts.shape
-    out = parts.new_empty(width, dtype=dtype)
-    if not enabled(parts):
-        return out.copy_(parts.sum(0))
-    if width:
-        _triton()["column_sum"][(triton_cdiv(width, SUM_COLUMNS),)](
-            parts.contiguous(), out, rows, width, BLOCK_R=min(SUM_ROWS, _pow2(rows)), BLOCK_C=SUM_COLUMNS,
-            num_warps=SUM_WARPS)
-    return out
-
-
-# ---- RMSNorm of the float32 residual stream, the branch's add fused ------------------------------
-
-# One H200, [16384, 896] (bench/results/gpu/2026-12-01-small-mfu-norm.md): the forward at 3.9-4.0 TB/s with 1-4
-# rows a program; the backward (its column sums included) at 3.4-3.5 TB/s with 16 blocks of 2 rows a program, 3.2
-# with 8 or 16 blocks of 4, 2.3-3.0 with 8 warps or fewer rows a program (more parts to sum).
-NORM_ROWS, NORM_WARPS = 4, 4  # rows a forward program
-NORM_BACK_ROWS, NORM_BACK_STEPS, NORM_BACK_WARPS = 2, 16, 4  # a backward program: 16 blocks of 2 rows (one part)
-
-
-def add_rms_norm_reference(x: torch.Tensor, branch: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
-                           dtype: torch.dtype):
-    """(x + branch, or a copy of x; RMSNorm of it by `weight` (torch's F.rms_norm) cast to `dtype`;
-    the rows' 1/rms, float32)."""
-    res = x.clone() if branch is None else x + branch
-    rstd = torch.rsqrt(res.float().pow(2).mean(-1) + eps)
-    return res, F.rms_norm(res, (res.shape[-1],), weight, eps).to(dtype), rstd
-
-
-def add_rms_norm_back_reference(dres: Optional[torch.Tensor], dout: torch.Tensor, res: torch.Tensor,
-                                rstd: torch.Tensor, weight: torch.Tensor, branch_dtype: Optional[torch.dtype]):
-    """The gradients of `add_rms_norm`: the residual's (res's dtype: the incoming residual's gradient
-    plus RMSNorm's input gradient), the branch's (the same, in its dtype; empty without a branch) and
-    the weight's (float32 sums), in float32 arithmetic."""
-    width = res.shape[-1]
-    xh, g = res.float() * rstd.unsqueeze(-1), dout.float()
-    gw = g * weight.float()
-    d = rstd.unsqueeze(-1) * (gw - xh * (gw * xh).mean(-1, keepdim=True))
-    if dres is not None:
-        d = d + dres.float()
-    low = d.to(branch_dtype, copy=True) if branch_dtype is not None else d.new_empty(0)
-    return d.to(res.dtype), low, (g * xh).reshape(-1, width).sum(0)
-
-
-def _norm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return enabled(x) and weight.is_cuda and weight.numel() == x.shape[-1] and x.shape[-1] <= 16384
-
-
-@torch.library.custom_op("qwen_data_train::add_rms_norm", mutates_args=())
-def add_rms_norm(x: torch.Tensor, branch: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`add_rms_norm_reference` in one kernel: x (and branch) read once, the residual (x + branch, of
-    their promoted dtype; without a branch a copy of x, whose gradient then reaches this op's backward
-    whole) and the normalised rows (in `dtype`) written once, with each row's 1/rms (float32)."""
-    if not _norm_fits(x, weight):
-        return add_rms_norm_reference(x, branch, weight, eps, dtype)
-    width = x.shape[-1]
-    n = x.numel() // width if width else 0
-    x = x.contiguous()
-    res = torch.empty_like(x, dtype=x.dtype if branch is None else torch.promote_types(x.dtype, branch.dtype))
-    out, rstd = torch.empty_like(x, dtype=dtype), x.new_empty(x.shape[:-1], dtype=torch.float32)
-    if n:
-        _triton()["rms_norm_fwd"][(triton_cdiv(n, NORM_ROWS),)](
-            x, x if branch is None else branch.contiguous(), weight.contiguous(), res, out, rstd, n, width, eps,
-            ROWS=NORM_ROWS, BLOCK=_pow2(width), HAS_BRANCH=branch is not None, num_warps=NORM_WARPS)
-    return res, out, rstd
-
-
-@add_rms_norm.register_fake
-def _(x, branch, weight, eps, dtype):
-    res = torch.empty_like(x, dtype=x.dtype if branch is None else torch.promote_types(x.dtype, branch.dtype))
-    return res, torch.empty_like(x, dtype=dtype), x.new_empty(x.shape[:-1], dtype=torch.float32)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-@torch.library.custom_op("qwen_data_train::add_rms_norm_back", mutates_args=())
-def add_rms_norm_back(dres: Optional[torch.Tensor], dout: torch.Tensor, res: torch.Tensor, rstd: torch.Tensor,
-                      weight: torch.Tensor, branch_dtype: Optional[torch.dtype]
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`add_rms_norm_back_reference` in one kernel (and `column_sum` for the weight's): the
-    residual's incoming gradient, the output's and the residual read once; the residual's gradient
-    and the branch's (its dtype) written once."""
-    if not _norm_fits(res, weight):
-        return add_rms_norm_back_reference(dres, dout, res, rstd, weight, branch_dtype)
-    width = res.shape[-1]
-    n = res.numel() // width if width else 0
-    programs = triton_cdiv(n, NORM_BACK_ROWS * NORM_BACK_STEPS)
-    dx = torch.empty_like(res)
-    low = res.new_empty(res.shape if branch_dtype is not None else (0,), dtype=branch_dtype or res.dtype)
-    parts = res.new_empty(programs, width, dtype=torch.float32)
-    if n:
-        _triton()["rms_norm_bwd"][(programs,)](
-            dout.contiguous(), res.contiguous(), rstd.contiguous(), weight.contiguous(),
-            dx if dres is None else dres.contiguous(), dx, low, parts, n, width, ROWS=NORM_BACK_ROWS,
-            STEPS=NORM_BACK_STEPS, BLOCK=_pow2(width), HAS_DRES=dres is not None, HAS_LOW=branch_dtype is not None,
-            num_warps=NORM_BACK_WARPS)
-    return dx, low, column_sum(parts)
-
-
-@add_rms_norm_back.register_fake
-def _(dres, dout, res, rstd, weight, branch_dtype):
-    low = res.new_empty(res.shape if branch_dtype is not None else (0,), dtype=branch_dtype or res.dtype)
-    return torch.empty_like(res), low, res.new_empty(res.shape[-1], dtype=torch.float32)
-
-
-def _add_rms_norm_setup(ctx, inputs, output):
-    x, branch, weight = inputs[:3]
-    res, _, rstd = output
-    ctx.save_for_backward(res, rstd, weight)
-    ctx.x_dtype, ctx.branch_dtype = x.dtype, None if branch is None else branch.dtype
-
-
-def _add_rms_norm_backward(ctx, dres, dout, drstd):
-    res, rstd, weight = ctx.saved_tensors
-    dx, low, dw = add_rms_norm_back(dres, dout, res, rstd, weight, ctx.branch_dtype)
-    return (dx.to(ctx.x_dtype), None if ctx.branch_dtype is None else low, dw.to(weight.dtype), None, None)
-
-
-add_rms_norm.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)

@@ -14,8 +14,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..attention import SDPACoreAttention, TECoreAttention
 from .experts import AutocastDispatchMoELayer, GroupedExperts
-from .layers import (FP8SelfAttention, FusedNormTransformerLayer, FusedQKVSelfAttention, GroupedRowParallelLinear,
-                     ResidualRMSNorm, RMSNorm, SeededTransformerLayer, fp8_linear)
+from .layers import (FP8SelfAttention, FusedQKVSelfAttention, GroupedRowParallelLinear, RMSNorm, SeededTransformerLayer,
+                     fp8_linear)
 
 Converter = Callable[[ModuleSpec], ModuleSpec]
 
@@ -53,15 +53,6 @@ def seeded_layers(seed: int, offset: int = 0) -> Converter:
         return spec
     return convert
 
-
-
-def fused_norm_layers(spec: ModuleSpec) -> ModuleSpec:
-    """Seeded layers whose norms add the residual themselves (FusedNormTransformerLayer,
-    ResidualRMSNorm): after `seeded_layers`."""
-    assert spec.module is SeededTransformerLayer
-    spec.module = FusedNormTransformerLayer
-    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = ResidualRMSNorm
-    return spec
 
 def grouped_experts(spec: ModuleSpec) -> ModuleSpec:
     """A mixture of experts' experts computed by grouped GEMM (experts.py)."""

@@ -96,51 +96,6 @@ class RMSNorm(torch.nn.Module):
         return out
 
 
-
-class ResidualRMSNorm(torch.nn.Module):
-    """RMSNorm of the float32 residual stream with the branch's add before it, in one op
-    (`qwen_data_train::add_rms_norm`, train/kernels.py: a Triton kernel on CUDA, torch's
-    F.rms_norm elsewhere and with QWEN_TRAIN_KERNELS=torch): x (+ branch) → (the normalised rows
-    in autocast's dtype, the residual x + branch). Without a branch the residual is a copy of x,
-    so that its gradient from the rest of the layer reaches the op's backward, which adds it to
-    RMSNorm's own in the same pass. The parameter is megatron-core's norm's (`weight`)."""
-
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
-
-    def forward(self, x: torch.Tensor, branch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        kind = x.device.type
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
-        residual, out, _ = torch.ops.qwen_data_train.add_rms_norm(x, branch, self.weight, self.eps, dtype)
-        return out, residual
-
-
-ATTENTION_ARGUMENTS = ("rotary_pos_emb", "rotary_pos_cos", "rotary_pos_sin", "rotary_pos_cos_sin", "attention_bias",
-                       "inference_context", "sequence_len_offset")
-
-
-class FusedNormTransformerLayer(SeededTransformerLayer):
-    """megatron-core's dense layer, its two norms `ResidualRMSNorm`: the attention's output added
-    to the residual inside the MLP's norm, the layer's input copied inside the attention's norm.
-
-    Compiled, inductor had fused the adds and norms itself, but each norm's backward (its weight's
-    gradient summed apart, ~80 µs a call at Qwen2.5-0.5B's [16384, 896]) ran at ~3 TB/s, and the
-    gradient's cast for the MLP's output at the layer's start was a pass of its own. The forward
-    below is megatron-core's for what model/transformer.py's `fused_norms` allows: no cross
-    attention, offloading, recompute, dropout or experts."""
-
-    def forward(self, hidden_states, attention_mask=None, context=None, packed_seq_params=None, padding_mask=None,
-                **kwargs):
-        normed, residual = self.input_layernorm(hidden_states)
-        output, bias = self.self_attention(normed, attention_mask=attention_mask, packed_seq_params=packed_seq_params,
-                                           **{k: kwargs[k] for k in ATTENTION_ARGUMENTS if k in kwargs})
-        normed, residual = self.pre_mlp_layernorm(residual, output if bias is None else output + bias)
-        output, bias = self.mlp(normed, padding_mask=padding_mask)
-        return residual + (output if bias is None else output + bias), context
-
-
 def fp8_linear(name: str) -> type:
     """megatron-core's Transformer Engine linear `name`, called outside torch.compile's graphs:
     dynamo cannot trace TE's FP8 tensors ("'Float8Tensor' object has no attribute '_data'", torch

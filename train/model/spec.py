@@ -11,9 +11,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from ..plan import RunPlan
 from ..shapes import ModelShape
 from . import transformer
-from .converters import (Converter, autocast_dispatch, core_attention, fp8_linears, fused_norm_layers,
-                         fused_qkv_attention, grouped_experts, grouped_row_parallel, seeded_layers,
-                         sequence_parallel_norms)
+from .converters import (Converter, autocast_dispatch, core_attention, fp8_linears, fused_qkv_attention,
+                         grouped_experts, grouped_row_parallel, seeded_layers, sequence_parallel_norms)
 from .layers import RMSNorm
 
 
@@ -24,16 +23,14 @@ def local_spec(preset: ModelShape) -> ModuleSpec:
 
 
 def layer_converters(plan: RunPlan, stage: int = 0) -> list[Converter]:
-    """What changes in the local layer, in order: seeded layers (on CUDA dense ones whose norms add the
-    residual themselves); a mixture of experts' tokens sent in autocast's dtype and its experts by
-    grouped GEMM (or one after another); the row-parallel linears with their group; our core
-    attention; the QKV split and RoPE fused where the config fuses them; under FP8 Transformer
-    Engine's linears; under sequence parallelism our norms. `stage`: the pipeline stage built, whose
-    layers follow the earlier stages'."""
+    """What changes in the local layer, in order: seeded layers; a mixture of experts' tokens sent in
+    autocast's dtype and its experts by grouped GEMM (or one after another); the row-parallel linears
+    with their group; our core attention; the QKV split and RoPE fused where the config fuses them;
+    under FP8 Transformer Engine's linears; under sequence parallelism our norms. `stage`: the pipeline
+    stage built, whose layers follow the earlier stages'."""
     shape = plan.shape
     return [
         seeded_layers(plan.seed, plan.layer_offset(stage)),
-        *([fused_norm_layers] if transformer.fused_norms(plan) else []),
         *([autocast_dispatch] if shape.moe else []),
         *([grouped_experts] if shape.moe and plan.grouped_experts else []),
         grouped_row_parallel,

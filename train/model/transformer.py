@@ -128,15 +128,6 @@ def fused_qkv_rope(plan: RunPlan) -> bool:
             and not plan.fp8)
 
 
-
-def fused_norms(plan: RunPlan) -> bool:
-    """Each dense layer's two norms with the residual adds around them in one op each (model.layers:
-    FusedNormTransformerLayer, train/kernels.py: `add_rms_norm`): on CUDA, where the layer's forward is
-    megatron-core's plain one (no experts, recompute, sequence parallelism, FP8 or context parallelism).
-    One H200, Qwen2.5-0.5B, micro batch 4: bench/results/gpu/2026-12-01-small-mfu-norm.md."""
-    return (plan.cuda and not plan.shape.moe and plan.recompute is None and not plan.sequence_parallel
-            and not plan.fp8 and plan.cp == 1)
-
 def transformer_config(plan: RunPlan) -> TransformerConfig:
     """megatron-core's TransformerConfig of the plan's model (its attention already resolved).
 
