@@ -963,6 +963,25 @@ static PyObject *json_marks(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(marks);
 }
 
+/* lines(data) -> list of bytes: data.split(b"\n"), each newline found by memchr (vector compares), where
+ * CPython's split tests byte by byte: ~5 instructions a byte, ~4% of a pretraining worker's. */
+static PyObject *lines(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    const char *data = b.buf, *end = data + b.len, *at = data, *nl;
+    PyObject *out = PyList_New(0);
+    while (out != NULL) {
+        nl = at < end ? memchr(at, '\n', (size_t)(end - at)) : NULL;
+        PyObject *line = PyBytes_FromStringAndSize(at, (nl ? nl : end) - at);
+        if (line == NULL || PyList_Append(out, line) < 0) Py_CLEAR(out);
+        Py_XDECREF(line);
+        if (nl == NULL) break;
+        at = nl + 1;
+    }
+    PyBuffer_Release(&b);
+    return out;
+}
+
 /* rows_marked(ids, lengths, marked) -> bytes: the rows (texts of lengths[k] ids each, back to back in
  * ids, int32) holding an id whose byte in `marked` (uint8, one an id) is set, as int64 row numbers:
  * the texts gigatoken may encode unlike HF (`QwenTokenizer.exact_rows`), found in one pass over the
@@ -1022,6 +1041,7 @@ static PyMethodDef methods[] = {
     {"poly_join", poly_join, METH_VARARGS, "The hash (h1, h2) going on over pieces of known hashes."},
     {"nfc_suspects", nfc_suspects, METH_VARARGS, "The texts that may not be in NFC, by index."},
     {"nfc_unsettled", nfc_unsettled, METH_VARARGS, "Of the suspects, those a finer check leaves unproven."},
+    {"lines", lines, METH_O, "data.split(b'\\n'), by memchr."},
     {"json_marks", json_marks, METH_O, "1: a JSON record may hold a literal; 2: it may spell a lone surrogate."},
     {NULL, NULL, 0, NULL},
 };

@@ -92,7 +92,7 @@ MAY_IMPORT = {
     "qwen_data.errors": set(),
     "qwen_data.options": set(),
     "qwen_data.formats": {"qwen_data", "qwen_data.qwen"},
-    "qwen_data.inputs": {"qwen_data.errors"},
+    "qwen_data.inputs": {"qwen_data", "qwen_data.errors"},
     "qwen_data.text": {"qwen_data", "qwen_data.errors", "qwen_data.qwen"},
     # The certificate: what a run checks and proves, over what it reads and writes; the pipeline,
     # the steps' workers and the tools call it. (qwen_data, here and for text and the rooms above: the

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from .._native import lines as split_lines
 from ..errors import InputFileError, RecordError
 from .records import Record
 
@@ -49,7 +50,7 @@ class Chunk:
             return
         # a span's bytes are read here and not kept: the lines hold them while the records are made
         data = self._read_span() if self.span is not None and self.data is None else self.data
-        lines = data.split(b"\n")
+        lines = split_lines(data)  # (data.split(b"\n"))
         if lines and lines[-1] == b"":
             lines.pop()
         if b"\r" in data:  # checked once a chunk: most chunks hold none, and this loop is hot

@@ -436,3 +436,16 @@ def test_spans_hold_each_line_once_where_it_starts(tmp_path, monkeypatch):
             mine = [s for s in starts if a <= s < b]
             expected = data[mine[0]:next((s for s in starts if s >= b), len(data))] if mine else b""
             assert chunk._read_span() == expected, (data, a, b)
+
+
+def test_native_lines_split_as_bytes_split_does():
+    """A chunk's lines are cut by `_native.lines` (memchr): the pieces bytes.split(b"\\n") gives, empty ones and
+    the last included, whatever bytes surround the newlines."""
+    from qwen_data._native import lines
+
+    rng = random.Random(5)
+    cases = [b"", b"\n", b"a", b"a\n", b"\n\n", b"ab\r\ncd", bytes(range(256)) * 3]
+    cases += [bytes(rng.choice(b"ab\n\r\x00\xff") for _ in range(rng.randrange(300))) for _ in range(500)]
+    for data in cases:
+        assert lines(data) == data.split(b"\n"), data
+    assert lines(memoryview(b"x\ny")) == [b"x", b"y"]
