@@ -85,19 +85,21 @@ def record_hash(path: str, record, seed: int) -> int:
     """A record's 32-bit hash under `seed`: CRC-32 (GB/s, so every record can be hashed), whose
     values for records alike (lines that differ in a digit) lie close together, spread by
     MurmurHash3's finalizer, so that the records picked do not cluster."""
-    h = zlib.crc32(record_key(path, record), seed) ^ seed
-    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
-    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
+    return _spread(zlib.crc32(record_key(path, record), seed) ^ seed)
 
 
 def record_hashes(keys: list[bytes], seed: int) -> np.ndarray:
     """`record_hash` of many records at once, by their keys (`record_key`): the finalizer in numpy
     over all of them, where a call a record cost a pretraining worker ~3 µs each."""
-    h = np.fromiter((zlib.crc32(key, seed) for key in keys), np.uint64, len(keys)) ^ np.uint64(seed)
-    h = ((h ^ (h >> np.uint64(16))) * np.uint64(0x85EBCA6B)) & np.uint64(0xFFFFFFFF)
-    h = ((h ^ (h >> np.uint64(13))) * np.uint64(0xC2B2AE35)) & np.uint64(0xFFFFFFFF)
-    return h ^ (h >> np.uint64(16))
+    return _spread(np.fromiter((zlib.crc32(key, seed) for key in keys), np.uint64, len(keys)) ^ np.uint64(seed))
+
+
+def _spread(h):
+    """MurmurHash3's 32-bit finalizer, of an int or of a uint64 array of them (its constants and shifts
+    taken in the array's type)."""
+    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
 
 def window(data: bytes | str, seed: int, long: int = LONG_BYTES) -> tuple[int, int] | None:
