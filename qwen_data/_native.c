@@ -843,7 +843,19 @@ static PyObject *nfc_suspects(PyObject *self, PyObject *args) {
         Py_ssize_t n = PyUnicode_GET_LENGTH(text);
         if (kind == PyUnicode_2BYTE_KIND) {
             const Py_UCS2 *c = data;
-            for (Py_ssize_t i = 0; i < n && !suspect; i++)
+            Py_ssize_t i = 0;
+#if defined(__SSE2__)
+            /* Eight characters a compare: a block all below U+0300 (most of a Latin text whose quotes or dashes
+             * made it 2-byte) is passed at once; a block holding one or more is tested character by character. */
+            const __m128i flip = _mm_set1_epi16((short)0x8000), below = _mm_set1_epi16((short)(0x02FF ^ 0x8000));
+            for (; i + 8 <= n && !suspect; i += 8) {
+                __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(c + i)), flip);
+                if (!_mm_movemask_epi8(_mm_cmpgt_epi16(v, below))) continue;
+                for (Py_ssize_t j = i; j < i + 8 && !suspect; j++)
+                    suspect = c[j] >= 0x300 && !(stable[c[j] >> 3] >> (c[j] & 7) & 1);
+            }
+#endif
+            for (; i < n && !suspect; i++)
                 suspect = c[i] >= 0x300 && !(stable[c[i] >> 3] >> (c[i] & 7) & 1);
         } else {
             const Py_UCS4 *c = data;

@@ -105,3 +105,14 @@ def test_its_bits_are_checked_before_use(capsys):
 @pytest.mark.parametrize("text", ["", "ascii", "caf\u00e9", "\u4e2d\u6587", "\U0001f600"])
 def test_texts_in_nfc_of_every_width_are_not_suspects(text):
     assert nfc.suspects([text]) == []
+
+
+def test_a_two_byte_text_is_suspect_wherever_its_unstable_character_stands():
+    """2-byte texts are scanned eight characters a compare: a mark at any place (before, in, across and after
+    the blocks) makes the text a suspect, and one holding only stable characters, above U+0300 too, is not."""
+    for n in (7, 8, 9, 16, 17, 40):
+        for at in range(n):
+            text = ["a"] * n
+            text[at] = "\u0301"
+            assert nfc.suspects(["".join(text) + "\u201c"]) == [0], (n, at)
+        assert nfc.suspects(["\u201c" + "b\u00e9\u4e2d\u2014" * n]) == []
