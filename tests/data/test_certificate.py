@@ -1026,3 +1026,15 @@ def test_the_records_checked_are_those_the_stated_rule_picks(tmp_path):
     for seed in (0, 1, 2**32 - 1):
         assert record_hashes([record_key("f", r) for r in records], seed).tolist() == [
             record_hash("f", r, seed) for r in records] == [_fmix32_rule(line, seed) for line in lines]
+
+
+def test_the_runs_line_rounds_the_chance_down():
+    """The last line's chance is the certificate's `detection` rounded down: 2,974 records checked give 94.9%,
+    which "95%" would overstate."""
+    from qwen_data.cli import _certificate_line
+    from qwen_data.certify.sample import detection
+
+    found = detection(2974, 100_000)
+    line = _certificate_line({"certified": True, "records_spelled": 100_000, "records_checked": 2974,
+                              "reference": {"tokenizers": "0"}, "detection": found})
+    assert found["0.1%"] < 0.95 and "a chance of 94% or more" in line

@@ -449,3 +449,20 @@ def test_native_lines_split_as_bytes_split_does():
     for data in cases:
         assert lines(data) == data.split(b"\n"), data
     assert lines(memoryview(b"x\ny")) == [b"x", b"y"]
+
+
+def test_a_plain_jsonl_files_records_are_estimated_from_all_of_it(tmp_path):
+    """The certificate sizes its sample by `estimated_records`: a file whose first MiB holds short records and the
+    rest long ones (sorted, say) is estimated from reads spread over it, not from its start (which counted
+    ~9x the records here, and the sample would have checked a ninth of the 3,000 it is sized for)."""
+    from qwen_data.inputs.files import expand
+    from qwen_data.inputs.readers import estimated_records
+
+    path = tmp_path / "sorted.jsonl"
+    with open(path, "w") as f:
+        for k in range(40_000):
+            f.write(json.dumps({"text": "x" * 20}) + "\n")  # ~1.2 MB of short records
+        for k in range(12_000):
+            f.write(json.dumps({"text": "y" * 800}) + "\n")  # ~9.8 MB of long ones
+    actual = 52_000
+    assert 0.8 * actual <= estimated_records(expand([str(path)])[0]) <= 1.2 * actual
