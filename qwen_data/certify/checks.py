@@ -334,7 +334,7 @@ def compare_samples(where: str, count: int, samples: list, theirs: list, counts:
     return None
 
 
-def checked_part(text: str, ours: np.ndarray, seed: int, table, as_encoded: str | None = None
+def checked_part(text: str, ours: np.ndarray, seed: int, table, as_encoded: str | bytes | None = None
                  ) -> tuple[str, np.ndarray, int, int]:
     """(text checked, our ids for it, where they lie in the document) of a document: the whole text
     (ids with the eod), or a window of a long one (`sample.window`), whose ids are found by the bytes
@@ -342,7 +342,8 @@ def checked_part(text: str, ours: np.ndarray, seed: int, table, as_encoded: str 
     normalized it, where it did (not normalized again: a 58 MB record takes seconds)."""
     if len(text) <= LONG_BYTES // 4:  # short whatever its encoding: checked whole
         return text, np.array(ours), 0, len(ours)
-    data = (as_encoded if as_encoded is not None else normalized(text)).encode("utf-8")
+    data = normalized(text).encode("utf-8") if as_encoded is None else \
+        as_encoded if isinstance(as_encoded, bytes) else as_encoded.encode("utf-8")
     cut = window(data, seed)
     if cut is None:
         return text, np.array(ours), 0, len(ours)

@@ -189,7 +189,7 @@ class Speller:
         return ids[outside | (self.may_hold[np.where(outside, 0, ids)] == 0)]
 
     def check_texts(self, texts: list[str], ids: np.ndarray, counts: np.ndarray,
-                    as_encoded: list[str] | None = None) -> None:
+                    as_encoded: list[str] | list[bytes] | None = None) -> None:
         """SpellingError for the first text whose ids (`counts[k]` of `ids` each) do not spell it,
         or hold an added id the special-token policy keeps as text. `as_encoded`: the texts as the
         tokenizer normalized them for encoding, where it did (`QwenTokenizer.as_encoded`)."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._native import rows_marked
+from .._native import rows_marked, utf8
 from ..qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 from . import nfc
 from .cache import cache_dir, cached_array, checked_bytes, store
@@ -227,7 +227,7 @@ class QwenTokenizer:
         self.encoded = 0  # characters encoded by this object (see `shared`)
         self.texts = 0  # texts encoded by this object (see BATCH_AFTER)
         self._starts: np.ndarray | None = None  # see _spelling_starts
-        self.as_encoded: list[str] | None = None  # see encode_batch
+        self.as_encoded: list[str] | list[bytes] | None = None  # see encode_batch
 
     def _file(self) -> str:
         return os.path.join(self.directory, "tokenizer.json")
@@ -352,6 +352,10 @@ class QwenTokenizer:
         self.texts += len(texts)
         if self.config.backend == "gigatoken":
             raw, texts = texts, self.gigatoken_input(texts, special)
+            # Their UTF-8, made here, for the encoder and the certificate's spelling check alike: asked of
+            # each str by the encoder, CPython made it a character at a time (None: a lone surrogate,
+            # whose str the encoder refuses with its own words).
+            texts = utf8(texts) or texts
             # The texts as encoded, for the certificate's spelling check (`certify.spelling`), which
             # would otherwise normalize them again; where HF normalizes them itself, None.
             self.as_encoded = texts if self._rank_file() else None

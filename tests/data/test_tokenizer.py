@@ -266,3 +266,19 @@ def test_a_shared_tokenizer_is_reused_until_its_text_budget_is_spent(monkeypatch
     renewed = tokenizer.QwenTokenizer.shared(tokenizer.TokenizerConfig())
     assert renewed is not first and renewed.encoded == 0
     assert tokenizer.QwenTokenizer.shared(tokenizer.TokenizerConfig()) is renewed
+
+
+def test_native_utf8_is_each_texts_utf8():
+    """The encoder is handed the texts' UTF-8 made by `_native.utf8` (ASCII runs several characters at a time):
+    Python's own, for texts of every width and runs that end anywhere; None where one holds a lone surrogate
+    (the str is then encoded, and refused, as before)."""
+    import random
+
+    from qwen_data._native import utf8
+
+    rng = random.Random(11)
+    pool = ["a", " ", "\u00e9", "\u00ff", "\u201c", "\u4e2d", "\U0001f600", "\n", "\x00"]
+    texts = ["", "ascii only"] + ["".join(rng.choice(pool) if rng.random() < 0.3 else "x"
+                                          for _ in range(rng.randrange(40))) for _ in range(3000)]
+    assert utf8(texts) == [t.encode("utf-8") for t in texts]
+    assert utf8(["fine", "a\ud800b"]) is None
