@@ -138,25 +138,35 @@ def test_checks_run_beside_the_workers_and_a_mismatch_there_fails_the_run(tmp_pa
     assert not [name for name in os.listdir(tmp_path) if name.startswith("bad")]
 
 
+def _driver_run(tmp_path, monkeypatch, files: int, records: int):
+    """A corpus, a local run's certificate of it (this process's reference then forgotten, as a driver's is
+    never loaded), and the config, sources and inputs a Ray driver would have for it."""
+    from _helpers import corpus, pretrain
+
+    from qwen_data.inputs.files import expand
+    from qwen_data.run import pipeline
+    from qwen_data.steps.pretrain import PretrainConfig
+
+    data = corpus(tmp_path / "c.jsonl", files, records, 40)
+    whole = certificate(pretrain([data], tmp_path / "local"))
+    monkeypatch.setattr(reference, "_LOADED", {})
+    config = PretrainConfig(inputs=[data], output_prefix=str(tmp_path / "ray"), quiet=True)
+    sources = expand([data])
+    return whole, config, sources, pipeline.input_list(sources)
+
+
 def test_records_picked_by_shards_are_checked_in_one_process_of_the_driver(tmp_path, monkeypatch):
     """What `--executor ray` does with the certificate, here without Ray: shards pick records and hand
     them over unchecked; the driver's checking process (forked, the reference loaded there only)
     certifies them as one local run does, and one changed id stops it naming the record."""
     import dataclasses
 
-    from _helpers import corpus, pretrain
-
-    from qwen_data.inputs.files import Shard, expand
+    from qwen_data.inputs.files import Shard
     from qwen_data.run import pipeline
     from qwen_data.run.ray import _DriverChecks
-    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
+    from qwen_data.steps.pretrain import Tokenize
 
-    data = corpus(tmp_path / "c.jsonl", 3, 400, 40)
-    whole = certificate(pretrain([data], tmp_path / "local"))
-    monkeypatch.setattr(reference, "_LOADED", {})
-    config = PretrainConfig(inputs=[data], output_prefix=str(tmp_path / "ray"), quiet=True)
-    sources = expand([data])
-    inputs = pipeline.input_list(sources)
+    whole, config, sources, inputs = _driver_run(tmp_path, monkeypatch, 3, 400)
     picked, spelled = [], 0
     checks = _DriverChecks(Tokenize(config), inputs, sources)
     try:
@@ -193,19 +203,12 @@ def test_records_a_shard_reports_as_it_runs_are_checked_once(tmp_path, monkeypat
     one that comes back unlike its report (a retried task that did not repeat its work) stops the run."""
     import dataclasses
 
-    from _helpers import corpus, pretrain
-
-    from qwen_data.inputs.files import Shard, expand
+    from qwen_data.inputs.files import Shard
     from qwen_data.run import pipeline
     from qwen_data.run.ray import _DriverChecks, _Tally
-    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
+    from qwen_data.steps.pretrain import Tokenize
 
-    data = corpus(tmp_path / "c.jsonl", 2, 300, 40)
-    whole = certificate(pretrain([data], tmp_path / "local"))
-    monkeypatch.setattr(reference, "_LOADED", {})
-    config = PretrainConfig(inputs=[data], output_prefix=str(tmp_path / "ray"), quiet=True)
-    sources = expand([data])
-    inputs = pipeline.input_list(sources)
+    whole, config, sources, inputs = _driver_run(tmp_path, monkeypatch, 2, 300)
     step = Tokenize(dataclasses.replace(config, shard=Shard(0, 1), workers=0, check_here=False,
                                         output_prefix=str(tmp_path / "shard0")))
     spelled = pipeline.run(step)[0].certificate["records_spelled"]
