@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import os
 import lzma
+import os
 import zlib
 from typing import Iterator
 
@@ -101,13 +101,12 @@ PROBES, PROBE_READ = 256, 32 << 10  # a larger one's are counted in as many read
 
 
 def estimated_records(source: InputFile) -> int | None:
-    """About how many records `source` holds: exact for parquet and Arrow (their metadata); for jsonl
-    and .json from its records: a plain jsonl file's newlines, all of them up to COUNTED_BYTES, else at
-    PROBES places spread over it (its first MB alone overestimated a corpus whose first records were
-    short by 17%, and the sample fell short of the 3,000 records it is sized for: 2,974), a compressed
-    one's in its first PROBE_BYTES decompressed;
-    None for standard input. The certificate sizes its sample by it (`certify.sample`): deterministic,
-    read in milliseconds."""
+    """About how many records `source` holds: exact for parquet and Arrow (their metadata); a plain
+    jsonl file's newlines, all of them up to COUNTED_BYTES, else at PROBES places spread over it (its
+    first MB alone overestimated a corpus whose first records were short by 17%, and the sample fell
+    short of the 3,000 records it is sized for: 2,974); a compressed jsonl or a .json file's records in
+    its first PROBE_BYTES, decompressed; None for standard input. The certificate sizes its sample by
+    it (`certify.sample`): deterministic, read in milliseconds."""
     if source.path == STDIN:
         return None
     if source.splittable:

@@ -46,8 +46,8 @@ The certificate: tasks pick records as a local run does but do not check them (a
 the reference libraries itself, ~0.5-2 s of its CPU); they report them with their progress, about
 once a second, and hand them all back with their manifests. The driver checks them in one process
 of its own, forked before Ray starts, which loads the reference while the tasks run and checks the
-records as they are reported (checked only at a shard's end, all shards' records waited for the
-last shard: a tail of ~0.7 s beside the merge at 3,000 records on 2 cores), each record once (`_DriverChecks.shard`).
+records as they are reported, each once (`_DriverChecks.shard`): checked only as each shard ended,
+all of them had waited for the last shard (a tail of ~0.7 s at 3,000 records, 2 cores).
 A mismatch fails the run before anything is committed, as locally.
 
 Progress: tasks report absolute per-shard totals to a small actor (a retried shard starts again
