@@ -465,9 +465,14 @@ def _certificate_line(certificate: dict) -> str:
     unmapped = certificate.get("records_not_mappable")
     return (f"certified: all {certificate['records_spelled']:,} records' ids spell their text; "
             f"{certificate['records_checked']:,} picked records encoded again by {libraries}, equal "
-            f"(a fault in 0.1% of records would have been found with a chance of "
-            f"{math.floor(certificate['detection']['0.1%'] * 100)}% or more)"
+            f"(a fault in 0.1% of records would have been found with a chance of {_at_least(certificate)})"
             + (f"; {unmapped:,} picked records the reference cannot read were not checked" if unmapped else ""))
+
+
+def _at_least(certificate: dict) -> str:
+    """The sample's detection chance, rounded down: a claim never above what the records checked give."""
+    percent = math.floor(certificate["detection"]["0.1%"] * 100)
+    return "100%" if percent >= 100 else f"{percent}% or more"
 
 
 def _run_merge(args) -> int:

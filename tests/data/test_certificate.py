@@ -1041,3 +1041,6 @@ def test_the_runs_line_rounds_the_chance_down():
     line = _certificate_line({"certified": True, "records_spelled": 100_000, "records_checked": 2974,
                               "reference": {"tokenizers": "0"}, "detection": found})
     assert found["0.1%"] < 0.95 and "a chance of 94% or more" in line
+    every = dict(found, **{"0.1%": 1.0})
+    assert "a chance of 100%)" in _certificate_line({"certified": True, "records_spelled": 10, "records_checked": 10,
+                                                    "reference": {"tokenizers": "0"}, "detection": every})
