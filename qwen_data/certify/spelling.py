@@ -213,17 +213,22 @@ class Speller:
                 raise SpellingError(k, why)
 
     def check_samples(self, texts: list[str], encoded: list[tuple[np.ndarray, np.ndarray]], free: list[bool],
-                      structure: dict) -> None:
+                      structure: dict, as_encoded: list[bytes | None] | None = None) -> None:
         """SpellingError for the first sample whose ids do not spell its rendered text, or whose loss
         mask is not the one its structure gives (`structure_mask`, with `structure`'s span, last_only
         and empty_think_is_prompt; None: every token trained). `free[k]`: sample k holds literals
         made control tokens (--special-tokens parse), which may stand where the template's do: its
-        mask is not derived again."""
+        mask is not derived again. `as_encoded[k]`: sample k's text as the tokenizer took it, where it
+        is known (`SampleEncoder.as_encoded`; the others are normalized here)."""
         if not texts:
             return
         ids = np.concatenate([e[0] for e in encoded])
         counts = np.fromiter((len(e[0]) for e in encoded), dtype=np.int64, count=len(encoded))
-        as_spelled = normalized_all(texts)
+        known = as_encoded or [None] * len(texts)
+        unknown = [k for k, spelled in enumerate(known) if spelled is None]
+        as_spelled = list(known)
+        for k, text in zip(unknown, normalized_all([texts[k] for k in unknown])):
+            as_spelled[k] = text
         self._check(texts, as_spelled, ids, counts)
         ours, ends = np.concatenate([e[1] for e in encoded]), np.cumsum(counts)
         if structure is None:

@@ -311,7 +311,8 @@ class _Batching:
         checks = self.step.checks
         try:
             checks.speller.check_samples([self.samples[k].text for k in kept], [encodings[k] for k in kept],
-                                         [self.free[k] for k in kept], checks.structure)
+                                         [self.free[k] for k in kept], checks.structure,
+                                         [self.step.encoder.as_encoded[k] for k in kept])
         except SpellingError as wrong:
             origin = self.origins[kept[wrong.index]]
             sample = f"sample {origin[2] + 1} of {origin[3]}: " if origin[3] > 1 else ""

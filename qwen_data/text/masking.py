@@ -33,6 +33,7 @@ class SampleEncoder:
         self.trained_kinds = SPAN_KINDS[span]
         self.train_everything = mask == "all"
         self._byte_lengths = tokenizer.token_byte_lengths()
+        self.as_encoded: list[bytes | None] = []  # the last samples' texts as encoded (`_ids`)
 
     def encode(self, samples: list[Sample]) -> list[tuple[np.ndarray, np.ndarray]]:
         """(ids int32, mask uint8) per sample; RecordError instances stand in for bad samples."""
@@ -50,6 +51,10 @@ class SampleEncoder:
         whole = [s.text for s in samples if s.marked_text is None]
         flat, counts = tokenizer.encode_batch(whole, special="parse")
         whole_ids = iter(np.split(flat, np.cumsum(counts)[:-1]) if len(counts) else [])
+        as_encoded = iter(tokenizer.as_encoded or [None] * len(whole))
+        # each sample's text as the tokenizer took it (NFC, UTF-8), for the certificate's spelling check
+        # (None: a marked sample, encoded piece by piece, or a tokenizer that normalizes for itself)
+        self.as_encoded = [next(as_encoded) if s.marked_text is None else None for s in samples]
         out = []
         for sample in samples:
             if sample.marked_text is None:
