@@ -139,7 +139,9 @@ def _spread_estimate(source: InputFile) -> int | None:
     try:
         with open(source.path, "rb") as f:
             if source.size <= COUNTED_BYTES:
-                return max(1, sum(block.count(b"\n") for block in iter(lambda: f.read(4 << 20), b"")))
+                lines = sum(block.count(b"\n") for block in iter(lambda: f.read(4 << 20), b""))
+                unended = source.size > 0 and os.pread(f.fileno(), 1, source.size - 1) != b"\n"
+                return max(1, lines + unended)
             step = (source.size - PROBE_READ) // (PROBES - 1)
             found = sum(os.pread(f.fileno(), PROBE_READ, k * step).count(b"\n") for k in range(PROBES))
     except OSError:  # an unreadable file: the run itself says why, naming it

@@ -468,5 +468,10 @@ def test_a_plain_jsonl_files_records_are_estimated_from_all_of_it(tmp_path, monk
             f.write(json.dumps({"text": "y" * 800}) + "\n")  # ~9.8 MB of long ones
     actual = 52_000
     assert estimated_records(expand([str(path)])[0]) == actual
+    with open(path, "a") as f:
+        f.write('{"text": "a last line without its newline"}')
+    assert estimated_records(expand([str(path)])[0]) == actual + 1
+    (tmp_path / "empty.jsonl").write_bytes(b"")  # counted as one: never the unknown size of standard input
+    assert estimated_records(expand([str(tmp_path / "empty.jsonl")])[0]) == 1
     monkeypatch.setattr(readers, "COUNTED_BYTES", 1 << 20)  # as a file past it is read
     assert 0.9 * actual <= estimated_records(expand([str(path)])[0]) <= 1.1 * actual
