@@ -52,8 +52,6 @@ class _Checks:
     """What both kinds share: the sample, the checking process's side, the certificate."""
 
     libraries: tuple[str, ...]
-    # Whether the checking processes may check most records once the workers are done (`run.certifier`)
-    defers = False
 
     def __init__(self, step, inputs: list[dict], estimates: list[int | None]) -> None:
         self.tokenizer = step.tokenizer
@@ -79,10 +77,6 @@ class _Checks:
 
     def picks(self, chunk, record) -> bool:
         return self.sampling.picks(chunk, record)
-
-    def check_batches(self, batches: list[list]) -> list[tuple[dict, str | None]]:
-        """`check`'s answer for each batch of items."""
-        return [self.check(items) for items in batches]
 
     def to_read_back(self, where: str, item: tuple, documents: int) -> list:
         """`read_back`'s entries for a picked record, its chunk's documents following `documents`."""
@@ -130,8 +124,6 @@ class TextChecks(_Checks):
     # 16 workers make 2 GB of text (a 16-core H200 host: 5.49-5.54 s against 5.66-5.68 s with two, whose
     # second tokenizer took the workers' cores; `bench/results/cpu/2026-11-30-pretrain-checkers.md`).
     workers_per_checker = 16
-    # HF's threads encode a batch on every core: the records wait for the workers' cores to be free
-    defers = True
 
     def __init__(self, step, inputs, estimates) -> None:
         super().__init__(step, inputs, estimates)
@@ -173,20 +165,12 @@ class TextChecks(_Checks):
         self.reference.load()
 
     def check(self, items: list) -> tuple[dict, str | None]:
-        return self._checked([items], self.reference.encode_batch(_texts([items])))[0]
-
-    def check_batches(self, batches: list[list]) -> list[tuple[dict, str | None]]:
-        """`check` of each batch, their texts encoded at once by HF's threads: the run's workers are done."""
-        return self._checked(batches, self.reference.encode_batch(_texts(batches), threads=True))
-
-    def _checked(self, batches: list[list], encoded: list[list[int]]) -> list[tuple[dict, str | None]]:
-        theirs, answers = iter(encoded), []
-        for items in batches:
-            found = [compare_part(where, part, next(theirs), self.eod_id)
-                     for where, (_, _, record) in items for part in record]
-            first = next(filter(None, found), None)
-            answers.append(({}, first) if first else ({"records_checked": len(items), "lines": _lines(items)}, None))
-        return answers
+        parts = [(where, part) for where, (_, _, record) in items for part in record]
+        encoded = self.reference.encode_batch([part[0] for _, part in parts])
+        for (where, part), theirs in zip(parts, encoded):
+            if found := compare_part(where, part, theirs, self.eod_id):
+                return {}, found
+        return {"records_checked": len(items), "lines": _lines(items)}, None
 
 
 class ChatChecks(_Checks):
@@ -401,11 +385,6 @@ def _array_of(kept: list[str]) -> np.ndarray:
     return np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype)).copy()
 
 
-def _texts(batches: list[list]) -> list[str]:
-    """The texts the reference encodes for batches of pretraining's items, in order."""
-    return [part[0] for items in batches for _, (_, _, record) in items for part in record]
-
-
 def _lines(items: list) -> dict[str, list[int]]:
     """The records of `items` ("file:line", ...), by file."""
     lines: dict[str, list[int]] = {}
@@ -506,6 +485,4 @@ def check_in_side(item) -> tuple[dict, str | None] | None:
         _CHECKS = item[1]
         _CHECKS.load()
         return READY
-    if isinstance(item, tuple) and item[0] == "batches":  # (`Certifier`: what waited for the end)
-        return _CHECKS.check_batches(item[1])
     return _CHECKS.check(item)

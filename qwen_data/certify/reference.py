@@ -117,21 +117,14 @@ class TextReference:
         _, flavour, kept = self._literals
         return _pattern(flavour - kept)
 
-    def encode_batch(self, texts: list[str], threads: bool = False) -> list[list[int]]:
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text, as `encode` gives them, one text after another: HF's batch encoder
-        runs a thread per core, which on a run's busy host spun for as much CPU as it encoded. `threads`:
-        the host's cores are free (the run's workers are done): the texts HF's whole tokenizer encodes
-        as they are go to its batch encoder (without offsets, where the version has it)."""
+        runs a thread per core, which on a run's busy host spun for as much CPU as it encoded."""
         if self._trims:
             cut = trimmed.tables(self.path).tokenizer(piece for text in texts for piece in self.pieces(text))
             models = cut, _plain(cut)
             return [self.encode(text, models=models)[0] for text in texts]
-        if not threads:
-            return [self.ids(text) for text in texts]
-        whole = [k for k, text in enumerate(texts) if self._hf_splits(text)]
-        batch = getattr(self._full, "encode_batch_fast", self._full.encode_batch)
-        found = dict(zip(whole, (e.ids for e in batch([texts[k] for k in whole], add_special_tokens=False))))
-        return [found[k] if k in found else self.ids(text) for k, text in enumerate(texts)]
+        return [self.ids(text) for text in texts]
 
     def ids(self, text: str, unmark: dict | None = None) -> list[int]:
         """`encode`'s ids alone: where HF's whole tokenizer encodes the text as it is, its offsets are

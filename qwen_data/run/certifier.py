@@ -11,12 +11,6 @@ end, a few hundred of them filled it, and the process stopped checking until the
 (a tail of seconds on a large run). The records picked while it loads wait here and go once it says
 it is loaded: sent at once, they held back the start of every certified run on a 16-core host (the
 workers ran 0.5-1 s later); kept here, the workers start as they do without the certificate.
-
-Checks that may wait (`checks.defers`: pretraining's) are sent as they come for the first
-EARLY_RECORDS records, so that a systematic difference (another tokenizer, another policy) stops the
-run at once; the rest wait here until the workers are done and go in one message a process, which
-encodes them together on every core (HF's threads). Checked beside 16 workers on a 16-core host, the
-process took ~4.3 CPU s for ~3,300 records, a core the workers needed, and its caches theirs.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ from ..certify.checks import READY, CertificateError, add_counts, check_in_side
 from ..certify.reference import holds
 from .prestart import take as take_prestarted
 
-EARLY_RECORDS = 100  # checked as they come where the rest wait for the end
 NOTHING_WRITTEN = "nothing was written (--no-certify writes it anyway, recorded as uncertified)"
 
 
@@ -48,9 +41,7 @@ class Certifier:
         # took 2.5 times the other's CPU and was the run's tail).
         self.added = 0
         self.answered: dict[int, dict] = {}
-        # per side, each message sent and not answered: its [(batch, records)], and whether it held several
-        self._queued: list[deque] = [deque() for _ in self.sides]
-        self.early = 0  # records sent as they came
+        self._queued: list[deque] = [deque() for _ in self.sides]  # per side: (batch, records) sent, not answered
         self._load = [0] * len(self.sides)  # per side: the records of those
         for side in self.sides:
             side.send(("checks", checks))
@@ -101,8 +92,7 @@ class Certifier:
         for k, side in enumerate(self.sides):
             for answer in side.arrived():
                 self._answer(k, answer)
-        if not self.loading and not (self.checks.defers and self.early >= EARLY_RECORDS):
-            self.early += sum(map(len, self.waiting))
+        if not self.loading:
             self._send_waiting()
         return batch
 
@@ -113,10 +103,9 @@ class Certifier:
         if answer == READY:  # to "checks", which load what the checks need: one side checks now
             self.loading = False
             return
-        sent, several = self._queued[side].popleft()
-        for (batch, records), one in zip(sent, answer if several else [answer]):
-            self._load[side] -= records
-            self._take(batch, one)
+        batch, records = self._queued[side].popleft()
+        self._load[side] -= records
+        self._take(batch, answer)
 
     def _take(self, batch: int, answer) -> None:
         take(self.counts, answer)
@@ -124,7 +113,7 @@ class Certifier:
 
     def finish(self) -> dict:
         """The summed counts of every check; CertificateError at the first mismatch."""
-        self._send_waiting(together=self.checks.defers)
+        self._send_waiting()
         for k, side in enumerate(self.sides):
             for answer in side.answers():
                 self._answer(k, answer)
@@ -136,27 +125,14 @@ class Certifier:
         for side in self.sides:
             side.end(kill=True)
 
-    def _send_waiting(self, together: bool = False) -> None:
-        """The batches waiting, each to the process with the fewest records not answered; `together`:
-        as one message a process (`checks.check_batches`)."""
-        shares: list[list] = [[] for _ in self.sides]
+    def _send_waiting(self) -> None:
         for items in self.waiting:
             side = min(range(len(self.sides)), key=self._load.__getitem__)
-            shares[side].append((self.sent, items))
+            self.sides[side].send(items)
+            self._queued[side].append((self.sent, len(items)))
             self._load[side] += len(items)
             self.sent += 1
-            if not together:
-                self._send(side, shares[side])
-                shares[side] = []
-        for side, share in enumerate(shares):
-            if share:
-                self._send(side, share)
         self.waiting = []
-
-    def _send(self, side: int, share: list) -> None:
-        several = len(share) > 1
-        self.sides[side].send(("batches", [items for _, items in share]) if several else share[0][1])
-        self._queued[side].append(([(batch, len(items)) for batch, items in share], several))
 
 
 def take(counts: dict, answer: tuple[dict, str | None]) -> None:

@@ -366,15 +366,8 @@ def test_verify_certify_of_sft_says_why_it_cannot(tmp_path, capsys, monkeypatch)
 class _CountingChecks:
     """A checker whose checks leave a line each in `log`, so a test sees them happen."""
 
-    defers = False
-
     def __init__(self, log) -> None:
         self.log = str(log)
-
-    def check_batches(self, batches):
-        with open(self.log, "a") as f:
-            f.write(f"together {len(batches)}\n")
-        return [self.check(items) for items in batches]
 
     def reference_loaded(self) -> bool:
         return False
@@ -454,35 +447,6 @@ def test_batches_go_to_the_side_with_least_to_check_and_each_answer_to_its_batch
     assert {batch: counts["records_checked"] for batch, counts in certifier.answered.items()} == dict(enumerate(sizes))
     slow, fast = sorted(collections.Counter(log.read_text().split()).values())
     assert slow + fast == len(sizes) and slow < fast / 2, (slow, fast)
-
-
-def test_checks_that_may_wait_check_the_first_records_as_they_come_and_the_rest_together_at_the_end(tmp_path):
-    """Pretraining's checks (`defers`): the first EARLY_RECORDS records go as they come (a systematic
-    difference stops the run at once), the rest wait until the workers are done and go as one message a
-    checking process, each answer counted for the batch it answers."""
-    import time
-
-    from qwen_data.certify.checks import check_in_side
-    from qwen_data.run import certifier as module
-    from qwen_data.run.workers import SideProcess
-
-    log = tmp_path / "checks"
-    checks = _CountingChecks(log)
-    checks.defers = True
-    certifier = module.Certifier(checks, [SideProcess(check_in_side), SideProcess(check_in_side)])
-    sizes = [1 + k % 7 for k in range(200)]  # the first 27 batches hold 105 records
-    try:
-        time.sleep(0.5)  # (both loaded: the first batch is sent as it comes)
-        for k, n in enumerate(sizes):
-            certifier.add([(f"f.jsonl:{k + 1}", "text")] * n)
-        time.sleep(0.5)
-        assert log.read_text().splitlines() == ["checked"] * 27
-        assert certifier.finish() == {"records_checked": sum(sizes)}
-    finally:
-        certifier.end()
-    assert {batch: counts["records_checked"] for batch, counts in certifier.answered.items()} == dict(enumerate(sizes))
-    together = [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("together")]
-    assert len(together) == 2 and sum(together) == 200 - 27
 
 
 # -- faults injected at the encoder's, the mask's and the writer's seams ---------------------------

@@ -38,21 +38,6 @@ def test_the_cut_tokenizer_encodes_as_the_whole_one(policy, monkeypatch, tmp_pat
     assert not reference.holds(PATH)  # the whole tokenizer was never loaded
 
 
-@pytest.mark.parametrize("policy", ["parse", "safe", "text"])
-def test_the_batch_encoder_on_every_core_encodes_as_one_text_at_a_time(policy):
-    """What a pretraining run's checks encode once its workers are done (HF's threads; texts holding
-    literals this policy keeps as text go one at a time) is what they encode beside the workers."""
-    texts = corpus(300, seed=11) + ["a <|im_start|> literal", "<|endoftext|>", "", "tail <|im_end|>\n"]
-    # (in a process of its own: HF warns in every process forked after its threads ran, as tests' runs fork)
-    probe = ("import json, sys\n"
-             "from qwen_data.certify.reference import TextReference\n"
-             "texts, directory, policy = json.load(sys.stdin)\n"
-             "print(json.dumps(TextReference(directory, 'qwen2.5', policy).encode_batch(texts, threads=True)))\n")
-    done = subprocess.run([sys.executable, "-c", probe], input=json.dumps([texts, DIRECTORY, policy]),
-                          capture_output=True, text=True, check=True)
-    assert json.loads(done.stdout) == TextReference(DIRECTORY, "qwen2.5", policy).encode_batch(texts)
-
-
 def test_words_the_cut_was_not_given_are_encoded_otherwise(not_held):
     # what the test above relies on: a table cut for some texts is too small for others
     cut = trimmed.tables(PATH).tokenizer(["Hello world"])
