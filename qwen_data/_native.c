@@ -960,6 +960,166 @@ done:
     return out;
 }
 
+/* nfc(text, props, dec_keys, dec_starts, dec_data, comp_keys, comp_values) -> str, or None: the text in
+ * NFC, by the tables `text.nfc` derives from Python's unicodedata (a character's canonical decomposition,
+ * each primary composite by its pair; Hangul by its rule), where unicodedata.normalize took ~250
+ * instructions a character (a tenth of a pretraining worker's on a corpus of Arabic and Indic texts).
+ * None where the text holds a surrogate (the caller asks unicodedata). The characters are decomposed,
+ * the marks of each run put in canonical order (stable), and composed again: a character joins the last
+ * starter where nothing between them blocks it and the pair has a primary composite. */
+#define S_BASE 0xAC00
+#define L_BASE 0x1100
+#define V_BASE 0x1161
+#define T_BASE 0x11A7
+#define T_COUNT 28
+#define N_COUNT 588
+#define S_COUNT 11172
+
+static inline unsigned nfc_class(const uint16_t *props, Py_UCS4 c) {
+    return c < PROPS_END ? props[c] & 0xFF : 0;
+}
+
+static Py_ssize_t find32(const uint32_t *keys, Py_ssize_t n, uint32_t key) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (keys[mid] < key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && keys[lo] == key ? lo : -1;
+}
+
+static Py_UCS4 composite(Py_UCS4 first, Py_UCS4 second, const uint64_t *keys, const uint32_t *values,
+                         Py_ssize_t n) {
+    if (first >= L_BASE && first < L_BASE + 19 && second >= V_BASE && second < V_BASE + 21)
+        return S_BASE + ((first - L_BASE) * 21 + (second - V_BASE)) * T_COUNT;
+    if (first >= S_BASE && first < S_BASE + S_COUNT && (first - S_BASE) % T_COUNT == 0 && second > T_BASE &&
+        second < T_BASE + T_COUNT)
+        return first + (second - T_BASE);
+    uint64_t key = (uint64_t)first << 21 | second;
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (keys[mid] < key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && keys[lo] == key ? values[lo] : 0;
+}
+
+typedef struct {
+    const uint16_t *props;
+    const uint32_t *dec_keys, *dec_starts, *dec_data;
+    const uint64_t *comp_keys;
+    const uint32_t *comp_values;
+    Py_ssize_t n_dec, n_comp, n_data;
+} NfcTables;
+
+/* Appends c's full canonical decomposition at out + *n (room for 4 characters: the longest is 4);
+ * -1 where the tables are inconsistent. */
+static int decompose(const NfcTables *t, Py_UCS4 c, Py_UCS4 *out, Py_ssize_t *n) {
+    if (c >= S_BASE && c < S_BASE + S_COUNT) {
+        Py_UCS4 s = c - S_BASE;
+        out[(*n)++] = L_BASE + s / N_COUNT;
+        out[(*n)++] = V_BASE + (s % N_COUNT) / T_COUNT;
+        if (s % T_COUNT) out[(*n)++] = T_BASE + s % T_COUNT;
+        return 0;
+    }
+    Py_ssize_t k = (c < PROPS_END && (t->props[c] & NFC_SPLITS)) ? find32(t->dec_keys, t->n_dec, c) : -1;
+    if (k < 0) {
+        out[(*n)++] = c;
+        return 0;
+    }
+    uint32_t a = t->dec_starts[k], b = t->dec_starts[k + 1];
+    if (b < a || b - a > 4 || b > (uint64_t)t->n_data) return -1;
+    for (uint32_t j = a; j < b; j++) out[(*n)++] = t->dec_data[j];
+    return 0;
+}
+
+/* The decomposed characters buf[0..n) put in canonical order and composed, in place; → their new count. */
+static Py_ssize_t order_and_compose(const NfcTables *t, Py_UCS4 *buf, Py_ssize_t n) {
+    for (Py_ssize_t i = 1; i < n; i++) {  /* insertion sort of each run of marks by class, stable */
+        unsigned cc = nfc_class(t->props, buf[i]);
+        if (!cc) continue;
+        Py_UCS4 c = buf[i];
+        Py_ssize_t j = i;
+        while (j > 0 && nfc_class(t->props, buf[j - 1]) > cc) {
+            buf[j] = buf[j - 1];
+            j--;
+        }
+        buf[j] = c;
+    }
+    Py_ssize_t out = 0, starter = -1;
+    int last = -1;  /* the class of the last character kept after the starter; -1: none yet */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = buf[i];
+        unsigned cc = nfc_class(t->props, c);
+        if (starter >= 0 && (last < 0 || (unsigned)last < cc) && c < PROPS_END && (t->props[c] & NFC_MAYBE)) {
+            Py_UCS4 joined = composite(buf[starter], c, t->comp_keys, t->comp_values, t->n_comp);
+            if (joined) {
+                buf[starter] = joined;
+                continue;
+            }
+        }
+        if (!cc) {
+            starter = out;
+            last = -1;
+        } else {
+            last = (int)cc;
+        }
+        buf[out++] = c;
+    }
+    return out;
+}
+
+static PyObject *nfc_text(PyObject *text, const NfcTables *t) {
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    if (n > PY_SSIZE_T_MAX / 16) return PyErr_NoMemory();
+    Py_UCS4 *buf = PyMem_Malloc((size_t)(4 * n + 4) * sizeof(Py_UCS4));
+    if (buf == NULL) return PyErr_NoMemory();
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c >= 0xD800 && c <= 0xDFFF) {
+            PyMem_Free(buf);
+            Py_RETURN_NONE;
+        }
+        if (decompose(t, c, buf, &m) < 0) {
+            PyMem_Free(buf);
+            PyErr_SetString(PyExc_ValueError, "nfc: a decomposition outside the tables");
+            return NULL;
+        }
+    }
+    m = order_and_compose(t, buf, m);
+    PyObject *out = PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, buf, m);
+    PyMem_Free(buf);
+    return out;
+}
+
+static PyObject *nfc(PyObject *self, PyObject *args) {
+    PyObject *text, *objs[6];
+    if (!PyArg_ParseTuple(args, "UOOOOOO", &text, &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5]))
+        return NULL;
+    static const Py_ssize_t items[6] = {2, 4, 4, 4, 8, 4};
+    static const char *names[6] = {"props", "dec_keys", "dec_starts", "dec_data", "comp_keys", "comp_values"};
+    Py_buffer b[6];
+    int held = 0;
+    PyObject *out = NULL;
+    for (; held < 6; held++)
+        if (view(objs[held], &b[held], items[held], names[held]) < 0) goto done;
+    NfcTables t = {b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf,
+                   b[1].len / 4, b[4].len / 8, b[3].len / 4};
+    if (b[0].len / 2 < PROPS_END || b[2].len / 4 != t.n_dec + 1 || b[5].len / 4 != t.n_comp) {
+        PyErr_SetString(PyExc_ValueError, "nfc: tables of inconsistent sizes");
+        goto done;
+    }
+    out = nfc_text(text, &t);
+done:
+    while (held-- > 0) PyBuffer_Release(&b[held]);
+    return out;
+}
+
 /* json_marks(data) -> int: of a JSON record's bytes, 1 where it may hold a literal ("<" itself, or escaped
  * as \u003c / \u003C), 2 where it may spell a lone surrogate (a \ud / \uD escape): the substrings
  * `steps.sft` asked for in five passes over every line, found in one (memchr to each "<" and backslash). */
@@ -1091,6 +1251,7 @@ static PyMethodDef methods[] = {
     {"poly_path", poly_path, METH_VARARGS, "The hash's block loop, after switching to the one named."},
     {"poly_join", poly_join, METH_VARARGS, "The hash (h1, h2) going on over pieces of known hashes."},
     {"nfc_suspects", nfc_suspects, METH_VARARGS, "The texts that may not be in NFC, by index."},
+    {"nfc", nfc, METH_VARARGS, "The text in NFC by the tables given; None where it holds a surrogate."},
     {"nfc_unsettled", nfc_unsettled, METH_VARARGS, "Of the suspects, those a finer check leaves unproven."},
     {"utf8", utf8, METH_O, "Each str's UTF-8 as bytes; None where one holds a lone surrogate."},
     {"lines", lines, METH_O, "data.split(b'\\n'), by memchr."},

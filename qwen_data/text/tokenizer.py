@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import re
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -384,7 +383,8 @@ class QwenTokenizer:
         normalizes itself; built from a rank file it does not, and gets the texts in NFC here, by
         Python's Unicode tables. Where those normalize otherwise than HF's (older) tables, the text
         holds a character of unicode_exact.EXACT_RANGES and goes to HF (`exact_rows`; tested in
-        tests/data/test_unicode_exact.py).
+        tests/data/test_unicode_exact.py). The tables are read in C (`nfc.normalize`, held to
+        unicodedata in tests/data/test_nfc.py).
 
         HF splits the literals it keeps as control tokens out of the raw text and normalizes the
         pieces between them (U+0338 after `<think>` stays apart; NFC of the whole text would compose
@@ -398,7 +398,7 @@ class QwenTokenizer:
         out = list(texts)
         for k in nfc.unsettled(out):  # (the others are their own NFC)
             text = out[k]
-            normal = unicodedata.normalize("NFC", text)  # (once: asking is_normalized first made it twice)
+            normal = nfc.normalize(text)  # (once: asking is_normalized first made it twice)
             if normal == text:
                 continue
             if self.literal_lead is not None and self.literal_lead not in text:
@@ -407,7 +407,7 @@ class QwenTokenizer:
             if literals is None:
                 literals = _literal_pattern(self.kept_tokens(special))
             pieces = literals.split(text)  # the literals at odd positions: the pattern is a group
-            out[k] = "".join(p if j % 2 else unicodedata.normalize("NFC", p) for j, p in enumerate(pieces))
+            out[k] = "".join(p if j % 2 else nfc.normalize(p) for j, p in enumerate(pieces))
         return out
 
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
@@ -545,7 +545,7 @@ class QwenTokenizer:
         if self.config.backend == "gigatoken":
             self._spelling_starts(self.backend(special))
             if self._rank_file():
-                nfc.stable_bits(), nfc.composition()  # (`gigatoken_input`'s, read before the fork)
+                nfc.stable_bits(), nfc.composition(), nfc.normalizing()  # (`gigatoken_input`'s, read before the fork)
 
     def backend(self, special: str):
         """The raw encoder for a special-token policy (gigatoken or HF `tokenizers`), without the

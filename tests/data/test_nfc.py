@@ -116,3 +116,53 @@ def test_a_two_byte_text_is_suspect_wherever_its_unstable_character_stands():
             text[at] = "\u0301"
             assert nfc.suspects(["".join(text) + "\u201c"]) == [0], (n, at)
         assert nfc.suspects(["\u201c" + "b\u00e9\u4e2d\u2014" * n]) == []
+
+
+# -- nfc.normalize: NFC in C from the same tables, held to unicodedata ------------------------------------
+def test_every_code_point_alone_and_after_a_starter_normalizes_as_unicodedata():
+    """Each code point (surrogates aside: unicodedata's) alone and after "a": its decomposition, its class,
+    its composition with what comes before."""
+    wrong = [c for c in range(nfc.CODE_POINTS) if not 0xD800 <= c < 0xE000
+             for text in (chr(c), "a" + chr(c) + "\u0301") if nfc.normalize(text) != unicodedata.normalize("NFC", text)]
+    assert wrong == []
+
+
+def test_every_pair_that_composes_normalizes_as_unicodedata_decomposed_and_reordered():
+    """Each pair, as it is, decomposed, and with marks of other classes between and after (blocked or not)."""
+    texts = []
+    for first, second in _pairs():
+        whole = unicodedata.normalize("NFD", first + second)
+        texts += [first + second, whole, first + "\u0323" + second, first + "\u0301" + second + "\u0316",
+                  first + "\u05b0" + second, unicodedata.normalize("NFD", first) + "\u0345" + second]
+    assert [t for t in texts if nfc.normalize(t) != unicodedata.normalize("NFC", t)] == []
+
+
+def test_random_texts_normalize_as_unicodedata():
+    rng = random.Random(11)
+    marks = [chr(c) for c in range(0x300, 0x370)] + ["\u0651", "\u064e", "\u0650", "\u0654", "\u0655", "\u093c",
+                                                      "\u09be", "\u09d7", "\u0b3e", "\u0b56", "\u3099", "\u309a"]
+    pools = POOLS + [marks, ["\u1100", "\u1161", "\u11a8", "\uac00", "\uc544", "\u11c2", "\u1175", "\u1112"]]
+    texts = ["".join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(1, 16))) for _ in range(60000)]
+    assert [t for t in texts if nfc.normalize(t) != unicodedata.normalize("NFC", t)] == []
+    assert sum(unicodedata.normalize("NFC", t) != t for t in texts) > 20000  # (most of them change)
+
+
+def test_a_surrogate_is_left_to_unicodedata():
+    assert nfc.normalize("e\u0301\ud800") == unicodedata.normalize("NFC", "e\u0301\ud800")
+
+
+def test_its_normalizing_tables_are_checked_before_use(capsys):
+    """A damaged cache (a decomposition changed) is named and derived again, never used."""
+    path = os.path.join(cache_dir(), f"nfc-normalizing-{unicodedata.unidata_version}-{nfc.NORMALIZING_RULE}.npy")
+    nfc.normalizing.cache_clear()
+    nfc.normalizing()
+    with open(path, "r+b") as f:  # a code point of the first decomposition changed
+        size = os.path.getsize(path)
+        f.seek(size - 4 * (3 * len(nfc.normalizing()[4]) + len(nfc.normalizing()[2])))
+        f.write(b"\x42\x00\x00\x00")  # (A → B: À would spell B\u0300)
+    nfc.normalizing.cache_clear()
+    try:
+        assert nfc.normalize("\u00c0\u0301") == unicodedata.normalize("NFC", "\u00c0\u0301")
+        assert "nfc-normalizing" in capsys.readouterr().err
+    finally:
+        nfc.normalizing.cache_clear()
