@@ -111,9 +111,7 @@ def data_parallel(core: torch.nn.Module, plan, device: torch.device) -> torch.nn
                 reduce-scattered for the DistributedOptimizer; its finalize_model_grads does every
                 reduction a step needs);
       torch     torch DDP (all-reduce overlapping backward): DP × CP > 1 without pipeline stages;
-      none      the model itself (`reduce_grads` after the schedule); on CUDA, its split bf16 weights'
-                gradients accumulated into their float32 ones by the matmuls that make them
-                (`marks.mark_main_grad`, patches/wgrad.py: no wrapper waits for their hooks)."""
+      none      the model itself (`reduce_grads` after the schedule)."""
     kind = plan.data_parallel
     if kind == "megatron":
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
@@ -124,9 +122,6 @@ def data_parallel(core: torch.nn.Module, plan, device: torch.device) -> torch.nn
         core.config.finalize_model_grads_func = finalize_model_grads
         return model
     if kind == "none":
-        for p in core.parameters():
-            if marks.float32_grad(p) is not None and p.is_cuda:
-                marks.mark_main_grad(p, marks.float32_grad(p))
         return core
     # What DDP never sees is reduced apart: an expert-parallel rank's experts (over their own group, by
     # `reduce_grads`) and the float32 gradients of bf16 weights split from their masters (`SplitGradReduction`).

@@ -19,7 +19,6 @@ replaces (the reference: the CPU, and CUDA when QWEN_TRAIN_KERNELS=torch).
                      gradient's zeroing in the same pass; a split bf16 weight (optimizer.AdamW's) read
                      and written as its two halves, where the float32 master was joined, stepped by
                      torch's fused AdamW, split and copied back in passes of their own
-  wgrad_accumulate_  a weight's gradient added to its float32 one by the matmul that makes it
 
 Arithmetic in float32, rounded once to the output's dtype, as inductor's fused kernels do; the sums
 differ from the compiled path's only in their order, the rotation's products only by the fused
@@ -584,46 +583,3 @@ def adamw_reference_(weight, low, grad, exp_avg, exp_avg_sq, coef, scalars: Adam
     if zero_grad:
         grad.zero_()
 
-
-# ---- a linear whose weight's gradient is accumulated into a float32 one by its matmul -------------
-
-@torch.library.custom_op("qwen_data_train::wgrad_accumulate_", mutates_args=("main_grad",))
-def wgrad_accumulate_(main_grad: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor) -> None:
-    """main_grad += grad_outputᵀ @ input: [out, in] float32 from [n, out] and [n, in] (bf16), the
-    products summed in float32 and never rounded to bf16. CUDA: one matmul accumulating into
-    main_grad (cuBLAS's beta = 1), where a bf16 product was written and then added in a pass of its
-    own; elsewhere the same in float32 arithmetic."""
-    if main_grad.is_cuda:
-        torch.addmm(main_grad, grad_output.t(), input, out_dtype=torch.float32, out=main_grad)
-    else:
-        main_grad.addmm_(grad_output.t().float(), input.float())
-
-
-@wgrad_accumulate_.register_fake
-def _(main_grad, grad_output, input):
-    return None
-
-
-class _AccumulatingLinear(torch.autograd.Function):
-    """input @ weightᵀ; backward: the input's gradient, and the weight's added to `main_grad` (none
-    returned: autograd's accumulation and the weight's hooks never see it)."""
-
-    @staticmethod
-    def forward(ctx, input, weight, main_grad):
-        ctx.save_for_backward(input, weight, main_grad)
-        return torch.matmul(input, weight.t())
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        input, weight, main_grad = ctx.saved_tensors
-        grad_input = grad_output.to(weight.dtype).matmul(weight)
-        wgrad_accumulate_(main_grad, grad_output.reshape(-1, grad_output.shape[-1]).to(weight.dtype),
-                          input.reshape(-1, input.shape[-1]).to(weight.dtype))
-        return grad_input, None, None
-
-
-def linear_accumulating(input: torch.Tensor, weight: torch.Tensor, main_grad: torch.Tensor) -> torch.Tensor:
-    """A linear without bias whose weight's gradient goes straight into `main_grad` (float32, the
-    weight's shape): megatron-core's gradient-accumulation fusion without its Apex extension, and an
-    op torch.compile traces into a layer's graph (the accumulation in place on its input)."""
-    return _AccumulatingLinear.apply(input, weight, main_grad)

@@ -15,7 +15,6 @@ import torch
 
 FLOAT32_GRAD = "float32_grad"  # a bf16 weight split from its float32 master: its float32 gradient
 LOW_BITS = "low"  # that weight's other 16 bits (optimizer.split_float32)
-MAIN_GRAD = "main_grad"  # megatron-core's: the float32 gradient a linear's matmul accumulates into (patches/wgrad.py)
 SEQUENCE_PARALLEL = "sequence_parallel"  # a norm of the sequence-split stream: its gradient summed over TP
 BALANCE_LOSS = "balance_loss"  # on the model: model/balance.py's BalanceLoss its routers share
 LAYER_OFFSET = "layer_offset"  # on the model: the layers the pipeline stages before this rank's hold
@@ -36,21 +35,6 @@ def gradient(param: torch.Tensor) -> Optional[torch.Tensor]:
     """The gradient `param` is stepped by: a split bf16 weight's float32 one, else its .grad."""
     grad = float32_grad(param)
     return param.grad if grad is None else grad
-
-
-def mark_main_grad(param: torch.nn.Parameter, grad: Optional[torch.Tensor]) -> None:
-    """`grad` (a split weight's float32 gradient, or None: no longer) is where the linear layers'
-    backward adds this weight's gradient by their matmul, skipping autograd's accumulation and the
-    weight's hooks (the patch reads it as megatron-core's own `main_grad`)."""
-    if grad is None:
-        if hasattr(param, MAIN_GRAD):
-            delattr(param, MAIN_GRAD)
-    else:
-        setattr(param, MAIN_GRAD, grad)
-
-
-def main_grad(param: torch.nn.Parameter) -> Optional[torch.Tensor]:
-    return getattr(param, MAIN_GRAD, None)
 
 
 def mark_low_bits(param: torch.nn.Parameter, low: Optional[torch.Tensor]) -> None:

@@ -38,17 +38,13 @@ def megatron_backward_under_autocast(monkeypatch):
     monkeypatch.setattr(Linear, "backward", staticmethod(under_autocast))
 
 
-def _train(fused, bf16_weights, in_place, steps=3, moments=None, main_grad=False):
-    """A tiny model's steps (two micro-batches each, clipped), → (model, optimizer, losses, norms).
-    `main_grad`: the split weights' gradients accumulated by their matmuls (patches/wgrad.py, as on
-    CUDA without a data-parallel wrapper), the layers compiled (aot_eager: the traced graph as
-    inductor gets it, the accumulation functionalised)."""
+def _train(fused, bf16_weights, in_place, steps=3, moments=None):
+    """A tiny model's steps (two micro-batches each, clipped), → (model, optimizer, losses, norms)."""
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.model import build_model
     from qwen_data_train.optimizer import AdamW
     from qwen_data_train.plan import RunPlan
     from qwen_data_train.shapes import PRESETS
-    from qwen_data_train import marks
 
     shape = dataclasses.replace(PRESETS["tiny"], vocab_size=1024, tied_embeddings=False)
     optim = TrainConfig.parse(["--data", "x", "--lr", "1e-3", "--clip-grad", "0.5", "--weight-decay", "0.1"]).optim
@@ -57,11 +53,6 @@ def _train(fused, bf16_weights, in_place, steps=3, moments=None, main_grad=False
     optimizer = AdamW(model, optim, bf16_weights=bf16_weights, in_place=in_place, fused=fused)
     if moments is not None:
         optimizer.load_moments(*moments)
-    if main_grad:
-        for p in optimizer.split:
-            marks.mark_main_grad(p, marks.float32_grad(p))
-        for layer in model.decoder.layers:
-            layer.compile(backend="aot_eager", fullgraph=True)
     positions = torch.arange(64).expand(2, -1)
     losses, norms = [], []
     for step in range(steps):
@@ -135,25 +126,6 @@ def test_fused_step_in_place_and_from_moments(megatron_cpu):
     assert all(differs)
 
 
-def test_split_weights_gradients_accumulated_by_their_matmuls(megatron_cpu):
-    """The matmuls' float32 accumulation (each layer compiled whole, the accumulation in its graph)
-    trains as autograd's bf16 gradients added by the hook: the same losses and norms but for the
-    bf16 roundings of the weight gradients the hook path takes."""
-    from torch._dynamo.utils import counters
-
-    _, _, losses, norms = _train(True, True, True)
-    torch._dynamo.reset()
-    counters.clear()
-    try:
-        model, optimizer, fused_losses, fused_norms = _train(True, True, True, main_grad=True)
-        assert dict(counters["graph_break"]) == {}
-    finally:
-        torch._dynamo.reset()
-    assert fused_losses == pytest.approx(losses, rel=1e-3) and fused_norms == pytest.approx(norms, rel=2e-2)
-    assert fused_losses != losses  # a different (unrounded) sum, not the same path
-    assert all(p.grad is None for p in optimizer.split)
-
-
 def test_reference_is_torch_adamw_on_the_cpu():
     """kernels.adamw_reference_ (torch's fused CUDA arithmetic written out) against torch's AdamW on
     the CPU over five steps, weight decay and clipping's factor included, float32 and split."""
@@ -214,32 +186,3 @@ def test_triton_adamw_is_torch_fused_adamw(n, split):
     torch.testing.assert_close(master, want, rtol=0, atol=1e-9)
     for mine, theirs in ((m, adam.state[ref]["exp_avg"]), (v, adam.state[ref]["exp_avg_sq"])):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6 * theirs.abs().max().item())
-
-
-@cuda
-def test_cuda_wgrad_accumulate_is_float32_sums():
-    """kernels.wgrad_accumulate_ on CUDA (one matmul accumulating into the float32 gradient in place)
-    against the same products summed in float32, and a compiled linear through it in one graph."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    main = torch.randn(320, 96, device="cuda", generator=g)
-    ref, where = main.clone(), main.data_ptr()
-    for _ in range(2):
-        dy = torch.randn(4096, 320, device="cuda", generator=g).to(torch.bfloat16)
-        x = torch.randn(4096, 96, device="cuda", generator=g).to(torch.bfloat16)
-        kernels.wgrad_accumulate_(main, dy, x)
-        ref += dy.t().float() @ x.float()
-    assert main.data_ptr() == where
-    torch.testing.assert_close(main, ref, rtol=1e-5, atol=1e-3)
-
-    weight = torch.nn.Parameter(torch.randn(320, 96, device="cuda", generator=g).to(torch.bfloat16))
-    main = torch.zeros(320, 96, device="cuda")
-    x = torch.randn(2, 2048, 96, device="cuda", generator=g, requires_grad=True)
-    run = torch.compile(lambda x: kernels.linear_accumulating(x, weight, main), fullgraph=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = run(x)
-    dy = torch.randn(y.shape, device="cuda", generator=g).to(y.dtype)
-    y.backward(dy)
-    assert weight.grad is None and y.dtype == torch.bfloat16
-    expected = dy.reshape(-1, 320).t().float() @ x.detach().to(torch.bfloat16).reshape(-1, 96).float()
-    torch.testing.assert_close(main, expected, rtol=1e-5, atol=1e-3)
-    torch.testing.assert_close(x.grad, (dy @ weight).float(), rtol=1e-2, atol=1e-2)

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing, rope, swiglu, wgrad
+from qwen_data_train.patches import autocast, compat, cpu, megatron_core, replacing, rope, swiglu
 
 pytestmark = pytest.mark.slow  # torch, megatron-core models, torchrun or Ray: the slow tier
 
@@ -39,7 +39,7 @@ def replaced(monkeypatch):
         seen.append((owner, name, vars(owner).get(name, MISSING), value))
         return replacing.replaced(owner, name, value)
 
-    for module in (cpu, compat, autocast, rope, swiglu, wgrad):
+    for module in (cpu, compat, autocast, rope, swiglu):
         monkeypatch.setattr(module, "_replaced", recording)
     return seen
 
@@ -65,8 +65,7 @@ def test_megatron_core_restores_everything_on_exit(replaced):
     assert all(was is now for (_, _, was, _), now in zip(replaced, state()))
     if not torch.cuda.is_available():
         names = {name for _, name, _, _ in replaced}
-        assert {"current_device", "cuda", "checkpoint", "router_gating_linear",
-                "linear_with_grad_accumulation_and_async_allreduce"} <= names
+        assert {"current_device", "cuda", "checkpoint", "router_gating_linear"} <= names
         assert "cuda" not in vars(torch.Tensor)  # inherited from torch's C class: removed again, not copied
 
 
@@ -98,87 +97,3 @@ def test_rope_tables_rotate_as_megatron_core():
         assert torch.equal(ours, rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=False))
         with megatron_core():  # off CUDA the patch hands over to megatron-core's own
             assert torch.equal(rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=False), ours)
-
-
-def _linear(megatron_cpu_config, main_grad: bool):
-    """A megatron-core ColumnParallelLinear [24 → 40] with a bf16 weight (as a split one is), its
-    float32 gradient marked `main_grad` or not."""
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
-
-    from qwen_data_train import marks
-
-    torch.manual_seed(0)
-    layer = ColumnParallelLinear(24, 40, config=megatron_cpu_config, init_method=torch.nn.init.normal_,
-                                 bias=False, gather_output=False)
-    layer.weight.data = layer.weight.data.to(torch.bfloat16)
-    if main_grad:
-        marks.mark_main_grad(layer.weight, torch.zeros(40, 24))
-    return layer
-
-
-@pytest.fixture
-def megatron_cpu_config():
-    from megatron.core.transformer import TransformerConfig
-
-    from qwen_data_train.distributed import distributed
-    with megatron_core(), distributed(1):
-        yield TransformerConfig(num_layers=1, hidden_size=24, num_attention_heads=2, transformer_impl="local")
-
-
-@pytest.mark.parametrize("compiled", [False, True])
-def test_a_marked_weight_gradient_is_accumulated_by_the_matmul(megatron_cpu_config, compiled, monkeypatch):
-    """With `main_grad` the linear's backward adds gradᵀ·input to it in float32 (two micro-batches:
-    twice), returns no weight gradient (autograd accumulates none; the weight's hooks see none)
-    and the same input gradient; compiled, in one graph. Unmarked: megatron-core's own function."""
-    from megatron.core.tensor_parallel.layers import LinearWithGradAccumulationAndAsyncCommunication as Linear
-
-    from qwen_data_train import marks
-
-    backward = Linear.backward
-
-    def under_autocast(ctx, *grads):  # as torch.amp.custom_bwd does for megatron-core on CUDA only
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return backward(ctx, *grads)
-
-    monkeypatch.setattr(Linear, "backward", staticmethod(under_autocast))
-
-    layer, plain = _linear(megatron_cpu_config, True), _linear(megatron_cpu_config, False)
-    hooked = []
-    layer.weight.register_post_accumulate_grad_hook(lambda p: hooked.append(p))
-    run = torch.compile(layer, backend="aot_eager", fullgraph=True) if compiled else layer
-    inputs = [torch.randn(5, 3, 24, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    grads = [torch.randn(5, 3, 40, generator=torch.Generator().manual_seed(9 + i)) for i in range(2)]
-    expected = torch.zeros(40, 24)
-    for x, g in zip(inputs, grads):
-        x, x_plain = x.clone().requires_grad_(), x.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out, _ = run(x)
-            out_plain, _ = plain(x_plain)
-        out.backward(g.to(out.dtype))
-        out_plain.backward(g.to(out_plain.dtype))
-        assert torch.equal(out, out_plain) and torch.equal(x.grad, x_plain.grad)
-        expected.addmm_(g.to(torch.bfloat16).reshape(15, 40).t().float(), x.to(torch.bfloat16).reshape(15, 24).float())
-    # the weight's hooks run with no gradient (optimizer's add to the float32 one then adds nothing)
-    assert layer.weight.grad is None and all(p.grad is None for p in hooked)
-    assert torch.equal(marks.main_grad(layer.weight), expected)
-    assert plain.weight.grad.dtype == torch.bfloat16  # megatron-core's: the product rounded to bf16
-    torch.testing.assert_close(plain.weight.grad.float(), expected, rtol=2e-2, atol=5e-2)  # bf16 sums
-
-
-def test_the_single_rank_model_marks_its_split_weights_on_cuda_only():
-    """data_parallel's "none": a split weight's float32 gradient becomes its `main_grad` on CUDA (where
-    no wrapper reduces it on its hook); the CPU keeps autograd's accumulation and the hook."""
-    from types import SimpleNamespace
-
-    from qwen_data_train import marks
-    from qwen_data_train.distributed import data_parallel
-
-    model = torch.nn.Linear(4, 3, bias=False)
-    marks.mark_float32_grad(model.weight, torch.zeros(3, 4))
-    assert data_parallel(model, SimpleNamespace(data_parallel="none"), torch.device("cpu")) is model
-    assert marks.main_grad(model.weight) is None
-    if torch.cuda.is_available():
-        model.cuda()
-        marks.mark_float32_grad(model.weight, torch.zeros(3, 4, device="cuda"))
-        data_parallel(model, SimpleNamespace(data_parallel="none"), torch.device("cuda"))
-        assert marks.main_grad(model.weight) is marks.float32_grad(model.weight)

@@ -7,8 +7,6 @@ The patches live by how long they are needed, one module each:
   rope      RoPE's cosine and sine as tables a layer call (a speed patch: the same numbers), and the
             fused QKV split + RoPE in Transformer Engine's place (train/kernels.py's kernel on CUDA)
   swiglu    the MLP's SwiGLU by a Triton kernel on CUDA (a speed patch: train/kernels.py)
-  wgrad     a split bf16 weight's gradient accumulated into its float32 one by the matmul that makes
-            it, where that one is marked `main_grad` (a speed patch: train/kernels.py)
 
 Each replaces an attribute with `replacing.replaced`, which restores it on exit, so nothing outside the
 `with` block (another test, a later run in the same process) sees a patched library.
@@ -25,8 +23,8 @@ def megatron_core() -> Iterator[None]:
     """megatron-core as this process runs it: on the CPU where there is no CUDA, with the backports
     its version lacks, and fit for float32 weights under autocast. Entering it again inside the
     block is harmless: each inner replacement restores the outer one."""
-    from . import autocast, compat, cpu, rope, swiglu, wgrad
+    from . import autocast, compat, cpu, rope, swiglu
 
     with cpu.megatron_on_cpu(), compat.backports(), autocast.float32_masters_under_autocast(), \
-            rope.rope_from_tables(), swiglu.swiglu_kernels(), wgrad.weight_gradients_accumulated():
+            rope.rope_from_tables(), swiglu.swiglu_kernels():
         yield
