@@ -280,5 +280,9 @@ def test_native_utf8_is_each_texts_utf8():
     pool = ["a", " ", "\u00e9", "\u00ff", "\u201c", "\u4e2d", "\U0001f600", "\n", "\x00"]
     texts = ["", "ascii only"] + ["".join(rng.choice(pool) if rng.random() < 0.3 else "x"
                                           for _ in range(rng.randrange(40))) for _ in range(3000)]
+    # 2-byte texts mostly of non-ASCII runs (Arabic, Cyrillic), at the 2- and 3-byte boundaries
+    dense = ["\u0627", "\u044f", "\u0080", "\u07ff", "\u0800", "\uffff", " ", "a", "\u4e2d"]
+    texts += ["".join(rng.choice(dense) for _ in range(rng.randrange(1, 40))) for _ in range(3000)]
     assert utf8(texts) == [t.encode("utf-8") for t in texts]
     assert utf8(["fine", "a\ud800b"]) is None
+    assert utf8(["\u0627\u0644\udfff\u0627"]) is None and utf8(["\u0627\u0644\ud800"]) is None
