@@ -43,11 +43,13 @@ def init_distributed(tp: int, pp: int = 1, ep: int = 1, cp: int = 1) -> torch.de
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # the rank's device named: torch 2.11 warned at every barrier (megatron-core's dataset builder's
+        # included) that it guessed it, on stderr, which the GPU tests refuse
+        backend = {"backend": "nccl", "device_id": device} if cuda else {"backend": "gloo"}
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group("nccl" if cuda else "gloo")
+            dist.init_process_group(**backend)
         else:
-            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                    rank=0, world_size=1)
+            dist.init_process_group(**backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     # The sizes fit the world: plan.RULES (megatron-core refuses what does not, in its own words).
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                              context_parallel_size=cp, expert_model_parallel_size=ep)
