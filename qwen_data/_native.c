@@ -960,6 +960,166 @@ done:
     return out;
 }
 
+/* best_fit_rows(sorted_lengths, capacity, row_of) -> rows: `formats.packing.pack`'s best fit decreasing over
+ * samples sorted longest first (ties in index order), each sample's row written to row_of; → the rows opened.
+ * The samples of one length go together, as Python dealt them (a Python loop a length cost a packed SFT run's
+ * main thread ~0.7 s a GB of chats): open rows wait in buckets by their free space (`spaces` ascending, each
+ * bucket's rows in the order they came); walking up from the length, a bucket whose rows all fill is taken
+ * whole, in order, and the one that ends the samples gives its last rows; the rest go to new rows, `per` a row.
+ * The rows that took samples then join the bucket of their new free space, at its end, in the order they took
+ * them, unless less is left than the shortest sample holds. */
+typedef struct {
+    int64_t space, n, cap;
+    int64_t *rows;
+} Bucket;
+
+static int bucket_add(Bucket *b, const int64_t *rows, int64_t n) {
+    if (b->n + n > b->cap) {
+        int64_t cap = b->cap ? b->cap : 4;
+        while (cap < b->n + n) cap *= 2;
+        int64_t *grown = PyMem_Realloc(b->rows, (size_t)cap * sizeof(int64_t));
+        if (grown == NULL) return -1;
+        b->rows = grown, b->cap = cap;
+    }
+    memcpy(b->rows + b->n, rows, (size_t)n * sizeof(int64_t));
+    b->n += n;
+    return 0;
+}
+
+typedef struct {
+    Bucket *b;     /* by free space, ascending */
+    int64_t n, cap;
+    int64_t *takers, *counts;  /* this length's rows that took samples, and how many each */
+    int64_t taken, *move_space, *move_count, moves;  /* the takers' segments and the space each has left */
+} Rows;
+
+static int64_t bucket_at(const Rows *r, int64_t space) {  /* the first bucket with at least `space` free */
+    int64_t lo = 0, hi = r->n;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (r->b[mid].space < space) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static void take(Rows *r, const int64_t *rows, int64_t n, int64_t per, int64_t full, int64_t rest, int64_t space,
+                 int64_t s) {
+    for (int64_t k = 0; k < n; k++) {
+        r->takers[r->taken + k] = rows[k];
+        r->counts[r->taken + k] = k < full ? per : rest;
+    }
+    r->taken += n;
+    r->move_space[r->moves] = space - per * s, r->move_count[r->moves++] = full;
+    if (n > full) r->move_space[r->moves] = space - rest * s, r->move_count[r->moves++] = n - full;
+}
+
+static int settle(Rows *r, int64_t smallest) {  /* the takers to the buckets of their new free space */
+    int64_t at = 0;
+    for (int64_t m = 0; m < r->moves; at += r->move_count[m], m++) {
+        int64_t space = r->move_space[m], count = r->move_count[m];
+        if (space < smallest || count == 0) continue;
+        int64_t i = bucket_at(r, space);
+        if (i == r->n || r->b[i].space != space) {
+            if (r->n == r->cap) {
+                int64_t cap = r->cap ? 2 * r->cap : 64;
+                Bucket *grown = PyMem_Realloc(r->b, (size_t)cap * sizeof(Bucket));
+                if (grown == NULL) return -1;
+                r->b = grown, r->cap = cap;
+            }
+            memmove(r->b + i + 1, r->b + i, (size_t)(r->n - i) * sizeof(Bucket));
+            r->b[i] = (Bucket){space, 0, 0, NULL};
+            r->n++;
+        }
+        if (bucket_add(&r->b[i], r->takers + at, count) < 0) return -1;
+    }
+    return 0;
+}
+
+/* `count` samples of length `s` to the open rows, tightest first; → those left for new rows. */
+static int64_t fill_open(Rows *r, int64_t s, int64_t count) {
+    int64_t first = bucket_at(r, s), i = first, left = count;
+    while (left && i < r->n) {
+        Bucket *b = &r->b[i];
+        int64_t per = b->space / s;
+        if (b->n * per <= left) {  /* every row of the bucket fills up with these samples */
+            take(r, b->rows, b->n, per, b->n, 0, b->space, s);
+            left -= b->n * per;
+            b->n = 0;
+            i++;
+            continue;
+        }
+        int64_t full = left / per, rest = left % per, used = full + (rest > 0);
+        take(r, b->rows + b->n - used, used, per, full, rest, b->space, s);
+        b->n -= used;
+        left = 0;
+        if (b->n == 0) i++;
+    }
+    for (int64_t k = first; k < i; k++) PyMem_Free(r->b[k].rows);
+    memmove(r->b + first, r->b + i, (size_t)(r->n - i) * sizeof(Bucket));
+    r->n -= i - first;
+    return left;
+}
+
+static PyObject *best_fit_rows(PyObject *self, PyObject *args) {
+    PyObject *lengths_obj, *out_obj;
+    long long capacity;
+    if (!PyArg_ParseTuple(args, "OLO", &lengths_obj, &capacity, &out_obj)) return NULL;
+    Py_buffer lb, ob;
+    if (view(lengths_obj, &lb, 8, "sorted_lengths") < 0) return NULL;
+    if (view(out_obj, &ob, 8, "row_of") < 0) {
+        PyBuffer_Release(&lb);
+        return NULL;
+    }
+    const int64_t *len = lb.buf;
+    int64_t *row_of = ob.buf, n = lb.len / 8, opened = 0;
+    Rows r = {0};
+    PyObject *result = NULL;
+    if (ob.len / 8 != n || capacity < 1) {
+        PyErr_SetString(PyExc_ValueError, "best_fit_rows: row_of must hold a row per sample, capacity be positive");
+        goto done;
+    }
+    r.takers = PyMem_Malloc((size_t)(n + 1) * sizeof(int64_t)), r.counts = PyMem_Malloc((size_t)(n + 1) * sizeof(int64_t));
+    r.move_space = PyMem_Malloc((size_t)(2 * n + 4) * sizeof(int64_t));
+    r.move_count = PyMem_Malloc((size_t)(2 * n + 4) * sizeof(int64_t));
+    if (!r.takers || !r.counts || !r.move_space || !r.move_count) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t smallest = n ? len[n - 1] : 1;
+    for (int64_t g = 0, end; g < n; g = end) {
+        int64_t s = len[g];
+        if (s < 1 || s > capacity || (g && s > len[g - 1])) {
+            PyErr_SetString(PyExc_ValueError, "best_fit_rows: lengths must be in 1..capacity, longest first");
+            goto done;
+        }
+        for (end = g + 1; end < n && len[end] == s; end++) {}
+        r.taken = r.moves = 0;
+        int64_t left = fill_open(&r, s, end - g);
+        if (left) {  /* new rows, `per` samples each, the last one the rest */
+            int64_t per = capacity / s, full = left / per, rest = left % per, count = full + (rest > 0);
+            int64_t *fresh = r.takers + r.taken;  /* (take copies them forward onto themselves: same place) */
+            for (int64_t k = 0; k < count; k++) fresh[k] = opened + k;
+            take(&r, fresh, count, per, full, rest, capacity, s);
+            opened += count;
+        }
+        for (int64_t k = 0, at = g; k < r.taken; k++)
+            for (int64_t c = 0; c < r.counts[k]; c++) row_of[at++] = r.takers[k];
+        if (settle(&r, smallest) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    result = PyLong_FromLongLong(opened);
+done:
+    for (int64_t k = 0; k < r.n; k++) PyMem_Free(r.b[k].rows);
+    PyMem_Free(r.b);
+    PyMem_Free(r.takers), PyMem_Free(r.counts), PyMem_Free(r.move_space), PyMem_Free(r.move_count);
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&lb);
+    return result;
+}
+
 /* nfc(text, props, dec_keys, dec_starts, dec_data, comp_keys, comp_values) -> str, or None: the text in
  * NFC, by the tables `text.nfc` derives from Python's unicodedata (a character's canonical decomposition,
  * each primary composite by its pair; Hangul by its rule), where unicodedata.normalize took ~250
@@ -1242,6 +1402,7 @@ ids:
 }
 
 static PyMethodDef methods[] = {
+    {"best_fit_rows", best_fit_rows, METH_VARARGS, "Best fit decreasing: each sorted sample's row; the rows."},
     {"pack_rows", pack_rows, METH_VARARGS, "Packed rows laid out from their samples and plan."},
     {"misspelled", misspelled, METH_VARARGS, "The first text whose ids do not spell it, or -1."},
     {"structure_mask", structure_mask, METH_VARARGS, "The loss mask the samples' ChatML structure gives."},

@@ -19,9 +19,10 @@ Speed comes from never handling samples one by one in Python. Open rows live in 
 their free space. All samples of one length `s` are placed together: walking the buckets upward
 from `s`, every row of a bucket with free space `r` takes `r // s` of them (a row keeps being the
 tightest fit until it has less than `s` left, since the tighter buckets were already used up),
-so each bucket costs a few Python-level steps whatever its size. Interpreter work grows with
-the (length, bucket) pairs visited, not with the sample count, and does not depend on the
-capacity: 1M realistic samples pack in ~0.35 s, mostly numpy sorting (bench/packing.py).
+so each bucket costs a few steps whatever its size. The dealing is C (`_native.best_fit_rows`):
+done in Python, a loop a length, it cost a packed run's main thread ~0.7 s a GB of chats (a window
+holds a few thousand lengths); the sorts around it are numpy's (bench/packing.py: 200k realistic
+samples window by window 0.26 → 0.05 s).
 
 Output order, chosen so packed data keeps the input's order (shuffled input stays shuffled,
 curricula survive): rows are sorted by the smallest sample index they hold, and samples inside
@@ -30,13 +31,12 @@ a row by index.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from .._native import pack_rows
+from .._native import best_fit_rows, pack_rows
 from .digest import piece_hashes, pieces_digest
 
 
@@ -132,90 +132,10 @@ def pack(lengths, capacity: int) -> RowGroups:
     n = len(lengths)
     if n == 0:
         return _plan(lengths, lengths, 0, capacity)
-
     by_size = np.argsort(-lengths, kind="stable")  # longest first, ties by index
-    sorted_lengths = lengths[by_size]
-    group_starts = np.flatnonzero(np.diff(sorted_lengths)) + 1
-    bounds = np.concatenate(([0], group_starts, [n])).tolist()
-    group_sizes = sorted_lengths[np.asarray(bounds[:-1])].tolist()
-    rows = _BestFitRows(capacity, smallest=group_sizes[-1])
     row_of_sorted = np.empty(n, dtype=np.int64)
-    for g, s in enumerate(group_sizes):  # the samples of one length at a time, longest first
-        takers, counts = rows.deal(s, bounds[g + 1] - bounds[g])
-        row_of_sorted[bounds[g] : bounds[g + 1]] = np.repeat(
-            np.asarray(takers, dtype=np.int64), np.asarray(counts, dtype=np.int64)
-        )
-    return _plan_in_input_order(lengths, by_size, row_of_sorted, rows.opened, capacity)
-
-
-class _BestFitRows:
-    """The rows of `pack` as samples of one length after another are dealt to them: each sample to
-    the open row with the least free space it fits in (best fit), rows found by their free space."""
-
-    def __init__(self, capacity: int, smallest: int) -> None:
-        self.capacity = capacity
-        self.smallest = smallest  # rows with less space left than this are closed for good
-        self.open: dict[int, list[int]] = {}  # free space -> rows with exactly that much left
-        self.spaces: list[int] = []  # keys of `open`, ascending
-        self.opened = 0
-
-    def deal(self, s: int, count: int) -> tuple[list[int], list[int]]:
-        """`count` samples of length `s` dealt: (the rows receiving them, in order; how many each)."""
-        takers: list[int] = []
-        counts: list[int] = []
-        moves: list[tuple[list[int], int]] = []  # (rows, their new free space)
-        left = self._fill_open(s, count, takers, counts, moves)
-        if left:
-            per = self.capacity // s
-            full, rest = divmod(left, per)
-            new = list(range(self.opened, self.opened + full + (rest > 0)))
-            self.opened += len(new)
-            takers += new
-            counts += [per] * full + ([rest] if rest else [])
-            moves.append((new[:full], self.capacity - per * s))
-            if rest:
-                moves.append((new[full:], self.capacity - rest * s))
-        for rows, space in moves:
-            if space < self.smallest or not rows:
-                continue
-            if space in self.open:
-                self.open[space] += rows
-            else:
-                self.open[space] = list(rows)
-                bisect.insort(self.spaces, space)
-        return takers, counts
-
-    def _fill_open(self, s: int, left: int, takers: list, counts: list, moves: list) -> int:
-        """Open rows with room for a sample of length `s` take as many of the `left` as fit, the
-        tightest first; → the samples still left."""
-        first = i = bisect.bisect_left(self.spaces, s)
-        while left and i < len(self.spaces):
-            r = self.spaces[i]
-            bucket = self.open[r]
-            per = r // s
-            if len(bucket) * per <= left:
-                # Every row of this bucket fills up with samples of length s.
-                takers += bucket
-                counts += [per] * len(bucket)
-                moves.append((bucket, r - per * s))
-                left -= len(bucket) * per
-                del self.open[r]
-                i += 1
-                continue
-            full, rest = divmod(left, per)
-            used = bucket[len(bucket) - full - (rest > 0) :]
-            del bucket[len(bucket) - len(used) :]
-            takers += used
-            counts += [per] * full + ([rest] if rest else [])
-            moves.append((used[:full], r - per * s))
-            if rest:
-                moves.append((used[full:], r - rest * s))
-            left = 0
-            if not bucket:
-                del self.open[r]
-                i += 1
-        del self.spaces[first:i]  # the buckets emptied above, contiguous from `first`
-        return left
+    rows = best_fit_rows(np.ascontiguousarray(lengths[by_size]), int(capacity), row_of_sorted)  # (the buckets, in C)
+    return _plan_in_input_order(lengths, by_size, row_of_sorted, rows, capacity)
 
 
 def next_fit(lengths, capacity: int) -> RowGroups:

@@ -197,6 +197,21 @@ def test_matches_textbook_best_fit_and_never_loses_to_first_fit():
         assert plan.rows >= -(-int(lengths.sum()) // capacity)  # the volume bound
 
 
+def test_best_fit_plans_are_the_ones_earlier_versions_made():
+    """The rows a packed run writes never change from one version to the next (a merge of shards made by two
+    versions, a resumed run): the plans of realistic samples, all at once, at another capacity and window by
+    window, hashed, are those of the Python dealer the C one replaced (`_native.best_fit_rows`)."""
+    import hashlib
+
+    lengths = realistic_sft_lengths(30000, capacity=4096)
+    digest = hashlib.sha256()
+    for plan in [pack(lengths, 4096), pack(np.minimum(lengths[:777], 1024), 1024)] + \
+            [plan for _, plan in window_plans(np.concatenate([lengths] * 40), "best-fit", 4096)]:
+        digest.update(plan.order.astype("<i8").tobytes())
+        digest.update(plan.row_sizes.astype("<i8").tobytes())
+    assert digest.hexdigest() == "9fb0e1ea1cc008e9906ff8b01f12097f0a0eb0b2642a4105946232057a70e8c8"
+
+
 def test_best_fit_beats_first_fit_where_it_should():
     # FFD puts 5 in the first row that fits (17's, free 7), stranding 3 in a third row;
     # BFD puts it where it fits tightest (11+8's, free 5) and 4 + 3 then close 17's row.
