@@ -42,8 +42,9 @@ def unsettled(texts: list[str]) -> list[int]:
 
 
 def normalize(text: str) -> str:
-    """`unicodedata.normalize("NFC", text)`, from the same tables in C (`normalizing`: ~15 times faster on
-    the texts `unsettled` leaves); by unicodedata itself where the text holds a surrogate."""
+    """`unicodedata.normalize("NFC", text)`, from the same tables in C (`normalizing`: ~5.5 times faster on
+    the texts `unsettled` leaves, 5.1 against 28.5 ms for 1.17M characters); by unicodedata itself where the
+    text holds a surrogate."""
     found = _nfc(text, composition()[0], *normalizing())
     return unicodedata.normalize("NFC", text) if found is None else found
 
