@@ -1235,12 +1235,21 @@ static PyObject *nfc_text(PyObject *text, const NfcTables *t) {
     int kind = PyUnicode_KIND(text);
     const void *data = PyUnicode_DATA(text);
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    if (n > PY_SSIZE_T_MAX / 16) return PyErr_NoMemory();
-    Py_UCS4 *buf = PyMem_Malloc((size_t)(4 * n + 4) * sizeof(Py_UCS4));
+    /* 4 bytes a character and a little more: a decomposition rarely adds many (grown where it does) */
+    Py_ssize_t cap = n + n / 8 + 8, m = 0;
+    if (n > PY_SSIZE_T_MAX / 8) return PyErr_NoMemory();
+    Py_UCS4 *buf = PyMem_Malloc((size_t)cap * sizeof(Py_UCS4));
     if (buf == NULL) return PyErr_NoMemory();
-    Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (m + 4 > cap) {  /* room for the longest decomposition */
+            Py_UCS4 *grown = PyMem_Realloc(buf, (size_t)(cap *= 2) * sizeof(Py_UCS4));
+            if (grown == NULL) {
+                PyMem_Free(buf);
+                return PyErr_NoMemory();
+            }
+            buf = grown;
+        }
         if (c >= 0xD800 && c <= 0xDFFF) {
             PyMem_Free(buf);
             Py_RETURN_NONE;
