@@ -889,14 +889,15 @@ static PyObject *nfc_suspects(PyObject *self, PyObject *args) {
 #define NFC_NO 0x200
 #define NFC_SPLITS 0x400
 
-static int composes(const uint64_t *pairs, Py_ssize_t n, uint64_t key) {
+/* Where `key` is among the n sorted `keys`; -1 where it is not. */
+static Py_ssize_t find64(const uint64_t *keys, Py_ssize_t n, uint64_t key) {
     Py_ssize_t lo = 0, hi = n;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
-        if (pairs[mid] < key) lo = mid + 1;
+        if (keys[mid] < key) lo = mid + 1;
         else hi = mid;
     }
-    return lo < n && pairs[lo] == key;
+    return lo < n && keys[lo] == key ? lo : -1;
 }
 
 static int settled(PyObject *text, const uint16_t *props, const uint64_t *pairs, Py_ssize_t n_pairs) {
@@ -911,7 +912,7 @@ static int settled(PyObject *text, const uint16_t *props, const uint64_t *pairs,
         unsigned ccc = p & 0xFF;
         if (p & NFC_NO) return 0;
         if (ccc && (ccc < (unsigned)before || splits || (p & NFC_SPLITS))) return 0;
-        if ((p & NFC_MAYBE) && (splits || (starter >= 0 && composes(pairs, n_pairs, (uint64_t)starter << 21 | c))))
+        if ((p & NFC_MAYBE) && (splits || (starter >= 0 && find64(pairs, n_pairs, (uint64_t)starter << 21 | c) >= 0)))
             return 0;
         if (!ccc) {
             starter = c;
@@ -1139,16 +1140,6 @@ static inline unsigned nfc_class(const uint16_t *props, Py_UCS4 c) {
     return c < PROPS_END ? props[c] & 0xFF : 0;
 }
 
-static Py_ssize_t find32(const uint32_t *keys, Py_ssize_t n, uint32_t key) {
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (keys[mid] < key) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < n && keys[lo] == key ? lo : -1;
-}
-
 static Py_UCS4 composite(Py_UCS4 first, Py_UCS4 second, const uint64_t *keys, const uint32_t *values,
                          Py_ssize_t n) {
     if (first >= L_BASE && first < L_BASE + 19 && second >= V_BASE && second < V_BASE + 21)
@@ -1156,19 +1147,14 @@ static Py_UCS4 composite(Py_UCS4 first, Py_UCS4 second, const uint64_t *keys, co
     if (first >= S_BASE && first < S_BASE + S_COUNT && (first - S_BASE) % T_COUNT == 0 && second > T_BASE &&
         second < T_BASE + T_COUNT)
         return first + (second - T_BASE);
-    uint64_t key = (uint64_t)first << 21 | second;
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (keys[mid] < key) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < n && keys[lo] == key ? values[lo] : 0;
+    Py_ssize_t k = find64(keys, n, (uint64_t)first << 21 | second);
+    return k < 0 ? 0 : values[k];
 }
 
 typedef struct {
     const uint16_t *props;
-    const uint32_t *dec_keys, *dec_starts, *dec_data;
+    const uint64_t *dec_keys;
+    const uint32_t *dec_starts, *dec_data;
     const uint64_t *comp_keys;
     const uint32_t *comp_values;
     Py_ssize_t n_dec, n_comp, n_data;
@@ -1184,7 +1170,7 @@ static int decompose(const NfcTables *t, Py_UCS4 c, Py_UCS4 *out, Py_ssize_t *n)
         if (s % T_COUNT) out[(*n)++] = T_BASE + s % T_COUNT;
         return 0;
     }
-    Py_ssize_t k = (c < PROPS_END && (t->props[c] & NFC_SPLITS)) ? find32(t->dec_keys, t->n_dec, c) : -1;
+    Py_ssize_t k = (c < PROPS_END && (t->props[c] & NFC_SPLITS)) ? find64(t->dec_keys, t->n_dec, c) : -1;
     if (k < 0) {
         out[(*n)++] = c;
         return 0;
@@ -1270,7 +1256,7 @@ static PyObject *nfc(PyObject *self, PyObject *args) {
     PyObject *text, *objs[6];
     if (!PyArg_ParseTuple(args, "UOOOOOO", &text, &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5]))
         return NULL;
-    static const Py_ssize_t items[6] = {2, 4, 4, 4, 8, 4};
+    static const Py_ssize_t items[6] = {2, 8, 4, 4, 8, 4};
     static const char *names[6] = {"props", "dec_keys", "dec_starts", "dec_data", "comp_keys", "comp_values"};
     Py_buffer b[6];
     int held = 0;
@@ -1278,7 +1264,7 @@ static PyObject *nfc(PyObject *self, PyObject *args) {
     for (; held < 6; held++)
         if (view(objs[held], &b[held], items[held], names[held]) < 0) goto done;
     NfcTables t = {b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf,
-                   b[1].len / 4, b[4].len / 8, b[3].len / 4};
+                   b[1].len / 8, b[4].len / 8, b[3].len / 4};
     if (b[0].len / 2 < PROPS_END || b[2].len / 4 != t.n_dec + 1 || b[5].len / 4 != t.n_comp) {
         PyErr_SetString(PyExc_ValueError, "nfc: tables of inconsistent sizes");
         goto done;

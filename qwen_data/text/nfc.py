@@ -121,23 +121,23 @@ def _derived() -> np.ndarray:
     return np.packbits(stable, bitorder="little")
 
 
-NORMALIZING_RULE = 1  # `_normalizing`'s version, in its cached file's name
+NORMALIZING_RULE = 2  # `_normalizing`'s version, in its cached file's name
 HANGUL = range(0xAC00, 0xAC00 + 11172)  # syllables: decomposed and composed by their rule in C
 
 
 @functools.lru_cache(maxsize=1)
 def normalizing() -> tuple[np.ndarray, ...]:
     """(dec_keys, dec_starts, dec_data, comp_keys, comp_values) as `_native.nfc` reads them: each code point
-    NFD changes (Hangul syllables aside), sorted, its decomposition `dec_data[dec_starts[k]:dec_starts[k + 1]]`;
-    each primary composite by its pair as first << 21 | second, sorted. Derived from Python's unicodedata
-    (~1 s), kept in the cache folder as one uint32 array (counts first)."""
+    NFD changes (Hangul syllables aside), sorted (uint64, as the composites' keys), its decomposition
+    `dec_data[dec_starts[k]:dec_starts[k + 1]]`; each primary composite by its pair as first << 21 | second,
+    sorted. Derived from Python's unicodedata (~0.5 s), kept in the cache folder as one uint32 array (counts first)."""
     name = f"nfc-normalizing-{unicodedata.unidata_version}-{NORMALIZING_RULE}.npy"
     packed = cached_array(os.path.join(cache_dir(), name), f"Python's unicodedata {unicodedata.unidata_version}",
                           _normalizing, lambda a: a.dtype == np.uint32 and a.ndim == 1 and len(a) > 3
-                          and len(a) == 3 + 2 * int(a[0]) + 1 + int(a[1]) + 3 * int(a[2]))
+                          and len(a) == 3 + 3 * int(a[0]) + 1 + int(a[1]) + 3 * int(a[2]))
     n_dec, n_data, n_comp = (int(v) for v in packed[:3])
-    parts = np.split(packed[3:], np.cumsum([n_dec, n_dec + 1, n_data, 2 * n_comp]))
-    return parts[0], parts[1], parts[2], parts[3].view(np.uint64), parts[4]
+    parts = np.split(packed[3:], np.cumsum([2 * n_dec, n_dec + 1, n_data, 2 * n_comp]))
+    return parts[0].view(np.uint64), parts[1], parts[2], parts[3].view(np.uint64), parts[4]
 
 
 def _normalizing() -> np.ndarray:
@@ -159,6 +159,7 @@ def _normalizing() -> np.ndarray:
             if unicodedata.normalize("NFC", chr(first) + chr(second)) == ch:
                 composites[first << 21 | second] = c
     pairs = sorted(composites)
-    return np.concatenate([np.array([len(keys), len(data), len(pairs)], np.uint32), np.array(keys, np.uint32),
-                           np.array(starts, np.uint32), np.array(data, np.uint32),
-                           np.array(pairs, np.uint64).view(np.uint32), np.array([composites[k] for k in pairs], np.uint32)])
+    counts = np.array([len(keys), len(data), len(pairs)], np.uint32)
+    return np.concatenate([counts, np.array(keys, np.uint64).view(np.uint32), np.array(starts, np.uint32),
+                           np.array(data, np.uint32), np.array(pairs, np.uint64).view(np.uint32),
+                           np.array([composites[k] for k in pairs], np.uint32)])
