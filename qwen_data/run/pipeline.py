@@ -39,7 +39,7 @@ from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig, resolve_tokenizer_dir
 from .certifier import NOTHING_WRITTEN, Certifier
 from .journal import Journal, Resumed, identity
-from .prestart import take as take_prestarted
+from .prestart import large, take as take_prestarted
 from .progress import Progress
 
 # A worker is replaced once its resident memory has grown this much (its share of this budget, at
@@ -170,7 +170,7 @@ def run(step: Step, progress: Progress | None = None) -> list[Manifest]:
     early = []
     if config.certify and config.check_here:
         early = Certifier.early(os.path.join(resolve_tokenizer_dir(config.tokenizer.name)[1], "tokenizer.json"),
-                                checkers(step, config.workers), whole=step.kind == "sft")
+                                checkers(step, config.workers), whole=step.kind == "sft" or large(config.inputs))
     else:
         take_prestarted(None)  # nothing checks here: a checking process forked as the command started goes
     try:

@@ -22,6 +22,9 @@ from ..text.bundled import bundled_tokenizer_dir
 from .lifetime import STOPPING, die_with
 
 COMMANDS = ("pretrain", "sft")  # the commands that certify what they write
+# Inputs of more bytes than this hold more records than a trimmed reference is for (`checks.TRIM_RECORDS`), but
+# for records of 16 KB and more, which then load the trimmed tables when they are first checked.
+LARGE_INPUT_BYTES = 1 << 20
 _prestarted: tuple[int, socket.socket, str] | None = None  # (pid, our end, tokenizer.json) until taken
 
 
@@ -38,7 +41,7 @@ def prestart(argv: list[str]) -> None:
     pid = os.fork()
     if pid == 0:  # the checking process: never returns
         ours.close()
-        _check_here(theirs, parent, path, held, whole=_command(argv) == "sft")
+        _check_here(theirs, parent, path, held, whole=_command(argv) == "sft" or large(argv))
     signal.pthread_sigmask(signal.SIG_SETMASK, held)
     theirs.close()
     _prestarted = (pid, ours, path)
@@ -86,11 +89,19 @@ def _tokenizer_json(argv: list[str]) -> str | None:
     return os.path.join(os.path.abspath(folder), "tokenizer.json")
 
 
+def large(paths: list[str]) -> bool:
+    """Whether the files of `paths` (a command line's words, a run's inputs) hold more than LARGE_INPUT_BYTES
+    (folders and globs not looked into): a guess that proves wrong costs the checking process a load, never
+    a wrong check."""
+    sizes = (os.path.getsize(a) for a in paths if not a.startswith("-") and os.path.isfile(a))
+    return sum(sizes) > LARGE_INPUT_BYTES
+
+
 def _check_here(sock: socket.socket, parent: int, path: str, mask: set, whole: bool) -> None:
-    """The checking process: HF's tokenizer loaded first (the long part; for pretraining, only the
-    tables it is cut down from, `certify.trimmed`: a run of few records needs no more, and a larger
-    one's checks load the rest), then the run's checks served as `run.certifier` serves them in the
-    processes it forks."""
+    """The checking process: HF's tokenizer loaded first (the long part; for pretraining on small inputs,
+    only the tables it is cut down from, `certify.trimmed`: a run of few records needs no more, where
+    loading them before the whole tokenizer took a large run's checking process ~0.6 s more), then the
+    run's checks served as `run.certifier` serves them in the processes it forks."""
     status = 0
     try:
         for signum in STOPPING:  # the run decides, then kills us

@@ -112,3 +112,25 @@ def test_python_m_qwen_data_is_the_command(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert manifest(tmp_path / "o")["certificate"]["certified"] is True
+
+
+def test_inputs_past_a_megabyte_are_large_and_folders_are_not_looked_into(tmp_path):
+    small, big = tmp_path / "small.jsonl", tmp_path / "big.jsonl"
+    small.write_bytes(b"x" * 1000)
+    big.write_bytes(b"x" * (prestart.LARGE_INPUT_BYTES + 1))
+    assert not prestart.large(["pretrain", str(small), "-o", "o", "--workers", "2"])
+    assert prestart.large(["pretrain", str(small), str(big), "-o", "o"])
+    assert not prestart.large([str(tmp_path), str(tmp_path / "*.jsonl"), "-"])
+
+
+def test_a_large_input_of_few_records_is_checked_by_the_whole_tokenizer(tmp_path):
+    # guessed large (whole tokenizer loaded first), though its 3 records would have a trimmed reference
+    text = "word " * (prestart.LARGE_INPUT_BYTES // 4)
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": text}, {"text": "A second document."}, {"text": text[:999]}])
+    assert prestart.large([data])
+    run = subprocess.run([sys.executable, "-c", ADOPTING, "pretrain", data, "-o", str(tmp_path / "o"), "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "adopted [True]" in run.stdout
+    certificate = manifest(tmp_path / "o")["certificate"]
+    assert certificate["certified"] is True and certificate["records_checked"] == 3
