@@ -123,8 +123,35 @@ def test_inputs_past_a_megabyte_are_large_and_folders_are_not_looked_into(tmp_pa
     assert not prestart.large([str(tmp_path), str(tmp_path / "*.jsonl"), "-"])
 
 
-def test_a_large_input_of_few_records_is_checked_by_the_whole_tokenizer(tmp_path):
-    # guessed large (whole tokenizer loaded first), though its 3 records would have a trimmed reference
+def test_the_checker_loads_the_whole_tokenizer_for_sft_and_large_inputs(tmp_path, monkeypatch):
+    small, big = tmp_path / "small.jsonl", tmp_path / "big.jsonl"
+    small.write_bytes(b"x" * 1000)
+    big.write_bytes(b"x" * (prestart.LARGE_INPUT_BYTES + 1))
+    loads = []
+
+    class Forked(Exception):
+        pass
+
+    def checking(sock, parent, path, held, whole):  # the child's side, run here: what it was told to load
+        loads.append(whole)
+        sock.close()
+        raise Forked
+
+    monkeypatch.setattr(prestart, "_check_here", checking)
+    monkeypatch.setattr(os, "fork", lambda: 0)  # prestart takes the child's branch in this process
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    try:
+        for argv in (["pretrain", str(big)], ["pretrain", str(small)], ["sft", str(small), "--template", "qwen3"]):
+            monkeypatch.setattr(prestart, "_prestarted", None)
+            with pytest.raises(Forked):
+                prestart.prestart(argv)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (the child's branch leaves Ctrl-C held)
+    assert loads == [True, False, True]
+
+
+def test_a_large_input_of_few_records_is_certified(tmp_path):
+    # guessed large (HF's whole tokenizer loaded at once), though its 3 records would have a trimmed reference
     text = "word " * (prestart.LARGE_INPUT_BYTES // 4)
     data = write_jsonl(tmp_path / "c.jsonl", [{"text": text}, {"text": "A second document."}, {"text": text[:999]}])
     assert prestart.large([data])
@@ -134,3 +161,24 @@ def test_a_large_input_of_few_records_is_checked_by_the_whole_tokenizer(tmp_path
     assert "adopted [True]" in run.stdout
     certificate = manifest(tmp_path / "o")["certificate"]
     assert certificate["certified"] is True and certificate["records_checked"] == 3
+
+
+def test_a_run_asks_its_checker_for_what_prestart_would_load(tmp_path, monkeypatch):
+    from qwen_data.run import pipeline
+    from qwen_data.steps.pretrain import PretrainConfig, run
+
+    asked = []
+    early = pipeline.Certifier.early
+
+    def recording(tokenizer_json, count=1, whole=True):
+        asked.append(whole)
+        return early(tokenizer_json, count, whole)
+
+    monkeypatch.setattr(pipeline.Certifier, "early", staticmethod(recording))
+    text = "word " * (prestart.LARGE_INPUT_BYTES // 4)
+    small = write_jsonl(tmp_path / "small.jsonl", [{"text": "A document."}])
+    big = write_jsonl(tmp_path / "big.jsonl", [{"text": text}, {"text": "A second document."}])
+    for data in (small, big):
+        run(PretrainConfig(inputs=[data], output_prefix=str(tmp_path / os.path.basename(data)), workers=1,
+                           quiet=True))
+    assert asked == [False, True]
