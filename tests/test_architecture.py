@@ -128,14 +128,14 @@ TRAIN_FLOORS = {
     "patches": {"attention", "kernels"},
     "model": {"attention", "config", "marks", "plan", "shapes"},
     "hf": {"marks", "shapes"},
-    "kernels": set(),  # (Triton's, for the loss and the SwiGLU patch)
+    "kernels": set(),  # (Triton's, for the loss, the SwiGLU patch and AdamW)
     "loss": {"kernels", "marks"},
     "distributed": {"marks"},
     "data": {"config", "patches"},
     "loader": {"config", "data", "plan"},
     "step": {"attention", "distributed", "loss", "marks", "model"},
     "graphs": {"attention", "step"},
-    "optimizer": {"config", "marks"},
+    "optimizer": {"config", "kernels", "marks"},
     "metrics": {"config", "distributed", "plan", "shapes"},
     "checkpoint": {"config", "distributed", "hf", "optimizer", "plan", "shapes"},
     "loop": {"checkpoint", "config", "distributed", "graphs", "hf", "loader", "metrics", "model", "optimizer",

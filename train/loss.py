@@ -61,12 +61,18 @@ def _logit_grad(logits, peak, sums, at, here, c):
 _compiled = {}
 
 
-def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """out += a @ b, `out` float32, `a` and `b` in a lower precision: on CUDA one matmul that
-    accumulates into `out` in float32 (no product rounded to the inputs' dtype, no separate add);
-    elsewhere the product in float32, added."""
+def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool = False) -> None:
+    """out += a @ b (`first`: out = a @ b, whatever `out` held), `out` float32, `a` and `b` in a lower
+    precision: on CUDA one matmul that accumulates into `out` in float32 (no product rounded to the
+    inputs' dtype, no separate add); elsewhere the product in float32, added. (`first` spares the
+    zeros a [vocab, h] gradient would be filled with: 117 us of a 0.5B micro-batch on an H200.)"""
     if out.is_cuda:
-        torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+        if first:
+            torch.mm(a, b, out_dtype=torch.float32, out=out)
+        else:
+            torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+    elif first:
+        out.copy_(a @ b)
     else:
         out += (a @ b).float()
 
@@ -95,7 +101,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         if need_grads:
             grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            # the first chunk's product writes it whole (`_accumulate_mm`); zeros where there is none
+            grad_weight = (torch.empty if hidden.shape[0] else torch.zeros)(weight.shape, dtype=torch.float32,
+                                                                            device=weight.device)
         for start in range(0, hidden.shape[0], CHUNK_TOKENS):
             h = hidden[start:start + CHUNK_TOKENS].to(dtype)
             c = weights[start:start + CHUNK_TOKENS].float()
@@ -121,7 +129,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     g = logit_grad(logits, peak, sums, at, here, c)
                 del logits
                 torch.mm(g, w, out=grad_hidden[start:start + CHUNK_TOKENS])
-                _accumulate_mm(grad_weight, g.t(), h)
+                _accumulate_mm(grad_weight, g.t(), h, first=start == 0)
         if need_grads:
             ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.hidden_dtype = hidden.dtype
@@ -133,7 +141,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total):
         grad_hidden, grad_weight = ctx.saved_tensors
-        grad_weight = grad_weight * grad_total
+        # in place (its memory is this step's alone) and by a multi-tensor kernel: a 0-dim CUDA factor
+        # sends `*` to torch's unvectorised path (0.5B, [151,936, 896] float32: 400 us on an H200)
+        torch._foreach_mul_([grad_weight], grad_total)
         if ctx.float32_grad is not None:
             ctx.float32_grad.add_(grad_weight)
             grad_weight = None

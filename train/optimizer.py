@@ -24,7 +24,7 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,7 @@ from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_du
 from megatron.core.transformer.module import param_is_not_shared
 
 from .config import OptimConfig
-from . import marks
+from . import kernels, marks
 from .marks import is_expert_parallel
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's state of a parameter besides its step count
@@ -47,18 +47,21 @@ class AdamW:
     as backward makes it). torch's AdamW steps them joined again, float32 during the step only."""
 
     def __init__(self, model: torch.nn.Module, config: OptimConfig, bf16_weights: bool = False,
-                 in_place: bool = False) -> None:
+                 in_place: bool = False, fused: Optional[bool] = None) -> None:
         """`in_place`: every weight and gradient stays in the memory it has (a CUDA graph reads and
         writes them there, graphs.py): gradients are zeroed, not dropped, and the split weights'
-        bf16 parts are written back where they were, which holds 2 bytes a weight more during a step."""
+        bf16 parts are written back where they were. `fused` (default: on CUDA with the Triton
+        kernels): each parameter stepped by kernels.adamw_, in place, the clipping's factor and the
+        zeroing in its pass; else torch's fused AdamW over the joined masters (`_joined_step`)."""
         params = [p for p in model.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim > 1]
         no_decay = [p for p in params if p.ndim <= 1]
         self.params = decay + no_decay  # in the order of torch's state_dict
         groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         self.clip_grad, self.in_place = config.clip_grad, in_place
+        self.fused = kernels.enabled(self.params[0]) if fused is None else fused
         self.torch = torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                                       eps=config.adam_eps, fused=self.params[0].is_cuda)
+                                       eps=config.adam_eps, fused=self.params[0].is_cuda and not self.fused)
         names = {p: name for name, p in model.named_parameters()}
         self.split = [p for p in decay if bf16_weights and splittable(names[p], p)]
         for p in self.split:
@@ -75,6 +78,14 @@ class AdamW:
         for group in self.torch.param_groups:
             group["lr"] = lr
         grads = [marks.gradient(p) for p in self.params]
+        if not self.fused:
+            return self._joined_step(grads)
+        norm = grad_norm(self.params, grads)
+        coef = clip_coefficient(norm, self.clip_grad) if self.clip_grad > 0 else torch.ones_like(norm)
+        self._fused_step(lr, grads, coef)
+        return norm
+
+    def _joined_step(self, grads: list[Optional[torch.Tensor]]) -> torch.Tensor:
         grad_norm = clip_grad_norm(self.params, grads, self.clip_grad)
         with self.float32_weights():
             for p in self.split:
@@ -86,6 +97,36 @@ class AdamW:
         if self.split:
             torch._foreach_zero_([marks.float32_grad(p) for p in self.split])
         return grad_norm
+
+    def _fused_step(self, lr: float, grads: list[Optional[torch.Tensor]], coef: torch.Tensor) -> None:
+        """kernels.adamw_ over each parameter with a gradient, its moments in torch's state (as its
+        AdamW keeps them: `moments`, checkpoints); the step counts there on the host (no device
+        read). Gradients zeroed in the pass (split weights' float32 ones always), or dropped after."""
+        (beta1, beta2), eps = self.torch.defaults["betas"], self.torch.defaults["eps"]
+        gradient = {id(p): g for p, g in zip(self.params, grads)}
+        for group in self.torch.param_groups:
+            for p in group["params"]:
+                grad = gradient[id(p)]
+                if grad is None:
+                    continue
+                state = self._state(p)
+                state["step"] += 1
+                scalars = kernels.AdamWStep(lr, beta1, beta2, eps, group["weight_decay"], int(state["step"]))
+                split = marks.float32_grad(p) is not None
+                kernels.adamw_(p.data, marks.low_bits(p), grad, state["exp_avg"], state["exp_avg_sq"], coef, scalars,
+                               zero_grad=split or self.in_place)
+                if not (split or self.in_place):
+                    p.grad = None
+
+    def _state(self, p: torch.nn.Parameter) -> dict:
+        """p's AdamW state, made at its first step: the step count (a CPU tensor) and float32 moments."""
+        state = self.torch.state[p]
+        if "step" not in state:
+            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+                         exp_avg_sq=torch.zeros(p.shape, dtype=torch.float32, device=p.device))
+        elif state["step"].device.type != "cpu":  # as torch's load_state_dict leaves it (its fused AdamW's)
+            state["step"] = state["step"].cpu()
+        return state
 
     @contextlib.contextmanager
     def float32_weights(self) -> Iterator[None]:
@@ -135,22 +176,11 @@ def split_float32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     One case does not fit: a tie rounded down (the rest would be +0x8000). It is kept 1 unit of
     float32's last place lower (+0x7FFF), a number that rounds to the same bf16: 1 weight in 131,072
     moves by 6e-8 of itself, and the bf16 weight is still the cast of the float32 one."""
-    return (_fused(_split) if x.is_cuda else _split)(x)
+    return (_fused(kernels.split_bits) if x.is_cuda else kernels.split_bits)(x)
 
 
 def join_float32(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
-    return (_fused(_join) if high.is_cuda else _join)(high, low)
-
-
-def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    bits = x.view(torch.int32)
-    high = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    low = (bits - (high << 16)).clamp(max=0x7FFF)
-    return high.to(torch.int16).view(torch.bfloat16), low.to(torch.int16)
-
-
-def _join(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
-    return ((high.view(torch.int16).to(torch.int32) << 16) + low.to(torch.int32)).view(torch.float32)
+    return (_fused(kernels.join_bits) if high.is_cuda else kernels.join_bits)(high, low)
 
 
 @functools.cache
@@ -282,10 +312,22 @@ class Schedule:
 
 def clip_grad_norm(params: list[torch.nn.Parameter], grads: list[torch.Tensor | None],
                    max_norm: float) -> torch.Tensor:
+    """`grad_norm`, the gradients scaled down to `max_norm` if above (0 = measure only)."""
+    norm = grad_norm(params, grads)
+    if max_norm > 0:
+        torch._foreach_mul_([g for g in grads if g is not None], clip_coefficient(norm, max_norm))
+    return norm
+
+
+def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """What clipping multiplies the gradients by: 1, or less where `norm` is above `max_norm`."""
+    return (max_norm / (norm + 1e-6)).clamp(max=1.0)
+
+
+def grad_norm(params: list[torch.nn.Parameter], grads: list[torch.Tensor | None]) -> torch.Tensor:
     """Global L2 norm of the gradients (`grads`, each of `params`') over the model-parallel group
     (TP × PP; a TP-replicated parameter, and the last stage's copy of tied embeddings, counted once;
-    expert-parallel ranks' experts, each its own, summed over their group too), scaled down to
-    `max_norm` if above (0 = measure only)."""
+    expert-parallel ranks' experts, each its own, summed over their group too)."""
     norm_sq = torch.zeros((), device=params[0].device)
     for experts, group in ((False, parallel_state.get_model_parallel_group()),
                            (True, parallel_state.get_expert_tensor_model_pipeline_parallel_group())):
@@ -297,7 +339,4 @@ def clip_grad_norm(params: list[torch.nn.Parameter], grads: list[torch.Tensor | 
         if dist.get_world_size(group) > 1:
             dist.all_reduce(part, group=group)
         norm_sq += part
-    norm = norm_sq.sqrt()
-    if max_norm > 0:
-        torch._foreach_mul_([g for g in grads if g is not None], (max_norm / (norm + 1e-6)).clamp(max=1.0))
-    return norm
+    return norm_sq.sqrt()

@@ -101,3 +101,42 @@ def test_a_split_weight_takes_its_float32_gradient_unrounded(megatron_cpu, monke
     assert split.grad is None
     assert torch.equal(split.float32_grad, master.grad)
     assert not torch.equal(master.grad.to(torch.bfloat16).float(), master.grad)  # what rounding would lose
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the float32-out matmuls run on CUDA"))])
+def test_the_first_chunk_writes_the_weight_gradient_whole(device):
+    """The output weight's gradient needs no zeros first: the first chunk's product writes it
+    (whatever the memory held), the others add to it, bit for bit as zeros and adds would."""
+    from qwen_data_train.loss import _accumulate_mm
+
+    g = torch.Generator().manual_seed(3)
+    parts = [(torch.randn(40, 96, generator=g).to(device, torch.bfloat16),
+              torch.randn(96, 24, generator=g).to(device, torch.bfloat16)) for _ in range(3)]
+    out = torch.full((40, 24), float("nan"), device=device)
+    ref = torch.zeros(40, 24, device=device)
+    for i, (a, b) in enumerate(parts):
+        _accumulate_mm(out, a, b, first=i == 0)
+        _accumulate_mm(ref, a, b)
+    assert torch.equal(out, ref)
+
+
+def test_the_weight_gradient_scaled_by_the_loss_gradient(megatron_cpu):
+    """backward's factor (the step's scale) multiplies the output weight's gradient, in place; no
+    rows at all give a zero gradient."""
+    from qwen_data_train.loss import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(50, 2, 16, generator=g, requires_grad=True)
+    weight = torch.randn(300, 16, generator=g, requires_grad=True)
+    labels, weights = torch.randint(0, 300, (2, 50), generator=g), torch.rand(2, 50, generator=g)
+    grads = []
+    for scale in (1.0, 0.37):
+        weight.grad = None
+        (linear_cross_entropy(hidden, weight, labels, weights, torch.float32) * scale).backward()
+        grads.append(weight.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0] * 0.37, rtol=1e-6, atol=0)
+    weight.grad = None
+    empty = torch.zeros(0, 2, 16, requires_grad=True)
+    linear_cross_entropy(empty, weight, labels[:, :0], weights[:, :0], torch.float32).backward()
+    assert torch.equal(weight.grad, torch.zeros_like(weight))
