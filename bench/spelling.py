@@ -40,14 +40,14 @@ def entries_for(source: str, speller: Speller) -> np.ndarray:
 
 
 def built(source: str, folder: str, name: str):
-    """`misspelled` of the C `source`, compiled as the package builds it (-O3) and loaded under `name`."""
+    """`misspelled` of the C `source`, compiled as the package builds it (`measure.build_native`) and loaded
+    under `name`."""
     os.makedirs(folder)
     path = os.path.join(folder, "_native.c")
     with open(path, "w", encoding="utf-8") as f:
         f.write(source)
     out = os.path.join(folder, "_native" + sysconfig.get_config_var("EXT_SUFFIX"))
-    subprocess.run(["gcc", "-O3", "-shared", "-fPIC", "-I" + sysconfig.get_paths()["include"],
-                    "-I" + np.get_include(), path, "-o", out], check=True)
+    measure.build_native(path, out, np.get_include())
     spec = importlib.util.spec_from_file_location(f"{name}._native", glob.glob(out)[0])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

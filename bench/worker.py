@@ -60,9 +60,8 @@ def tree_of(revision: str, work: str) -> str:
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
     package = os.path.join(root, "qwen_data")
-    subprocess.run(["gcc", "-O3", "-shared", "-fPIC", "-I" + sysconfig.get_paths()["include"],
-                    os.path.join(package, "_native.c"),
-                    "-o", os.path.join(package, "_native" + sysconfig.get_config_var("EXT_SUFFIX"))], check=True)
+    measure.build_native(os.path.join(package, "_native.c"),
+                         os.path.join(package, "_native" + sysconfig.get_config_var("EXT_SUFFIX")))
     return root
 
 
