@@ -131,13 +131,17 @@ def _cut_at(data: bytes | str, at: int) -> int | None:
         return None if found is None else found.start()
     at, size = _character_start(data, at), REGION
     begin = _character_start(data, max(0, at - 4))
+    try:
+        skip = len(data[begin:at].decode("utf-8"))  # `at` as a character of every region
+    except UnicodeDecodeError:  # (not UTF-8: checked whole)
+        return None
     while True:
         end = _character_start(data, at + size)
         try:
             text = data[begin:end].decode("utf-8")
-        except UnicodeDecodeError:  # (not UTF-8: checked whole)
+        except UnicodeDecodeError:
             return None
-        found = CUT.search(text, len(data[begin:at].decode("utf-8")))
+        found = CUT.search(text, skip)
         if found is not None:
             return begin + len(text[:found.start()].encode("utf-8"))
         if end >= len(data):
