@@ -217,10 +217,11 @@ class ChatChecks(_Checks):
         if self.config.lays_out_here and self.config.layout != "mask":
             return []
         named = (lambda k, n: f"{where} (sample {k + 1})" if n > 1 else where)
-        count = item[1][1]
-        return [entry for k, index, ids, mask in item[2] for entry in
-                ((named(k, count), 0, documents + index, 0, len(ids), ids),
-                 (named(k, count), 1, documents + index, 0, len(mask), mask))]
+        _, count, samples = item[1]
+        made = {k: (ids, mask) for k, ids, mask in samples}  # each written as a prefix of it (`_fit`)
+        return [entry for k, index, kept in item[2] for entry in
+                ((named(k, count), 0, documents + index, 0, kept, made[k][0][:kept]),
+                 (named(k, count), 1, documents + index, 0, kept, made[k][1][:kept]))]
 
     @staticmethod
     def item_json(item: tuple) -> list | None:

@@ -254,7 +254,7 @@ class _Batching:
         self.sources: dict[int, tuple] = {}
         self.to_check: list[tuple[int, tuple]] = []
         self.free: list[bool] = []  # per sample: literals made control ids, where the template's may stand
-        self.written: dict[int, list] = {}  # picked record → (k, place among the chunk's samples, ids, mask)
+        self.written: dict[int, list] = {}  # picked record → (k, place among the chunk's samples, tokens kept)
         self.misspelled: tuple[int, str] | None = None
 
     def render(self, record: Record) -> None:
@@ -322,7 +322,9 @@ class _Batching:
         """Raises RecordError for a sample that does not fit the run's settings."""
         ids, mask, truncated = _fit(*sample.encoded, self.config, self.step.pad_id)
         if sample.number in self.sources:  # picked: read back from the written files (`certify.checks`)
-            self.written.setdefault(sample.number, []).append((sample.k, len(self.ids), ids.copy(), mask.copy()))
+            # what was kept of it is a prefix of the sample handed over (`_fit` cuts, never changes): its
+            # length alone, where copies of the arrays doubled what a picked record costs to hand over
+            self.written.setdefault(sample.number, []).append((sample.k, len(self.ids), len(ids)))
         self.truncated += truncated
         self.ids.append(ids)
         self.mask.append(mask)
