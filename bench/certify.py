@@ -101,7 +101,6 @@ def run(argv: list, extra: list, certified: bool, work: str) -> dict:
     """One whole run, its outputs removed after; SystemExit unless its certificate says what was asked."""
     prefix = os.path.join(work, "out", "data")
     env = measure.python_env()
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package runs: its bytecode cached
     load = os.getloadavg()[0]  # others share the machine: how busy it was, beside each figure
     flags = extra if certified else ["--no-certify"]
     m = measure.run(measure.qwen_data_command(*argv, "-o", prefix, "--quiet", *flags), cwd=work, env=env)

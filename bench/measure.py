@@ -77,8 +77,11 @@ def tree(root_pid: int) -> dict[int, tuple[int, str, int, float]]:
 
 
 def python_env(*paths: str) -> dict:
-    """Environment for child Pythons: `paths` and this checkout's `qwen_data` importable, as the CLI runs it."""
+    """Environment for child Pythons: `paths` and this checkout's `qwen_data` importable, as the CLI runs it, its
+    bytecode cached as an installed package's is (a machine that sets PYTHONDONTWRITEBYTECODE compiled every module
+    of a fresh checkout again in every run: ~0.1 s of a run's start on 2 cores, and in each checking process)."""
     env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = os.pathsep.join([*paths, REPO_ROOT, *filter(None, [env.get("PYTHONPATH")])])
     return env
 
