@@ -287,10 +287,10 @@ class ChatChecks(_Checks):
         every = ("every token trained (--mask all)" if self.structure is None else
                  "the mask the ChatML structure of its ids gives (certify.spelling.structure_mask), except samples "
                  "whose literals became control ids under --special-tokens parse")
-        picked = (f"the reference's, for the first {MASKED} records checked: renders of the record's messages up "
-                  "to each trained assistant turn, with and without the generation prompt (never our masking code); "
-                  "the other picked samples, those checked on a window of their render, and those where a turn's render is "
-                  "not a prefix of the whole (Qwen3 strips earlier reasoning) are masks_not_checked")
+        picked = (f"the reference's, for the first {MASKED} records checked (on the window of a long render): renders "
+                  "of the record's messages up to each trained assistant turn, with and without the generation prompt "
+                  "(never our masking code); the other picked samples, and those where a turn's render is not a "
+                  "prefix of the whole (Qwen3 strips earlier reasoning), are masks_not_checked")
         return {"every_sample": every, "picked_samples": picked}
 
 
@@ -306,7 +306,7 @@ def compare_samples(where: str, count: int, samples: list, theirs: list, counts:
     None) of every sample, `ChatReference.record_samples`), naming the record; None where they are
     equal. Masks are compared from token `first`. A sample the reference checked on a window (the
     text its whole render's ids spell, the window's first byte and end) is compared whole with what
-    our ids spell (`table`: `spelling.Spelling`), and on the window as ids."""
+    our ids spell (`table`: `spelling.Spelling`), and on the window as ids and mask."""
     if len(theirs) != count:
         return f"{where}: the reference makes {len(theirs)} samples of the record, ours {count}"
     for k, ours_ids, ours_mask in samples:
@@ -326,7 +326,7 @@ def compare_samples(where: str, count: int, samples: list, theirs: list, counts:
             a, b = (int(i) for i in np.searchsorted(starts, (start, stop)))
             if starts[a] != start or starts[b] != stop:
                 return f"{named}: our ids cross the cut at byte {start if starts[a] != start else stop:,}, where HF's never do"
-            ours_ids = ours_ids[a:b]
+            ours_ids, ours_mask, first = ours_ids[a:b], ours_mask[a:b], max(0, first - a)
             named += f" (the window of its tokens {a:,}..{b:,})"
         if not np.array_equal(ours_ids, ids):
             return f"{named}: {difference(ours_ids, ids)}"

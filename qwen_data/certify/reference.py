@@ -310,9 +310,9 @@ class ChatReference:
         """(ids, mask, window) of each sample a record makes, from the record itself
         (`messages.read_record`, `RecordReading`), never from our parser's conversation; NotMappable
         where the documented mapping or the template cannot take it. `window_seed`: a sample's render
-        above LONG_RENDER characters gives the ids of a window of it only (`sample.window`), its mask
-        None and `window` (the text the whole render's ids spell, the window's first byte, its end)
-        (else None); `masks`: False leaves every mask None (the renders up to each turn are most of a
+        above LONG_RENDER characters gives the ids and mask of a window of it only (`sample.window`),
+        and `window` (the text the whole render's ids spell, the window's first byte, its end) (else
+        None); `masks`: False leaves every mask None (the renders up to each turn are most of a
         record's cost)."""
         record = self.reading.messages(read_record(source))
         (messages, tools), unmark = placeholders(list(record), self.content.as_text, self.jinja)
@@ -349,20 +349,22 @@ class ChatReference:
         prompt)`), training the assistant messages at indices `trained` (see `record_samples`); mask
         None where it cannot be derived. `unmark`: the placeholders' table (`placeholders`)."""
         full = rendered(n)
-        if window_seed is not None and (cut := window(full, window_seed, LONG_RENDER)) is not None:
-            # The whole render is compared as bytes with what our ids spell; HF encodes a window of it.
-            a, b = cut
-            start = len(self.text.spelled(full[:a], unmark).encode("utf-8"))
-            stop = start + len(self.text.spelled(full[a:b], unmark).encode("utf-8"))
-            return self.text.ids(full[a:b], unmark), None, (self.text.spelled(full, unmark), start, stop)
+        cut = window(full, window_seed, LONG_RENDER) if window_seed is not None else None
+        a, b = cut or (0, len(full))  # HF encodes the window (the whole render is compared as bytes, below)
         if self.mask_policy == "all":
-            ids = self.text.ids(full, unmark)
-            return ids, np.ones(len(ids), dtype=np.uint8), None
-        if not masks:  # (the mask from renders: the first records a process checks, `record_samples`)
-            return self.text.ids(full, unmark), None, None
-        ids, offsets = self.text.encode(full, unmark)
-        spans = [self._span(rendered, full, i) for i in trained]
-        return ids, None if None in spans else _token_mask(offsets, spans), None
+            ids = self.text.ids(full[a:b], unmark)
+            mask = np.ones(len(ids), dtype=np.uint8)
+        elif not masks:  # (the mask from renders: the first records a process checks, `record_samples`)
+            ids, mask = self.text.ids(full[a:b], unmark), None
+        else:  # a window's tokens are the whole render's there: their mask is theirs in the whole
+            ids, offsets = self.text.encode(full[a:b], unmark)
+            spans = [self._span(rendered, full, i) for i in trained]
+            mask = None if None in spans else _token_mask(offsets, [(start - a, end - a) for start, end in spans])
+        if cut is None:
+            return ids, mask, None
+        start = len(self.text.spelled(full[:a], unmark).encode("utf-8"))
+        stop = start + len(self.text.spelled(full[a:b], unmark).encode("utf-8"))
+        return ids, mask, (self.text.spelled(full, unmark), start, stop)
 
     def _span(self, rendered, full: str, i: int) -> tuple[int, int] | None:
         """The trained characters of the assistant message at index `i` in the sample's render `full`;

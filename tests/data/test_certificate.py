@@ -913,7 +913,30 @@ def test_a_run_of_its_own_checks_long_chats_in_its_checking_processes(tmp_path):
                           str(reference_template()), "-o", prefix], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     found = certificate(prefix)
-    assert found["certified"] and found["records_checked"] == 3 and found["masks_not_checked"] == 3  # windows
+    assert found["certified"] and found["records_checked"] == 3 and found["masks_not_checked"] == 0  # on windows
+
+
+def test_a_mask_wrong_in_the_window_of_a_long_chat_fails_the_run(tmp_path, monkeypatch, capsys):
+    """The reference derives a long render's mask on its window, as it encodes its ids there: a loss mask
+    wrong in the window fails the run when the check every sample gets in its worker is left out (the
+    sample taken as one whose literals became control ids, whose structure it does not check)."""
+    from qwen_data.certify.spelling import Speller
+
+    words = " ".join(f"word{k} hello" for k in range(60))
+    chats = [{"messages": [m for t in range(4) for m in ({"role": "user", "content": f"turn {t}: {words}"},
+                                                         {"role": "assistant", "content": f"answer {t}: {words}"})]}]
+    corpus = write_jsonl(tmp_path / "c.jsonl", chats)
+    args = ["sft", corpus, "--quiet", "--workers", "1", *REFERENCE, reference_template()]
+    encode, check = SampleEncoder.encode, Speller.check_samples
+    monkeypatch.setattr(Speller, "check_samples", lambda self, texts, encoded, free, *rest:
+                        check(self, texts, encoded, [True] * len(free), *rest))
+    assert main([*args, "-o", str(tmp_path / "s")]) == 0  # the structure left out: still certified
+    assert certificate(tmp_path / "s")["masks_not_checked"] == 0
+    monkeypatch.setattr(SampleEncoder, "encode", lambda self, samples: [
+        (ids, 1 - mask) for ids, mask in encode(self, samples)])
+    assert main([*args, "-o", str(tmp_path / "bad")]) == 2
+    error = capsys.readouterr().err
+    assert f"{corpus}:1 (the window of its tokens" in error and "loss mask differ from the reference's" in error
 
 
 def test_a_long_chat_rendered_otherwise_outside_its_window_fails_the_run(tmp_path, monkeypatch, capsys):
