@@ -1396,6 +1396,77 @@ ids:
     return out;
 }
 
+/* The certificate's pick of a record: CRC-32 (zlib's, from a seed) of its key, xor the seed, spread by
+ * MurmurHash3's 32-bit finalizer (`certify.sample.record_hash` defines it in Python). In Python each
+ * record cost a worker ~1.5-3 us (its key cut and joined, the finalizer in Python ints) of ~70-120 us
+ * of tokenizing: most of what picking added. Slicing-by-8 tables, made as the module loads. */
+static uint32_t CRC[8][256];
+
+static void make_crc(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        CRC[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int k = 1; k < 8; k++) CRC[k][n] = (CRC[k - 1][n] >> 8) ^ CRC[0][CRC[k - 1][n] & 0xFF];
+}
+
+static uint32_t crc32_on(uint32_t crc, const uint8_t *p, Py_ssize_t n) {  /* zlib.crc32(p[:n], crc) */
+    crc = ~crc;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= crc;
+        crc = CRC[7][w & 0xFF] ^ CRC[6][(w >> 8) & 0xFF] ^ CRC[5][(w >> 16) & 0xFF] ^ CRC[4][(w >> 24) & 0xFF] ^
+              CRC[3][(w >> 32) & 0xFF] ^ CRC[2][(w >> 40) & 0xFF] ^ CRC[1][(w >> 48) & 0xFF] ^ CRC[0][w >> 56];
+    }
+#endif
+    for (; n > 0; p++, n--) crc = CRC[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+static PyObject *key_hashes(PyObject *self, PyObject *args) {
+    PyObject *items;
+    unsigned long long seed_in;
+    Py_ssize_t cut;  /* a line: past 2 * cut bytes, its first and last `cut` and its length; 0: as it is */
+    if (!PyArg_ParseTuple(args, "O!Kn", &PyList_Type, &items, &seed_in, &cut)) return NULL;
+    if (seed_in > 0xFFFFFFFFull || cut < 0) {
+        PyErr_SetString(PyExc_ValueError, "the seed is 32 bits, the cut not negative");
+        return NULL;
+    }
+    uint32_t seed = (uint32_t)seed_in;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (out == NULL) return NULL;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyBytes_Check(item)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return NULL;
+        }
+        const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(item);
+        Py_ssize_t size = PyBytes_GET_SIZE(item);
+        uint32_t h;
+        if (cut == 0 || size <= 2 * cut) {
+            h = crc32_on(seed, p, size);
+        } else {
+            uint8_t length[8];
+            for (int k = 0; k < 8; k++) length[k] = (uint8_t)((uint64_t)size >> (8 * k));
+            h = crc32_on(crc32_on(crc32_on(seed, p, cut), p + size - cut, cut), length, 8);
+        }
+        h ^= seed;
+        h = (h ^ (h >> 16)) * 0x85EBCA6Bu;
+        h = (h ^ (h >> 13)) * 0xC2B2AE35u;
+        h ^= h >> 16;
+        for (int k = 0; k < 4; k++) o[4 * i + k] = (uint8_t)(h >> (8 * k));  /* little-endian */
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"best_fit_rows", best_fit_rows, METH_VARARGS, "Best fit decreasing: each sorted sample's row; the rows."},
     {"pack_rows", pack_rows, METH_VARARGS, "Packed rows laid out from their samples and plan."},
@@ -1411,6 +1482,7 @@ static PyMethodDef methods[] = {
     {"nfc_unsettled", nfc_unsettled, METH_VARARGS, "Of the suspects, those a finer check leaves unproven."},
     {"utf8", utf8, METH_O, "Each str's UTF-8 as bytes; None where one holds a lone surrogate."},
     {"lines", lines, METH_O, "data.split(b'\\n'), by memchr."},
+    {"key_hashes", key_hashes, METH_VARARGS, "Each record's pick hash (certify.sample), as little-endian uint32."},
     {"json_marks", json_marks, METH_O, "1: a JSON record may hold a literal; 2: it may spell a lone surrogate."},
     {NULL, NULL, 0, NULL},
 };
@@ -1418,6 +1490,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
+    make_crc();
     make_terms();
     make_block_limbs();
     choose_path();

@@ -133,9 +133,10 @@ class TextChecks(_Checks):
                                        trim=self.sampling.estimated <= TRIM_RECORDS)
         self.eod_id = step.eod_id
 
-    def picked(self, keys: list[bytes]) -> list[int]:
-        """`picks` of a chunk's records at once, by their keys (`sample.record_key`): their indices."""
-        return self.sampling.picked(keys)
+    def picked(self, keys: list[bytes], lines: bool = False) -> list[int]:
+        """`picks` of a chunk's records at once, by their keys (`sample.record_key`; `lines`: their jsonl
+        lines): their indices."""
+        return self.sampling.picked(keys, lines)
 
     def item(self, number: int, position: int, documents: list[tuple[str, np.ndarray, str | None]]) -> tuple:
         """What the checking process takes of a picked record: per text key, the text checked

@@ -24,6 +24,8 @@ import zlib
 
 import numpy as np
 
+from .. import _native
+
 TARGET = 3500  # records the reference is meant to check: 3,000 and more (1 - 0.999 ** 3000 = 0.95)
 # A longer key is hashed as its first and last KEY_BYTES and its length: CRC-32 of every byte was 2.4% of
 # a pretraining worker's instructions, and records that share both ends and their length are rare.
@@ -62,11 +64,12 @@ class Sampling:
     def picks(self, chunk, record) -> bool:
         return self.rate >= 1.0 or record_hash(chunk.path, record, self.seed) < self.below
 
-    def picked(self, keys: list[bytes]) -> list[int]:
-        """Which of the records of `keys` (`record_key`) `picks` picks, by their index."""
+    def picked(self, keys: list[bytes], lines: bool = False) -> list[int]:
+        """Which of the records of `keys` (`record_key`; `lines`: their jsonl lines) `picks` picks, by
+        their index."""
         if self.rate >= 1.0:
             return list(range(len(keys)))
-        return np.flatnonzero(record_hashes(keys, self.seed) < self.below).tolist()
+        return np.flatnonzero(record_hashes(keys, self.seed, lines) < self.below).tolist()
 
     def describe(self) -> dict:
         return {"rule": "fmix32(crc32(key, seed) ^ seed) < rate * 2**32; a record's key is its jsonl line or .json "
@@ -90,14 +93,23 @@ def record_key(path: str, record) -> bytes:
 def record_hash(path: str, record, seed: int) -> int:
     """A record's 32-bit hash under `seed`: CRC-32 (GB/s, so every record can be hashed), whose
     values for records alike (lines that differ in a digit) lie close together, spread by
-    MurmurHash3's finalizer, so that the records picked do not cluster."""
+    MurmurHash3's finalizer, so that the records picked do not cluster. (Made in C, `key_hashes`,
+    where the seed is 32 bits: this is its definition.)"""
+    if isinstance(record.raw, bytes) and 0 <= seed < 1 << 32:
+        return int.from_bytes(key_hashes([record.raw], seed, KEY_BYTES), "little")
     return _spread(zlib.crc32(record_key(path, record), seed) ^ seed)
 
 
-def record_hashes(keys: list[bytes], seed: int) -> np.ndarray:
-    """`record_hash` of many records at once, by their keys (`record_key`): the finalizer in numpy
-    over all of them, where a call a record cost a pretraining worker ~3 µs each."""
-    return _spread(np.fromiter((zlib.crc32(key, seed) for key in keys), np.uint64, len(keys)) ^ np.uint64(seed))
+def key_hashes(items: list[bytes], seed: int, cut: int = 0) -> bytes:
+    """`record_hash` of each of `items` as little-endian uint32: keys (`record_key`), or with `cut`
+    (KEY_BYTES) jsonl lines, each cut to its key here (`_native.key_hashes`; a 32-bit seed)."""
+    return _native.key_hashes(items, seed, cut)
+
+
+def record_hashes(keys: list[bytes], seed: int, lines: bool = False) -> np.ndarray:
+    """`record_hash` of many records at once (a run's 32-bit seed), by their keys (`record_key`), or,
+    `lines`, by their jsonl lines themselves."""
+    return np.frombuffer(key_hashes(keys, seed, KEY_BYTES if lines else 0), "<u4").astype(np.uint64)
 
 
 def _spread(h):

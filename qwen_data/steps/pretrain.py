@@ -91,7 +91,7 @@ class Tokenize:
         texts, rejects = _Texts(self, chunk), Rejects(chunk)
         rejects.sift(chunk.records(), texts.add)
         # the records the reference checks, (number, position), picked all at once
-        picked = [(texts.numbers[k], k) for k in self.checks.picked(texts.hashed)] if self.checks is not None else []
+        picked = [(texts.numbers[k], k) for k in self.checks.picked(texts.hashed, texts.lines)] if self.checks is not None else []
         ids, lengths, encoded, misspelled = [], [], [], None
         for bucket in texts.by_key:
             flat, counts = self.tokenizer.encode_batch(bucket, special=self.config.special_tokens)
@@ -194,7 +194,9 @@ class _Texts:
         self.text_bytes = self.special_records = 0
         self.chunk, self.checks = chunk, step.checks
         self.numbers: list[int] = []  # each kept record's number in the chunk
-        self.hashed: list[bytes] = []  # each kept record's key for the reference's pick (`sample.record_key`)
+        # each kept record's line (a row's key, `sample.record_key`) for the reference's pick
+        self.hashed: list[bytes] = []
+        self.lines = chunk.table is None
 
     def add(self, record: Record) -> None:
         """Raises RecordError for a record without a usable text under every key."""
@@ -208,7 +210,7 @@ class _Texts:
                 break
         self.text_bytes += record.size
         if self.checks is not None:
-            self.hashed.append(record_key(self.chunk.path, record))
+            self.hashed.append(record.raw if self.lines else record_key(self.chunk.path, record))
         self.numbers.append(record.number)
         for bucket, value in zip(self.by_key, values):
             bucket.append(value)

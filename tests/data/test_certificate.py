@@ -1049,9 +1049,13 @@ def test_the_records_checked_are_those_the_stated_rule_picks(tmp_path):
     assert numbers(next(iter(lines.values()))) == expected and len(expected) > 1000
     lines = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 600, 400)]
     records = [Record(1, line, None, len(line)) for line in lines]
-    for seed in (0, 1, 2**32 - 1):
+    lines += [bytes(rng.integers(0, 256, n, dtype=np.uint8)) for n in (255, 256, 257, 263, 264, 265, 100_000)]
+    records = [Record(1, line, None, len(line)) for line in lines]
+    for seed in (0, 1, 12345, 2**32 - 1):  # (C: `_native.key_hashes`, against the rule written here)
         assert record_hashes([record_key("f", r) for r in records], seed).tolist() == [
             record_hash("f", r, seed) for r in records] == [_fmix32_rule(line, seed) for line in lines]
+        assert record_hashes(lines, seed, lines=True).tolist() == [_fmix32_rule(line, seed) for line in lines]
+    assert record_hash("f", records[0], 2**40) == _fmix32_rule(lines[0], 2**40)  # a recheck's wider seed
 
 
 def test_the_runs_line_rounds_the_chance_down():
