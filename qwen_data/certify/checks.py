@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pickle
 from importlib import metadata
 
 import numpy as np
@@ -474,7 +475,8 @@ READY = "ready"  # the answer to "checks": loaded, checking from now on
 
 def check_in_side(item) -> tuple[dict, str | None] | None:
     """In the checking process: load HF's tokenizer (or, `whole` false, the tables it is cut down
-    from), take the checker (and load the rest of its reference), then check."""
+    from), take the checker (and load the rest of its reference), then check (items, or a chunk's
+    items as its worker pickled them, `Certifier.add`)."""
     global _CHECKS
     if isinstance(item, tuple) and item[0] == "load":
         _, path, whole = item
@@ -487,4 +489,7 @@ def check_in_side(item) -> tuple[dict, str | None] | None:
         _CHECKS = item[1]
         _CHECKS.load()
         return READY
+    if isinstance(item, tuple) and item[0] == "picked":  # a chunk's items as its worker pickled them
+        _, path, shift, pickled = item
+        item = [(f"{path}{value[0] + shift}", value) for value in pickle.loads(pickled)]
     return _CHECKS.check(item)

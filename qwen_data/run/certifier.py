@@ -31,7 +31,7 @@ class Certifier:
         self.counts: dict = {}
         self.sides = sides or []
         self.kept: list | None = None
-        self.waiting: list[list] = []  # items picked while the checking processes load
+        self.waiting: list[tuple] = []  # (what to send, its records) picked while the checking processes load
         self.loading = bool(self.sides)
         self.sent = 0
         # Each batch of items added gets a number, in order; the counts of those answered so far, by
@@ -77,10 +77,12 @@ class Certifier:
         certifier.kept = step.picked = []
         return certifier
 
-    def add(self, items: list, documents: int = 0) -> int:
+    def add(self, items: list, documents: int = 0, pickled: tuple | None = None) -> int:
         """`items`: (where, what the worker made of a picked record), where being file:line; → the
         batch's number. CertificateError at the first mismatch known. `documents`: those written
-        before the items' chunk (only `keeping` keeps them)."""
+        before the items' chunk (only `keeping` keeps them). `pickled`: (path, shift, the items'
+        values pickled by the worker), where `where` is `path` and the value's number + shift: sent to
+        a checking process as they are (`checks.check_in_side`)."""
         batch, self.added = self.added, self.added + 1
         if self.kept is not None:
             self.kept += [(where, item, documents) for where, item in items]
@@ -88,7 +90,7 @@ class Certifier:
         if not self.sides:
             self._take(batch, self.checks.check(items))
             return batch
-        self.waiting.append(items)
+        self.waiting.append((("picked", *pickled) if pickled and pickled[2] is not None else items, len(items)))
         for k, side in enumerate(self.sides):
             for answer in side.arrived():
                 self._answer(k, answer)
@@ -126,11 +128,11 @@ class Certifier:
             side.end(kill=True)
 
     def _send_waiting(self) -> None:
-        for items in self.waiting:
+        for message, records in self.waiting:
             side = min(range(len(self.sides)), key=self._load.__getitem__)
-            self.sides[side].send(items)
-            self._queued[side].append((self.sent, len(items)))
-            self._load[side] += len(items)
+            self.sides[side].send(message)
+            self._queued[side].append((self.sent, records))
+            self._load[side] += records
             self.sent += 1
         self.waiting = []
 
