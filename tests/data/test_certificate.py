@@ -1071,3 +1071,51 @@ def test_the_runs_line_rounds_the_chance_down():
     every = dict(found, **{"0.1%": 1.0})
     assert "a chance of 100%)" in _certificate_line({"certified": True, "records_spelled": 10, "records_checked": 10,
                                                     "reference": {"tokenizers": "0"}, "detection": every})
+
+
+RESEGMENTING = '''
+import numpy as np
+from qwen_data.text.tokenizer import QwenTokenizer
+
+encode_batch = QwenTokenizer.encode_batch
+
+
+def resegmented(self, texts, special="parse"):  # " hello" as " hel" + "lo" in record 57: the same bytes
+    if not any(text.startswith("record 57 ") for text in texts):
+        return encode_batch(self, texts, special)
+    hello, pieces = encode_batch(self, [" hello"], special)[0][0], encode_batch(self, [" hel", "lo"], special)[0]
+    ids, lengths = encode_batch(self, texts, special)  # (last: the tokenizer keeps the texts it encoded last)
+    out, ends = [], np.cumsum(lengths)
+    for k, text in enumerate(texts):
+        own = ids[ends[k] - lengths[k]:ends[k]]
+        if text.startswith("record 57 "):
+            at = int(np.flatnonzero(own == hello)[0])
+            own = np.concatenate([own[:at], pieces, own[at + 1:]]).astype(np.int32)
+        out.append(own)
+    return np.concatenate(out), np.asarray([len(o) for o in out], dtype=np.int64)
+
+
+QwenTokenizer.encode_batch = resegmented
+'''
+
+
+def test_a_run_of_its_own_finds_other_pieces_in_its_checking_processes(tmp_path):
+    """A command run on its own hands each chunk's picked records to checking processes of their own, as its
+    workers pickled them: ids that spell the same bytes in other pieces, in one record of a run of many
+    chunks and two workers, fail it naming that record's file:line (the encoder changed in every process of
+    the run by a sitecustomize)."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(RESEGMENTING, encoding="utf-8")
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"record {k} says hello to you, " + "word " * 80}
+                                                for k in range(200)])
+    command = [sys.executable, "-m", "qwen_data", "pretrain", corpus, "--quiet", "--workers", "2", "--chunk-mb", "0.005"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    run = subprocess.run([*command, "-o", str(tmp_path / "bad")], capture_output=True, text=True, env=env)
+    assert run.returncode == 2, run.stderr
+    assert f"{corpus}:58: our ids differ from the reference's" in run.stderr
+    good = subprocess.run([*command, "-o", str(tmp_path / "good")], capture_output=True, text=True)
+    assert good.returncode == 0 and certificate(tmp_path / "good")["records_checked"] == 200, good.stderr
