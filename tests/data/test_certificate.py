@@ -1113,7 +1113,8 @@ def test_a_run_of_its_own_finds_other_pieces_in_its_checking_processes(tmp_path)
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"record {k} says hello to you, " + "word " * 80}
                                                 for k in range(200)])
     command = [sys.executable, "-m", "qwen_data", "pretrain", corpus, "--quiet", "--workers", "2", "--chunk-mb", "0.005"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     run = subprocess.run([*command, "-o", str(tmp_path / "bad")], capture_output=True, text=True, env=env)
     assert run.returncode == 2, run.stderr
     assert f"{corpus}:58: our ids differ from the reference's" in run.stderr
