@@ -1112,7 +1112,8 @@ def test_a_run_of_its_own_finds_other_pieces_in_its_checking_processes(tmp_path)
     (site / "sitecustomize.py").write_text(RESEGMENTING, encoding="utf-8")
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"record {k} says hello to you, " + "word " * 80}
                                                 for k in range(200)])
-    command = [sys.executable, "-m", "qwen_data", "pretrain", corpus, "--quiet", "--workers", "2", "--chunk-mb", "0.005"]
+    command = [sys.executable, "-m", "qwen_data", "pretrain", corpus, "--quiet", "--workers", "2",
+               "--chunk-mb", "0.005"]
     paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     run = subprocess.run([*command, "-o", str(tmp_path / "bad")], capture_output=True, text=True, env=env)
