@@ -451,10 +451,11 @@ def test_sft_resume_reads_back_the_saved_samples(tmp_path, ray_instance, monkeyp
     path = config.output_prefix + ".shards/1.picked"
     with open(path, "rb") as f:
         saved = pickle.load(f)
-    where, (number, record, [(k, index, ids, mask), *others]), documents = saved["picked"][0]
+    # a picked sample (its ids and mask as made; where it lies and the length kept, apart: `_Batching.fit`)
+    where, (number, (source, count, [(k, ids, mask), *others]), written), documents = saved["picked"][0]
     mask = mask.copy()
     mask[-1] ^= 1
-    saved["picked"][0] = (where, (number, record, [(k, index, ids, mask), *others]), documents)
+    saved["picked"][0] = (where, (number, (source, count, [(k, ids, mask), *others]), written), documents)
     with open(path, "wb") as f:
         pickle.dump(saved, f)
     info = {}
