@@ -91,7 +91,8 @@ class Tokenize:
         texts, rejects = _Texts(self, chunk), Rejects(chunk)
         rejects.sift(chunk.records(), texts.add)
         # the records the reference checks, (number, position), picked all at once
-        picked = [(texts.numbers[k], k) for k in self.checks.picked(texts.hashed, texts.lines)] if self.checks is not None else []
+        picked = [] if self.checks is None else [(texts.numbers[k], k)
+                                                 for k in self.checks.picked(texts.hashed, texts.lines)]
         ids, lengths, encoded, misspelled = [], [], [], None
         for bucket in texts.by_key:
             flat, counts = self.tokenizer.encode_batch(bucket, special=self.config.special_tokens)
