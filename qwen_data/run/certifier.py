@@ -90,7 +90,7 @@ class Certifier:
         if not self.sides:
             self._take(batch, self.checks.check(items))
             return batch
-        self.waiting.append((("picked", *pickled) if pickled and pickled[2] is not None else items, len(items)))
+        self.waiting.append((("picked", *pickled) if pickled else items, len(items)))
         for k, side in enumerate(self.sides):
             for answer in side.arrived():
                 self._answer(k, answer)
