@@ -58,9 +58,11 @@ class Trainer:
         self.shape, hf_config, generation = model_of(config)
         self.plan = plan = plan or RunPlan.resolve(config, self.shape, Environment.current())
         weights = "bf16 weights split from their float32 masters" if plan.bf16_weights else "float32 weights"
+        residual = ("bf16 residual stream" if plan.residual_bf16 else
+                    "float32 residual stream" + (" (--fp32-residual-connection)" if plan.fp32_residual else ""))
         graphs = "micro-batches replayed as CUDA graphs" if plan.cuda_graphs else "no CUDA graphs"
         log0(f"attention {plan.attention} ({plan.attention_why}), compile {plan.compile}, "
-             f"{weights} ({plan.bf16_weights_why}), {graphs} ({plan.cuda_graphs_why})"
+             f"{weights} ({plan.bf16_weights_why}), {residual}, {graphs} ({plan.cuda_graphs_why})"
              + (", validation and the optimizer step eager" if plan.cuda_graphs else "")
              + (f", FP8 {plan.fp8} (Transformer Engine's linear layers)" if plan.fp8 else ""))
         self.train_ds, self.valid_ds = build_splits(config, plan.global_batch)

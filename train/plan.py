@@ -87,6 +87,7 @@ class RunPlan:
     data_parallel: str = "none"  # "megatron" (with the distributed optimizer), "torch" (DDP) or "none"
     bf16_weights: bool = False
     bf16_weights_why: str = "as asked"
+    fp32_residual: bool = False  # the residual stream float32 under autocast (--fp32-residual-connection)
     cuda_graphs: bool = False  # each micro-batch's forward and backward one CUDA graph (graphs.py)
     cuda_graphs_why: str = "as asked"
     tp: int = 1
@@ -123,6 +124,13 @@ class RunPlan:
         return self.global_batch_size or self.micro_batch_size * self.dp
 
     @property
+    def residual_bf16(self) -> bool:
+        """Whether the residual stream (the embedding's output, each layer's sums, what pipeline stages
+        pass) is bf16: under autocast, unless --fp32-residual-connection. The float32 embedding table
+        made it float32 otherwise, where megatron-core's bf16 runs and transformers' keep it bf16."""
+        return self.autocast and not self.fp32_residual
+
+    @property
     def accumulation(self) -> int:
         """Micro-batches each pipeline runs a step (the CP ranks of a pipeline, the same ones)."""
         return self.global_batch // (self.micro_batch_size * self.dp)
@@ -157,7 +165,7 @@ class RunPlan:
             autocast=autocast,
             data_parallel=("megatron" if parallel.distributed_optimizer
                            else "torch" if dp * parallel.cp > 1 and parallel.pp == 1 else "none"),
-            bf16_weights=bool(config.optim.bf16_weights),
+            bf16_weights=bool(config.optim.bf16_weights), fp32_residual=model.fp32_residual,
             tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, cp=parallel.cp, dp=dp, world=env.world_size,
             sequence_parallel=parallel.sequence_parallel,
             first_stage_layers=parallel.first_stage_layers, last_stage_layers=parallel.last_stage_layers,

@@ -85,7 +85,8 @@ class ModelShape:
 
     def activation_bytes_per_token(self) -> int:
         """What one layer keeps a token for its backward, bf16 under autocast, nothing recomputed: the
-        float32 residual stream and the bf16 inputs and outputs of its products, ~14 × hidden, and
+        residual stream (counted at float32's 4 bytes: 0.5B's bf16 stream peaked 0.6 GiB higher, not
+        lower, on an H200) and the bf16 inputs and outputs of its products, ~14 × hidden, and
         the MLP's 3 × 2 bytes × its width (a token's `moe_topk` experts' widths). Against the peaks of
         Qwen2.5-7B over two stages on H200s (73.7 GiB at 14 + 14, 78.3 at 15 + 13, 96.1 at micro
         batch 2) it counts 0.7-1.7% over."""

@@ -246,6 +246,36 @@ def test_moe_router_trains_under_bf16_autocast(megatron_cpu):
         router_grad(moe_utils.router_gating_linear)  # megatron-core's own
     assert router_grad(router.router_gating_linear) == (torch.float32, torch.float32)  # where the router calls it
 
+    # from a bf16 residual stream (its router_dtype then bf16): the logits still float32, each gradient its tensor's
+    inp = torch.randn(6, 16, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(8, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = router.router_gating_linear(inp, weight, None, torch.bfloat16)
+    logits.sum().backward()
+    assert (logits.dtype, inp.grad.dtype, weight.grad.dtype) == (torch.float32, torch.bfloat16, torch.float32)
+    torch.testing.assert_close(logits, inp.float() @ weight.t())
+
+
+@pytest.mark.parametrize("fp32_residual", [False, True])
+def test_the_residual_stream_starts_in_autocast_dtype(megatron_cpu, fp32_residual):
+    """Under autocast the embedding's output, which the layers add to, is bf16 (--fp32-residual-connection:
+    float32, the embedding table's), and pipeline stages pass it in that dtype."""
+    from qwen_data_train.model import build_model
+    from qwen_data_train.model.transformer import transformer_config
+    from qwen_data_train.plan import RunPlan
+    from qwen_data_train.shapes import PRESETS
+
+    plan = RunPlan.for_model(PRESETS["tiny"], attention="sdpa", max_sequence_length=128, autocast=True,
+                             fp32_residual=fp32_residual)
+    model = build_model(plan).to(megatron_cpu)
+    tokens = torch.randint(0, 1000, (2, 16), device=megatron_cpu)
+    positions = torch.arange(16, device=megatron_cpu).repeat(2, 1)
+    with torch.autocast(megatron_cpu.type, dtype=torch.bfloat16):
+        stream = model.embedding(input_ids=tokens, position_ids=positions)
+    dtype = torch.float32 if fp32_residual else torch.bfloat16
+    assert stream.dtype == transformer_config(plan).pipeline_dtype == dtype
+    assert model.embedding(input_ids=tokens, position_ids=positions).dtype == torch.float32  # no autocast, no cast
+
 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_grouped_experts_compute_what_sequential_experts_do(megatron_cpu, autocast):

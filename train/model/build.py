@@ -4,6 +4,7 @@ megatron-core's parallel_state says only which pipeline stage this rank is."""
 
 from __future__ import annotations
 
+import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
@@ -49,7 +50,15 @@ def build_model(plan: RunPlan) -> GPTModel:
     mark_layer_offset(model, plan.layer_offset(stage))
     if shape.moe and plan.balance == "transformers":
         mark_balance_loss(model, install_balance(model, shape.router_aux_loss_coef))
+    if plan.residual_bf16 and model.pre_process:
+        model.embedding.register_forward_hook(in_autocast_dtype)
     if plan.compile == "layers":
         for layer in model.decoder.layers:
             layer.compile()
     return model
+
+
+def in_autocast_dtype(module, args, output: torch.Tensor) -> torch.Tensor:
+    """The embedding's output in autocast's dtype (a forward hook): the residual stream starts there."""
+    device = output.device.type
+    return output.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else output

@@ -15,9 +15,10 @@ casting each expert's float32 weight, every micro-batch, took more GPU time than
 products themselves (bench/README.md). Inside `weights_shared` (a step's schedule) each linear's
 stack is made once, by one fused copy, and its micro-batches use it.
 
-Under autocast the residual stream is float32, and so were the tokens the dispatcher permutes and
-sends to other expert-parallel ranks, though the experts compute in bf16: AutocastDispatchMoELayer
-sends them in bf16, half the bytes (the router still reads the float32 stream)."""
+Under --fp32-residual-connection the residual stream is float32, and so were the tokens the dispatcher
+permutes and sends to other expert-parallel ranks, though the experts compute in bf16:
+AutocastDispatchMoELayer sends them in bf16, half the bytes (the router reads the stream in float32,
+`patches.autocast.moe_router_outside_autocast`)."""
 
 from __future__ import annotations
 

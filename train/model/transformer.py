@@ -60,9 +60,9 @@ def mixture_of_experts(preset: ModelShape, balance: str = "transformers", cuda: 
 
 
 def parallel(plan: RunPlan) -> dict:
-    """The parallel layout in TransformerConfig's fields. Pipeline stages pass float32 activations
-    (the residual stream stays float32 under autocast); the first and last hold the layers the plan
-    gives them (`RunPlan.stage_layers`)."""
+    """The parallel layout in TransformerConfig's fields. Pipeline stages pass the residual stream in
+    its dtype (`RunPlan.residual_bf16`); the first and last hold the layers the plan gives them
+    (`RunPlan.stage_layers`)."""
     return dict(
         tensor_model_parallel_size=plan.tp,
         pipeline_model_parallel_size=plan.pp,
@@ -70,7 +70,7 @@ def parallel(plan: RunPlan) -> dict:
         num_layers_in_last_pipeline_stage=plan.last_stage_layers,
         expert_model_parallel_size=plan.ep,
         context_parallel_size=plan.cp,
-        pipeline_dtype=torch.float32,
+        pipeline_dtype=torch.bfloat16 if plan.residual_bf16 else torch.float32,
         sequence_parallel=plan.sequence_parallel,
     )
 

@@ -65,15 +65,16 @@ def moe_router_outside_autocast() -> Iterator[None]:
     """megatron-core's MoE router computes its logits by an autograd function whose backward
     multiplies in its input's dtype: under autocast the forward's product ran in bf16, and the
     backward met a bf16 gradient beside a float32 weight ("expected mat1 and mat2 to have the same
-    dtype"). Inside the block the router runs outside autocast, in its input's dtype (float32 with
-    the trainer's float32 weights), as transformers' router runs in the model's dtype."""
+    dtype"). Inside the block the router runs outside autocast, in float32 whatever the residual stream's
+    dtype (its input cast, the product asked in float32: megatron-core's own casts forget Transformer
+    Engine's GEMM), as it did when the stream was float32."""
     from megatron.core.transformer.moe import router
 
     original = router.router_gating_linear
 
     def gating(inp, weight, bias, router_dtype):
         with torch.autocast(inp.device.type, enabled=False):
-            return original(inp, weight, bias, router_dtype)
+            return original(inp.float(), weight, bias, torch.promote_types(router_dtype, torch.float32))
 
     with _replaced(router, "router_gating_linear", gating):
         yield
