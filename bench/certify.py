@@ -131,6 +131,56 @@ def summary(name: str, rounds: list[dict]) -> dict:
     return out
 
 
+# The reference alone on a case's input, in its own process: the command's step built as the CLI builds it, its
+# chunks made by the worker's code with the run's sample picked, then HF's tokenizer (and the template) loaded and
+# the picked records checked as a checking process checks them: the CPU seconds of those two, a JSON line.
+REFERENCE = """
+import itertools, json, pickle, sys, time
+from qwen_data import cli
+from qwen_data.certify.checks import checks_for
+from qwen_data.inputs.files import expand
+from qwen_data.inputs.readers import estimated_records, read_chunks
+from qwen_data.run.pipeline import input_list
+
+def reference(step, args):
+    step.prepare()
+    sources = expand(step.config.inputs)
+    step.checks = checks_for(step, input_list(sources), [estimated_records(s) for s in sources])
+    items = [(f"{n}", item) for n, chunk in enumerate(read_chunks(sources)) for item in step.process(chunk).to_check]
+    side = pickle.loads(pickle.dumps(step.checks))  # what a checking process is sent
+    began = time.process_time()
+    side.load()
+    loaded = time.process_time()
+    counts, mismatch = side.check(items)
+    print(json.dumps({"load_cpu_s": loaded - began, "check_cpu_s": time.process_time() - loaded,
+                      "records": counts.get("records_checked"), "mismatch": mismatch}))
+    raise SystemExit(0)
+
+cli.execute = reference
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def reference_cpu(argv: list, extra: list, work: str) -> dict:
+    """The reference's own CPU on a case's input (REFERENCE): what a certified run must spend beyond
+    --no-certify's work, whatever else it does."""
+    m = measure.run([sys.executable, "-c", REFERENCE, *argv, "-o", os.path.join(work, "ref", "data"), "--quiet",
+                     *extra], cwd=work)
+    found = json.loads(m.stdout.strip().splitlines()[-1])
+    if found["mismatch"]:
+        raise SystemExit(f"{' '.join(argv)}: the reference alone found a mismatch: {found['mismatch']}")
+    return found
+
+
+def least_added(case: dict, cores: int) -> float:
+    """The least wall a certified run adds on `cores` cores given its reference's CPU: it must do --no-certify's
+    work (median CPU) and the reference's, so it takes at least their sum over the cores."""
+    reference = case["reference"]["load_cpu_s"] + case["reference"]["check_cpu_s"]
+    s = case["summary"]
+    no_certify_cpu = statistics.median(r["no_certify"]["cpu_s"] for r in case["rounds"])
+    return round(max(0.0, (no_certify_cpu + reference) / cores - s["no_certify_wall_s"]), 3)
+
+
 # --layers: a run with every document spelled but no reference sample, in its own process (its certificate says so,
 # only its time is used)
 SPELLING_ONLY = """
@@ -180,6 +230,8 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results here (after every round)")
     parser.add_argument("--layers", metavar="CORPUS", help="each layer's cost on this corpus instead (no cases)")
     parser.add_argument("--sft", action="store_true", help="--layers: sft, certified against --reference-template")
+    parser.add_argument("--floor", action="store_true",
+                        help="also the reference alone on each case's input (its CPU) and the least wall it adds")
     args = parser.parse_args()
     if args.layers:
         return layers(args)
@@ -194,18 +246,22 @@ def main() -> None:
         results = {"host": {"cores": len(os.sched_getaffinity(0)), "cpu": measure.cpu_model(),
                             "python": platform.python_version()},
                    "rounds": args.rounds, "method": __doc__.split("\n\n")[1], "corpora": corpora.UNIQUE, "cases": {}}
-        for argv, extra in todo.values():  # warm-up, untimed: the tokenizer's caches built, the input read once
+        for name, (argv, extra) in todo.items():  # warm-up, untimed: the tokenizer's caches built, the input read once
             run(argv, extra, True, work)
+            if args.floor:
+                results["cases"][name] = {"reference": reference_cpu(argv, extra, work)}
         for k in range(args.rounds):  # each case both ways, the order flipped every round
             for name, (argv, extra) in todo.items():
                 pair = {("certified" if c else "no_certify"): run(argv, extra, c, work)
                         for c in ((True, False) if k % 2 == 0 else (False, True))}
                 print(f"round {k + 1} {name}: certified {pair['certified']['wall_s']:.2f} s, "
                       f"--no-certify {pair['no_certify']['wall_s']:.2f} s", flush=True)
-                case = results["cases"].setdefault(name, {"command": ["qwen-data", *argv], "certified_adds": extra,
-                                                          "input": described(argv[1]), "rounds": []})
-                case["rounds"].append(pair)
+                case = results["cases"].setdefault(name, {})
+                case.update({"command": ["qwen-data", *argv], "certified_adds": extra, "input": described(argv[1]),
+                             "rounds": case.get("rounds", []) + [pair]})
                 case["summary"] = summary(name, case["rounds"])
+                if "reference" in case:
+                    case["summary"]["least_added_s"] = least_added(case, results["host"]["cores"])
             if args.json:
                 measure.write_json(args.json, results, depth=4)
     finally:
@@ -215,11 +271,12 @@ def main() -> None:
         s = case["summary"]
         goals = ", ".join(f"{k} <= {t['at_most']}: {'met' if t['met'] else 'NOT met'}"
                           for k, t in s["targets"].items())
+        least = f"{s['least_added_s']:+.2f}" if "least_added_s" in s else "-"
         rows.append([name, f"{s['certified_wall_s']:.2f}", f"{s['no_certify_wall_s']:.2f}", f"{s['wall']:.2f}x",
-                     f"{s['added_s']:+.2f}", f"{s['cpu']:.2f}x", f"{s['rss']:.2f}x", s["records_checked"],
+                     f"{s['added_s']:+.2f}", least, f"{s['cpu']:.2f}x", f"{s['rss']:.2f}x", s["records_checked"],
                      goals or "-"])
-    measure.print_table(rows, ["case", "certified s", "no-certify s", "wall", "added s", "cpu", "peak RSS", "checked",
-                               "target"])
+    measure.print_table(rows, ["case", "certified s", "no-certify s", "wall", "added s", "least added", "cpu",
+                               "peak RSS", "checked", "target"])
 
 
 if __name__ == "__main__":
