@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
+import socket
 from importlib import metadata
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -470,13 +473,16 @@ def _joinable(part: dict | None) -> bool:
 
 
 _CHECKS = None  # the checking process's checker, once sent
+_HELPERS: list = []  # its connections to the processes it forked once the run's workers were done ("helpers")
 READY = "ready"  # the answer to "checks": loaded, checking from now on
 
 
 def check_in_side(item) -> tuple[dict, str | None] | None:
     """In the checking process: load HF's tokenizer (or, `whole` false, the tables it is cut down
     from), take the checker (and load the rest of its reference), then check (items, or a chunk's
-    items as its worker pickled them, `Certifier.add`)."""
+    items as its worker pickled them, `Certifier.add`). ("helpers", n), sent once the run's workers
+    are done and this process is behind: n processes forked from it, sharing what it loaded, check
+    a part of each batch after it beside it (on the cores the workers left)."""
     global _CHECKS
     if isinstance(item, tuple) and item[0] == "load":
         _, path, whole = item
@@ -489,7 +495,57 @@ def check_in_side(item) -> tuple[dict, str | None] | None:
         _CHECKS = item[1]
         _CHECKS.load()
         return READY
+    if isinstance(item, tuple) and item[0] == "helpers":
+        _HELPERS.extend(_fork_helper() for _ in range(item[1]))
+        return None
     if isinstance(item, tuple) and item[0] == "picked":  # a chunk's items as its worker pickled them
         _, path, shift, pickled = item
         item = [(f"{path}{value[0] + shift}", value) for value in pickle.loads(pickled)]
-    return _CHECKS.check(item)
+    return _check_beside_helpers(item) if _HELPERS else _CHECKS.check(item)
+
+
+def _check_beside_helpers(items: list) -> tuple[dict, str | None]:
+    """`items` cut in order into a part for this process and one for each helper, checked at once; the
+    counts summed, and the first mismatch in the items' order."""
+    parts = [items[k * len(items) // (len(_HELPERS) + 1):(k + 1) * len(items) // (len(_HELPERS) + 1)]
+             for k in range(len(_HELPERS) + 1)]
+    for helper, part in zip(_HELPERS, parts[1:]):
+        helper.send_bytes(pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))
+    answers = [_CHECKS.check(parts[0])] + [pickle.loads(helper.recv_bytes()) for helper in _HELPERS]
+    counts: dict = {}
+    for checked, mismatch in answers:
+        add_counts(counts, checked)
+        if mismatch:
+            return counts, mismatch
+    return counts, None
+
+
+def _fork_helper():
+    """A process forked from this checking process that checks the parts it is sent until this one
+    ends (its end of the socket closes). Its masks are not derived again (`ChatChecks.masked`): the
+    records whose masks the reference derives stay this process's first MASKED."""
+    ours, theirs = socket.socketpair()
+    if os.fork():
+        theirs.close()
+        return Connection(ours.detach())
+    ours.close()
+    for other in _HELPERS:  # the earlier helpers' sockets: each ends once this process's end of it closes
+        other.close()
+    status = 0
+    try:
+        conn = Connection(theirs.detach())
+        if hasattr(_CHECKS, "masked"):
+            _CHECKS.masked = max(_CHECKS.masked, MASKED)
+        while True:
+            try:
+                part = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):  # it ended (or was ended: the run failed)
+                break
+            conn.send_bytes(pickle.dumps(_CHECKS.check(part), protocol=pickle.HIGHEST_PROTOCOL))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    finally:
+        os._exit(status)  # never back into the checking process's loop it was forked from

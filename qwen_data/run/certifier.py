@@ -11,10 +11,17 @@ end, a few hundred of them filled it, and the process stopped checking until the
 (a tail of seconds on a large run). The records picked while it loads wait here and go once it says
 it is loaded: sent at once, they held back the start of every certified run on a 16-core host (the
 workers ran 0.5-1 s later); kept here, the workers start as they do without the certificate.
+
+Workers pickle a chunk's picked records in parts of PART_RECORDS, and a checking process holds
+OUTSTANDING_RECORDS of them at most; the other parts wait here. Where one is still
+behind once the workers are done (few cores: on 2, the 16 MB bench chats' checks ended the run alone
+on one core for ~1 s), it forks helpers then, which share what it loaded and check a part of each
+batch beside it on the cores the workers left (`checks.check_in_side`, "helpers").
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
 from ..certify.checks import READY, CertificateError, add_counts, check_in_side
@@ -22,6 +29,11 @@ from ..certify.reference import holds
 from .prestart import take as take_prestarted
 
 NOTHING_WRITTEN = "nothing was written (--no-certify writes it anyway, recorded as uncertified)"
+PART_RECORDS = 32  # picked records a message to a checking process holds, at most
+OUTSTANDING_RECORDS = 128  # records sent to a checking process and not answered yet, at most (~0.1 s of checks)
+HELPER_RECORDS = 64  # records left to check for each helper forked at the end, at the least (a fork costs ~10-30 ms)
+# helpers of a checking process, at most: each shares its memory, but summed RSS counts it again (~0.2 GB)
+MOST_HELPERS = 3
 
 
 class Certifier:
@@ -31,9 +43,8 @@ class Certifier:
         self.counts: dict = {}
         self.sides = sides or []
         self.kept: list | None = None
-        self.waiting: list[tuple] = []  # (what to send, its records) picked while the checking processes load
+        self.waiting: deque[tuple] = deque()  # (what to send, its records, its batch): loading, or OUTSTANDING_RECORDS
         self.loading = bool(self.sides)
-        self.sent = 0
         # Each batch of items added gets a number, in order; the counts of those answered so far, by
         # number (`run.journal` writes a chunk once its batch is). A batch goes to the side with the
         # fewest records not answered yet: one that started later or checks slower gets fewer (at 16
@@ -41,6 +52,7 @@ class Certifier:
         # took 2.5 times the other's CPU and was the run's tail).
         self.added = 0
         self.answered: dict[int, dict] = {}
+        self._parts: dict[int, list] = {}  # batch → [its parts not answered, their counts so far]
         self._queued: list[deque] = [deque() for _ in self.sides]  # per side: (batch, records) sent, not answered
         self._load = [0] * len(self.sides)  # per side: the records of those
         for side in self.sides:
@@ -81,21 +93,27 @@ class Certifier:
         """`items`: (where, what the worker made of a picked record), where being file:line; → the
         batch's number. CertificateError at the first mismatch known. `documents`: those written
         before the items' chunk (only `keeping` keeps them). `pickled`: (path, shift, the items'
-        values pickled by the worker), where `where` is `path` and the value's number + shift: sent to
-        a checking process as they are (`checks.check_in_side`)."""
+        values pickled by the worker in parts, each with its count), where `where` is `path` and the value's
+        number + shift: sent to a checking process as they are (`checks.check_in_side`)."""
         batch, self.added = self.added, self.added + 1
         if self.kept is not None:
             self.kept += [(where, item, documents) for where, item in items]
             return batch
         if not self.sides:
+            self._parts[batch] = [1, {}]
             self._take(batch, self.checks.check(items))
             return batch
-        self.waiting.append((("picked", *pickled) if pickled else items, len(items)))
+        if pickled:
+            parts = [(("picked", pickled[0], pickled[1], part), size) for size, part in pickled[2]]
+        else:
+            cut = [items[k:k + PART_RECORDS] for k in range(0, len(items), PART_RECORDS)]
+            parts = [(part, len(part)) for part in cut]
+        self.waiting += [(message, size, batch) for message, size in parts]
+        self._parts[batch] = [len(parts), {}]
         for k, side in enumerate(self.sides):
             for answer in side.arrived():
                 self._answer(k, answer)
-        if not self.loading:
-            self._send_waiting()
+        self._send_waiting()
         return batch
 
     def _answer(self, side: int, answer) -> None:
@@ -110,31 +128,57 @@ class Certifier:
         self._take(batch, answer)
 
     def _take(self, batch: int, answer) -> None:
+        """A part of `batch` answered: the batch is once all its parts are (`answered`, their counts summed)."""
         take(self.counts, answer)
-        self.answered[batch] = answer[0]
+        part = self._parts[batch]
+        part[0] -= 1
+        add_counts(part[1], answer[0])
+        if not part[0]:
+            self.answered[batch] = self._parts.pop(batch)[1]
 
     def finish(self) -> dict:
-        """The summed counts of every check; CertificateError at the first mismatch."""
-        self._send_waiting()
+        """The summed counts of every check; CertificateError at the first mismatch. The workers are
+        done: a checking process still behind gets helpers for what is left (`helpers`)."""
+        for side, count in zip(self.sides, self.helpers(len(os.sched_getaffinity(0)))):
+            if count:
+                side.send(("helpers", count))
+        while self.waiting or any(self._queued):
+            self._send_waiting(loaded=True)
+            for k, side in enumerate(self.sides):
+                if self._queued[k]:
+                    self._answer(k, side.answer())
         for k, side in enumerate(self.sides):
-            for answer in side.answers():
+            for answer in side.answers():  # what is left: answers to load, checks and helpers
                 self._answer(k, answer)
             side.end(kill=False)
         self.sides = []
         return self.counts
 
+    def helpers(self, cores: int) -> list[int]:
+        """Helpers for each checking process once the workers are done, on `cores`: the cores the
+        checking processes leave, shared among them, one for each HELPER_RECORDS records left, MOST_HELPERS
+        at most."""
+        sides = len(self.sides)
+        if not sides:
+            return []
+        left = sum(records for _, records, _ in self.waiting) + sum(self._load)
+        return [max(0, min((cores - sides) // sides, left // HELPER_RECORDS // sides, MOST_HELPERS))] * sides
+
     def end(self) -> None:
         for side in self.sides:
             side.end(kill=True)
 
-    def _send_waiting(self) -> None:
-        for message, records in self.waiting:
+    def _send_waiting(self, loaded: bool = False) -> None:
+        """The waiting parts, in order, each to the checking process with the fewest records not answered,
+        while one holds fewer than OUTSTANDING_RECORDS (`loaded`: whether or not it said it loaded)."""
+        while self.waiting and (loaded or not self.loading):
             side = min(range(len(self.sides)), key=self._load.__getitem__)
+            if self._load[side] >= OUTSTANDING_RECORDS:
+                return
+            message, records, batch = self.waiting.popleft()
             self.sides[side].send(message)
-            self._queued[side].append((self.sent, records))
+            self._queued[side].append((batch, records))
             self._load[side] += records
-            self.sent += 1
-        self.waiting = []
 
 
 def take(counts: dict, answer: tuple[dict, str | None]) -> None:

@@ -176,6 +176,10 @@ class SideProcess:
             answers.append(self._worker.result()[2])
         return answers
 
+    def answer(self):
+        """The next answer, waiting for it; a `fn` that raised raises here."""
+        return self._worker.result()[2]
+
     def answers(self) -> list:
         """Every answer not read yet, in the order the items were sent; a `fn` that raised raises here."""
         self._outbox.pause()  # every item written (a write's error raised here)

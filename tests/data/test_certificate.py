@@ -1121,3 +1121,104 @@ def test_a_run_of_its_own_finds_other_pieces_in_its_checking_processes(tmp_path)
     assert f"{corpus}:58: our ids differ from the reference's" in run.stderr
     good = subprocess.run([*command, "-o", str(tmp_path / "good")], capture_output=True, text=True)
     assert good.returncode == 0 and certificate(tmp_path / "good")["records_checked"] == 200, good.stderr
+
+
+HELPING = '''
+import os
+import time
+
+import numpy as np
+from qwen_data.run import certifier, pipeline
+from qwen_data.certify import checks
+from qwen_data.text.tokenizer import QwenTokenizer
+
+certifier.HELPER_RECORDS = 1  # helpers for whatever is left when the workers are done
+pipeline.PART_RECORDS = 2  # parts the workers hand over: each split between the checking process and a helper
+check, encode_batch = checks.TextChecks.check, QwenTokenizer.encode_batch
+
+
+def slow(self, items):  # a slow reference: the checking process is still behind when the workers are done
+    time.sleep(0.01 * len(items))
+    with open(os.environ["CHECKED_LOG"], "a") as log:
+        log.writelines(f"{os.getppid()} {where}\\n" for where, _ in items)
+    return check(self, items)
+
+
+def resegmented(self, texts, special="parse"):  # " hello" as " hel" + "lo" from record BAD_FROM on: the same bytes
+    ids, lengths = encode_batch(self, texts, special)
+    bad = [t.startswith("record ") and int(t.split()[1]) >= int(os.environ.get("BAD_FROM", "1000000")) for t in texts]
+    if not any(bad):
+        return ids, lengths
+    hello, pieces = encode_batch(self, [" hello"], special)[0][0], encode_batch(self, [" hel", "lo"], special)[0]
+    ids, lengths = encode_batch(self, texts, special)
+    out, ends = [], np.cumsum(lengths)
+    for k, own in enumerate(ids[ends[k] - lengths[k]:ends[k]] for k in range(len(texts))):
+        if bad[k]:
+            at = int(np.flatnonzero(own == hello)[0])
+            own = np.concatenate([own[:at], pieces, own[at + 1:]]).astype(np.int32)
+        out.append(own)
+    return np.concatenate(out), np.asarray([len(o) for o in out], dtype=np.int64)
+
+
+checks.TextChecks.check = slow
+QwenTokenizer.encode_batch = resegmented
+'''
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="helpers take the cores the workers leave: one has none")
+def test_a_checking_process_behind_at_the_end_shares_what_is_left_with_helpers(tmp_path):
+    """A checking process still behind when the workers are done forks helpers, which check parts of what is
+    left beside it (a slow reference, by a sitecustomize in every process of a run of its own): every record
+    is checked, by it or a helper, and a record whose ids differ fails the run, named.
+    (`test_helpers_answer_in_the_order_of_the_items`: which record is named.)"""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HELPING, encoding="utf-8")
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"record {k} says hello to you, " + "word " * 80}
+                                                for k in range(200)])
+    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+
+    def run(name: str, **env):
+        log = tmp_path / f"{name}.log"
+        command = [sys.executable, "-m", "qwen_data", "pretrain", corpus, "--quiet", "--workers", "2",
+                   "--chunk-mb", "0.005", "-o", str(tmp_path / name)]
+        done = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={
+            **os.environ, "PYTHONPATH": os.pathsep.join(paths), "CHECKED_LOG": str(log), **env})
+        stderr = done.communicate()[1]
+        lines = [line.split() for line in log.read_text().splitlines()]
+        return done.returncode, stderr, [where for parent, where in lines if int(parent) != done.pid]
+
+    status, stderr, by_helpers = run("good")
+    assert status == 0, stderr
+    assert certificate(tmp_path / "good")["records_checked"] == 200  # the helpers' counts summed with its own
+    assert by_helpers  # the checking process (the run's child) had helpers (its children)
+    status, stderr, by_helpers = run("bad", BAD_FROM="150")  # records 150 on differ, checked once helpers are there
+    assert status == 2 and f"{corpus}:151: our ids differ from the reference's" in stderr, stderr
+    assert by_helpers and "Traceback" not in stderr  # (the helpers end quietly with the checking process)
+
+
+def test_helpers_answer_in_the_order_of_the_items(monkeypatch):
+    """A checking process with helpers cuts each batch in order, a part for itself and one for each helper,
+    sums their counts and answers the first mismatch in the items' order, whichever process found it (a
+    checker that marks given items as differing stands for the reference)."""
+    from qwen_data.certify import checks
+
+    class Marking:
+        def check(self, items):
+            bad = [where for where, value in items if value == "bad"]
+            return {"records_checked": len(items)}, (f"{bad[0]}: differs" if bad else None)
+
+    monkeypatch.setattr(checks, "_CHECKS", Marking())
+    monkeypatch.setattr(checks, "_HELPERS", [])
+    assert checks.check_in_side(("helpers", 2)) is None and len(checks._HELPERS) == 2
+    try:
+        batch = lambda *bad: [(f"f:{k}", "bad" if k in bad else "good") for k in range(6)]  # noqa: E731
+        assert checks.check_in_side(batch()) == ({"records_checked": 6}, None)
+        assert checks.check_in_side(batch(3, 5)) == ({"records_checked": 4}, "f:3: differs")  # parts 0-1, 2-3, 4-5
+        assert checks.check_in_side(batch(1, 4)) == ({"records_checked": 2}, "f:1: differs")
+    finally:
+        for helper in checks._HELPERS:
+            helper.close()
