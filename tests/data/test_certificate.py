@@ -1204,6 +1204,8 @@ def test_helpers_answer_in_the_order_of_the_items(monkeypatch):
     """A checking process with helpers cuts each batch in order, a part for itself and one for each helper,
     sums their counts and answers the first mismatch in the items' order, whichever process found it (a
     checker that marks given items as differing stands for the reference)."""
+    import psutil
+
     from qwen_data.certify import checks
 
     class Marking:
@@ -1213,6 +1215,7 @@ def test_helpers_answer_in_the_order_of_the_items(monkeypatch):
 
     monkeypatch.setattr(checks, "_CHECKS", Marking())
     monkeypatch.setattr(checks, "_HELPERS", [])
+    before = {p.pid for p in psutil.Process().children()}
     assert checks.check_in_side(("helpers", 2)) is None and len(checks._HELPERS) == 2
     try:
         batch = lambda *bad: [(f"f:{k}", "bad" if k in bad else "good") for k in range(6)]  # noqa: E731
@@ -1221,4 +1224,6 @@ def test_helpers_answer_in_the_order_of_the_items(monkeypatch):
         assert checks.check_in_side(batch(1, 4)) == ({"records_checked": 2}, "f:1: differs")
     finally:
         for helper in checks._HELPERS:
-            helper.close()
+            helper.close()  # each helper ends, and is waited for here (no zombie left to the tests after)
+        for forked in [p for p in psutil.Process().children() if p.pid not in before]:
+            os.waitpid(forked.pid, 0)
