@@ -106,8 +106,7 @@ class Certifier:
         if pickled:
             parts = [(("picked", pickled[0], pickled[1], part), size) for size, part in pickled[2]]
         else:
-            cut = [items[k:k + PART_RECORDS] for k in range(0, len(items), PART_RECORDS)]
-            parts = [(part, len(part)) for part in cut]
+            parts = [(part, len(part)) for part in in_parts(items)]
         self.waiting += [(message, size, batch) for message, size in parts]
         self._parts[batch] = [len(parts), {}]
         for k, side in enumerate(self.sides):
@@ -179,6 +178,11 @@ class Certifier:
             self.sides[side].send(message)
             self._queued[side].append((batch, records))
             self._load[side] += records
+
+
+def in_parts(items: list) -> list[list]:
+    """`items` cut in order into parts of PART_RECORDS, as checking processes take them."""
+    return [items[k:k + PART_RECORDS] for k in range(0, len(items), PART_RECORDS)]
 
 
 def take(counts: dict, answer: tuple[dict, str | None]) -> None:

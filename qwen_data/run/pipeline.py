@@ -38,7 +38,7 @@ from ..inputs.files import STDIN, InputFile, Shard, expand
 from ..inputs.readers import estimated_records, read_chunks
 from ..inputs.records import RejectLog, empty_output
 from ..text.tokenizer import SPECIAL_POLICIES, TokenizerConfig, resolve_tokenizer_dir
-from .certifier import NOTHING_WRITTEN, PART_RECORDS, Certifier
+from .certifier import NOTHING_WRITTEN, Certifier, in_parts
 from .journal import Journal, Resumed, identity
 from .prestart import large, take as take_prestarted
 from .progress import Progress
@@ -107,8 +107,8 @@ class ChunkResult:
     to_check: list = field(init=False, default_factory=list)
     picked_json: str | None = field(init=False, default=None)  # `to_check` as the journal keeps it
     # `to_check` pickled in the worker for the checking processes: the main process forwards the bytes, where
-    # pickling the items again held its GIL (on a 16-core host, ~0.2 s of its threads a GB of chats); in parts of
-    # PART_RECORDS, which `Certifier` hands out a few at a time
+    # pickling the items again held its GIL (on a 16-core host, ~0.2 s of its threads a GB of chats); in parts
+    # (`certifier.in_parts`), which `Certifier` hands out a few at a time
     picked_pickle: list[tuple[int, bytes]] | None = field(init=False, default=None)  # (records, pickled) a part
 
 
@@ -443,8 +443,8 @@ def _process(step: Step, chunk: Chunk) -> ChunkResult:
     result.lines = chunk.lines
     if result.to_check:
         result.picked_json = picked_json(step.checks, result.to_check)
-        parts = (result.to_check[k:k + PART_RECORDS] for k in range(0, len(result.to_check), PART_RECORDS))
-        result.picked_pickle = [(len(part), pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)) for part in parts]
+        result.picked_pickle = [(len(part), pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))
+                                for part in in_parts(result.to_check)]
     return result
 
 

@@ -1128,12 +1128,12 @@ import os
 import time
 
 import numpy as np
-from qwen_data.run import certifier, pipeline
+from qwen_data.run import certifier
 from qwen_data.certify import checks
 from qwen_data.text.tokenizer import QwenTokenizer
 
 certifier.HELPER_RECORDS = 1  # helpers for whatever is left when the workers are done
-pipeline.PART_RECORDS = 2  # parts the workers hand over: each split between the checking process and a helper
+certifier.PART_RECORDS = 2  # parts the workers hand over: each split between the checking process and a helper
 check, encode_batch = checks.TextChecks.check, QwenTokenizer.encode_batch
 
 
