@@ -138,15 +138,19 @@ def ray(corpus: str, prefix: str, workers: int, joined: bool) -> measure.Measure
         subprocess.run([*cli, "stop"], env=env, capture_output=True)
 
 
-def efficiencies(runs: list[dict], raw: float) -> None:
-    """Adds, to each run of ours, its rate against N x its own 1-worker rate and against N x raw."""
+def efficiencies(runs: list[dict], raw: float, raw_parallel: list[dict]) -> None:
+    """Adds, to each run of ours, its rate against N x its own 1-worker rate, against N x raw, and against the
+    host's ceiling for N (`vs_ceiling`: N raw processes at once, where they were measured)."""
     single = {r["job"]: r["mb_per_s"] for r in runs if r["workers"] == 1}
+    ceiling = {p["processes"]: p["mb_per_s"] for p in raw_parallel}
     for r in runs:
         if r["job"] in single:
             r["vs_own_1_worker"] = round(r["mb_per_s"] / (r["workers"] * single[r["job"]]), 3)
             r["speedup"] = round(r["mb_per_s"] / single[r["job"]], 2)
         if r["job"] in ("pretrain", "ray", "ray-joined", "megatron"):
             r["vs_raw"] = round(r["mb_per_s"] / (r["workers"] * raw), 3)
+            if r["workers"] in ceiling:
+                r["vs_ceiling"] = round(r["mb_per_s"] / ceiling[r["workers"]], 3)
 
 
 def main() -> None:
@@ -205,7 +209,7 @@ def main() -> None:
 
     def add(run: dict) -> None:  # written after every run: a run cut short keeps what it measured
         runs.append(run)
-        efficiencies(runs, raw)
+        efficiencies(runs, raw, raw_parallel)
         measure.write_json(args.out, {"host": info, "corpus": corpus_info, "raw_mb_per_s": round(raw, 1),
                                       "raw_warm_mb_per_s": round(raw_warm, 1), "raw_parallel": raw_parallel,
                                       "runs": runs})
