@@ -2,9 +2,11 @@
 revision's `qwen_data/` (its C built as the package builds it), each run a process of its own, the rounds
 interleaved; CPU seconds over the chunks, or with --callgrind the instructions (valgrind, a run over no chunk
 subtracted: what the step's set-up costs). Pretrain: the never-repeating text (`corpora.UNIQUE`); SFT: scaled chats,
-packed, checked against the template's official Jinja.
+packed, checked against the template's official Jinja. --layers: this tree alone, also certified with the first
+layer (every document's spelling, `Step._spell`) left out: what of the certified worker's cost that layer is.
 
     python3 bench/worker.py --job pretrain --against f3f8492 [--chunks 6] [--rounds 3] [--callgrind]
+    python3 bench/worker.py --job pretrain --layers --chunks 30 --rounds 5
 """
 
 import argparse
@@ -29,7 +31,7 @@ from qwen_data.inputs.files import expand
 from qwen_data.inputs.readers import estimated_records, read_chunks
 from qwen_data.run.pipeline import input_list
 job, path, chunks, jinja = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
-certified, warm = sys.argv[4] == "on", sys.argv[6] == "warm"
+certified, warm = sys.argv[4] != "off", sys.argv[6] == "warm"
 out = os.path.join(tempfile.mkdtemp(), "o")
 if job == "pretrain":
     from qwen_data.steps.pretrain import PretrainConfig, Tokenize
@@ -38,6 +40,8 @@ else:
     from qwen_data.steps.sft import ChatSamples, SFTConfig
     step = ChatSamples(SFTConfig(inputs=[path], output_prefix=out, template="qwen2p5", pack=True, seq_length=4096,
                                  reference_template=jinja))
+if sys.argv[4] == "unspelled":
+    type(step)._spell = lambda self, *args: None
 step.prepare()
 sources = expand([path])
 checks = checks_for(step, input_list(sources), [estimated_records(s) for s in sources])
@@ -65,10 +69,13 @@ def tree_of(revision: str, work: str) -> str:
     return root
 
 
-def run(root: str, args, corpus: str, jinja: str, certified: bool, chunks: int) -> float:
-    """One process's CPU seconds, or with --callgrind its instructions."""
+MODES = {False: "off", True: "on", "unspelled": "unspelled"}  # how a run is certified: the child's word for it
+
+
+def run(root: str, args, corpus: str, jinja: str, certified, chunks: int) -> float:
+    """One process's CPU seconds, or with --callgrind its instructions (`certified`: a key of MODES)."""
     env = measure.python_env(root)  # (its qwen_data first)
-    command = [sys.executable, "-c", CHILD, args.job, corpus, str(chunks), "on" if certified else "off", jinja,
+    command = [sys.executable, "-c", CHILD, args.job, corpus, str(chunks), MODES[certified], jinja,
                "cold" if args.callgrind else "warm"]
     if not args.callgrind:  # (run in the tree: `-c` puts the current folder first on the path)
         return float(subprocess.run(command, cwd=root, env=env, check=True, capture_output=True, text=True).stdout)
@@ -87,18 +94,20 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--callgrind", action="store_true", help="instructions (valgrind) instead of CPU seconds")
+    parser.add_argument("--layers", action="store_true", help="this tree alone: also certified without the spelling")
     args = parser.parse_args()
     if args.callgrind and not shutil.which("valgrind"):
         raise SystemExit("--callgrind: valgrind is not installed")
     corpus = (corpora.unique_corpus("text-unique-300MB.jsonl", corpora.text_corpus(), 300_000_000)
               if args.job == "pretrain" else corpora.scaled_sft_corpus("chat", 300_000_000))
     jinja = measure.oracle_file(TEMPLATE, None)
+    modes = list(MODES) if args.layers else [False, True]
     with tempfile.TemporaryDirectory() as work:
-        trees = {"ours": measure.REPO_ROOT, args.against: tree_of(args.against, work)}
-        found = {(tree, mode): [] for tree in trees for mode in (False, True)}
+        trees = {"ours": measure.REPO_ROOT, **({} if args.layers else {args.against: tree_of(args.against, work)})}
+        found = {(tree, mode): [] for tree in trees for mode in modes}
         for r in range(1 if args.callgrind else args.rounds):
             for tree in list(trees)[:: 1 if r % 2 == 0 else -1]:  # the order flips every round
-                for certified in (False, True):
+                for certified in modes[:: 1 if r % 2 == 0 else -1]:
                     value = run(trees[tree], args, corpus, jinja, certified, args.chunks)
                     if args.callgrind:
                         value -= run(trees[tree], args, corpus, jinja, certified, 0)
@@ -113,6 +122,12 @@ def report(found: dict, trees: list, instructions: bool) -> None:
     for tree in trees:
         off, on = median[tree, False], median[tree, True]
         print(f"{tree:>12}: uncertified {off * scale:,.2f} {unit}, certified {on * scale:,.2f} ({on / off:.3f}x)")
+        if (tree, "unspelled") in median:
+            unspelled = median[tree, "unspelled"]
+            print(f"{'':>12}  certified without the spelling {unspelled * scale:,.2f} ({unspelled / off:.3f}x): "
+                  f"the spelling {(on - unspelled) / (on - off):.0%} of what certifying adds")
+    if len(trees) < 2:
+        return
     ours, theirs = trees
     print(f"ours / {theirs}: uncertified {median[ours, False] / median[theirs, False]:.3f}, "
           f"certified {median[ours, True] / median[theirs, True]:.3f}")
