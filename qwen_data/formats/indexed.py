@@ -86,6 +86,7 @@ class IndexedDatasetWriter:
         self.sequences = self._lengths.tell() // 4
         self.documents = self._doc_ends.tell() // 8
         self.tokens = self._bin.tell() // self.dtype.itemsize
+        self._at: int | None = None  # a descriptor of the .bin without O_APPEND (`write_at`)
 
     @staticmethod
     def files(bin_path: str, idx_path: str) -> list[str]:
@@ -122,6 +123,23 @@ class IndexedDatasetWriter:
         `sequences_per_document` defaults to one sequence per document; `digest`: the joinable hash
         of the bytes `tokens` are written as (a writer made with hashed="given" takes one a batch).
         """
+        data = self._indexed(tokens, sequence_lengths, sequences_per_document, digest)
+        _write_all(self._bin, data)
+        if self._bin_hash is not None:
+            self._bin_hash.advance(data.nbytes)
+
+    def place(self, tokens, sequence_lengths, digest: str) -> tuple[np.ndarray, int]:
+        """`add_batch` but for its tokens' bytes, which another process writes: → (those bytes as the
+        .bin holds them, where in the .bin they go). A writer that places batches writes none itself
+        (`write_at` writes one here), so each batch's bytes are wherever its writer puts them, in any
+        order, at the offsets handed out here in order."""
+        if self._given is None:
+            raise ValueError("only a writer given its batches' hashes places them (it reads no byte back)")
+        offset = self.tokens * self.dtype.itemsize
+        return self._indexed(tokens, sequence_lengths, None, digest), offset
+
+    def _indexed(self, tokens, sequence_lengths, sequences_per_document, digest: str | None) -> np.ndarray:
+        """A batch counted and put in the index (`add_batch`); → its tokens as the .bin holds them."""
         if (digest is None) != (self._given is None):
             raise ValueError("a writer made with hashed='given' takes each batch's digest, and only it")
         tokens = np.asarray(tokens)
@@ -140,10 +158,6 @@ class IndexedDatasetWriter:
             info = np.iinfo(self.dtype)
             if tokens.min() < info.min or tokens.max() > info.max:
                 raise ValueError(f"token id outside {self.dtype}")
-        data = np.ascontiguousarray(tokens, dtype=self.dtype)  # written as it is, no copy
-        _write_all(self._bin, data)
-        if self._bin_hash is not None:
-            self._bin_hash.advance(data.nbytes)
         if self._given is not None:
             self._given.append(digest)
         self._lengths.write(lengths.astype(np.int32).tobytes())
@@ -151,9 +165,20 @@ class IndexedDatasetWriter:
         self.sequences += len(lengths)
         self.documents += len(per_doc)
         self.tokens += len(tokens)
+        return np.ascontiguousarray(tokens, dtype=self.dtype)  # written as it is, no copy
+
+    def write_at(self, data: np.ndarray, offset: int) -> None:
+        """A placed batch's bytes (`place`) written by this process."""
+        if self._at is None:  # (the .bin's own file appends: a resumed one is opened with O_APPEND)
+            self._at = os.open(self.bin_path, os.O_WRONLY)
+        view = memoryview(data).cast("B")
+        while view:
+            written = os.pwrite(self._at, view, offset)
+            view, offset = view[written:], offset + written
 
     def finalize(self) -> None:
         """Close the data file and write the index."""
+        self._close_at()
         if self._bin_hash is not None:
             self._bin_hash.close()
         for f in (self._bin, self._lengths, self._doc_ends):
@@ -179,8 +204,14 @@ class IndexedDatasetWriter:
         """(.idx, .bin) content hashes, hex; valid after `finalize`."""
         return self._idx_hash.hexdigest(), join(self._given) if self._given is not None else self._bin_hash.hexdigest()
 
+    def _close_at(self) -> None:
+        if self._at is not None:
+            os.close(self._at)
+            self._at = None
+
     def abort(self) -> None:
         """Close and remove everything written so far."""
+        self._close_at()
         if self._bin_hash is not None:
             self._bin_hash.close(failed=True)
         for f in (self._bin, self._lengths, self._doc_ends):

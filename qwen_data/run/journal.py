@@ -99,7 +99,7 @@ class Journal:
         where some of them end, as taken when the chunk was written (the file may have grown since)."""
         ends, hashes = {}, {}
         for path, digest in files.items():
-            ends[path] = end = (known or {}).get(path, os.path.getsize(path))
+            ends[path] = end = known[path] if known and path in known else os.path.getsize(path)
             start = self._ends.get(path, 0)
             hashes[path] = digest if digest is not None else _range_digest(path, start, end - start)
         self._ends = ends

@@ -121,6 +121,10 @@ class Writer(Protocol):
         """Each appended file handed to the kernel, with the joinable hash of what the last result
         added to it (None: the journal reads it back)."""
 
+    def ends(self) -> dict[str, int]:
+        """Where appended files ended once that result was added, for those that may hold more by
+        the time its journal line is written (the others: their size then)."""
+
     def behind(self, call) -> None:
         """`call()` once everything added so far is written: in the writer's own thread where it
         writes behind this one (the journal's lines go there, after the bytes they vouch for)."""
@@ -401,7 +405,7 @@ def _journal(journal: Journal, writer: Writer, rejects: RejectLog, result: Chunk
              "picked_at": picked_at}
 
     def line() -> None:
-        written = journal.written(writer.flush() | {rejects.path: None}, {rejects.path: rejects_end})
+        written = journal.written(writer.flush() | {rejects.path: None}, writer.ends() | {rejects.path: rejects_end})
         journal.chunk(entry | written, batch, picked)
 
     writer.behind(line)

@@ -11,6 +11,10 @@ before its worker is forked; a task is given a free slot, the worker copies the 
 Such arrays are views of the slot: they are valid until the next result is asked for, when the
 slot may be given to another task. A result too big for its slot goes through the pipe whole.
 
+The consumer may instead have the worker that made a result write its arrays into files itself
+(`Placement.write`, where they belong, at offsets the consumer hands out in order): the bytes then
+pass through no other process, and the slot stays taken until the worker says they are written.
+
 A worker is replaced by a fresh one once it has grown by `worker_growth` bytes of resident memory
 (or after `tasks_per_worker` tasks), to bound whatever caches grow inside it (the tokenizer's
 pretoken cache); the replacement is forked when its position gets its next task.
@@ -82,7 +86,8 @@ class _OrderedMap:
         self.tasks_per_worker, self.worker_growth, self.before_fork = tasks_per_worker, worker_growth, before_fork
         self.positions = [_Position(SLOTS, slot_bytes if shared_fields else 0) for _ in range(workers)]
         self.live: set[_Worker] = set()
-        self.done: dict[int, tuple[_Position, int, object]] = {}  # finished, waiting for their turn
+        self.done: dict[int, tuple[_Worker, int, object]] = {}  # finished, waiting for their turn
+        self.writing: dict[tuple[int, int], Placement] = {}  # (worker's pid, slot) → a write asked of it
         self.sent = 0
 
     def run(self, items: Iterable) -> Iterator:
@@ -95,12 +100,16 @@ class _OrderedMap:
                 self._receive(timeout=0)
                 exhausted = exhausted or self._send_more(items)
                 if turn in self.done:
-                    position, slot, result = self.done.pop(turn)
+                    worker, slot, result = self.done.pop(turn)
                     turn += 1
+                    placement = None
+                    if worker.slotted(result):  # (`_restored`'s: an object of attributes)
+                        placement = result.placement = Placement(self, worker, slot)
                     yield result
-                    position.slots.append(slot)  # the consumer is done with the result's views
+                    if placement is None or not placement.asked:
+                        worker.position.slots.append(slot)  # the consumer is done with the result's views
                     continue
-                if exhausted and turn == self.sent:
+                if exhausted and turn == self.sent and not self.writing:
                     break
                 self._receive()
             for worker in self.live:
@@ -133,19 +142,54 @@ class _OrderedMap:
     def _receive(self, timeout: float | None = None) -> None:
         """The results that are ready (at least one, unless `timeout`), each kept for its turn; workers
         done ended."""
-        busy = {w.conn: w for w in self.live if w.outstanding}
+        busy = {w.conn: w for w in self.live if w.outstanding or w.writes}
         if not busy and timeout is not None:
             return
         for conn in wait(list(busy), timeout):
             worker = busy[conn]
             index, slot, result = worker.result()
-            self.done[index] = (worker.position, slot, result)
+            if index is None:  # a write asked of it (`Placement.write`) is done
+                self.writing.pop((worker.process.pid, slot)).written()
+            else:
+                self.done[index] = (worker, slot, result)
             if self.worker_growth is not None and worker.grown > self.worker_growth:
                 worker.retire()
-            if worker.retired and not worker.outstanding:
+            if worker.retired and not worker.outstanding and not worker.writes:
                 with _stops_held():
                     worker.end(kill=False)
                     self.live.discard(worker)
+
+
+class Placement:
+    """Where a result read from a slot (`_OrderedMap.run`) may be written by the worker that made it."""
+
+    def __init__(self, owner: _OrderedMap, worker: "_Worker", slot: int) -> None:
+        self.owner, self.worker, self.slot = owner, worker, slot
+        self.asked = False  # the worker was asked to write, and holds the slot until it has
+        self.done = True
+
+    def write(self, targets: list[tuple[str, np.ndarray, int]]) -> None:
+        """Each (path, array of the result, offset): the array's bytes written at that offset of the
+        file (opened there without O_APPEND, which would put them at its end). Asked of the worker
+        when it is still taking messages; a worker told to stop may have read its last one, so then
+        they are written here. `done` once they are."""
+        worker, arena = self.worker, self.worker.position.arena
+        where = [(path, _arena_offset(arena, array), array.nbytes, offset) for path, array, offset in targets]
+        if worker.retired or worker.conn.closed:
+            for path, start, size, offset in where:
+                fd = os.open(path, os.O_WRONLY)  # (never kept: this process outlives the run's files)
+                try:
+                    _write_range(fd, arena, start, size, offset)
+                finally:
+                    os.close(fd)
+            return
+        worker.ask((None, self.slot, where))
+        self.owner.writing[worker.process.pid, self.slot] = self
+        self.asked, self.done = True, False
+
+    def written(self) -> None:
+        self.done = True
+        self.worker.position.slots.append(self.slot)
 
 
 class SideProcess:
@@ -252,7 +296,7 @@ class _RemoteTraceback(Exception):
 class _Worker:
     def __init__(self, fn: Callable, shared_fields: tuple, position: _Position, slot_bytes: int, forked=None):
         """`forked`: (connection, process) of a process already serving `fn` (`prestart`), else one is forked."""
-        self.assigned = self.outstanding = 0
+        self.assigned = self.outstanding = self.writes = 0
         self.retired = False
         self.position, arena = position, position.arena
         # Growth counts from the worker's size after its first task (what forking and one task take).
@@ -275,6 +319,15 @@ class _Worker:
         self.assigned += 1
         self.outstanding += 1
 
+    def ask(self, message) -> None:
+        """A write of a result's slot to files (`Placement.write`), answered apart from the tasks."""
+        self._send(message)
+        self.writes += 1
+
+    def slotted(self, result) -> bool:
+        """Whether `result` was read from this worker's slot (its arrays views of it)."""
+        return self.position.arena is not None and getattr(result, "_slotted", False)
+
     def retire(self) -> None:
         """No more tasks: the worker exits once its queued ones are answered."""
         if not self.retired:
@@ -293,6 +346,11 @@ class _Worker:
             index, slot, ok, value, where, rss = pickle.loads(self.conn.recv_bytes())
         except (EOFError, ConnectionError):
             raise self._died() from None
+        if index is None:  # a write asked of it (`ask`)
+            self.writes -= 1
+            if not ok:
+                raise WorkerError(value)
+            return None, slot, None
         self.outstanding -= 1
         if self.start_rss is None:
             self.start_rss = rss
@@ -367,7 +425,42 @@ def _restored(value, arena: mmap.mmap | None):
     for name, spots in value.fields.items():
         views = [_view(arena, s) for s in (spots if isinstance(spots, list) else [spots])]
         setattr(value.result, name, views if isinstance(spots, list) else views[0])
+    value.result._slotted = True  # (`_Worker.slotted`)
     return value.result
+
+
+def _arena_offset(arena: mmap.mmap, array: np.ndarray) -> int:
+    """Where a view of the arena (`_view`) starts in it."""
+    base = np.frombuffer(arena, np.uint8, 1)
+    return array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+
+
+_FILES: dict[str, int] = {}  # a worker's descriptors of the files it writes results into, by path (one run's)
+
+
+def _opened(path: str) -> int:
+    if path not in _FILES:
+        _FILES[path] = os.open(path, os.O_WRONLY)
+    return _FILES[path]
+
+
+def _write_range(fd: int, arena: mmap.mmap, start: int, size: int, offset: int) -> None:
+    view = memoryview(arena)[start:start + size]
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _write_slot(message, arena: mmap.mmap | None) -> tuple:
+    """A write asked of this worker (`Placement.write`) done: the answer the main process reads."""
+    _, slot, where = message
+    try:
+        for path, start, size, offset in where:
+            _write_range(_opened(path), arena, start, size, offset)
+    except Exception as exc:  # (any: the main process waits for this answer)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+        return None, slot, False, f"worker {os.getpid()} writing {where[0][0]}: {why}", None, 0
+    return None, slot, True, None, None, 0
 
 
 def _view(arena: mmap.mmap, spot: _InSlot) -> np.ndarray:
@@ -387,7 +480,12 @@ def serve(conn, parent: int, fn: Callable, shared_fields: tuple, arena: mmap.mma
     # A thread drains the pipe at once, so the main process never waits to send a task while this
     # process waits for it to read a result.
     tasks: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_receive, args=(conn, tasks), daemon=True).start()
+    sending = threading.Lock()  # answers and writes' answers go out whole, one at a time
+    # Writes' answers are sent by a thread of their own: the one draining the pipe never waits on it.
+    written: queue.SimpleQueue = queue.SimpleQueue()
+    answering = threading.Thread(target=_answer_writes, args=(conn, written, sending), daemon=True)
+    answering.start()
+    threading.Thread(target=_receive, args=(conn, tasks, arena, written), daemon=True).start()
     while (task := tasks.get()) is not _STOP:
         index, slot, item = task
         try:
@@ -398,20 +496,36 @@ def serve(conn, parent: int, fn: Callable, shared_fields: tuple, arena: mmap.mma
         except Exception as exc:
             answer = (index, slot, False, exc, traceback.format_exc(), 0)
         try:
-            conn.send_bytes(_dumps(answer))
+            message = _dumps(answer)
         except Exception:  # an exception that cannot be pickled: send its text
-            conn.send_bytes(_dumps((index, slot, False, WorkerError(f"{answer[3]!r}"), answer[4], 0)))
+            message = _dumps((index, slot, False, WorkerError(f"{answer[3]!r}"), answer[4], 0))
+        with sending:
+            conn.send_bytes(message)
+    written.put(None)  # every write asked before the stop is done (the pipe is read in order): its answer sent
+    answering.join()
 
 
-def _receive(conn, tasks: queue.SimpleQueue) -> None:
+def _receive(conn, tasks: queue.SimpleQueue, arena: mmap.mmap | None, written: queue.SimpleQueue) -> None:
+    """The pipe drained: tasks queued for the worker's loop, writes of its slots done here at once
+    (`Placement.write`: the loop goes on with its task meanwhile; the write lets go of the GIL)."""
     while True:
         try:
             task = pickle.loads(conn.recv_bytes())
         except EOFError:
             task = _STOP
+        if task is not _STOP and task[0] is None:
+            written.put(_write_slot(task, arena))
+            continue
         tasks.put(task)
         if task is _STOP:
             return
+
+
+def _answer_writes(conn, written: queue.SimpleQueue, sending: threading.Lock) -> None:
+    while (answer := written.get()) is not None:
+        message = _dumps(answer)
+        with sending:
+            conn.send_bytes(message)
 
 
 def _dumps(message) -> bytes:

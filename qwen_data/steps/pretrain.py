@@ -11,6 +11,7 @@ any key is rejected for all.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,30 +148,70 @@ class PretrainWriter:
         }
         self.documents = next(iter(self.writers.values())).documents
         self.special_records = resumed.total("special_records") if reused else 0
+        # Per chunk added whose journal line may not be written yet: (its placement, where each staged
+        # file ends after it, its .bin hashes, the calls waiting on it: `behind`).
+        self._unwritten: deque[tuple] = deque()
+        self._journaling = None
 
     def flush(self) -> dict[str, str | None]:
-        """Each appended file handed to the kernel; → the joinable hash of what the last result added
-        to each (None: the journal reads it back), for `run.journal`."""
+        """Each appended file handed to the kernel; → the joinable hash of what the chunk being
+        journaled (`behind`) added to each (None: the journal reads it back), for `run.journal`."""
         hashes = {}
-        for writer, digest in zip(self.writers.values(), self._last):
+        for writer, digest in zip(self.writers.values(), self._journaling[2]):
             hashes |= writer.journaled(digest)
         return hashes
 
+    def ends(self) -> dict[str, int]:
+        """Where each staged file ended once the chunk being journaled was added (later chunks' bytes
+        may be in them already: the workers write theirs as they come)."""
+        return self._journaling[1]
+
     def behind(self, call) -> None:
-        call()  # (written at once)
+        """`call()` once the last chunk added is in the staged files, and every one before it."""
+        if not self._unwritten:  # (they are: it is journaled as it stands)
+            call()
+            return
+        self._unwritten[-1][3].append(call)
+        self._journal_written()
 
     def settle(self) -> None:
-        pass
+        """The journal lines of the chunks the workers had written (an interrupted run: the others
+        are done again); errors not wanted (a failed run's staged files are gone)."""
+        try:
+            self._journal_written()
+        except OSError:
+            pass
 
     def add(self, result: Documents) -> None:
+        placement = getattr(result, "placement", None)  # (`workers.Placement`: None, made here)
+        targets, ends = [], {}
         for writer, ids, lengths, digest in zip(self.writers.values(), result.ids, result.lengths, result.digests):
-            writer.add_batch(ids, lengths, digest=digest)
-        self._last = result.digests
+            data, offset = writer.place(ids, lengths, digest)
+            if placement is not None and data is ids:  # the worker's own bytes: it writes them
+                targets.append((writer.bin_path, ids, offset))
+            else:
+                writer.write_at(data, offset)
+            lengths_file, ends_file = writer.files(writer.bin_path, writer.idx_path)[1:]
+            ends |= {writer.bin_path: offset + data.nbytes, lengths_file: writer.sequences * 4,
+                     ends_file: writer.documents * 8}
+        if targets:
+            placement.write(targets)
+        self._unwritten.append((placement if targets else None, ends, result.digests, []))
         self.documents += result.records
         self.special_records += result.special_records
 
+    def _journal_written(self) -> None:
+        """The calls waiting on chunks now written, in order (`behind`)."""
+        while self._unwritten and (self._unwritten[0][0] is None or self._unwritten[0][0].done):
+            self._journaling = chunk = self._unwritten.popleft()
+            for call in chunk[3]:
+                call()
+
     def close(self) -> dict[str, Manifest]:
         config = self.step.config
+        self._journal_written()  # (the workers have written every chunk: the map waited for them)
+        if self._unwritten:
+            raise RuntimeError("a chunk's bytes were not written by its worker")
         manifests = {}
         for (prefix, writer), key in zip(self.writers.items(), config.text_keys):
             writer.finalize()

@@ -471,6 +471,9 @@ class SFTWriter:
         if self.step.config.lays_out_here:
             self.laying.close(failed=True)
 
+    def ends(self) -> dict[str, int]:
+        return {}  # (every file is written here, in order: its size is where the last result ends)
+
     def flush(self) -> dict[str, str | None]:
         """The ids and the mask handed to the kernel; → each appended file with the joinable hash of
         what the last result added to it (`run.journal`; called `behind`)."""

@@ -529,20 +529,35 @@ def test_a_one_token_shift_of_a_qwen3_multi_turn_mask_fails_the_run(tmp_path, mo
     assert f"{corpus}:14: its loss mask differs from the one the template's structure gives" in error
 
 
-def test_a_document_the_writer_corrupts_is_found_in_the_written_files(tmp_path, monkeypatch, capsys):
-    """The picked documents are read back from the staged files before the commit."""
+@pytest.mark.parametrize("writer", ["main", "worker"])
+def test_a_document_the_writer_corrupts_is_found_in_the_written_files(tmp_path, monkeypatch, capsys, writer):
+    """The picked documents are read back from the staged files before the commit, whoever wrote
+    them: the main process (one chunk, processed there) or the worker that made them (forked after
+    the patch, so it writes the corrupted bytes)."""
     from qwen_data.formats.indexed import IndexedDatasetWriter
+    from qwen_data.run import workers
 
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"document {k}"} for k in range(50)])
-    add_batch = IndexedDatasetWriter.add_batch
+    if writer == "main":
+        write_at = IndexedDatasetWriter.write_at
 
-    def corrupting(self, tokens, *args, **kwargs):
-        tokens = np.array(tokens)
-        tokens[len(tokens) // 2] ^= 1
-        return add_batch(self, tokens, *args, **kwargs)
+        def corrupting(self, data, offset):
+            data = np.array(data)
+            data[len(data) // 2] ^= 1
+            return write_at(self, data, offset)
 
-    monkeypatch.setattr(IndexedDatasetWriter, "add_batch", corrupting)
-    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "1", "--quiet"]) == 2
+        monkeypatch.setattr(IndexedDatasetWriter, "write_at", corrupting)
+    else:
+        def corrupting(fd, arena, start, size, offset):
+            data = bytearray(arena[start:start + size])
+            if data:
+                data[size // 2] ^= 1
+            os.pwrite(fd, data, offset)
+
+        monkeypatch.setattr(workers, "_write_range", corrupting)
+    chunks = ["--chunk-mb", "0.0002"] if writer == "worker" else []
+    assert main(["pretrain", corpus, "-o", str(tmp_path / "p"), "--workers", "2" if chunks else "1", "--quiet",
+                 *chunks]) == 2
     assert "the written document differs from what was encoded" in capsys.readouterr().err
     assert not [name for name in os.listdir(tmp_path) if name.startswith("p")]
 

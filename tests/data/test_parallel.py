@@ -44,6 +44,45 @@ def test_results_in_shared_memory_equal_the_workers_and_big_ones_take_the_pipe()
     assert seen == 20
 
 
+def test_workers_write_their_results_where_they_are_placed(tmp_path, monkeypatch):
+    """Each result's array written by the worker that made it, at the offset the consumer hands out
+    in order (the slot is held until it is written): the file is the arrays back to back, and this
+    process wrote none of them (its own writes, patched once the workers were forked, are counted)."""
+    from qwen_data.run import workers
+
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"")
+    expected, offset, here = [], 0, []
+    for n, result in enumerate(ordered_map(make, range(12), 3, shared_fields=("ids", "parts"), slot_bytes=40_000)):
+        monkeypatch.setattr(workers, "_write_range", lambda *args: here.append(args))
+        placement = getattr(result, "placement", None)  # (n >= 10: through the pipe, written here)
+        if placement is None:
+            with open(path, "r+b") as f:
+                f.seek(offset)
+                f.write(result.ids.tobytes())
+        else:
+            placement.write([(str(path), result.ids, offset)])
+        expected.append(make(n).ids.tobytes())
+        offset += result.ids.nbytes
+    assert path.read_bytes() == b"".join(expected)
+    assert not here
+
+
+def failing_write(fd, arena, start, size, offset):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_worker_that_cannot_write_its_result_fails_the_map_naming_the_file(tmp_path, monkeypatch):
+    from qwen_data.run import workers
+
+    monkeypatch.setattr(workers, "_write_range", failing_write)  # (the workers are forked after this)
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"")
+    with pytest.raises(workers.WorkerError, match="out.bin: No space left on device"):
+        for result in ordered_map(make, range(6), 2, shared_fields=("ids", "parts"), slot_bytes=40_000):
+            result.placement.write([(str(path), result.ids, 0)])
+
+
 def sleepy(n: int) -> tuple[int, float]:
     time.sleep(1.0 if n == 0 else 0.01)
     return n, time.monotonic()

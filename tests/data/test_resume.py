@@ -5,8 +5,9 @@ it reuses is checked, never trusted.
 Each kill is made deterministic by a child process that runs `qwen-data` with one function wrapped
 to kill the process at its N-th call, in whichever thread makes it (a packed run stages its samples and
 journals them behind its main thread): after a chunk's journal line (between chunks), half-way
-through writing a chunk (its ids written, its index entries not), and half-way through the commit
-(which the next run finishes, once each file holds what the journal hashed).
+through writing a chunk (its ids written, its index entries not; in pretraining, where the workers
+write the ids, as a worker says a chunk's ids are written, its journal line not), and half-way
+through the commit (which the next run finishes, once each file holds what the journal hashed).
 """
 
 import json
@@ -35,7 +36,7 @@ staged = os.environ["STAGED"] + "."  # the files the journal vouches for (not th
 
 def killing(function):
     def wrapped(*args, **kwargs):
-        if where == "mid-chunk" and not os.path.basename(args[0].name).startswith(staged):
+        if where == "mid-chunk" and hasattr(args[0], "name") and not os.path.basename(args[0].name).startswith(staged):
             return function(*args, **kwargs)  # (rows laid out behind: when they are written is the thread's)
         calls[0] += 1
         if where == "mid-chunk" and calls[0] == after:
@@ -50,10 +51,12 @@ def killing(function):
 if where == "between-chunks":
     from qwen_data.run.journal import Journal
     Journal.chunk = killing(Journal.chunk)
-elif where == "mid-chunk":
+elif where == "mid-chunk":  # SFT: this process writes the ids; pretrain: the workers do, and say so
     from qwen_data.formats import indexed
+    from qwen_data.run import workers
     original = indexed._write_all
     indexed._write_all = killing(original)
+    workers.Placement.written = killing(workers.Placement.written)
 elif where == "sft-result":  # the N-th result an SFT run takes
     from qwen_data.steps import sft
     sft.SFTWriter.add = killing(sft.SFTWriter.add)
