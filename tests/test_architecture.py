@@ -122,7 +122,8 @@ TRAIN_MAY_IMPORT = {"qwen_data.qwen", "qwen_data.options", "qwen_data.formats", 
 TRAIN_FLOORS = {
     "shapes": set(),
     "marks": set(),
-    "attention": set(),
+    "thd": set(),  # numpy alone: packed rows' THD form for CUDA graphs
+    "attention": {"thd"},
     "config": {"shapes"},
     "plan": {"attention", "config", "shapes"},
     "patches": {"attention", "kernels"},
@@ -134,7 +135,7 @@ TRAIN_FLOORS = {
     "data": {"config", "patches"},
     "loader": {"config", "data", "plan"},
     "step": {"attention", "distributed", "loss", "marks", "model"},
-    "graphs": {"attention", "step"},
+    "graphs": {"attention", "step", "thd"},
     "optimizer": {"config", "kernels", "marks"},
     "metrics": {"config", "distributed", "plan", "shapes"},
     "checkpoint": {"config", "distributed", "hf", "optimizer", "plan", "shapes"},

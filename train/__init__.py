@@ -19,6 +19,7 @@ Modules, in the order a run uses them:
   distributed     process groups, the data-parallel wrapper, the gradient reductions across ranks
   model/          the GPTModel build of a plan: layers, experts, balance loss, the layer spec as converters
   hf/config       a Hugging Face config.json ↔ the model shape (unsupported checkpoints refused), a folder's model
+  thd             packed rows as Transformer Engine's THD stream, in the fixed form a CUDA graph replays
   attention       fused core attention and the document mask for packed rows
   loss            the output layer and cross-entropy fused by chunks (no logits kept)
   data            datasets through megatron-core's builder (the blend read by `qwen_data.blend.read`)

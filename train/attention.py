@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -43,6 +44,8 @@ from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+from .thd import fill_fixed, stream_starts
 
 # FlexAttention is only fused when compiled (inside a compiled layer this is traced inline). Made
 # once here: built lazily inside a layer, its first use changed a global that the compiled layer
@@ -165,19 +168,45 @@ def thd_mask(batch: dict, device: torch.device) -> DocumentMask:
 
     TE chooses its kernel, and cuDNN builds its graph, once per distinct (number of samples,
     longest sample): both are rounded up to a power of two (at most s for the longest), so a run
-    meets a handful of them, not one per micro-batch. The extra samples are empty, at the end."""
+    meets a handful of them, not one per micro-batch. The extra samples are empty, at the end.
+    A CUDA graph's form is `fixed_thd_mask`'s."""
     segment_ids = batch["segment_ids"]
     b, s = segment_ids.shape
-    starts = batch["cu_seqlens"][:, :-1]
-    offsets = starts + s * torch.arange(b, dtype=starts.dtype).unsqueeze(1)
-    cu = offsets[starts < s]
+    cu = torch.from_numpy(stream_starts(batch["cu_seqlens"].numpy()))
     count = 1 << max(1, (len(cu) - 1).bit_length())
     cu = torch.cat([cu, torch.full((count + 1 - len(cu),), b * s, dtype=cu.dtype)]).to(torch.int32)
     longest = min(s, 1 << (int(batch["max_seqlen"].max()) - 1).bit_length())
-    cu = cu.to(device, non_blocking=True)
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                             max_seqlen_kv=longest)
-    return DocumentMask(segment_ids, thd=params)
+    return DocumentMask(segment_ids, thd=_thd_params(cu.to(device, non_blocking=True), longest))
+
+
+def _thd_params(cu_seqlens: torch.Tensor, longest: int) -> PackedSeqParams:
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=longest, max_seqlen_kv=longest)
+
+
+def thd_samples(batch: dict) -> int:
+    """How many samples a micro-batch's rows hold (THD's count before rounding)."""
+    return len(stream_starts(batch["cu_seqlens"].numpy()))
+
+
+def fixed_thd_mask(batch: dict, device: torch.device, count: int) -> DocumentMask:
+    """`thd_mask` in the form a CUDA graph replays (thd.py): `count` samples (empty ones at the
+    end), the longest taken as s, cu_seqlens in a buffer of its own that `refill_thd` rewrites."""
+    s = batch["segment_ids"].shape[1]
+    buffer = torch.empty(count + 1, dtype=torch.int32, device=device)
+    mask = DocumentMask(batch["segment_ids"], thd=_thd_params(buffer, s))
+    refill_thd(mask, batch)
+    return mask
+
+
+def refill_thd(mask: DocumentMask, batch: dict) -> None:
+    """`mask` (of `fixed_thd_mask`) made `batch`'s in place, where a captured graph reads it; a
+    ValueError where its count is too small for the batch (thd.fixed_count: a graph class of its own)."""
+    buffer = mask.thd.cu_seqlens_q
+    fixed = np.empty(buffer.shape, dtype=np.int32)
+    if fill_fixed(batch["cu_seqlens"].numpy(), fixed) is None:
+        raise ValueError(f"{thd_samples(batch)} samples do not fit a THD form of {len(fixed) - 1}")
+    buffer.copy_(torch.from_numpy(fixed), non_blocking=True)  # pageable: staged before copy_ returns
 
 
 def have_transformer_engine() -> bool:
@@ -285,3 +314,19 @@ class TECoreAttention(MegatronModule):
         return self.te(q, k, v, qkv_format="thd", attn_mask_type="padding_causal",
                        cu_seqlens_q=thd.cu_seqlens_q, cu_seqlens_kv=thd.cu_seqlens_kv,
                        max_seqlen_q=thd.max_seqlen_q, max_seqlen_kv=thd.max_seqlen_kv)
+
+
+class TEPackedCoreAttention(TECoreAttention):
+    """TECoreAttention for packed rows only: rows of one segment (causal) through PyTorch's SDPA, as
+    SDPACoreAttention runs them, inside the compiled layer (`auto`'s choice under CUDA graphs:
+    plan.AUTO_TE_PACKED)."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str, **kwargs) -> None:
+        super().__init__(config, layer_number, attn_mask_type, attention_type, **kwargs)
+        self.causal = SDPACoreAttention(config, layer_number, attn_mask_type, attention_type, **kwargs)
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        if attention_mask is None and packed_seq_params is None:
+            return self.causal(query, key, value, None, attention_bias=attention_bias)
+        return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params)

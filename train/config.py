@@ -125,7 +125,8 @@ class ModelConfig(Section):
     # attention and compile as asked ("auto" included); the trainer resolves them.
     attention: str = option("--attention", default="auto", choices=ATTENTION_CHOICES,
                             help="core attention: te (Transformer Engine), sdpa (PyTorch), local (megatron-core's "
-                                 "unfused); auto: sdpa (measured faster than te on H100s; train/plan.py says why)")
+                                 "unfused); auto: te for packed rows and sdpa for causal ones where the micro-batches "
+                                 "are CUDA graphs on Hopper, else sdpa (measured; train/plan.py says why)")
     cross_entropy: str = option(
         "--cross-entropy", default="fused", choices=CROSS_ENTROPY_CHOICES,
         help="fused: output layer and loss by chunks, no logits kept (train/loss.py); megatron: megatron-core's "
@@ -138,7 +139,7 @@ class ModelConfig(Section):
         "--cuda-graphs", default="auto", choices=CUDA_GRAPHS_CHOICES,
         help="on: each micro-batch's forward and backward captured once (after the first micro-batch of its "
              "kind, run eagerly) as one CUDA graph and replayed, so the host launches one graph, not thousands of "
-             "kernels; auto: on where it is built (one GPU, a dense model, PyTorch's attention, no recompute, FP8 "
+             "kernels; auto: on where it is built (one GPU, a dense model, sdpa or te attention, no recompute, FP8 "
              "only tensorwise or blockwise; the run's first line says why not)")
     recompute: Optional[str] = option(
         "--recompute", nargs="?", const="full", choices=RECOMPUTE_CHOICES,

@@ -32,6 +32,14 @@ AUTO_WITH_TE = ("sdpa", "PyTorch's attention measured faster than Transformer En
                 "(pretraining 1.05×, packed SFT 1.10×)")
 
 
+# What `auto` runs under CUDA graphs where Transformer Engine is installed, and why: TE's cuDNN attention over
+# packed rows as one THD stream (thd.py's fixed form, captured in the graphs) skips the pairs of different
+# samples, which FlexAttention's document mask still computes tile by tile; causal rows stay PyTorch's
+# (TE's causal kernel costs SDPA's GPU time and splits the compiled layer).
+AUTO_TE_PACKED = ("te", "Transformer Engine's THD attention for packed rows inside the CUDA graphs (measured 1.045x "
+                  "PyTorch's on packed SFT on an H200, 2026-12-01-te-graphs.md), PyTorch's SDPA for causal rows")
+
+
 # Why `--cuda-graphs auto` captures where it can (measured: docs/performance.md, "CUDA graphs").
 GRAPHS_PAY = "the host launches one graph a micro-batch instead of its kernels"
 
@@ -80,6 +88,7 @@ class RunPlan:
     shape: ModelShape
     attention: str = "sdpa"
     attention_why: str = "as asked"
+    te_causal: bool = True  # attention te: causal rows through TE too (False: PyTorch's SDPA, auto's choice)
     fp8: Optional[str] = None
     compile: str = "none"
     balance: str = "transformers"
@@ -193,6 +202,9 @@ class RunPlan:
         plan = dataclasses.replace(
             plan, cuda_graphs=asked == "on" or (asked == "auto" and unbuilt is None),
             cuda_graphs_why="as asked" if asked != "auto" else f"auto: {unbuilt or GRAPHS_PAY}")
+        if model.attention == "auto" and env.te_installed and graphed_te_pays(plan, env.capability):
+            choice, why = AUTO_TE_PACKED
+            plan = dataclasses.replace(plan, attention=choice, te_causal=False, attention_why=f"auto: {why}")
         check(plan)
         return plan
 
@@ -228,6 +240,14 @@ def resolve_attention(asked: str, env: Environment, fp32: bool = False) -> tuple
         return "sdpa", "auto: Transformer Engine is not installed"
     choice, why = AUTO_WITH_TE
     return choice, f"auto: {why}"
+
+
+def graphed_te_pays(p: RunPlan, capability: Optional[tuple[int, int]]) -> bool:
+    """Whether `auto` takes Transformer Engine's attention for packed rows (AUTO_TE_PACKED) in a plan
+    that resolved to PyTorch's: where its micro-batches are CUDA graphs, in bf16, on Hopper (measured
+    so; eager, TE's host time a call lost what its kernel saves: 2026-11-30g-te-thd.md)."""
+    return (p.attention == "sdpa" and p.cuda_graphs and p.autocast and not p.fp8
+            and (capability or (0, 0))[0] == 9)
 
 
 def resolve_fp8(recipe: Optional[str], env: Environment, fp32: bool = False) -> Optional[str]:
@@ -445,9 +465,10 @@ def bf16_weights_unbuilt(p: RunPlan) -> Optional[str]:
 def cuda_graphs_unbuilt(p: RunPlan) -> Optional[str]:
     """Why `p`'s micro-batches cannot run as captured CUDA graphs (graphs.py); None: they can. A
     graph replays kernels alone: whatever the host decides or exchanges during a micro-batch (other
-    ranks' messages, a router's token counts, FP8's delayed scaling history, recompute's RNG states,
-    Transformer Engine's per-micro-batch kernel choice) is not in it. FP8's tensorwise and blockwise
-    recipes scale each tensor from its own amax, on the GPU, inside the graph."""
+    ranks' messages, a router's token counts, FP8's delayed scaling history, recompute's RNG states)
+    is not in it. FP8's tensorwise and blockwise recipes scale each tensor from its own amax, on the
+    GPU, inside the graph; Transformer Engine's attention (te) takes packed rows in a form of a fixed
+    sample count, a graph for each (thd.py)."""
     return ("there is no CUDA here" if not p.cuda
             else f"they are built for one GPU, not {p.world} ranks" if p.world > 1
             else "a mixture of experts routes a different number of tokens every micro-batch" if p.shape.moe
@@ -455,7 +476,8 @@ def cuda_graphs_unbuilt(p: RunPlan) -> Optional[str]:
             if p.data_parallel == "megatron"
             else "FP8's delayed recipe keeps an amax history the host updates" if p.fp8 == "delayed"
             else "recompute restores RNG states on the host" if p.recompute
-            else f"only PyTorch's attention (sdpa) is captured, not {p.attention}" if p.attention != "sdpa"
+            else f"only PyTorch's (sdpa) and Transformer Engine's (te) attention are captured, not {p.attention}"
+            if p.attention not in ("sdpa", "te")
             else None)
 
 

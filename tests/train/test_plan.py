@@ -5,8 +5,8 @@ and megatron-core is not imported: these run in the fast tier."""
 import pytest
 
 from qwen_data_train.config import TrainConfig
-from qwen_data_train.plan import (AUTO_WITH_TE, RULES, Environment, RunPlan, pipeline_split, resolve_attention,
-                                  resolve_compile, resolve_fp8, stage_bytes)
+from qwen_data_train.plan import (AUTO_TE_PACKED, AUTO_WITH_TE, RULES, Environment, RunPlan, pipeline_split,
+                                  resolve_attention, resolve_compile, resolve_fp8, stage_bytes)
 from qwen_data_train.shapes import PRESETS
 
 H100 = Environment(cuda=True, te_installed=True, capability=(9, 0))
@@ -112,7 +112,8 @@ def test_bf16_weights_are_the_default_where_they_are_built(args, model, env, spl
     (["--fp8", "blockwise"], "tiny", H100, True, "auto: the host launches one graph"),
     (["--fp8", "delayed"], "tiny", H100, False, "FP8's delayed recipe keeps an amax history"),
     (["--recompute"], "tiny", Environment(cuda=True), False, "RNG states on the host"),
-    (["--attention", "te"], "tiny", H100, False, "only PyTorch's attention (sdpa) is captured, not te"),
+    (["--attention", "te"], "tiny", H100, True, "auto: the host launches one graph"),
+    (["--attention", "local"], "tiny", H100, False, "(sdpa) and Transformer Engine's (te) attention are captured"),
     (["--distributed-optimizer"], "tiny", Environment(cuda=True), False, "distributed optimizer"),
 ])
 def test_cuda_graphs_are_the_default_where_they_are_built(args, model, env, graphed, why):
@@ -159,12 +160,32 @@ def test_a_plan_says_what_runs_and_why():
     assert (p.attention, p.attention_why, p.compile, p.autocast, p.data_parallel) == (
         "sdpa", "auto: no CUDA", "none", False, "none")
     p = plan(env=H100)
-    assert (p.attention, p.compile, p.autocast) == (AUTO_WITH_TE[0], "layers", True)
+    assert (p.attention, p.te_causal, p.compile, p.autocast) == (AUTO_TE_PACKED[0], False, "layers", True)
     assert plan(env=Environment(world_size=2)).data_parallel == "torch"
     assert plan("--pp", "2", env=Environment(world_size=4)).data_parallel == "none"  # reduce_grads after the schedule
     assert plan("--distributed-optimizer", env=Environment(cuda=True, world_size=2)).data_parallel == "megatron"
     assert plan("--pp", "2", model="tiny-qwen3-moe", env=Environment(world_size=2)).balance == "per-layer"
     assert plan("--fp8", "delayed", env=H100).fp8 == "delayed"
+
+
+@pytest.mark.parametrize("args, env, attention, why", [
+    ([], H100, "te", f"auto: {AUTO_TE_PACKED[1]}"),
+    (["--cuda-graphs", "off"], H100, "sdpa", f"auto: {AUTO_WITH_TE[1]}"),
+    (["--fp8", "tensorwise"], H100, "sdpa", f"auto: {AUTO_WITH_TE[1]}"),
+    (["--fp32"], H100, "sdpa", "auto: float32"),
+    ([], Environment(cuda=True, te_installed=True, capability=(8, 0)), "sdpa", f"auto: {AUTO_WITH_TE[1]}"),
+    ([], Environment(cuda=True, te_installed=True, capability=(9, 0), world_size=2), "sdpa", "auto: "),
+    ([], Environment(cuda=True, capability=(9, 0)), "sdpa", "auto: Transformer Engine is not installed"),
+    (["--attention", "te"], H100, "te", "as asked"),
+])
+def test_auto_takes_te_for_packed_rows_where_they_run_in_cuda_graphs(args, env, attention, why):
+    """TE's THD attention captured in the graphs was measured faster on packed rows (an H200); eager it
+    was not, and causal rows keep PyTorch's kernel (`te_causal` False) unless te is asked."""
+    p = plan(*args, env=env)
+    assert p.attention == attention and p.attention_why.startswith(why)
+    assert p.te_causal is (args != [] or attention != "te")
+    if attention == "te":
+        assert p.cuda_graphs
 
 
 def test_auto_attention_says_what_it_picks_and_why():

@@ -279,6 +279,29 @@ def test_thd_rows_are_one_stream_cut_at_every_sample():
     assert shapes == {(9, 8)}
 
 
+def test_the_graphed_thd_form_is_refilled_where_the_graph_reads_it():
+    """`fixed_thd_mask`: a fixed count of samples (empty ones at the end), the longest taken as s, in
+    a buffer `refill_thd` rewrites in place; a micro-batch of more samples than it holds is refused."""
+    from qwen_data_train.attention import fixed_thd_mask, refill_thd, thd_mask
+    s = 16
+    mask = fixed_thd_mask(_rows_of([3, 1, 2], s), torch.device("cpu"), 8)
+    thd = mask.thd
+    buffer, where = thd.cu_seqlens_q, thd.cu_seqlens_q.data_ptr()
+    assert buffer.tolist() == [0, 5, 10, 16, 32, 40, 48, 48, 48] and buffer.dtype == torch.int32
+    assert thd.cu_seqlens_kv is buffer and thd.max_seqlen_q == thd.max_seqlen_kv == s
+    for counts in ([2, 2, 2], [1, 1, 1], [3, 3, 2]):
+        batch = _rows_of(counts, s)
+        refill_thd(mask, batch)
+        assert mask.thd.cu_seqlens_q is buffer and buffer.data_ptr() == where
+        exact = thd_mask(batch, torch.device("cpu")).thd.cu_seqlens_q  # the eager form, rounded to a power of 2
+        assert buffer[: sum(counts)].tolist() == exact[: sum(counts)].tolist()
+        assert (buffer[sum(counts):] == 3 * s).all()
+    last = buffer.tolist()
+    with pytest.raises(ValueError, match="9 samples do not fit a THD form of 8"):
+        refill_thd(mask, _rows_of([3, 3, 3], s))
+    assert buffer.tolist() == last == [0, 5, 10, 16, 21, 26, 32, 40, 48]  # the last micro-batch's, untouched
+
+
 def test_num_layers_cuts_a_preset_and_nothing_else():
     from qwen_data_train.config import TrainConfig
     from qwen_data_train.loop import model_of

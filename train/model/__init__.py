@@ -18,7 +18,8 @@ this, by the run plan (train/plan.py).
 
 Attention, the core of megatron-core's local layer spec (whose other modules torch.compile fuses):
   te     `train.attention.TECoreAttention`: Transformer Engine's fused attention (cuDNN), packed SFT
-         rows as THD (PackedSeqParams, padding_causal).
+         rows as THD (PackedSeqParams, padding_causal); `TEPackedCoreAttention` (auto's choice under
+         CUDA graphs) takes causal rows through PyTorch's SDPA instead.
   sdpa   `train.attention.SDPACoreAttention`: PyTorch's fused scaled_dot_product_attention for
          causal rows, FlexAttention with a document block mask for packed rows.
   local  megatron-core's own unfused DotProductAttention (a [b, h, s, s] score tensor: slow, memory

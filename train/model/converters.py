@@ -12,7 +12,7 @@ from typing import Callable
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from ..attention import SDPACoreAttention, TECoreAttention
+from ..attention import SDPACoreAttention, TECoreAttention, TEPackedCoreAttention
 from .experts import AutocastDispatchMoELayer, GroupedExperts
 from .layers import (FP8SelfAttention, FusedQKVSelfAttention, GroupedRowParallelLinear, RMSNorm, SeededTransformerLayer,
                      fp8_linear)
@@ -73,11 +73,13 @@ def grouped_row_parallel(spec: ModuleSpec) -> ModuleSpec:
     return spec
 
 
-def core_attention(attention: str) -> Converter:
-    """Our core attention `attention` (te, sdpa; local keeps megatron-core's)."""
+def core_attention(attention: str, te_causal: bool = True) -> Converter:
+    """Our core attention `attention` (te, sdpa; local keeps megatron-core's); te with `te_causal`
+    False: Transformer Engine's for packed rows alone, PyTorch's for causal rows."""
     def convert(spec):
         if attention in CORE_ATTENTION:
-            attention_parts(spec).core_attention = CORE_ATTENTION[attention]
+            attention_parts(spec).core_attention = (TEPackedCoreAttention if attention == "te" and not te_causal
+                                                    else CORE_ATTENTION[attention])
         return spec
     return convert
 

@@ -34,7 +34,7 @@ def layer_converters(plan: RunPlan, stage: int = 0) -> list[Converter]:
         *([autocast_dispatch] if shape.moe else []),
         *([grouped_experts] if shape.moe and plan.grouped_experts else []),
         grouped_row_parallel,
-        core_attention(plan.attention),
+        core_attention(plan.attention, plan.te_causal),
         *([fused_qkv_attention] if transformer.fused_qkv_rope(plan) else []),
         *([fp8_linears] if plan.fp8 else []),
         *([sequence_parallel_norms(shape.qk_norm)] if plan.sequence_parallel else []),
