@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -148,30 +149,28 @@ class PretrainWriter:
         }
         self.documents = next(iter(self.writers.values())).documents
         self.special_records = resumed.total("special_records") if reused else 0
-        # Per chunk added whose journal line may not be written yet: (its placement, where each staged
-        # file ends after it, its .bin hashes, the calls waiting on it: `behind`).
-        self._unwritten: deque[tuple] = deque()
-        self._journaling = None
+        self._unwritten: deque[_Added] = deque()  # chunks whose journal lines may not be written yet
+        self._journaling: _Added | None = None  # the chunk whose calls run (`flush`, `ends`)
 
     def flush(self) -> dict[str, str | None]:
         """Each appended file handed to the kernel; → the joinable hash of what the chunk being
         journaled (`behind`) added to each (None: the journal reads it back), for `run.journal`."""
         hashes = {}
-        for writer, digest in zip(self.writers.values(), self._journaling[2]):
+        for writer, digest in zip(self.writers.values(), self._journaling.digests):
             hashes |= writer.journaled(digest)
         return hashes
 
     def ends(self) -> dict[str, int]:
         """Where each staged file ended once the chunk being journaled was added (later chunks' bytes
         may be in them already: the workers write theirs as they come)."""
-        return self._journaling[1]
+        return self._journaling.ends
 
     def behind(self, call) -> None:
         """`call()` once the last chunk added is in the staged files, and every one before it."""
         if not self._unwritten:  # (they are: it is journaled as it stands)
             call()
             return
-        self._unwritten[-1][3].append(call)
+        self._unwritten[-1].calls.append(call)
         self._journal_written()
 
     def settle(self) -> None:
@@ -196,15 +195,15 @@ class PretrainWriter:
                      ends_file: writer.documents * 8}
         if targets:
             placement.write(targets)
-        self._unwritten.append((placement if targets else None, ends, result.digests, []))
+        self._unwritten.append(_Added(placement if targets else None, ends, result.digests, []))
         self.documents += result.records
         self.special_records += result.special_records
 
     def _journal_written(self) -> None:
         """The calls waiting on chunks now written, in order (`behind`)."""
-        while self._unwritten and (self._unwritten[0][0] is None or self._unwritten[0][0].done):
+        while self._unwritten and (self._unwritten[0].placement is None or self._unwritten[0].placement.done):
             self._journaling = chunk = self._unwritten.popleft()
-            for call in chunk[3]:
+            for call in chunk.calls:
                 call()
 
     def close(self) -> dict[str, Manifest]:
@@ -223,6 +222,15 @@ class PretrainWriter:
                 tokens=writer.tokens, **fingerprinted([writer.digests]),
             )
         return manifests
+
+
+class _Added(NamedTuple):
+    """A chunk added to a `PretrainWriter`, as its journal line needs it."""
+
+    placement: object  # `workers.Placement` of the worker writing its ids, None: written here
+    ends: dict[str, int]  # where each staged file ends after it
+    digests: list[str]  # its ids' joinable hashes, a text key each
+    calls: list  # waiting for it to be written (`behind`)
 
 
 class _Texts:
