@@ -73,8 +73,11 @@ class IndexedDatasetWriter:
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} has no Megatron code")
         self.bin_path, self.idx_path = bin_path, idx_path
+        # written through at once (`_bin_hash` reads it back); never O_APPEND, under which Linux puts a
+        # pwrite at the file's end (`write_at`)
+        self._bin = open(bin_path, "r+b" if resumed is not None else "wb", buffering=0)
+        self._bin.seek(0, os.SEEK_END)
         mode = "ab" if resumed is not None else "wb"
-        self._bin = open(bin_path, mode, buffering=0)  # written through at once: `_bin_hash` reads it back
         self._lengths = open(idx_path + ".lengths", mode)
         self._doc_ends = open(idx_path + ".docends", mode)
         self._bin_hash = TrailingDigest(bin_path, BinDigest()) if hashed is True else None
@@ -86,7 +89,6 @@ class IndexedDatasetWriter:
         self.sequences = self._lengths.tell() // 4
         self.documents = self._doc_ends.tell() // 8
         self.tokens = self._bin.tell() // self.dtype.itemsize
-        self._at: int | None = None  # a descriptor of the .bin without O_APPEND (`write_at`)
 
     @staticmethod
     def files(bin_path: str, idx_path: str) -> list[str]:
@@ -169,16 +171,10 @@ class IndexedDatasetWriter:
 
     def write_at(self, data: np.ndarray, offset: int) -> None:
         """A placed batch's bytes (`place`) written by this process."""
-        if self._at is None:  # (the .bin's own file appends: a resumed one is opened with O_APPEND)
-            self._at = os.open(self.bin_path, os.O_WRONLY)
-        view = memoryview(data).cast("B")
-        while view:
-            written = os.pwrite(self._at, view, offset)
-            view, offset = view[written:], offset + written
+        pwrite_all(self._bin.fileno(), memoryview(data).cast("B"), offset)
 
     def finalize(self) -> None:
         """Close the data file and write the index."""
-        self._close_at()
         if self._bin_hash is not None:
             self._bin_hash.close()
         for f in (self._bin, self._lengths, self._doc_ends):
@@ -204,14 +200,8 @@ class IndexedDatasetWriter:
         """(.idx, .bin) content hashes, hex; valid after `finalize`."""
         return self._idx_hash.hexdigest(), join(self._given) if self._given is not None else self._bin_hash.hexdigest()
 
-    def _close_at(self) -> None:
-        if self._at is not None:
-            os.close(self._at)
-            self._at = None
-
     def abort(self) -> None:
         """Close and remove everything written so far."""
-        self._close_at()
         if self._bin_hash is not None:
             self._bin_hash.close(failed=True)
         for f in (self._bin, self._lengths, self._doc_ends):
@@ -260,6 +250,13 @@ class MaskedWriter:
     @property
     def digests(self) -> list[tuple[str, str]]:
         return [self.ids.digests, self.mask.digests]
+
+
+def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """All of `view` written at `offset` of the file `fd` (a write may take less than it is given)."""
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def _write_all(f, data: np.ndarray) -> None:

@@ -59,7 +59,7 @@ import multiprocess
 import numpy as np
 from multiprocess.connection import Connection, wait
 
-from ..formats.indexed import Behind
+from ..formats.indexed import Behind, pwrite_all
 from .lifetime import STOPPING, die_with
 
 _STOP = None  # sent instead of a task: finish what is queued, then exit
@@ -445,10 +445,7 @@ def _opened(path: str) -> int:
 
 
 def _write_range(fd: int, arena: mmap.mmap, start: int, size: int, offset: int) -> None:
-    view = memoryview(arena)[start:start + size]
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
+    pwrite_all(fd, memoryview(arena)[start:start + size], offset)
 
 
 def _write_slot(message, arena: mmap.mmap | None) -> tuple:
