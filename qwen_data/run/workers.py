@@ -87,7 +87,7 @@ class _OrderedMap:
         self.positions = [_Position(SLOTS, slot_bytes if shared_fields else 0) for _ in range(workers)]
         self.live: set[_Worker] = set()
         self.done: dict[int, tuple[_Worker, int, object]] = {}  # finished, waiting for their turn
-        self.writing: dict[tuple[int, int], Placement] = {}  # (worker's pid, slot) → a write asked of it
+        self.writing: dict[tuple[_Worker, int], Placement] = {}  # (worker, slot) → a write asked of it
         self.sent = 0
 
     def run(self, items: Iterable) -> Iterator:
@@ -149,7 +149,7 @@ class _OrderedMap:
             worker = busy[conn]
             index, slot, result = worker.result()
             if index is None:  # a write asked of it (`Placement.write`) is done
-                self.writing.pop((worker.process.pid, slot)).written()
+                self.writing.pop((worker, slot)).written()
             else:
                 self.done[index] = (worker, slot, result)
             if self.worker_growth is not None and worker.grown > self.worker_growth:
@@ -184,7 +184,7 @@ class Placement:
                     os.close(fd)
             return
         worker.ask((None, self.slot, where))
-        self.owner.writing[worker.process.pid, self.slot] = self
+        self.owner.writing[worker, self.slot] = self
         self.asked, self.done = True, False
 
     def written(self) -> None:
