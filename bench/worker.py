@@ -26,6 +26,10 @@ TEMPLATE = "qwen2.5-instruct.jinja"
 # caches warm), then CPU seconds.
 CHILD = """
 import itertools, os, sys, tempfile, time
+import qwen_data
+# the tree asked for (its folder is the working directory), not another one an editable install puts first
+if not os.path.realpath(qwen_data.__file__).startswith(os.path.realpath(os.getcwd()) + os.sep):
+    sys.exit(f"qwen_data came from {qwen_data.__file__}, not the tree in {os.getcwd()}: uninstall the editable install")
 from qwen_data.certify.checks import checks_for
 from qwen_data.inputs.files import expand
 from qwen_data.inputs.readers import estimated_records, read_chunks
