@@ -18,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..formats.digest import BinDigest, file_digest, is_joinable, join, sha256_of
 from ..formats.outputs import TMP_SUFFIX, finish_commit
@@ -172,6 +174,75 @@ class Journal:
         self.close()
         if os.path.exists(self.path):
             os.remove(self.path)
+
+
+class Placed:
+    """A writer's chunks in order, whose bytes the workers that made them may still be writing
+    (`workers.Placement`): what waits on a chunk (`Writer.behind`: its journal line) runs once it and
+    every chunk before it are in the files, with `current` that chunk (its ends and its digests)."""
+
+    def __init__(self) -> None:
+        self._unwritten: deque[_Added] = deque()
+        self.current: _Added | None = None
+
+    def add(self, placement, batches: list[tuple], digests) -> None:
+        """One chunk: `batches`, each (an `IndexedDatasetWriter` hashed "given", tokens, sequence
+        lengths, their joinable hash), placed in their writers (`place`). Where `placement` (the
+        chunk came from a worker's slot) and a batch's tokens are the bytes its file holds, that
+        worker writes them; the others are written here. `digests`: what `current` gives back."""
+        targets, ends = [], {}
+        for writer, tokens, lengths, digest in batches:
+            data, offset = writer.place(tokens, lengths, digest)
+            if placement is not None and data is tokens:
+                targets.append((writer.bin_path, tokens, offset))
+            else:
+                writer.write_at(data, offset)
+            lengths_file, ends_file = writer.files(writer.bin_path, writer.idx_path)[1:]
+            # (taken now: later chunks' bytes may be in the files by the time its line is written)
+            ends |= {writer.bin_path: offset + data.nbytes, lengths_file: writer.sequences * 4,
+                     ends_file: writer.documents * 8}
+        if targets:
+            placement.write(targets)
+            placement.then = self.run_written  # (its journal line then follows its bytes at once)
+        self._unwritten.append(_Added(placement if targets else None, ends, digests, []))
+
+    def behind(self, call) -> None:
+        """`call()` once the last chunk added is in the files, and every one before it."""
+        if not self._unwritten:  # (they are: it runs as things stand)
+            call()
+            return
+        self._unwritten[-1].calls.append(call)
+        self.run_written()
+
+    def run_written(self) -> None:
+        """The calls waiting on chunks now written, in order."""
+        while self._unwritten and (self._unwritten[0].placement is None or self._unwritten[0].placement.done):
+            self.current = chunk = self._unwritten.popleft()
+            for call in chunk.calls:
+                call()
+
+    def settle(self) -> None:
+        """The calls of the chunks the workers had written (an interrupted run: the others are done
+        again); errors not wanted (a failed run's staged files are gone)."""
+        try:
+            self.run_written()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Every chunk written (the map waited for its workers' writes) and its calls run."""
+        self.run_written()
+        if self._unwritten:
+            raise RuntimeError("a chunk's bytes were not written by its worker")
+
+
+class _Added(NamedTuple):
+    """A chunk added to a `Placed`."""
+
+    placement: object  # `workers.Placement` of the worker writing its bytes, None: written here
+    ends: dict[str, int]  # where each staged file ends after it
+    digests: object  # its bytes' joinable hashes, as the writer gave them
+    calls: list  # waiting for it to be written (`behind`)
 
 
 def _read(path: str, run: str) -> tuple[list[dict], dict[int, dict]]:

@@ -167,6 +167,7 @@ class Placement:
         self.owner, self.worker, self.slot = owner, worker, slot
         self.asked = False  # the worker was asked to write, and holds the slot until it has
         self.done = True
+        self.then = None  # called once the worker says they are written (in the consumer's thread)
 
     def write(self, targets: list[tuple[str, np.ndarray, int]]) -> None:
         """Each (path, array of the result, offset): the array's bytes written at that offset of the
@@ -190,6 +191,8 @@ class Placement:
     def written(self) -> None:
         self.done = True
         self.worker.position.slots.append(self.slot)
+        if self.then is not None:
+            self.then()
 
 
 class SideProcess:
@@ -451,12 +454,13 @@ def _write_range(fd: int, arena: mmap.mmap, start: int, size: int, offset: int) 
 def _write_slot(message, arena: mmap.mmap | None) -> tuple:
     """A write asked of this worker (`Placement.write`) done: the answer the main process reads."""
     _, slot, where = message
+    path = None
     try:
         for path, start, size, offset in where:
             _write_range(_opened(path), arena, start, size, offset)
     except Exception as exc:  # (any: the main process waits for this answer)
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
-        return None, slot, False, f"worker {os.getpid()} writing {where[0][0]}: {why}", None, 0
+        return None, slot, False, f"worker {os.getpid()} writing {path}: {why}", None, 0
     return None, slot, True, None, None, 0
 
 

@@ -11,9 +11,7 @@ any key is rejected for all.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -26,7 +24,7 @@ from ..inputs.chunks import Chunk
 from ..inputs.records import Record, Rejects, check_unicode
 from ..qwen import DEFAULT_PAD_ID, EOD_TOKEN
 from ..run import pipeline
-from ..run.journal import Resumed, joined
+from ..run.journal import Placed, Resumed, joined
 from ..run.pipeline import ChunkResult, RunConfig
 from ..certify.sample import record_key
 from ..certify.spelling import SpellingError
@@ -149,68 +147,37 @@ class PretrainWriter:
         }
         self.documents = next(iter(self.writers.values())).documents
         self.special_records = resumed.total("special_records") if reused else 0
-        self._unwritten: deque[_Added] = deque()  # chunks whose journal lines may not be written yet
-        self._journaling: _Added | None = None  # the chunk whose calls run (`flush`, `ends`)
+        self.in_order = Placed()  # the chunks whose ids their workers may still be writing
 
     def flush(self) -> dict[str, str | None]:
         """Each appended file handed to the kernel; → the joinable hash of what the chunk being
         journaled (`behind`) added to each (None: the journal reads it back), for `run.journal`."""
         hashes = {}
-        for writer, digest in zip(self.writers.values(), self._journaling.digests):
+        for writer, digest in zip(self.writers.values(), self.in_order.current.digests):
             hashes |= writer.journaled(digest)
         return hashes
 
     def ends(self) -> dict[str, int]:
         """Where each staged file ended once the chunk being journaled was added (later chunks' bytes
         may be in them already: the workers write theirs as they come)."""
-        return self._journaling.ends
+        return self.in_order.current.ends
 
     def behind(self, call) -> None:
         """`call()` once the last chunk added is in the staged files, and every one before it."""
-        if not self._unwritten:  # (they are: it is journaled as it stands)
-            call()
-            return
-        self._unwritten[-1].calls.append(call)
-        self._journal_written()
+        self.in_order.behind(call)
 
     def settle(self) -> None:
-        """The journal lines of the chunks the workers had written (an interrupted run: the others
-        are done again); errors not wanted (a failed run's staged files are gone)."""
-        try:
-            self._journal_written()
-        except OSError:
-            pass
+        self.in_order.settle()
 
     def add(self, result: Documents) -> None:
-        placement = getattr(result, "placement", None)  # (`workers.Placement`: None, made here)
-        targets, ends = [], {}
-        for writer, ids, lengths, digest in zip(self.writers.values(), result.ids, result.lengths, result.digests):
-            data, offset = writer.place(ids, lengths, digest)
-            if placement is not None and data is ids:  # the worker's own bytes: it writes them
-                targets.append((writer.bin_path, ids, offset))
-            else:
-                writer.write_at(data, offset)
-            lengths_file, ends_file = writer.files(writer.bin_path, writer.idx_path)[1:]
-            ends |= {writer.bin_path: offset + data.nbytes, lengths_file: writer.sequences * 4,
-                     ends_file: writer.documents * 8}
-        if targets:
-            placement.write(targets)
-        self._unwritten.append(_Added(placement if targets else None, ends, result.digests, []))
+        batches = list(zip(self.writers.values(), result.ids, result.lengths, result.digests))
+        self.in_order.add(getattr(result, "placement", None), batches, result.digests)
         self.documents += result.records
         self.special_records += result.special_records
 
-    def _journal_written(self) -> None:
-        """The calls waiting on chunks now written, in order (`behind`)."""
-        while self._unwritten and (self._unwritten[0].placement is None or self._unwritten[0].placement.done):
-            self._journaling = chunk = self._unwritten.popleft()
-            for call in chunk.calls:
-                call()
-
     def close(self) -> dict[str, Manifest]:
         config = self.step.config
-        self._journal_written()  # (the workers have written every chunk: the map waited for them)
-        if self._unwritten:
-            raise RuntimeError("a chunk's bytes were not written by its worker")
+        self.in_order.close()
         manifests = {}
         for (prefix, writer), key in zip(self.writers.items(), config.text_keys):
             writer.finalize()
@@ -222,15 +189,6 @@ class PretrainWriter:
                 tokens=writer.tokens, **fingerprinted([writer.digests]),
             )
         return manifests
-
-
-class _Added(NamedTuple):
-    """A chunk added to a `PretrainWriter`, as its journal line needs it."""
-
-    placement: object  # `workers.Placement` of the worker writing its ids, None: written here
-    ends: dict[str, int]  # where each staged file ends after it
-    digests: list[str]  # its ids' joinable hashes, a text key each
-    calls: list  # waiting for it to be written (`behind`)
 
 
 class _Texts:

@@ -40,7 +40,7 @@ from ..qwen import DEFAULT_PAD_ID, DEFAULT_PAD_TOKEN
 from ..qwen import EMBEDDING_ROWS_SMALL as MIN_EMBEDDING_ROWS
 from ..qwen import FIRST_ADDED_ID, MAX_SEQ_LENGTH, TEMPLATE_FLAVOURS, TEMPLATE_TOKENS
 from ..run import pipeline
-from ..run.journal import Resumed, joined
+from ..run.journal import Placed, Resumed, joined
 from ..run.pipeline import ChunkResult, RunConfig
 from ..text import literals
 from ..text.literals import ESCAPES_SURROGATE, MAY_HOLD_LEAD, json_marks
@@ -390,8 +390,9 @@ LAYOUTS_WAITING = 2  # windows of samples (PACK_WINDOW tokens, 5 bytes each) hel
 
 
 class SFTWriter:
-    """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), or,
-    for a layout that lays out rows, its rows, written as windows of samples close (`packing.SampleWindows`).
+    """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), their
+    ids and mask written by the workers that made them (`run.journal.Placed`), or, for a layout
+    that lays out rows, its rows, written here as windows of samples close (`packing.SampleWindows`).
     With a journal (`resumed` given), a run that lays out rows also stages its samples as they come
     (`ChatSamples.journaled`): a resumed run lays out the rows of the samples it reuses again."""
 
@@ -418,6 +419,7 @@ class SFTWriter:
             # meanwhile (at 16 workers it was busy 2.7 s of a packed run's 3 s, 600 MB; its writing now
             # costs it half: bench/results/cpu/2026-11-29-sft-main-checkers.md).
             self.laying = Behind(most=LAYOUTS_WAITING)
+        self.in_order = Placed()  # samples written as they are: the chunks whose bytes their workers may be writing
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
         if reused:
@@ -448,7 +450,10 @@ class SFTWriter:
                 self.laying.submit(self._stage, *self.windows.added, lengths, result.digests, room=False)
             self._lay_out(windows)
         else:
-            self._stage(result.ids, result.mask, lengths, result.digests)
+            ids, mask = self.samples.ids, self.samples.mask
+            self.in_order.add(getattr(result, "placement", None), [
+                (ids, result.ids, lengths, result.digests[0]), (mask, result.mask, lengths, result.digests[1])],
+                result.digests)
         self.lengths.append(lengths)
         self.truncated += result.truncated
         self.special_records += result.special_records
@@ -463,21 +468,25 @@ class SFTWriter:
         if self.step.config.lays_out_here:
             self.laying.submit(call, room=False)
         else:
-            call()
+            self.in_order.behind(call)
 
     def settle(self) -> None:
         """Wait for what runs behind (an interrupted run: its journal is closed next); its errors are
         not wanted."""
         if self.step.config.lays_out_here:
             self.laying.close(failed=True)
+        else:
+            self.in_order.settle()
 
     def ends(self) -> dict[str, int]:
-        return {}  # (every file is written here, in order: its size is where the last result ends)
+        """Where the files of samples written as they are ended once the chunk being journaled was
+        added (its workers write chunks' bytes as they come); staged behind here, their sizes then."""
+        return {} if self.step.config.lays_out_here else self.in_order.current.ends
 
     def flush(self) -> dict[str, str | None]:
         """The ids and the mask handed to the kernel; → each appended file with the joinable hash of
-        what the last result added to it (`run.journal`; called `behind`)."""
-        ids_digest, mask_digest = self._last
+        what the chunk being journaled added to it (`run.journal`; called `behind`)."""
+        ids_digest, mask_digest = self._last if self.step.config.lays_out_here else self.in_order.current.digests
         return self.samples.ids.journaled(ids_digest) | self.samples.mask.journaled(mask_digest)
 
     def _lay_out_staged(self, lengths: np.ndarray) -> None:
@@ -516,6 +525,7 @@ class SFTWriter:
                 for path in MaskedWriter.files(step.samples_prefix):
                     self.outputs.discard(path)
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
+            self.in_order.close()
             self.samples.finalize()
             counts = counts_of(self.samples.ids, self.samples.digests)
             lays_out = config.data_layout.lays_out_rows

@@ -973,20 +973,37 @@ def test_a_long_chat_rendered_otherwise_outside_its_window_fails_the_run(tmp_pat
     assert f"{corpus}:1: its ids spell other bytes than the template's render from byte " in error
 
 
-def test_an_sft_sample_the_writer_corrupts_is_found_in_the_written_files(tmp_path, monkeypatch, capsys):
-    from qwen_data.formats.indexed import MaskedWriter
+@pytest.mark.parametrize("writer", ["main", "worker"])
+def test_an_sft_sample_the_writer_corrupts_is_found_in_the_written_files(tmp_path, monkeypatch, capsys, writer):
+    """Unpacked samples' ids and masks are written by the process that made them (`workers.Placement`),
+    or here for a run in this process: a loss mask corrupted by either is found by the read-back."""
+    from qwen_data.formats.indexed import IndexedDatasetWriter
+    from qwen_data.run import workers
 
     chats = os.path.join(EXAMPLES, "chats.jsonl")
-    args = ["sft", chats, "--quiet", "--workers", "1", *REFERENCE, reference_template()]
-    add_batch = MaskedWriter.add_batch
+    if writer == "main":
+        write_at = IndexedDatasetWriter.write_at
 
-    def corrupting(self, ids, mask, *rest, **kwargs):
-        mask = np.array(mask)
-        mask[len(mask) // 2] ^= 1
-        return add_batch(self, ids, mask, *rest, **kwargs)
+        def corrupting(self, data, offset):
+            if data.dtype == np.uint8:  # the mask's
+                data = np.array(data)
+                data[len(data) // 2] ^= 1
+            return write_at(self, data, offset)
 
-    monkeypatch.setattr(MaskedWriter, "add_batch", corrupting)
-    assert main([*args, "-o", str(tmp_path / "s")]) == 2
+        monkeypatch.setattr(IndexedDatasetWriter, "write_at", corrupting)
+    else:
+        write_range = workers._write_range
+
+        def corrupting(fd, arena, start, size, offset):
+            if size and os.readlink(f"/proc/self/fd/{fd}").endswith(".lossmask.bin.tmp"):
+                data = bytearray(arena[start:start + size])
+                data[size // 2] ^= 1
+                return os.pwrite(fd, data, offset)
+            return write_range(fd, arena, start, size, offset)
+
+        monkeypatch.setattr(workers, "_write_range", corrupting)
+    spread = ["--workers", "2", "--chunk-mb", "0.001"] if writer == "worker" else ["--workers", "1"]
+    assert main(["sft", chats, "--quiet", *spread, *REFERENCE, reference_template(), "-o", str(tmp_path / "s")]) == 2
     assert "the written document differs from what was encoded" in capsys.readouterr().err
     assert not [name for name in os.listdir(tmp_path) if name.startswith("s")]
 

@@ -68,19 +68,48 @@ def test_workers_write_their_results_where_they_are_placed(tmp_path, monkeypatch
     assert not here
 
 
+
+@pytest.mark.parametrize("job", ["pretrain", "sft"])
+def test_a_run_s_workers_write_its_ids_and_masks_and_this_process_none(tmp_path, monkeypatch, job):
+    """Pretraining's ids and unpacked SFT's ids and loss mask are written by the workers that made
+    them (`workers.Placement`): the bytes of a run in this process (one chunk, written here), and no
+    `write_at` here (patched before the fork; the workers write through `_write_range`)."""
+    from _helpers import chats, corpus, same_data
+    from _oracles import oracle_dir
+    from qwen_data.formats.indexed import IndexedDatasetWriter
+
+    data = corpus(tmp_path / "c.jsonl", 5, 400, 60) if job == "pretrain" else chats(tmp_path / "c.jsonl", 5, 300, 40)
+    sft = ["--template", "qwen2p5", "--reference-template", str(oracle_dir() / "qwen2.5-instruct.jinja")]
+    args = [job, data, "--quiet", *(sft if job == "sft" else [])]
+    assert main([*args, "-o", str(tmp_path / "one"), "--workers", "1", "--chunk-mb", "100"]) == 0
+    here = []
+    write_at = IndexedDatasetWriter.write_at
+    monkeypatch.setattr(IndexedDatasetWriter, "write_at", lambda self, data, offset: (
+        here.append(data.nbytes), write_at(self, data, offset)))
+    assert main([*args, "-o", str(tmp_path / "two"), "--workers", "2", "--chunk-mb", "0.01"]) == 0
+    same_data(tmp_path / "one", tmp_path / "two", ("",) if job == "pretrain" else ("", ".lossmask"))
+    assert here == []
+    with open(tmp_path / "two.json", encoding="utf-8") as f:
+        assert json.load(f)["certificate"]["certified"]
+
+
 def failing_write(fd, arena, start, size, offset):
-    raise OSError(28, "No space left on device")
+    if os.readlink(f"/proc/self/fd/{fd}").endswith("full.bin"):
+        raise OSError(28, "No space left on device")
+    os.pwrite(fd, arena[start:start + size], offset)
 
 
 def test_a_worker_that_cannot_write_its_result_fails_the_map_naming_the_file(tmp_path, monkeypatch):
+    """A result's arrays go to several files (SFT's ids and mask): the one that failed is named."""
     from qwen_data.run import workers
 
     monkeypatch.setattr(workers, "_write_range", failing_write)  # (the workers are forked after this)
-    path = tmp_path / "out.bin"
-    path.write_bytes(b"")
-    with pytest.raises(workers.WorkerError, match="out.bin: No space left on device"):
+    fine, full = tmp_path / "fine.bin", tmp_path / "full.bin"
+    fine.write_bytes(b"")
+    full.write_bytes(b"")
+    with pytest.raises(workers.WorkerError, match=r"/full.bin: No space left on device"):
         for result in ordered_map(make, range(6), 2, shared_fields=("ids", "parts"), slot_bytes=40_000):
-            result.placement.write([(str(path), result.ids, 0)])
+            result.placement.write([(str(fine), result.ids, 0), (str(full), result.parts[0], 0)])
 
 
 def sleepy(n: int) -> tuple[int, float]:
