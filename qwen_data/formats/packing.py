@@ -244,9 +244,6 @@ class SampleWindows:
         self._hashes: list[np.ndarray] = []  # per sample: its ids' and its mask's own hash (`digest.piece_hashes`)
         self._tokens = 0
         self._spare: list[tuple[np.ndarray, np.ndarray]] = []
-        # the ids and mask `add` copied last, where they lie: valid until the windows that closed
-        # then (or later) are given back by `reuse`
-        self.added: tuple[np.ndarray, np.ndarray] | None = None
 
     def reuse(self, ids: np.ndarray, mask: np.ndarray) -> None:
         """The buffers of windows that were laid out (`ids` and `mask` of any of them), to be written again."""
@@ -268,11 +265,12 @@ class SampleWindows:
         self._hashes.append(np.concatenate(hashes, axis=1))
         end = self._tokens + len(ids)
         if end > len(self._ids):
-            grown = max(end, 2 * len(self._ids))
+            # a window's worth at once: np.empty costs nothing until its pages are written, where
+            # doubling from the first result's size copied the open window's samples 4-5 times
+            grown = max(end, 2 * len(self._ids), PACK_WINDOW + len(ids))
             self._ids = np.concatenate([self._ids[:self._tokens], np.empty(grown - self._tokens, self._ids.dtype)])
             self._mask = np.concatenate([self._mask[:self._tokens], np.empty(grown - self._tokens, np.uint8)])
         self._ids[self._tokens:end], self._mask[self._tokens:end] = ids, mask
-        self.added = self._ids[self._tokens:end], self._mask[self._tokens:end]
         self._lengths.append(np.array(lengths, np.int64))
         self._tokens = end
         if end >= PACK_WINDOW:

@@ -393,8 +393,9 @@ class SFTWriter:
     """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), their
     ids and mask written by the workers that made them (`run.journal.Placed`), or, for a layout
     that lays out rows, its rows, written here as windows of samples close (`packing.SampleWindows`).
-    With a journal (`resumed` given), a run that lays out rows also stages its samples as they come
-    (`ChatSamples.journaled`): a resumed run lays out the rows of the samples it reuses again."""
+    With a journal (`resumed` given), a run that lays out rows also stages its samples as they come,
+    written as unpacked ones are (`ChatSamples.journaled`): a resumed run lays out the rows of the
+    samples it reuses again."""
 
     def __init__(self, step: ChatSamples, outputs: AtomicOutputs, resumed: Resumed | None = None) -> None:
         """`resumed`: the chunks a killed run wrote, which the staged samples hold (`run.journal`);
@@ -419,7 +420,7 @@ class SFTWriter:
             # meanwhile (at 16 workers it was busy 2.7 s of a packed run's 3 s, 600 MB; its writing now
             # costs it half: bench/results/cpu/2026-11-29-sft-main-checkers.md).
             self.laying = Behind(most=LAYOUTS_WAITING)
-        self.in_order = Placed()  # samples written as they are: the chunks whose bytes their workers may be writing
+        self.in_order = Placed()  # the chunks of samples whose bytes their workers may still be writing
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = 0
         if reused:
@@ -442,51 +443,42 @@ class SFTWriter:
 
     def add(self, result: SampleBatch) -> None:
         lengths = result.lengths.copy()  # (a view of memory the next result reuses, as the arrays are)
-        if self.step.config.lays_out_here:
-            windows = list(self.windows.add(result.ids, result.mask, lengths, result.sample_hashes))
-            if self.samples is not None:
-                # staged behind this thread, from where the windows copied them (before any layout gives
-                # their buffers back): at 16 workers these writes were ~15-20% of the thread taking results
-                self.laying.submit(self._stage, *self.windows.added, lengths, result.digests, room=False)
-            self._lay_out(windows)
-        else:
+        if self.samples is not None:  # (written by the worker that made them, where it still can)
             ids, mask = self.samples.ids, self.samples.mask
             self.in_order.add(getattr(result, "placement", None), [
                 (ids, result.ids, lengths, result.digests[0]), (mask, result.mask, lengths, result.digests[1])],
                 result.digests)
+        if self.step.config.lays_out_here:
+            self._lay_out(list(self.windows.add(result.ids, result.mask, lengths, result.sample_hashes)))
         self.lengths.append(lengths)
         self.truncated += result.truncated
         self.special_records += result.special_records
 
-    def _stage(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, digests: tuple[str, str]) -> None:
-        self.samples.add_batch(ids, mask, lengths, digests=digests)
-        self._last = digests
-
     def behind(self, call) -> None:
-        """`call()` once what was added so far is staged: behind, after the staging writes, where
-        rows are laid out here; at once otherwise."""
-        if self.step.config.lays_out_here:
-            self.laying.submit(call, room=False)
-        else:
+        """`call()` once the samples added so far are in their files (the journal vouches for
+        those, not for the rows laid out from them)."""
+        if self.samples is not None:
             self.in_order.behind(call)
+        else:
+            self.laying.submit(call, room=False)
 
     def settle(self) -> None:
         """Wait for what runs behind (an interrupted run: its journal is closed next); its errors are
         not wanted."""
         if self.step.config.lays_out_here:
             self.laying.close(failed=True)
-        else:
+        if self.samples is not None:
             self.in_order.settle()
 
     def ends(self) -> dict[str, int]:
-        """Where the files of samples written as they are ended once the chunk being journaled was
-        added (its workers write chunks' bytes as they come); staged behind here, their sizes then."""
-        return {} if self.step.config.lays_out_here else self.in_order.current.ends
+        """Where the files of samples ended once the chunk being journaled was added (its workers
+        write chunks' bytes as they come)."""
+        return self.in_order.current.ends
 
     def flush(self) -> dict[str, str | None]:
         """The ids and the mask handed to the kernel; → each appended file with the joinable hash of
         what the chunk being journaled added to it (`run.journal`; called `behind`)."""
-        ids_digest, mask_digest = self._last if self.step.config.lays_out_here else self.in_order.current.digests
+        ids_digest, mask_digest = self.in_order.current.digests
         return self.samples.ids.journaled(ids_digest) | self.samples.mask.journaled(mask_digest)
 
     def _lay_out_staged(self, lengths: np.ndarray) -> None:
@@ -516,6 +508,8 @@ class SFTWriter:
         config, step = self.step.config, self.step
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         section = self._section(lengths)
+        if self.samples is not None:
+            self.in_order.close()
         if config.lays_out_here:
             self._lay_out(list(self.windows.close()))
             self.laying.close()
@@ -525,7 +519,6 @@ class SFTWriter:
                 for path in MaskedWriter.files(step.samples_prefix):
                     self.outputs.discard(path)
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
-            self.in_order.close()
             self.samples.finalize()
             counts = counts_of(self.samples.ids, self.samples.digests)
             lays_out = config.data_layout.lays_out_rows

@@ -69,18 +69,20 @@ def test_workers_write_their_results_where_they_are_placed(tmp_path, monkeypatch
 
 
 
-@pytest.mark.parametrize("job", ["pretrain", "sft"])
+@pytest.mark.parametrize("job", ["pretrain", "sft", "sft-packed"])
 def test_a_run_s_workers_write_its_ids_and_masks_and_this_process_none(tmp_path, monkeypatch, job):
-    """Pretraining's ids and unpacked SFT's ids and loss mask are written by the workers that made
-    them (`workers.Placement`): the bytes of a run in this process (one chunk, written here), and no
-    `write_at` here (patched before the fork; the workers write through `_write_range`)."""
+    """Pretraining's ids and SFT's samples (ids and loss mask; packed SFT's staged for its journal,
+    the rows laid out here) are written by the workers that made them (`workers.Placement`): the
+    bytes of a run in this process (one chunk, written here), and no `write_at` here (patched before
+    the fork; the workers write through `_write_range`)."""
     from _helpers import chats, corpus, same_data
     from _oracles import oracle_dir
     from qwen_data.formats.indexed import IndexedDatasetWriter
 
     data = corpus(tmp_path / "c.jsonl", 5, 400, 60) if job == "pretrain" else chats(tmp_path / "c.jsonl", 5, 300, 40)
     sft = ["--template", "qwen2p5", "--reference-template", str(oracle_dir() / "qwen2.5-instruct.jinja")]
-    args = [job, data, "--quiet", *(sft if job == "sft" else [])]
+    args = [job[:3] if job != "pretrain" else job, data, "--quiet", *(sft if job != "pretrain" else []),
+            *(["--pack", "--seq-length", "512"] if job == "sft-packed" else [])]
     assert main([*args, "-o", str(tmp_path / "one"), "--workers", "1", "--chunk-mb", "100"]) == 0
     here = []
     write_at = IndexedDatasetWriter.write_at
@@ -88,7 +90,7 @@ def test_a_run_s_workers_write_its_ids_and_masks_and_this_process_none(tmp_path,
         here.append(data.nbytes), write_at(self, data, offset)))
     assert main([*args, "-o", str(tmp_path / "two"), "--workers", "2", "--chunk-mb", "0.01"]) == 0
     same_data(tmp_path / "one", tmp_path / "two", ("",) if job == "pretrain" else ("", ".lossmask"))
-    assert here == []
+    assert here == [] and os.path.exists(tmp_path / "two.journal") is False
     with open(tmp_path / "two.json", encoding="utf-8") as f:
         assert json.load(f)["certificate"]["certified"]
 

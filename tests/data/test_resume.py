@@ -5,9 +5,9 @@ it reuses is checked, never trusted.
 Each kill is made deterministic by a child process that runs `qwen-data` with one function wrapped
 to kill the process at its N-th call, in whichever thread makes it (a packed run stages its samples and
 journals them behind its main thread): after a chunk's journal line (between chunks), half-way
-through writing a chunk (where this process writes: packed SFT's staged samples, their ids written and
-their index entries not; where the workers write: pretraining's ids, unpacked SFT's ids and masks, as a
-worker says a chunk's bytes are written, its journal line not), and half-way
+through writing a chunk (the workers write the bytes the journal vouches for: pretraining's ids, SFT's
+samples, unpacked or staged for the rows laid out from them; as a worker says a chunk's bytes are
+written, its journal line not), and half-way
 through the commit (which the next run finishes, once each file holds what the journal hashed).
 """
 
@@ -52,7 +52,7 @@ def killing(function):
 if where == "between-chunks":
     from qwen_data.run.journal import Journal
     Journal.chunk = killing(Journal.chunk)
-elif where == "mid-chunk":  # packed SFT: this process writes its staged samples; else the workers do, and say so
+elif where == "mid-chunk":  # the workers write what the journal vouches for, and say so (a run in this process: here)
     from qwen_data.formats import indexed
     from qwen_data.run import workers
     original = indexed._write_all
