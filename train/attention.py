@@ -179,6 +179,14 @@ def thd_mask(batch: dict, device: torch.device) -> DocumentMask:
     return DocumentMask(segment_ids, thd=_thd_params(cu.to(device, non_blocking=True), longest))
 
 
+def takes_batch_major(mask) -> bool:
+    """Whether the core attention takes a micro-batch under `mask` batch-major: Transformer Engine's THD
+    stream of packed rows (`thd_mask`), row after row. The fused QKV kernel then writes the query, key
+    and value in that order (patches/rope.py), and the output projection multiplies the attention's
+    output in it (model.layers.GroupedRowParallelLinear): no copy into [s, b] order and back."""
+    return isinstance(mask, DocumentMask) and mask.thd is not None
+
+
 def _thd_params(cu_seqlens: torch.Tensor, longest: int) -> PackedSeqParams:
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
                            max_seqlen_q=longest, max_seqlen_kv=longest)

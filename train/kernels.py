@@ -147,29 +147,34 @@ def _softmax(triton, tl) -> dict:
 def _qkv_rope_fwd_kernel(triton, tl) -> dict:
     """One program: BLOCK_T tokens of one head of the fused QKV projection, whose slots run per
     query group as Q query heads, its key, its value (megatron-core's order). Each head's two
-    halves are loaded apart: the rotation pairs element i with i + HALF."""
+    halves are loaded apart: the rotation pairs element i with i + HALF. BATCH_MAJOR: the outputs'
+    tokens written row by row ([b, s, heads, d] memory; mixed's run position by position)."""
     @triton.jit
-    def qkv_rope_fwd(mixed, bias, cos, sin, q, k, v, tokens, batch, Q: tl.constexpr, GROUPS: tl.constexpr,
-                     HALF: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr):
+    def qkv_rope_fwd(mixed, bias, cos, sin, q, k, v, tokens, batch, seq, Q: tl.constexpr, GROUPS: tl.constexpr,
+                     HALF: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr, BATCH_MAJOR: tl.constexpr):
         slot = tl.program_id(1)
         group, j = slot // (Q + 2), slot % (Q + 2)
         t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[:, None]
         d = tl.arange(0, HALF)[None, :]
         keep = t < tokens
+        if BATCH_MAJOR:  # the output's token
+            o = (t % batch) * seq + t // batch
+        else:
+            o = t
         src = mixed + t * (GROUPS * (Q + 2) * 2 * HALF) + slot * 2 * HALF + d
         a, b = tl.load(src, mask=keep).to(tl.float32), tl.load(src + HALF, mask=keep).to(tl.float32)
         if HAS_BIAS:  # the projection's bias, added in float32 as the linear's add would
             a += tl.load(bias + slot * 2 * HALF + d).to(tl.float32)
             b += tl.load(bias + slot * 2 * HALF + HALF + d).to(tl.float32)
         if j == Q + 1:  # the value: copied
-            dst = v + t * (GROUPS * 2 * HALF) + group * 2 * HALF + d
+            dst = v + o * (GROUPS * 2 * HALF) + group * 2 * HALF + d
             tl.store(dst, a.to(v.dtype.element_ty), mask=keep)
             tl.store(dst + HALF, b.to(v.dtype.element_ty), mask=keep)
         else:
             if j < Q:
-                dst = q + t * (GROUPS * Q * 2 * HALF) + (group * Q + j) * 2 * HALF + d
+                dst = q + o * (GROUPS * Q * 2 * HALF) + (group * Q + j) * 2 * HALF + d
             else:
-                dst = k + t * (GROUPS * 2 * HALF) + group * 2 * HALF + d
+                dst = k + o * (GROUPS * 2 * HALF) + group * 2 * HALF + d
             at = (t // batch) * 2 * HALF + d
             c1, c2 = tl.load(cos + at, mask=keep).to(tl.float32), tl.load(cos + at + HALF, mask=keep).to(tl.float32)
             s1, s2 = tl.load(sin + at, mask=keep).to(tl.float32), tl.load(sin + at + HALF, mask=keep).to(tl.float32)
@@ -428,28 +433,43 @@ def qkv_rope_fits(mixed: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.
 
 @torch.library.custom_op("qwen_data_train::qkv_rope", mutates_args=())
 def qkv_rope(mixed: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, q_heads: int,
-             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             dtype: torch.dtype, batch_major: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`qkv_rope_reference` in one kernel: mixed [s, b, groups, (q_heads + 2)·d] read once, the query,
-    key and value written contiguous in `dtype`: the bias's add, the split path's kernels and autocast's
-    casts in one. Under autocast mixed is the bf16 product and the bias float32, the tables too."""
+    key and value written in `dtype`: the bias's add, the split path's kernels and autocast's casts in
+    one. Under autocast mixed is the bf16 product and the bias float32, the tables too.
+
+    The outputs are [s, b, heads, d]; `batch_major`: in [b, s, heads, d] memory (`.transpose(0, 1)` of
+    each is contiguous), the row-by-row stream Transformer Engine's THD attention takes, which would
+    otherwise be copied out of them (attention.TECoreAttention)."""
     if not qkv_rope_fits(mixed, bias, cos):
-        return qkv_rope_reference(mixed, bias, cos, sin, q_heads, dtype)
+        return tuple(_in_layout(t, batch_major) for t in qkv_rope_reference(mixed, bias, cos, sin, q_heads, dtype))
     s, b, groups, d = *mixed.shape[:3], cos.shape[-1]
     mixed, cos, sin = mixed.contiguous(), cos.contiguous(), sin.contiguous()
-    q = mixed.new_empty(s, b, groups * q_heads, d, dtype=dtype)
-    k, v = mixed.new_empty(s, b, groups, d, dtype=dtype), mixed.new_empty(s, b, groups, d, dtype=dtype)
+    q, k, v = (_qkv_empty(mixed, heads, d, dtype, batch_major) for heads in (groups * q_heads, groups, groups))
     if s * b:
         _triton()["qkv_rope_fwd"][(triton_cdiv(s * b, ROPE_TOKENS), groups * (q_heads + 2))](
-            mixed, mixed if bias is None else bias.contiguous(), cos, sin, q, k, v, s * b, b, Q=q_heads,
-            GROUPS=groups, HALF=d // 2, BLOCK_T=ROPE_TOKENS, HAS_BIAS=bias is not None, num_warps=4)
+            mixed, mixed if bias is None else bias.contiguous(), cos, sin, q, k, v, s * b, b, s, Q=q_heads,
+            GROUPS=groups, HALF=d // 2, BLOCK_T=ROPE_TOKENS, HAS_BIAS=bias is not None, BATCH_MAJOR=batch_major,
+            num_warps=4)
     return q, k, v
 
 
+def _qkv_empty(mixed: torch.Tensor, heads: int, d: int, dtype: torch.dtype, batch_major: bool) -> torch.Tensor:
+    """An output of `qkv_rope`: [s, b, heads, d], in [b, s, heads, d] memory where `batch_major`."""
+    s, b = mixed.shape[:2]
+    if batch_major:
+        return mixed.new_empty(b, s, heads, d, dtype=dtype).transpose(0, 1)
+    return mixed.new_empty(s, b, heads, d, dtype=dtype)
+
+
+def _in_layout(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
+    return t.transpose(0, 1).contiguous().transpose(0, 1) if batch_major else t
+
+
 @qkv_rope.register_fake
-def _(mixed, bias, cos, sin, q_heads, dtype):
-    s, b, groups, d = *mixed.shape[:3], cos.shape[-1]
-    return (mixed.new_empty(s, b, groups * q_heads, d, dtype=dtype), mixed.new_empty(s, b, groups, d, dtype=dtype),
-            mixed.new_empty(s, b, groups, d, dtype=dtype))
+def _(mixed, bias, cos, sin, q_heads, dtype, batch_major=False):
+    groups, d = mixed.shape[2], cos.shape[-1]
+    return tuple(_qkv_empty(mixed, heads, d, dtype, batch_major) for heads in (groups * q_heads, groups, groups))
 
 
 @torch.library.custom_op("qwen_data_train::qkv_rope_back", mutates_args=())
@@ -489,7 +509,7 @@ def _qkv_rope_setup(ctx, inputs, output):
 def _qkv_rope_backward(ctx, dq, dk, dv):
     cos, sin = ctx.saved_tensors
     dmixed, dbias = qkv_rope_back(dq, dk, dv, cos, sin, ctx.dtype, ctx.bias_dtype is not None)
-    return dmixed, None if ctx.bias_dtype is None else dbias.to(ctx.bias_dtype), None, None, None, None
+    return dmixed, None if ctx.bias_dtype is None else dbias.to(ctx.bias_dtype), None, None, None, None, None
 
 
 qkv_rope.register_autograd(_qkv_rope_backward, setup_context=_qkv_rope_setup)

@@ -136,10 +136,10 @@ def _megatron_split_rope(mixed, bias, freqs, q_heads, grads):
     return (*(o.detach() for o in outs), value.detach()), mixed.grad, None if bias is None else bias.grad
 
 
-def _ours_qkv(mixed, bias, cos, sin, q_heads, grads, dtype=None):
+def _ours_qkv(mixed, bias, cos, sin, q_heads, grads, dtype=None, batch_major=False):
     mixed = mixed.detach().clone().requires_grad_()
     bias = None if bias is None else bias.detach().clone().requires_grad_()
-    outs = kernels.qkv_rope(mixed, bias, cos, sin, q_heads, dtype or cos.dtype)
+    outs = kernels.qkv_rope(mixed, bias, cos, sin, q_heads, dtype or cos.dtype, batch_major)
     torch.autograd.backward(outs, grads)
     return tuple(o.detach() for o in outs), mixed.grad, None if bias is None else bias.grad
 
@@ -161,6 +161,23 @@ def test_qkv_rope_op_is_megatron_split_path_on_cpu(bias_dtype):
     (bq, bk, bv), bgrad, _ = _ours_qkv(mixed, bias, cos, sin, 3, tuple(g.bfloat16() for g in grads), torch.bfloat16)
     assert bq.dtype == bk.dtype == bv.dtype == torch.bfloat16 and bgrad.dtype == torch.float32  # autocast's cast
     assert torch.equal(bq, rq.bfloat16()) and torch.equal(bv, rv.bfloat16())
+
+
+def test_qkv_rope_op_writes_batch_major_where_asked():
+    """batch_major: the same query, key and value (and gradients) in [b, s, heads, d] memory, which
+    Transformer Engine's THD stream takes as it lies; the fake (torch.compile's) gives the same strides."""
+    mixed, bias, _, cos, sin, grads = _qkv_case(9, 2, 2, 3, 8, torch.float32, bias_dtype=torch.float32)
+    plain = kernels.qkv_rope(mixed, bias, cos, sin, 3, torch.bfloat16)
+    rows = kernels.qkv_rope(mixed, bias, cos, sin, 3, torch.bfloat16, True)
+    for a, b in zip(plain, rows):
+        assert a.is_contiguous() and b.transpose(0, 1).is_contiguous() and not b.is_contiguous()
+        assert torch.equal(a, b)
+    with_bias = bias.clone().requires_grad_()
+    torch.library.opcheck(kernels.qkv_rope, (mixed.clone().requires_grad_(), with_bias, cos, sin, 3, torch.float32,
+                                             True))
+    (_, grad, bias_grad), (_, ref_grad, ref_bias_grad) = (
+        _ours_qkv(mixed, bias, cos, sin, 3, grads, batch_major=major) for major in (True, False))
+    assert torch.equal(grad, ref_grad) and torch.equal(bias_grad, ref_bias_grad)
 
 
 def test_fused_qkv_rope_patch_runs_megatron_split_path_off_cuda():
@@ -234,6 +251,23 @@ def test_triton_qkv_rope_equals_torch(shape, dtype, bias_dtype, out):
             assert (ours == want).float().mean().item() > 0.99
     if bias is not None:
         torch.testing.assert_close(bias_grad, ref_bias_grad, rtol=1e-4, atol=1e-3)
+
+
+@cuda
+@pytest.mark.parametrize("shape", [(4096, 4, 2, 7, 64), (37, 3, 1, 1, 128), (5, 1, 4, 2, 16)])
+def test_triton_qkv_rope_batch_major_is_the_same_numbers(shape):
+    """The kernel's batch-major outputs: its [s, b] ones bit for bit, in [b, s, heads, d] memory; the
+    backward of their THD stream's gradients (contiguous there) bit for bit the [s, b] ones'."""
+    s, b, groups, q_heads, d = shape
+    mixed, bias, _, cos, sin, grads = _qkv_case(*shape, torch.bfloat16, "cuda", torch.float32)
+    grads = tuple(g.bfloat16() for g in grads)
+    rows_grads = tuple(g.transpose(0, 1).contiguous().transpose(0, 1) for g in grads)
+    (q, k, v), grad, bias_grad = _ours_qkv(mixed, bias, cos, sin, q_heads, grads, torch.bfloat16)
+    (rq, rk, rv), rgrad, rbias_grad = _ours_qkv(mixed, bias, cos, sin, q_heads, rows_grads, torch.bfloat16, True)
+    for a, r in ((q, rq), (k, rk), (v, rv)):
+        assert r.transpose(0, 1).is_contiguous() and torch.equal(a, r)
+    assert torch.equal(grad, rgrad)
+    torch.testing.assert_close(bias_grad, rbias_grad, rtol=1e-6, atol=1e-6)  # the same sums, in other blocks
 
 
 @cuda

@@ -14,6 +14,7 @@ from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import get_pg_rank, get_pg_size
 
+from ..attention import takes_batch_major
 from ..marks import mark_sequence_parallel
 
 
@@ -30,7 +31,18 @@ class GroupedRowParallelLinear(RowParallelLinear):
     def _forward_impl(self, input, weight, *args, **kwargs):
         if kwargs.get("tp_group") is None:
             kwargs["tp_group"] = self.tp_group
+        if batch_major(input) and not (self.sequence_parallel or self.explicit_expert_comm):
+            # [s, b, h] rows in [b, s, h] memory (Transformer Engine's THD attention's output): multiplied
+            # as they lie and handed on as a view of the same order, where the matmul would have copied
+            # them into [s, b] order first, and its backward again for the weight's gradient.
+            # Row by row, the same products; not under sequence parallelism, which scatters along s.
+            return super()._forward_impl(input.transpose(0, 1), weight, *args, **kwargs).transpose(0, 1)
         return super()._forward_impl(input, weight, *args, **kwargs)
+
+
+def batch_major(x: torch.Tensor) -> bool:
+    """Whether [s, b, ...] `x` lies in [b, s, ...] memory (and not in both orders: b or s of 1)."""
+    return x.dim() >= 3 and not x.is_contiguous() and x.transpose(0, 1).is_contiguous()
 
 
 class SeededTransformerLayer(TransformerLayer):
@@ -147,15 +159,24 @@ class FusedQKVSelfAttention(SelfAttention):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.linear_qkv.skip_bias_add = True  # the linear returns (product, bias); the parameters are the same
+        self.batch_major = False  # this call's core attention takes its rows batch-major (`forward`)
+
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        """megatron-core's; the query, key and value written in [b, s, ...] memory for a core attention
+        that takes them so (attention.takes_batch_major: Transformer Engine's THD stream of packed rows),
+        which would otherwise copy them into that order."""
+        self.batch_major = takes_batch_major(attention_mask)
+        return super().forward(hidden_states, attention_mask, *args, **kwargs)
 
     def get_query_key_value_tensors(self, hidden_states, key_value_states=None, output_gate=False, split_qkv=True):
-        """((mixed [s, b, groups, (q + 2)·d], bias or None), [q·d, d, d]): what megatron-core hands
-        `apply_fused_qkv_rotary_pos_emb`, the bias with it. megatron-core takes the unsplit path
-        whenever the config asks for it and it can (no QK norm, no packed THD parameters, not inferring):
-        where it could not, the layer would have lost its bias, so that is refused."""
+        """((mixed [s, b, groups, (q + 2)·d], bias or None, batch-major), [q·d, d, d]): what megatron-core
+        hands `apply_fused_qkv_rotary_pos_emb`, the bias and the outputs' order with it. megatron-core
+        takes the unsplit path whenever the config asks for it and it can (no QK norm, no packed THD
+        parameters, not inferring): where it could not, the layer would have lost its bias, so that is
+        refused."""
         if split_qkv or output_gate or self.config.num_query_groups < self.world_size:
             raise ValueError("FusedQKVSelfAttention runs megatron-core's fused_single_qkv_rope path only")
         mixed, bias = self.linear_qkv(hidden_states)
         groups, d = self.num_query_groups_per_partition, self.hidden_size_per_attention_head
         q = self.num_attention_heads_per_partition // groups
-        return (mixed.view(*mixed.shape[:-1], groups, (q + 2) * d), bias), [q * d, d, d]
+        return (mixed.view(*mixed.shape[:-1], groups, (q + 2) * d), bias, self.batch_major), [q * d, d, d]

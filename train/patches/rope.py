@@ -70,19 +70,20 @@ def rope_from_tables() -> Iterator[None]:
 
 def fused_qkv_rope(mixed, q_freqs: torch.Tensor, k_freqs: torch.Tensor, split: list[int]):
     """Transformer Engine's `apply_fused_qkv_rotary_pos_emb` as megatron-core calls it: mixed
-    [s, b, groups, (q + 2)·d], or (mixed, the projection's bias) from model.layers.FusedQKVSelfAttention,
-    and each head's share of it (`split`: q·d, d, d) → the rotated query [s, b, groups·q, d], the
-    rotated key and the value [s, b, groups, d]."""
+    [s, b, groups, (q + 2)·d], or (mixed, the projection's bias, whether the attention takes its rows
+    batch-major) from model.layers.FusedQKVSelfAttention, and each head's share of it (`split`: q·d, d, d)
+    → the rotated query [s, b, groups·q, d], the rotated key and the value [s, b, groups, d] (in
+    [b, s, ...] memory where the kernel runs and the attention asks for it: `kernels.qkv_rope`)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    mixed, bias = mixed if isinstance(mixed, tuple) else (mixed, None)
+    mixed, bias, batch_major = (*mixed, False)[:3] if isinstance(mixed, tuple) else (mixed, None, False)
     d = split[1]
     if kernels.enabled(mixed) and q_freqs is k_freqs and q_freqs.shape[-1] == d:
         summed = mixed.dtype if bias is None else torch.promote_types(mixed.dtype, bias.dtype)
         cos, sin = rope_tables(q_freqs, 1.0, summed)
         if kernels.qkv_rope_fits(mixed, bias, cos):  # written in autocast's dtype, which attention casts them to
             dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else summed
-            return kernels.qkv_rope(mixed, bias, cos, sin, split[0] // d, dtype)
+            return kernels.qkv_rope(mixed, bias, cos, sin, split[0] // d, dtype, batch_major)
     if bias is not None:
         mixed = mixed + bias.view(mixed.shape[2], -1)
     query, key, value = torch.split(mixed, split, dim=3)  # megatron-core's split path
