@@ -182,8 +182,9 @@ def thd_mask(batch: dict, device: torch.device) -> DocumentMask:
 def takes_batch_major(mask) -> bool:
     """Whether the core attention takes a micro-batch under `mask` batch-major: Transformer Engine's THD
     stream of packed rows (`thd_mask`), row after row. The fused QKV kernel then writes the query, key
-    and value in that order (patches/rope.py), and the output projection multiplies the attention's
-    output in it (model.layers.GroupedRowParallelLinear): no copy into [s, b] order and back."""
+    and value [b, s, ...] (patches/rope.py; TECoreAttention.thd_batch_major), and the output projection
+    multiplies the attention's output in that order (model.layers.GroupedRowParallelLinear): no copy into
+    [s, b] order and back."""
     return isinstance(mask, DocumentMask) and mask.thd is not None
 
 
@@ -288,6 +289,9 @@ class TECoreAttention(MegatronModule):
             config.num_attention_heads // tp, config.kv_channels, num_gqa_groups=config.num_query_groups // tp,
             attention_dropout=dropout, qkv_format="sbhd", attn_mask_type="causal", layer_number=layer_number,
             softmax_scale=softmax_scale or 1.0 / math.sqrt(config.kv_channels))
+        # Under a THD mask the query, key and value come [b, s, heads, d] (`takes_batch_major`), not
+        # [s, b, ...]: set by the layer that writes them so (model.layers.FusedQKVSelfAttention).
+        self.thd_batch_major = False
 
     def train(self, mode: bool = True):
         self.te.train(mode)
@@ -309,8 +313,7 @@ class TECoreAttention(MegatronModule):
             if attention_mask is not None:
                 raise ValueError("TECoreAttention takes causal rows, or packed rows as thd_mask gives them")
             return self._attend(*(t.to(dtype).contiguous() for t in (query, key, value)), None)
-        s, b = query.shape[:2]
-        q, k, v = (t.to(dtype).transpose(0, 1).reshape(b * s, *t.shape[2:]).contiguous() for t in (query, key, value))
+        q, k, v, b, s = thd_stream(query, key, value, dtype, self.thd_batch_major)
         return self._attend(q, k, v, attention_mask).view(b, s, -1).transpose(0, 1)
 
     @torch.compiler.disable
@@ -322,6 +325,16 @@ class TECoreAttention(MegatronModule):
         return self.te(q, k, v, qkv_format="thd", attn_mask_type="padding_causal",
                        cu_seqlens_q=thd.cu_seqlens_q, cu_seqlens_kv=thd.cu_seqlens_kv,
                        max_seqlen_q=thd.max_seqlen_q, max_seqlen_kv=thd.max_seqlen_kv)
+
+
+def thd_stream(query, key, value, dtype: torch.dtype, batch_major: bool):
+    """[s, b, heads, d] query, key and value, or [b, s, ...] where `batch_major`, as TE's THD stream
+    ([b·s, heads, d] each, row after row, `dtype`, contiguous) → (q, k, v, b, s). Batch-major and
+    contiguous (the fused QKV kernel's), each is a view: no copy, forward or backward."""
+    b, s = query.shape[:2] if batch_major else query.shape[1::-1]
+    rows = (lambda t: t) if batch_major else (lambda t: t.transpose(0, 1))
+    q, k, v = (rows(t.to(dtype)).reshape(b * s, *t.shape[2:]).contiguous() for t in (query, key, value))
+    return q, k, v, b, s
 
 
 class TEPackedCoreAttention(TECoreAttention):

@@ -431,16 +431,20 @@ def qkv_rope_fits(mixed: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.
     return enabled(mixed) and _tables_fit(cos, mixed.shape[0], dtype)
 
 
-@torch.library.custom_op("qwen_data_train::qkv_rope", mutates_args=())
+# "_2": batch-major outputs are [b, s, ...] since 2026-12-01 (they were [s, b] views): a name of its own,
+# so that inductor's caches of graphs calling the earlier op (keyed on the graph, not the op's fake) miss.
+@torch.library.custom_op("qwen_data_train::qkv_rope_2", mutates_args=())
 def qkv_rope(mixed: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, q_heads: int,
              dtype: torch.dtype, batch_major: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`qkv_rope_reference` in one kernel: mixed [s, b, groups, (q_heads + 2)·d] read once, the query,
     key and value written in `dtype`: the bias's add, the split path's kernels and autocast's casts in
     one. Under autocast mixed is the bf16 product and the bias float32, the tables too.
 
-    The outputs are [s, b, heads, d]; `batch_major`: in [b, s, heads, d] memory (`.transpose(0, 1)` of
-    each is contiguous), the row-by-row stream Transformer Engine's THD attention takes, which would
-    otherwise be copied out of them (attention.TECoreAttention)."""
+    The outputs are [s, b, heads, d]; `batch_major`: [b, s, heads, d] (contiguous), the row-by-row
+    stream Transformer Engine's THD attention takes as it lies (attention.TECoreAttention). Contiguous
+    there, they cross a compiled layer's break at TE's call as they lie: handed out as [s, b] views of
+    [b, s] memory, their gradients (TE's, in that memory) were copied into [s, b] order at the break
+    (AOTAutograd's tangents take an output's memory format, contiguous under dynamic shapes)."""
     if not qkv_rope_fits(mixed, bias, cos):
         return tuple(_in_layout(t, batch_major) for t in qkv_rope_reference(mixed, bias, cos, sin, q_heads, dtype))
     s, b, groups, d = *mixed.shape[:3], cos.shape[-1]
@@ -455,15 +459,13 @@ def qkv_rope(mixed: torch.Tensor, bias: Optional[torch.Tensor], cos: torch.Tenso
 
 
 def _qkv_empty(mixed: torch.Tensor, heads: int, d: int, dtype: torch.dtype, batch_major: bool) -> torch.Tensor:
-    """An output of `qkv_rope`: [s, b, heads, d], in [b, s, heads, d] memory where `batch_major`."""
+    """An output of `qkv_rope`: [s, b, heads, d], or [b, s, heads, d] where `batch_major`."""
     s, b = mixed.shape[:2]
-    if batch_major:
-        return mixed.new_empty(b, s, heads, d, dtype=dtype).transpose(0, 1)
-    return mixed.new_empty(s, b, heads, d, dtype=dtype)
+    return mixed.new_empty(*((b, s) if batch_major else (s, b)), heads, d, dtype=dtype)
 
 
 def _in_layout(t: torch.Tensor, batch_major: bool) -> torch.Tensor:
-    return t.transpose(0, 1).contiguous().transpose(0, 1) if batch_major else t
+    return t.transpose(0, 1).contiguous() if batch_major else t
 
 
 @qkv_rope.register_fake
@@ -504,10 +506,13 @@ def _qkv_rope_setup(ctx, inputs, output):
     mixed, bias, cos, sin = inputs[:4]
     ctx.save_for_backward(cos, sin)
     ctx.dtype, ctx.bias_dtype = mixed.dtype, None if bias is None else bias.dtype
+    ctx.batch_major = inputs[6] if len(inputs) > 6 else False
 
 
 def _qkv_rope_backward(ctx, dq, dk, dv):
     cos, sin = ctx.saved_tensors
+    if ctx.batch_major:  # [b, s, ...] gradients, read as [s, b] views where they lie
+        dq, dk, dv = (g.transpose(0, 1) for g in (dq, dk, dv))
     dmixed, dbias = qkv_rope_back(dq, dk, dv, cos, sin, ctx.dtype, ctx.bias_dtype is not None)
     return dmixed, None if ctx.bias_dtype is None else dbias.to(ctx.bias_dtype), None, None, None, None, None
 

@@ -164,19 +164,21 @@ def test_qkv_rope_op_is_megatron_split_path_on_cpu(bias_dtype):
 
 
 def test_qkv_rope_op_writes_batch_major_where_asked():
-    """batch_major: the same query, key and value (and gradients) in [b, s, heads, d] memory, which
-    Transformer Engine's THD stream takes as it lies; the fake (torch.compile's) gives the same strides."""
+    """batch_major: the same query, key and value (and gradients) as [b, s, heads, d], contiguous: the
+    row-by-row stream Transformer Engine's THD attention takes as it lies; the fake (torch.compile's)
+    gives the same shapes and strides."""
     mixed, bias, _, cos, sin, grads = _qkv_case(9, 2, 2, 3, 8, torch.float32, bias_dtype=torch.float32)
     plain = kernels.qkv_rope(mixed, bias, cos, sin, 3, torch.bfloat16)
     rows = kernels.qkv_rope(mixed, bias, cos, sin, 3, torch.bfloat16, True)
     for a, b in zip(plain, rows):
-        assert a.is_contiguous() and b.transpose(0, 1).is_contiguous() and not b.is_contiguous()
-        assert torch.equal(a, b)
+        assert a.is_contiguous() and b.is_contiguous() and b.shape == (2, 9, *a.shape[2:])
+        assert torch.equal(a, b.transpose(0, 1))
     with_bias = bias.clone().requires_grad_()
     torch.library.opcheck(kernels.qkv_rope, (mixed.clone().requires_grad_(), with_bias, cos, sin, 3, torch.float32,
                                              True))
+    rows_grads = tuple(g.transpose(0, 1).contiguous() for g in grads)
     (_, grad, bias_grad), (_, ref_grad, ref_bias_grad) = (
-        _ours_qkv(mixed, bias, cos, sin, 3, grads, batch_major=major) for major in (True, False))
+        _ours_qkv(mixed, bias, cos, sin, 3, g, batch_major=major) for g, major in ((rows_grads, True), (grads, False)))
     assert torch.equal(grad, ref_grad) and torch.equal(bias_grad, ref_bias_grad)
 
 
@@ -191,6 +193,8 @@ def test_fused_qkv_rope_patch_runs_megatron_split_path_off_cuda():
         assert attention.HAVE_FUSED_QKV_ROPE and attention.apply_fused_qkv_rotary_pos_emb is rope.fused_qkv_rope
         ours = rope.fused_qkv_rope((mixed, bias), freqs, freqs, [24, 8, 8])
         plain = rope.fused_qkv_rope(mixed, freqs, freqs, [24, 8, 8])
+        rows = rope.fused_qkv_rope((mixed, bias, True), freqs, freqs, [24, 8, 8])  # for TE's THD stream
+    assert all(torch.equal(a, r.transpose(0, 1)) for a, r in zip(ours, rows))
     ref, _, _ = _megatron_split_rope(mixed, bias, freqs, 3, tuple(g.float() for g in grads))
     assert all(torch.equal(a, b) for a, b in zip(ours, ref))
     ref, _, _ = _megatron_split_rope(mixed, None, freqs, 3, tuple(g.bfloat16() for g in grads))
@@ -256,16 +260,16 @@ def test_triton_qkv_rope_equals_torch(shape, dtype, bias_dtype, out):
 @cuda
 @pytest.mark.parametrize("shape", [(4096, 4, 2, 7, 64), (37, 3, 1, 1, 128), (5, 1, 4, 2, 16)])
 def test_triton_qkv_rope_batch_major_is_the_same_numbers(shape):
-    """The kernel's batch-major outputs: its [s, b] ones bit for bit, in [b, s, heads, d] memory; the
-    backward of their THD stream's gradients (contiguous there) bit for bit the [s, b] ones'."""
+    """The kernel's batch-major outputs: its [s, b] ones bit for bit, as [b, s, heads, d]; the backward
+    of their THD stream's gradients (contiguous [b, s, ...]) bit for bit the [s, b] ones'."""
     s, b, groups, q_heads, d = shape
     mixed, bias, _, cos, sin, grads = _qkv_case(*shape, torch.bfloat16, "cuda", torch.float32)
     grads = tuple(g.bfloat16() for g in grads)
-    rows_grads = tuple(g.transpose(0, 1).contiguous().transpose(0, 1) for g in grads)
+    rows_grads = tuple(g.transpose(0, 1).contiguous() for g in grads)
     (q, k, v), grad, bias_grad = _ours_qkv(mixed, bias, cos, sin, q_heads, grads, torch.bfloat16)
     (rq, rk, rv), rgrad, rbias_grad = _ours_qkv(mixed, bias, cos, sin, q_heads, rows_grads, torch.bfloat16, True)
     for a, r in ((q, rq), (k, rk), (v, rv)):
-        assert r.transpose(0, 1).is_contiguous() and torch.equal(a, r)
+        assert r.is_contiguous() and torch.equal(a, r.transpose(0, 1))
     assert torch.equal(grad, rgrad)
     torch.testing.assert_close(bias_grad, rbias_grad, rtol=1e-6, atol=1e-6)  # the same sums, in other blocks
 

@@ -160,11 +160,14 @@ class FusedQKVSelfAttention(SelfAttention):
         super().__init__(*args, **kwargs)
         self.linear_qkv.skip_bias_add = True  # the linear returns (product, bias); the parameters are the same
         self.batch_major = False  # this call's core attention takes its rows batch-major (`forward`)
+        if hasattr(self.core_attention, "thd_batch_major"):  # TE's: told that they come [b, s, ...] then
+            self.core_attention.thd_batch_major = True
 
     def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
-        """megatron-core's; the query, key and value written in [b, s, ...] memory for a core attention
-        that takes them so (attention.takes_batch_major: Transformer Engine's THD stream of packed rows),
-        which would otherwise copy them into that order."""
+        """megatron-core's; the query, key and value written [b, s, heads, d] for a core attention that
+        takes them so (attention.takes_batch_major: Transformer Engine's THD stream of packed rows), which
+        would otherwise copy them into that order. They cross the compiled layer's break at TE's call
+        contiguous, so their gradients come back as they lie (kernels.qkv_rope)."""
         self.batch_major = takes_batch_major(attention_mask)
         return super().forward(hidden_states, attention_mask, *args, **kwargs)
 

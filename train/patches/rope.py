@@ -72,8 +72,8 @@ def fused_qkv_rope(mixed, q_freqs: torch.Tensor, k_freqs: torch.Tensor, split: l
     """Transformer Engine's `apply_fused_qkv_rotary_pos_emb` as megatron-core calls it: mixed
     [s, b, groups, (q + 2)·d], or (mixed, the projection's bias, whether the attention takes its rows
     batch-major) from model.layers.FusedQKVSelfAttention, and each head's share of it (`split`: q·d, d, d)
-    → the rotated query [s, b, groups·q, d], the rotated key and the value [s, b, groups, d] (in
-    [b, s, ...] memory where the kernel runs and the attention asks for it: `kernels.qkv_rope`)."""
+    → the rotated query [s, b, groups·q, d], the rotated key and the value [s, b, groups, d]; where the
+    attention takes its rows batch-major, [b, s, ...] (the kernel writes them so: `kernels.qkv_rope`)."""
     from megatron.core.models.common.embeddings import rope_utils
 
     mixed, bias, batch_major = (*mixed, False)[:3] if isinstance(mixed, tuple) else (mixed, None, False)
@@ -88,5 +88,6 @@ def fused_qkv_rope(mixed, q_freqs: torch.Tensor, k_freqs: torch.Tensor, split: l
         mixed = mixed + bias.view(mixed.shape[2], -1)
     query, key, value = torch.split(mixed, split, dim=3)  # megatron-core's split path
     query = query.reshape(query.size(0), query.size(1), -1, d)
-    return (rope_utils._apply_rotary_pos_emb_bshd(query, q_freqs, rotary_interleaved=False),
-            rope_utils._apply_rotary_pos_emb_bshd(key, k_freqs, rotary_interleaved=False), value)
+    out = (rope_utils._apply_rotary_pos_emb_bshd(query, q_freqs, rotary_interleaved=False),
+           rope_utils._apply_rotary_pos_emb_bshd(key, k_freqs, rotary_interleaved=False), value)
+    return tuple(t.transpose(0, 1) for t in out) if batch_major else out
