@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also --executor ray at --compare-at workers")
     parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, ours beside "
                                                        "them (default 16 where --workers holds it, else the most)")
-    parser.add_argument("--unique", action="store_true", help="pretrain on a corpus in which no document repeats")
+    parser.add_argument("--unique", action="store_true", help="pretrain and SFT on corpora in which no record repeats")
     parser.add_argument("--text", help="the bench text corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--chats", help="the bench chat corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--reference-template", metavar="FILE", help="the official qwen2.5-instruct.jinja, which "
@@ -199,8 +199,14 @@ def main() -> None:
         print(f"raw gigatoken in {n} processes at once: {cold:.1f} MB/s ({cold / raw:.1f}x one), "
               f"{warm:.1f} MB/s on a second pass ({warm / raw_warm:.1f}x one)", flush=True)
     jobs = args.jobs.split(",")
-    corpus_of = {"pretrain": text, **{job: corpora.scaled_sft_corpus(job[4:], args.sft_mb * 1_000_000, args.chats)
+    # --unique: SFT's records never repeat either (one worker meets a repeated corpus's words cold once, each of
+    # 16 workers does: its scaling figure flatters no one but one worker)
+    sft_corpus = corpora.unique_sft_corpus if args.unique else corpora.scaled_sft_corpus
+    corpus_of = {"pretrain": text, **{job: sft_corpus(job[4:], args.sft_mb * 1_000_000, args.chats)
                                       for job in jobs if job in ("sft-chat", "sft-alpaca")}}
+    corpus_info["sft"] = {job: {"path": path, "bytes": os.path.getsize(path), "repeats": not args.unique,
+                                "how": corpora.UNIQUE if args.unique else "the bench chats (or their alpaca records) "
+                                "repeated to size"} for job, path in corpus_of.items() if job != "pretrain"}
     # The corpora just made are on disk before any run is timed, so that no run shares the host with the
     # kernel writing GBs of them back.
     os.sync()

@@ -408,18 +408,44 @@ def scaled_sft_corpus(kind: str, target_bytes: int, source: str | None = None) -
         with open(source, encoding="utf-8") as f:
             found = [json.loads(line) for line in f]
         if kind == "alpaca":
-            turns = ([m for m in r["messages"] if m["role"] != "system"] for r in found)
-            found = [{"instruction": t[0]["content"], "input": "", "output": t[1]["content"]} for t in turns
-                     if len(t) >= 2 and t[0]["role"] == "user" and t[1]["role"] == "assistant"]
+            found = _as_alpaca(found)
         return itertools.cycle([json.dumps(r, ensure_ascii=False) + "\n" for r in found])
 
     return derived(f"scaled/{kind}-{target_bytes // 1_000_000}MB.jsonl", source, target_bytes,
                    lambda manifest: _up_to(records(), target_bytes))
 
 
+def _as_alpaca(chats: list[dict]) -> list[dict]:
+    """Each conversation's first user turn and the answer to it, as an alpaca record."""
+    turns = ([m for m in r["messages"] if m["role"] != "system"] for r in chats)
+    return [{"instruction": t[0]["content"], "input": "", "output": t[1]["content"]} for t in turns
+            if len(t) >= 2 and t[0]["role"] == "user" and t[1]["role"] == "assistant"]
+
+
+def alpaca_corpus(source: str | None = None) -> str:
+    """The chat corpus (or `source`) as alpaca records (`_as_alpaca`), each once."""
+    source = source or chat_corpus()
+
+    def make(manifest: dict) -> list[str]:
+        with open(source, encoding="utf-8") as f:
+            found = _as_alpaca([json.loads(line) for line in f])
+        manifest.update(records=len(found))
+        return [json.dumps(r, ensure_ascii=False) + "\n" for r in found]
+
+    return derived("alpaca.jsonl", source, 0, make)
+
+
+def unique_sft_corpus(kind: str, target_bytes: int, source: str | None = None) -> str:
+    """SFT records of which none repeats (`unique_lines`, `UNIQUE`) to `target_bytes`: the chat corpus's
+    (`kind` "chat"), or its alpaca records' ("alpaca")."""
+    source = source or chat_corpus()
+    return unique_corpus(f"{kind}-unique-{target_bytes // 1_000_000}MB.jsonl",
+                         source if kind == "chat" else alpaca_corpus(source), target_bytes)
+
+
 # How the corpora that never repeat a record are made (written into their manifests and the results).
 UNIQUE = ("From the bench text (chats), deterministically: its records in file order, then passes over it in which "
-          "every document (every message of a chat) has its words shuffled, seeded by the pass and the record's "
+          "every document (every message of a chat, every field of an alpaca record) has its words shuffled, seeded by the pass and the record's "
           "number, the whitespace left in place: the same bytes and words, so a real text's tokens per byte, in "
           "an order never seen. No record repeats: each is hashed and one met before is left out. long and "
           "megadocs join these texts in order, a blank line between, up to their size; big takes them as they are.")
@@ -443,6 +469,8 @@ def _pass(k: int) -> list[str]:
         if "messages" in record:
             record = {"messages": [{**m, "content": m["content"] if k == 0 else shuffled(m["content"], f"{k}:{n}:{i}")}
                                    for i, m in enumerate(record["messages"])]}
+        elif "instruction" in record:  # (alpaca_corpus)
+            record = {key: value if k == 0 else shuffled(value, f"{k}:{n}:{key}") for key, value in record.items()}
         else:
             record = {"text": record["text"] if k == 0 else shuffled(record["text"], f"{k}:{n}")}
         lines.append(json.dumps(record, ensure_ascii=False) + "\n")
