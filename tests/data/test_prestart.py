@@ -182,3 +182,25 @@ def test_a_run_asks_its_checker_for_what_prestart_would_load(tmp_path, monkeypat
         run(PretrainConfig(inputs=[data], output_prefix=str(tmp_path / os.path.basename(data)), workers=1,
                            quiet=True))
     assert asked == [False, True]
+
+
+NUMPY_THREADS = """
+import os, sys
+from qwen_data.launch import quiet_blas
+quiet_blas(sys.argv[1:])
+import numpy, time
+time.sleep(0.05)
+print(len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="OpenBLAS starts no thread of its own on one core")
+@pytest.mark.parametrize("argv, threads", [(["pretrain", "c.jsonl"], 1), (["--quiet", "sft", "c.jsonl"], 1),
+                                            (["train", "--config", "c.yaml"], "more")])
+def test_a_data_command_s_numpy_starts_no_blas_threads(argv, threads):
+    """numpy's OpenBLAS, imported after `launch.quiet_blas`, starts no thread for a data command (each of its
+    threads per core spins ~0.1 s on import); `train` keeps them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    found = int(subprocess.run([sys.executable, "-c", NUMPY_THREADS, *argv], env=env, capture_output=True,
+                               text=True, check=True).stdout)
+    assert found == 1 if threads == 1 else found > 1
