@@ -20,7 +20,6 @@ def main():
     t0 = time.monotonic()
     p = subprocess.Popen(sys.argv[1:])
     seen, bins, threads = {}, {}, {}
-    last_total = 0.0
     while p.poll() is None:
         t = time.monotonic() - t0
         procs = {}
