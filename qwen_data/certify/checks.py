@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from ..formats.indexed import MaskedWriter, bin_tokens, read_index
+from ..formats.indexed import MaskedWriter, read_index, read_tokens
 from .messages import NotMappable, RecordReading
 from .reference import ChatReference, NotCertified, TextReference, difference, preload, reference_jinja, versions
 from . import trimmed
@@ -415,16 +415,20 @@ def read_back(picked: list[tuple[str, int, int, int, int, np.ndarray]], files: l
     ones its worker made: (where, dataset, document, first token, stop, ours) against `files`,
     each dataset's (.bin, .idx), read through the index as a reader would."""
     opened: dict[int, tuple] = {}
-    for where, dataset, document, a, b, ours in picked:
-        if dataset not in opened:
-            index = read_index(files[dataset][1])
-            opened[dataset] = (index, bin_tokens(files[dataset][0], index.dtype))
-        index, tokens = opened[dataset]
-        start = int(index.pointers[document]) // index.dtype.itemsize
-        written = tokens[start + a:start + min(b, int(index.lengths[document]))]
-        if not np.array_equal(written, ours):
-            raise CertificateError(f"{where}: the written document differs from what was encoded: "
-                                   f"{difference(written, ours)}")
+    try:
+        for where, dataset, document, a, b, ours in picked:
+            if dataset not in opened:
+                index = read_index(files[dataset][1])
+                opened[dataset] = (index, open(files[dataset][0], "rb"))
+            index, f = opened[dataset]
+            start = int(index.pointers[document]) // index.dtype.itemsize
+            written = read_tokens(f, index.dtype, start + a, min(b, int(index.lengths[document])) - a)
+            if not np.array_equal(written, ours):
+                raise CertificateError(f"{where}: the written document differs from what was encoded: "
+                                       f"{difference(written, ours)}")
+    finally:
+        for _, f in opened.values():
+            f.close()
 
 
 def join_certificates(parts: list[tuple[str, dict | None]], fingerprint: str) -> dict | None:
