@@ -409,15 +409,6 @@ def counts_of(data: IndexedDatasetWriter, digests: list[tuple[str, str]]) -> dic
                 **fingerprinted(digests))
 
 
-def trained_tokens(data: MaskedWriter) -> int:
-    """The mask's trained tokens, read 16 MB at a time (a mapping of the whole mask stayed resident)."""
-    total, block = 0, 1 << 24
-    with open(data.mask.bin_path, "rb") as f:
-        for start in range(0, data.mask.tokens, block):
-            total += int(read_tokens(f, np.uint8, start, block).sum(dtype=np.int64))
-    return total
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading back
 

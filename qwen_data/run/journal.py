@@ -27,13 +27,16 @@ from ..formats.outputs import TMP_SUFFIX, finish_commit
 
 SUFFIX = ".journal"
 HASH_BYTES = 1 << 22  # read back and hashed at a time, checking a journal
+# What a chunk's line holds, in the run's identity: a journal whose lines hold less (2: SFT's trained tokens) is
+# another run's, whose work is done again.
+LINES = 2
 
 
 def identity(config, inputs: list[dict]) -> str:
     """What decides a run's output bytes: its settings but the workers, progress and the certificate's
     process choices, and the pins of its inputs (`manifest.input_entry`); hashed."""
     settings = {k: v for k, v in sorted(vars(config).items()) if k not in ("workers", "quiet", "check_here")}
-    text = json.dumps({"settings": settings, "inputs": inputs}, sort_keys=True, default=repr)
+    text = json.dumps({"settings": settings, "inputs": inputs, "lines": LINES}, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -402,6 +402,7 @@ def _journal(journal: Journal, writer: Writer, rejects: RejectLog, result: Chunk
              "text_bytes": result.text_bytes, "tokens": result.tokens, "input_bytes": input_bytes,
              "special_records": result.special_records, "spelled": result.spelled, "rejects": reasons,
              "truncated": getattr(result, "truncated", 0),  # (SFT's samples cut to --seq-length)
+             "trained": getattr(result, "trained", 0),  # (SFT's trained tokens)
              "picked_at": picked_at}
 
     def line() -> None:

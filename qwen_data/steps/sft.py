@@ -29,7 +29,7 @@ from ..certify.spelling import SpellingError
 from ..errors import RecordError
 from ..formats.digest import piece_hashes, pieces_digest
 from ..formats.indexed import Behind, IndexedDatasetWriter, MaskedWriter, token_dtype
-from ..formats.layouts import UNPACKED, DataLayout, LaidOut, counts_of, sft_layout, trained_tokens
+from ..formats.layouts import UNPACKED, DataLayout, LaidOut, counts_of, sft_layout
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
 from ..formats.packing import DEFAULT_PACKING, PACK_WINDOW, PACKINGS, SampleWindows
@@ -139,6 +139,7 @@ class SampleBatch(ChunkResult):
     # worker, which hashes each byte once.
     digests: tuple[str, str] | None = None
     sample_hashes: tuple[np.ndarray, np.ndarray] | None = None
+    trained: int = 0  # the mask's trained tokens, counted in the worker (the main process reads no mask byte)
 
 
 def run(config: SFTConfig, progress=None) -> Manifest:
@@ -338,7 +339,7 @@ class _Batching:
         hashes = piece_hashes(written, lengths), piece_hashes(mask, lengths)
         digests = pieces_digest(hashes[0], lengths * written.itemsize), pieces_digest(hashes[1], lengths)
         return SampleBatch(rejects, self.records, self.text_bytes, int(lengths.sum()), self.special_records,
-                           ids, mask, lengths, self.truncated, digests, hashes)
+                           ids, mask, lengths, self.truncated, digests, hashes, int(mask.sum(dtype=np.int64)))
 
 
 def _as_read(record: Record, value: dict, columns) -> bytes | dict:
@@ -422,10 +423,11 @@ class SFTWriter:
             self.laying = Behind(most=LAYOUTS_WAITING)
         self.in_order = Placed()  # the chunks of samples whose bytes their workers may still be writing
         self.lengths: list[np.ndarray] = []
-        self.truncated = self.special_records = 0
+        self.truncated = self.special_records = self.trained = 0
         if reused:
             self.lengths.append(self.samples.ids.sequence_lengths())
             self.truncated, self.special_records = resumed.total("truncated"), resumed.total("special_records")
+            self.trained = resumed.total("trained")
             if config.lays_out_here:
                 self._lay_out_staged(self.lengths[0])
 
@@ -453,6 +455,7 @@ class SFTWriter:
         self.lengths.append(lengths)
         self.truncated += result.truncated
         self.special_records += result.special_records
+        self.trained += result.trained
 
     def behind(self, call) -> None:
         """`call()` once the samples added so far are in their files (the journal vouches for
@@ -522,7 +525,7 @@ class SFTWriter:
             self.samples.finalize()
             counts = counts_of(self.samples.ids, self.samples.digests)
             lays_out = config.data_layout.lays_out_rows
-            section = section.replace(trained_tokens=trained_tokens(self.samples), pack_on_merge=config.pack or None,
+            section = section.replace(trained_tokens=self.trained, pack_on_merge=config.pack or None,
                                       packing=config.packing if config.pack else None,
                                       layout_on_merge=config.layout if lays_out else None)
         manifest = Manifest(kind="sft", tokenizer=step.tokenizer.identity(), eod_id=step.tokenizer.eod_id,

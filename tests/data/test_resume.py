@@ -160,6 +160,8 @@ def test_a_killed_sft_run_resumes_to_the_same_bytes(chat_records, whole_sft, tmp
     prefix = str(tmp_path / "s")
     again = killed_then_resumed(_sft_args(chat_records, prefix), prefix, where, after, whole_sft)
     assert again["sft"] == whole_sft["sft"] and again["sft"]["truncated"] > 0
+    # (counted by the workers, the resumed chunks' from the journal: the mask written holds as many)
+    assert again["sft"]["trained_tokens"] == int(np.fromfile(prefix + ".lossmask.bin", np.uint8).sum()) > 0
 
 
 @pytest.fixture(scope="module", params=[["--pack"], ["--pack", "--packing", "next-fit"], ["--layout", "pai", "--pack"]],
