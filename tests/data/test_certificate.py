@@ -1032,6 +1032,43 @@ def test_a_packed_sample_the_row_writer_corrupts_is_found_in_the_written_rows(tm
     assert not [name for name in os.listdir(tmp_path) if name.startswith("s")]
 
 
+READ_BACK_PEAK = """
+import sys, numpy as np
+from qwen_data.certify.checks import read_back
+from qwen_data.formats.indexed import read_index
+
+def peak_kb():
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
+
+bin_path, idx_path = sys.argv[1:3]
+index = read_index(idx_path)
+ours = [np.asarray(np.fromfile(bin_path, np.int32, 4, offset=int(index.pointers[d]))) for d in range(len(index.lengths))]
+picked = [(f"f:{d}", 0, d, 0, 4, ours[d]) for d in range(len(ours))]
+before = peak_kb()
+read_back(picked, [(bin_path, idx_path)])
+print(peak_kb() - before)
+"""
+
+
+def test_the_read_back_keeps_no_page_of_the_written_files_resident(tmp_path):
+    """The certificate's read-back of picked documents reads them: a mapping of the .bin kept the pages (and the
+    read-ahead around them) of every scattered document it touched resident, ~0.8 GB on 1 GB of packed chats."""
+    import subprocess
+    import sys
+
+    from qwen_data.formats.indexed import IndexedDatasetWriter
+
+    prefix = str(tmp_path / "d")
+    writer = IndexedDatasetWriter(prefix + ".bin", prefix + ".idx", np.int32)
+    for d in range(600):  # 600 documents of 16 KB: a page each read back, 9.6 MB in all
+        writer.add_document(np.full(4096, d, np.int32))
+    writer.finalize()
+    grown = int(subprocess.run([sys.executable, "-c", READ_BACK_PEAK, prefix + ".bin", prefix + ".idx"],
+                               capture_output=True, text=True, check=True).stdout)
+    assert grown < 1024, f"the read-back's peak resident memory grew {grown} kB"
+
+
 def test_placeholders_mark_literals_in_every_string_of_a_record():
     """Content, nested lists and dict keys alike; a value without literals is handed back as it is."""
     literals = re.compile("(<\\|im_end\\|>|</think>|\\[key\\])")  # "[key]": one only a dict key holds
