@@ -4,11 +4,23 @@ import json, os, resource, shutil, subprocess, sys, time
 corpus, jinja, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ONE = ("from qwen_data.certify import checks; checks.ChatChecks.workers_per_checker = 16\n"
        "import sys; from qwen_data import launch; sys.argv = ['qwen-data'] + sys.argv[1:]; launch.main()")
-base = ["sft", corpus, "--template", "qwen2p5", "--pack", "--seq-length", "4096", "--workers", "16", "--quiet"]
+NICE = ("import os, sys\nfrom qwen_data.run import prestart, certifier\n"
+        "def niced(f):\n    def g(*a, **k):\n        os.nice(10)\n        return f(*a, **k)\n    return g\n"
+        "prestart._check_here = niced(prestart._check_here)\ncertifier.check_in_side = niced(certifier.check_in_side)\n"
+        "from qwen_data import launch; sys.argv = ['qwen-data'] + sys.argv[1:]; launch.main()")
+workers = os.environ.get("WORKERS", "16")
+if os.environ.get("JOB") == "pretrain":
+    base, ref = ["pretrain", corpus, "--workers", workers, "--quiet"], []
+else:
+    base = ["sft", corpus, "--template", "qwen2p5", "--pack", "--seq-length", "4096", "--workers", workers, "--quiet"]
+    ref = ["--reference-template", jinja]
 ways = {"no-certify": ["-m", "qwen_data", *base, "--no-certify"],
-        "certified": ["-m", "qwen_data", *base, "--reference-template", jinja],
-        "one-checker": ["-c", ONE, *base, "--reference-template", jinja]}
+        "certified": ["-m", "qwen_data", *base, *ref],
+        "one-checker": ["-c", ONE, *base, *ref],
+        "niced": ["-c", NICE, *base, *ref]}
+ways = {k: ways[k] for k in os.environ.get("WAYS", ",".join(ways)).split(",")}
 out = {k: [] for k in ways}
+base_corpus = corpus
 for r in range(rounds):
     order = list(ways) if r % 2 == 0 else list(reversed(ways))
     for name in order:
