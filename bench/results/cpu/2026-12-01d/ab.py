@@ -1,6 +1,6 @@
 """A/B: certified SFT with the default checking processes (one per 8 workers) against one per 16, and --no-certify,
 interleaved rounds, whole processes (wall, CPU of the tree from wait4's rusage)."""
-import json, os, resource, shutil, subprocess, sys, time
+import json, os, shutil, subprocess, sys, time
 corpus, jinja, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ONE = ("from qwen_data.certify import checks; checks.ChatChecks.workers_per_checker = 16\n"
        "import sys; from qwen_data import launch; sys.argv = ['qwen-data'] + sys.argv[1:]; launch.main()")
@@ -20,7 +20,6 @@ ways = {"no-certify": ["-m", "qwen_data", *base, "--no-certify"],
         "niced": ["-c", NICE, *base, *ref]}
 ways = {k: ways[k] for k in os.environ.get("WAYS", ",".join(ways)).split(",")}
 out = {k: [] for k in ways}
-base_corpus = corpus
 for r in range(rounds):
     order = list(ways) if r % 2 == 0 else list(reversed(ways))
     for name in order:
