@@ -6,6 +6,11 @@ start at 151643: qwen2 has 3, qwen2.5 22 (to 151664), qwen3 26 (adds `<tool_resp
 """
 
 FIRST_ADDED_ID = 151643
+# Byte-level BPE's alphabet (the vocabulary's pieces are written in it): each byte stands as one printable
+# character, the printable Latin-1 bytes as themselves, the others as 256, 257, ... in byte order.
+PRINTABLE_BYTES = (*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1))
+BYTE_OF_CHAR = {**{chr(b): b for b in PRINTABLE_BYTES},
+                **{chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in PRINTABLE_BYTES)}}
 FLAVOUR_ADDED_TOKENS = {"qwen2": 3, "qwen2.5": 22, "qwen3": 26}
 # The flavour each chat template tokenizes with: a Qwen2.5 tokenizer has no <think> token.
 TEMPLATE_FLAVOURS = {"qwen2": "qwen2", "qwen2p5": "qwen2.5", "qwen3": "qwen3"}

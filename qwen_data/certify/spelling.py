@@ -20,15 +20,15 @@ callgrind); where a document fails, why is found in Python.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import unicodedata
 
 import numpy as np
 
-from ..qwen import FIRST_ADDED_ID, IM_END_ID, IM_START_ID
+from ..qwen import BYTE_OF_CHAR, FIRST_ADDED_ID, IM_END_ID, IM_START_ID
 from ..text import nfc
 from ..text.cache import cached_array
+from ..text.tokenizer import model_vocab
 
 from .._native import misspelled, structure_mask as _native_structure_mask
 
@@ -47,18 +47,12 @@ class SpellingError(ValueError):
         self.index = index
 
 
-def _byte_of_char() -> dict[str, int]:
-    """Byte-level BPE's alphabet: each byte spelled as one printable character (the printable
-    Latin-1 bytes as themselves, the others as 256 + their order)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
+# A piece's characters made the Latin-1 characters of their bytes (str.translate, then encode("latin-1"): a
+# vocabulary at C speed, where a byte at a time in Python took ~0.3 s, every first run on a machine). A character
+# outside the alphabet becomes one Latin-1 cannot encode.
+_AS_LATIN1 = {**{ord(c): b for c, b in BYTE_OF_CHAR.items()},
+              **{c: 0xFFFF for c in range(256) if chr(c) not in BYTE_OF_CHAR}}
+_LATIN1_AS_BYTE_LEVEL = {b: c for c, b in BYTE_OF_CHAR.items()}  # the other way: bytes written in the alphabet
 
 
 class Spelling:
@@ -87,17 +81,23 @@ class Spelling:
 
     @classmethod
     def from_json(cls, text: str, added: dict[str, int], vocab_size: int) -> "Spelling":
-        vocab = json.loads(text)["model"]["vocab"]
-        alphabet = _byte_of_char()
-        pieces: list[bytes] = [b""] * vocab_size
-        for piece, i in vocab.items():
+        """The table of tokenizer.json's text: its vocabulary's pieces by id, each as the bytes its
+        characters stand for, and `added` (literal → id) as their UTF-8; ValueError for a piece
+        outside byte-level BPE's alphabet."""
+        spelled = [""] * vocab_size  # per id, its bytes as Latin-1 characters
+        for piece, i in model_vocab(text).items():
             if i < vocab_size:
-                pieces[i] = bytes(alphabet[c] for c in piece)
+                spelled[i] = piece
         for content, i in added.items():
-            pieces[i] = content.encode("utf-8")
-        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=vocab_size)
+            spelled[i] = content.encode("utf-8").decode("latin-1").translate(_LATIN1_AS_BYTE_LEVEL)
+        lengths = np.fromiter(map(len, spelled), dtype=np.int64, count=vocab_size)
+        try:
+            flat = "".join(spelled).translate(_AS_LATIN1).encode("latin-1")
+        except UnicodeEncodeError as bad:
+            raise ValueError(f"tokenizer.json: a vocabulary piece holds {bad.object[bad.start]!r}, outside byte-level "
+                             "BPE's alphabet") from None
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        return cls(starts, np.frombuffer(b"".join(pieces), dtype=np.uint8).copy())
+        return cls(starts, np.frombuffer(flat, dtype=np.uint8).copy())
 
     def entries(self, allowed: np.ndarray) -> np.ndarray:
         """The table as `_native.misspelled` reads it, 16 bytes an id (`Entry` there): its first 8

@@ -591,6 +591,20 @@ def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:
     return (0, 0), []
 
 
+def model_vocab(text: str) -> dict[str, int]:
+    """The model's "vocab" (piece → id) of tokenizer.json text, read without parsing the rest (the merges:
+    ~0.15 s of 0.25); the whole file's where no such object is found alone."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r'"vocab"\s*:\s*\{', text):
+        try:
+            value = decoder.raw_decode(text, match.end() - 1)[0]
+        except ValueError:
+            continue
+        if value and all(isinstance(i, int) for i in value.values()):
+            return value
+    return json.loads(text)["model"]["vocab"]
+
+
 def _normalizer_spec(text: str) -> dict | None:
     """The top-level "normalizer" of tokenizer.json text (None: there is none); read without
     parsing the whole file (about a second)."""

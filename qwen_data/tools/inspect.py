@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..qwen import FIRST_ADDED_ID
+from ..qwen import BYTE_OF_CHAR, FIRST_ADDED_ID
 from ..text.tokenizer import directory_of
 from .samples import Row, Samples
 
@@ -29,16 +29,6 @@ _ANSI = {"trained": "\x1b[1;32m", PAD: "\x1b[2;35m", EOD: "\x1b[1;35m", ADDED: "
          "id": "\x1b[2;33m", "reset": "\x1b[0m"}
 
 
-def _byte_decoder() -> dict[str, int]:
-    """Byte-level BPE's table: each byte has a printable stand-in character in the vocabulary (the
-    printable Latin-1 bytes stand for themselves, the others for 256, 257, ... in byte order)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    others = [b for b in range(256) if b not in table.values()]
-    table.update({chr(256 + n): b for n, b in enumerate(others)})
-    return table
-
-
 class TokenText:
     """Ids → the bytes they stand for, by the tokenizer the data was made with (the manifest's)."""
 
@@ -48,7 +38,7 @@ class TokenText:
         self.vocab_size = vocab_size  # ids from here on are none of the data's tokenizer's
         with open(f"{directory_of(identity)}/tokenizer.json", encoding="utf-8") as f:
             self._tokenizer = Tokenizer.from_str(f.read())
-        self._decoder = _byte_decoder()
+        self._decoder = BYTE_OF_CHAR
         self._cache: dict[int, bytes] = {}
 
     def bytes(self, token: int) -> bytes:

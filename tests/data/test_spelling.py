@@ -183,3 +183,34 @@ def test_the_structure_mask_is_numpys(span):
                 found = structure_mask(speller.table, case_ids, ends, span, last_only, think)
                 assert np.array_equal(found, expected), (span, last_only, think)
     assert structure_mask(speller.table, ids, np.cumsum(counts), span, False, False).any()
+
+
+# -- the table itself ---------------------------------------------------------------------------------
+def test_the_table_spells_each_piece_byte_by_byte_in_hfs_alphabet():
+    """The table (built at C speed: `Spelling.from_json`) gives each id the bytes its vocabulary piece's
+    characters stand for one by one, and each added token its UTF-8; the alphabet is HF's byte-level one.
+    Then the ids HF itself makes of texts in several scripts spell those texts."""
+    import json
+
+    from tokenizers import Tokenizer
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from qwen_data.certify.spelling import Spelling
+    from qwen_data.qwen import BYTE_OF_CHAR
+
+    assert set(BYTE_OF_CHAR) == set(ByteLevel.alphabet()) and sorted(BYTE_OF_CHAR.values()) == list(range(256))
+    tokenizer = QwenTokenizer()
+    table = Spelling.from_json(tokenizer._json_text, tokenizer.added_tokens, tokenizer.vocab_size)
+    expected = [b""] * tokenizer.vocab_size
+    for piece, i in json.loads(tokenizer._json_text)["model"]["vocab"].items():
+        expected[i] = bytes(BYTE_OF_CHAR[c] for c in piece)
+    for content, i in tokenizer.added_tokens.items():
+        expected[i] = content.encode("utf-8")
+    assert [table.flat[a:b].tobytes() for a, b in zip(table.starts[:-1], table.starts[1:])] == expected
+    hf = Tokenizer.from_str(tokenizer._json_text)
+    for text in TEXTS + ["ÿ\u00ad\u00a0 \x00\x7f <|im_start|>"]:
+        assert table.spell(np.asarray(hf.encode(text, add_special_tokens=False).ids)) == text.encode("utf-8")
+    broken = tokenizer._json_text.replace('"!": 0', '"\\u00a0": 0', 1)  # a character outside the alphabet
+    assert broken != tokenizer._json_text
+    with pytest.raises(ValueError, match="outside byte-level BPE's alphabet"):
+        Spelling.from_json(broken, tokenizer.added_tokens, tokenizer.vocab_size)
