@@ -5,8 +5,9 @@ reordered around it) and no composition takes it as its second part (the second 
 decomposition pair, or a Hangul medial vowel or final consonant, which compose by rule): then a text of
 stable code points only is its own NFC, as nothing in it decomposes for good, moves or composes. Only the
 other texts are asked of Python's `unicodedata` (~1.2 ns a character, a tenth of a worker's time on a
-corpus of non-Latin text). The bits come from the same `unicodedata` tables (~0.6 s to derive, once a
-machine: kept in the cache folder under the tables' version, checked by their sha256 before use).
+corpus of non-Latin text). The bits come from the same `unicodedata` tables (derived with this module's
+other tables in one pass, `_facts`, once a machine: kept in the cache folder under the tables' version,
+checked by their sha256 before use).
 tests/data/test_nfc.py compares the answers with `unicodedata.is_normalized`.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import unicodedata
+from typing import NamedTuple
 
 import numpy as np
 
@@ -58,7 +60,7 @@ COMPOSING_RULE = 1  # `_composition`'s version, in its cached file's name
 def composition() -> tuple[np.ndarray, np.ndarray]:
     """(props, pairs) as `_native.nfc_unsettled` reads them: per code point below PROPS_END its
     canonical combining class and flags; each pair that composes as first << 21 | second, sorted. Derived
-    from Python's unicodedata (~2 s), kept in the cache folder as one array (pairs after the props)."""
+    from Python's unicodedata (`_facts`), kept in the cache folder as one array (pairs after the props)."""
     name = f"nfc-composing-{unicodedata.unidata_version}-{COMPOSING_RULE}.npy"
     packed = cached_array(os.path.join(cache_dir(), name),
                           f"Python's unicodedata {unicodedata.unidata_version}", _composition,
@@ -68,27 +70,16 @@ def composition() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _composition() -> np.ndarray:
+    facts = _facts()
     props = np.zeros(PROPS_END, dtype=np.uint16)
-    pairs = {(lead, vowel) for lead in range(0x1100, 0x1113) for vowel in range(0x1161, 0x1176)}  # Hangul LV
-    for c in range(0x110000):
-        if 0xD800 <= c < 0xE000:
-            props[c] = NFC_NO
-            continue
-        ch = chr(c)
-        if unicodedata.category(ch) == "Cn":  # unassigned: a starter NFC and NFD leave alone
-            continue
-        flags = unicodedata.combining(ch) | (NFC_NO if unicodedata.normalize("NFC", ch) != ch else 0) | \
-            (NFC_SPLITS if unicodedata.normalize("NFD", ch) != ch else 0)
+    props[0xD800:0xE000] = NFC_NO
+    for c, (combining, nfc_changes, nfd) in facts.changed.items():
+        flags = combining | (NFC_NO if nfc_changes else 0) | (NFC_SPLITS if nfd is not None else 0)
         if c >= PROPS_END:
-            if flags:
-                raise RuntimeError(f"unicodedata {unicodedata.unidata_version}: U+{c:04X} is not a plain starter")
-            continue
+            raise RuntimeError(f"unicodedata {unicodedata.unidata_version}: U+{c:04X} is not a plain starter")
         props[c] = flags
-        parts = unicodedata.decomposition(ch).split()
-        if len(parts) == 2 and not parts[0].startswith("<"):
-            first, second = int(parts[0], 16), int(parts[1], 16)
-            if unicodedata.normalize("NFC", chr(first) + chr(second)) == ch:
-                pairs.add((first, second))
+    pairs = {(lead, vowel) for lead in range(0x1100, 0x1113) for vowel in range(0x1161, 0x1176)}  # Hangul LV
+    pairs.update((first, second) for first, second, _, composes in facts.pairs if composes)
     for second in {second for _, second in pairs} | set(HANGUL_SECOND):  # (LV + T by rule: LV splits)
         props[second] |= NFC_MAYBE
     keys = np.array(sorted(first << 21 | second for first, second in pairs), dtype=np.uint64)
@@ -104,17 +95,12 @@ def stable_bits() -> np.ndarray:
 
 
 def _derived() -> np.ndarray:
-    seconds = set(HANGUL_SECOND)
-    for c in range(CODE_POINTS):
-        parts = unicodedata.decomposition(chr(c)).split()
-        if len(parts) == 2 and not parts[0].startswith("<"):  # canonical, a pair: its second composes
-            seconds.add(int(parts[1], 16))
+    facts = _facts()
     stable = np.ones(CODE_POINTS, dtype=bool)
-    for c in range(CODE_POINTS):
-        ch = chr(c)
-        if 0xD800 <= c < 0xE000 or c in seconds or unicodedata.combining(ch) or \
-                not unicodedata.is_normalized("NFC", ch):
-            stable[c] = False
+    stable[0xD800:0xE000] = False
+    stable[[c for c, (combining, nfc_changes, _) in facts.changed.items() if combining or nfc_changes]] = False
+    stable[[second for _, second, _, _ in facts.pairs]] = False  # the second of a canonical pair composes
+    stable[list(HANGUL_SECOND)] = False
     if not stable[:0x300].all():  # `nfc_suspects` takes every code point below U+0300 as stable
         raise RuntimeError(f"unicodedata {unicodedata.unidata_version}: a code point below U+0300 is not "
                            "stable under NFC")
@@ -130,7 +116,8 @@ def normalizing() -> tuple[np.ndarray, ...]:
     """(dec_keys, dec_starts, dec_data, comp_keys, comp_values) as `_native.nfc` reads them: each code point
     NFD changes (Hangul syllables aside), sorted (uint64, as the composites' keys), its decomposition
     `dec_data[dec_starts[k]:dec_starts[k + 1]]`; each primary composite by its pair as first << 21 | second,
-    sorted. Derived from Python's unicodedata (~0.5 s), kept in the cache folder as one uint32 array (counts first)."""
+    sorted. Derived from Python's unicodedata (`_facts`), kept in the cache folder as one uint32 array (counts
+    first)."""
     name = f"nfc-normalizing-{unicodedata.unidata_version}-{NORMALIZING_RULE}.npy"
     packed = cached_array(os.path.join(cache_dir(), name), f"Python's unicodedata {unicodedata.unidata_version}",
                           _normalizing, lambda a: a.dtype == np.uint32 and a.ndim == 1 and len(a) > 3
@@ -141,25 +128,47 @@ def normalizing() -> tuple[np.ndarray, ...]:
 
 
 def _normalizing() -> np.ndarray:
-    keys, starts, data, composites = [], [0], [], {}
-    for c in range(CODE_POINTS):
-        if 0xD800 <= c < 0xE000 or c in HANGUL:
+    facts = _facts()
+    keys, starts, data = [], [0], []
+    for c, (_, _, nfd) in facts.changed.items():
+        if nfd is None or c in HANGUL:
             continue
-        ch = chr(c)
-        nfd = unicodedata.normalize("NFD", ch)
-        if nfd != ch:
-            if c >= PROPS_END or len(nfd) > 4:
-                raise RuntimeError(f"unicodedata {unicodedata.unidata_version}: U+{c:04X} decomposes past the tables")
-            keys.append(c)
-            data += map(ord, nfd)
-            starts.append(len(data))
-        parts = unicodedata.decomposition(ch).split()
-        if len(parts) == 2 and not parts[0].startswith("<"):
-            first, second = int(parts[0], 16), int(parts[1], 16)
-            if unicodedata.normalize("NFC", chr(first) + chr(second)) == ch:
-                composites[first << 21 | second] = c
+        if c >= PROPS_END or len(nfd) > 4:
+            raise RuntimeError(f"unicodedata {unicodedata.unidata_version}: U+{c:04X} decomposes past the tables")
+        keys.append(c)
+        data += map(ord, nfd)
+        starts.append(len(data))
+    composites = {first << 21 | second: c for first, second, c, composes in facts.pairs if composes}
     pairs = sorted(composites)
     counts = np.array([len(keys), len(data), len(pairs)], np.uint32)
     return np.concatenate([counts, np.array(keys, np.uint64).view(np.uint32), np.array(starts, np.uint32),
                            np.array(data, np.uint32), np.array(pairs, np.uint64).view(np.uint32),
                            np.array([composites[k] for k in pairs], np.uint32)])
+
+
+class _Facts(NamedTuple):
+    changed: dict[int, tuple[int, bool, str | None]]  # code point → (combining class, NFC changes it, NFD or None)
+    pairs: list[tuple[int, int, int, bool]]  # each canonical decomposition in two: (first, second, composite, composes)
+
+
+@functools.lru_cache(maxsize=1)
+def _facts() -> _Facts:
+    """What the three tables are derived from, read from unicodedata in one pass (~0.3 s, once a machine:
+    three passes over every code point took 0.72 s). Only assigned code points are asked: an unassigned
+    or private-use one has no mark, no decomposition and is its own NFC and NFD; surrogates are the
+    tables' own case. Each code point with a combining class, changed by NFC or by NFD, with what it is;
+    each canonical decomposition into two, and whether NFC composes the two back (not an exclusion)."""
+    changed, pairs = {}, []
+    categories = map(unicodedata.category, map(chr, range(CODE_POINTS)))
+    for c in [c for c, category in enumerate(categories) if category not in ("Cn", "Co", "Cs")]:
+        ch = chr(c)
+        combining, nfd = unicodedata.combining(ch), unicodedata.normalize("NFD", ch)
+        nfc_changes = unicodedata.normalize("NFC", ch) != ch
+        if nfd == ch and not combining and not nfc_changes:
+            continue
+        changed[c] = (combining, nfc_changes, None if nfd == ch else nfd)
+        parts = unicodedata.decomposition(ch).split() if nfd != ch else []
+        if len(parts) == 2 and not parts[0].startswith("<"):
+            first, second = int(parts[0], 16), int(parts[1], 16)
+            pairs.append((first, second, c, unicodedata.normalize("NFC", chr(first) + chr(second)) == ch))
+    return _Facts(changed, pairs)
