@@ -28,7 +28,7 @@ import numpy as np
 from ..qwen import BYTE_OF_CHAR, FIRST_ADDED_ID, IM_END_ID, IM_START_ID
 from ..text import nfc
 from ..text.cache import cached_array
-from ..text.tokenizer import model_vocab
+from ..text.tokenizer import byte_level, model_vocab
 
 from .._native import misspelled, structure_mask as _native_structure_mask
 
@@ -47,11 +47,6 @@ class SpellingError(ValueError):
         self.index = index
 
 
-# A piece's characters made the Latin-1 characters of their bytes (str.translate, then encode("latin-1"): a
-# vocabulary at C speed, where a byte at a time in Python took ~0.3 s, every first run on a machine). A character
-# outside the alphabet becomes one Latin-1 cannot encode.
-_AS_LATIN1 = {**{ord(c): b for c, b in BYTE_OF_CHAR.items()},
-              **{c: 0xFFFF for c in range(256) if chr(c) not in BYTE_OF_CHAR}}
 _LATIN1_AS_BYTE_LEVEL = {b: c for c, b in BYTE_OF_CHAR.items()}  # the other way: bytes written in the alphabet
 
 
@@ -91,11 +86,7 @@ class Spelling:
         for content, i in added.items():
             spelled[i] = content.encode("utf-8").decode("latin-1").translate(_LATIN1_AS_BYTE_LEVEL)
         lengths = np.fromiter(map(len, spelled), dtype=np.int64, count=vocab_size)
-        try:
-            flat = "".join(spelled).translate(_AS_LATIN1).encode("latin-1")
-        except UnicodeEncodeError as bad:
-            raise ValueError(f"tokenizer.json: a vocabulary piece holds {bad.object[bad.start]!r}, outside byte-level "
-                             "BPE's alphabet") from None
+        flat = byte_level(spelled)  # (at C speed: a byte at a time in Python took ~0.3 s, every first run on a machine)
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         return cls(starts, np.frombuffer(flat, dtype=np.uint8).copy())
 

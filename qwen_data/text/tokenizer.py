@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._native import rows_marked, utf8
-from ..qwen import CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
+from ..qwen import BYTE_OF_CHAR, CONTENT_TOKENS, EOD_TOKEN, FIRST_ADDED_ID, FLAVOUR_ADDED_TOKENS
 from . import nfc
 from .cache import cache_dir, cached_array, checked_bytes, store
 from .bundled import bundled_tokenizer_dir as find_bundled
@@ -463,11 +463,12 @@ class QwenTokenizer:
         the id), or None where there is none: gigatoken then reads tokenizer.json, ~3x slower.
 
         Derived once (in `cache_dir()`, like `_derived`'s arrays) from a file whose settings are
-        QWEN_SETTINGS, and only kept when the BPE gigatoken builds from it has the vocabulary and
-        the merges, in priority order, of the one it builds from tokenizer.json: with the same
-        split and the same added tokens, gigatoken then encodes with the same tables. (Ids follow
-        merge order in Qwen's files, so ranks are ids.) An empty file says: no rank file. Without
-        a writable cache there is none either: deriving it costs more than it saves once.
+        QWEN_SETTINGS, and only kept when the BPE gigatoken builds from it has tokenizer.json's own
+        vocabulary and merges, in priority order, as bytes: with the same split and the same added
+        tokens, gigatoken then encodes with the same tables. (Ids follow merge order in Qwen's files,
+        so ranks are ids.) An empty file says: no rank file. Without a writable cache there is none
+        either: deriving it costs more than it saves once. (tokenizer.json read by `json`, the rank
+        file by gigatoken: ~0.7 s, where gigatoken reading tokenizer.json too made it 1.0 s.)
         """
         if not hasattr(self, "_ranks"):
             path = self._cache_path("bpe.tiktoken")
@@ -485,19 +486,24 @@ class QwenTokenizer:
 
         import gigatoken
 
-        whole = gigatoken.Tokenizer.from_json(self._spec("text"))  # raises for a broken file: `backend` says so
-        settings = json.loads(self._json_text)
+        settings = json.loads(self._json_text)  # (a broken file raises here: `backend` says so)
         model = {k: v for k, v in settings["model"].items() if k not in ("vocab", "merges")}
         added = [{k: t.get(k) for k in PLAIN_ADDED_TOKEN} for t in self._added_list if t["content"] in self.added_tokens]
-        vocab = whole.vocab
+        vocab = settings["model"]["vocab"]
         if ({k: settings.get(k) for k in ("normalizer", "pre_tokenizer")} | {"model": model} != QWEN_SETTINGS
-                or any(t != PLAIN_ADDED_TOKEN for t in added) or list(vocab) != list(range(len(vocab)))):
+                or any(t != PLAIN_ADDED_TOKEN for t in added) or sorted(vocab.values()) != list(range(len(vocab)))):
+            return
+        merges = [m.split(" ", 1) if isinstance(m, str) else m for m in settings["model"]["merges"]]
+        try:  # the vocabulary by id, and each merge's two pieces, as bytes
+            pieces = _byte_level_pieces(sorted(vocab, key=vocab.__getitem__))
+            firsts, seconds = _byte_level_pieces([a for a, _ in merges]), _byte_level_pieces([b for _, b in merges])
+        except ValueError:  # a character outside byte-level BPE's alphabet: not a vocabulary the rank file holds
             return
         with open(tmp, "w", encoding="ascii") as f:
-            f.writelines(f"{base64.b64encode(piece).decode()} {i}\n" for i, piece in vocab.items())
+            f.writelines(f"{base64.b64encode(piece).decode()} {i}\n" for i, piece in enumerate(pieces))
         try:
             ranked = gigatoken.Tokenizer.from_tiktoken(tmp, "qwen2", {})
-            same = ranked.vocab == vocab and ranked.merges == whole.merges
+            same = ranked.vocab == dict(enumerate(pieces)) and ranked.merges == list(zip(firsts, seconds))
         except BaseException as exc:  # a Rust panic (BaseException) where a token merges from no pair of ranks
             if type(exc).__name__ != "PanicException":
                 raise
@@ -589,6 +595,28 @@ def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:
         if isinstance(value, list) and all(isinstance(t, dict) and "id" in t and "content" in t for t in value):
             return (start, end), value
     return (0, 0), []
+
+
+# A piece's characters made the Latin-1 characters of their bytes (str.translate, then encode("latin-1"): a
+# vocabulary at C speed). A character outside byte-level BPE's alphabet becomes one Latin-1 cannot encode.
+_AS_LATIN1 = {**{ord(c): b for c, b in BYTE_OF_CHAR.items()},
+              **{c: 0xFFFF for c in range(256) if chr(c) not in BYTE_OF_CHAR}}
+
+
+def byte_level(pieces: list[str]) -> bytes:
+    """Byte-level BPE's pieces (written in `qwen.BYTE_OF_CHAR`'s alphabet, a character a byte) as the bytes
+    they stand for, back to back; ValueError naming a character outside the alphabet."""
+    try:
+        return "".join(pieces).translate(_AS_LATIN1).encode("latin-1")
+    except UnicodeEncodeError as bad:
+        raise ValueError(f"tokenizer.json: a vocabulary piece holds {bad.object[bad.start]!r}, outside byte-level "
+                         "BPE's alphabet") from None
+
+
+def _byte_level_pieces(pieces: list[str]) -> list[bytes]:
+    """`byte_level`, each piece's bytes apart."""
+    flat, ends = byte_level(pieces), np.cumsum([len(p) for p in pieces]).tolist()
+    return [flat[a:b] for a, b in zip([0] + ends, ends)]
 
 
 def model_vocab(text: str) -> dict[str, int]:
