@@ -10,6 +10,9 @@ certified run must say `certified: true` and write the same data (the manifest's
 the no-certify one beside it, or the script stops.
 
     python3 bench/certify.py start sft --rounds 5 [--json OUT]
+
+--cold: every run with an empty cache folder (`XDG_CACHE_HOME`), as a fresh machine's first run (a container's, a
+new node's), which derives the tokenizer's tables itself; the untimed warm-up run is then left out.
 """
 
 import argparse
@@ -97,16 +100,21 @@ def described(path: str) -> dict:
     return found
 
 
-def run(argv: list, extra: list, certified: bool, work: str) -> dict:
-    """One whole run, its outputs removed after; SystemExit unless its certificate says what was asked."""
+def run(argv: list, extra: list, certified: bool, work: str, cold: bool = False) -> dict:
+    """One whole run, its outputs removed after (`cold`: with an empty cache folder, removed after too);
+    SystemExit unless its certificate says what was asked."""
     prefix = os.path.join(work, "out", "data")
     env = measure.python_env()
+    if cold:
+        env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="cache-", dir=work)
     load = os.getloadavg()[0]  # others share the machine: how busy it was, beside each figure
     flags = extra if certified else ["--no-certify"]
     m = measure.run(measure.qwen_data_command(*argv, "-o", prefix, "--quiet", *flags), cwd=work, env=env)
     with open(prefix + ".json", encoding="utf-8") as f:
         manifest = json.load(f)
     shutil.rmtree(os.path.dirname(prefix))
+    if cold:
+        shutil.rmtree(env["XDG_CACHE_HOME"])
     certificate = manifest["certificate"]
     if certificate["certified"] != certified:
         raise SystemExit(f"{' '.join(argv)}: certified is {certificate['certified']}: {certificate.get('why')}")
@@ -233,6 +241,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results here (after every round)")
     parser.add_argument("--layers", metavar="CORPUS", help="each layer's cost on this corpus instead (no cases)")
     parser.add_argument("--sft", action="store_true", help="--layers: sft, certified against --reference-template")
+    parser.add_argument("--cold", action="store_true", help="every run with an empty cache folder (a fresh machine)")
     parser.add_argument("--floor", action="store_true",
                         help="also the reference alone on each case's input (its CPU) and the least wall it adds")
     args = parser.parse_args()
@@ -247,15 +256,16 @@ def main() -> None:
         todo = cases([c for name in args.cases or SMALL for c in (["big-pretrain", "big-sft"] if name == "big"
                                                                     else [name])], args, work)
         results = {"host": {"cores": len(os.sched_getaffinity(0)), "cpu": measure.cpu_model(),
-                            "python": platform.python_version()},
+                            "python": platform.python_version()}, "cold": args.cold,
                    "rounds": args.rounds, "method": __doc__.split("\n\n")[1], "corpora": corpora.UNIQUE, "cases": {}}
         for name, (argv, extra) in todo.items():  # warm-up, untimed: the tokenizer's caches built, the input read once
-            run(argv, extra, True, work)
+            if not args.cold:
+                run(argv, extra, True, work)
             if args.floor:
                 results["cases"][name] = {"reference": reference_cpu(argv, extra, work)}
         for k in range(args.rounds):  # each case both ways, the order flipped every round
             for name, (argv, extra) in todo.items():
-                pair = {("certified" if c else "no_certify"): run(argv, extra, c, work)
+                pair = {("certified" if c else "no_certify"): run(argv, extra, c, work, args.cold)
                         for c in ((True, False) if k % 2 == 0 else (False, True))}
                 print(f"round {k + 1} {name}: certified {pair['certified']['wall_s']:.2f} s, "
                       f"--no-certify {pair['no_certify']['wall_s']:.2f} s", flush=True)
