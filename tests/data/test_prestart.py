@@ -204,3 +204,22 @@ def test_a_data_command_s_numpy_starts_no_blas_threads(argv, threads):
     found = int(subprocess.run([sys.executable, "-c", NUMPY_THREADS, *argv], env=env, capture_output=True,
                                text=True, check=True).stdout)
     assert found == 1 if threads == 1 else found > 1
+
+
+def test_on_a_fresh_machine_the_checking_process_leaves_the_spelling_table_cached(tmp_path, monkeypatch):
+    """The checking process's first step derives the tokenizer's spelling table where the cache lacks it,
+    so a fresh machine's run finds it there (its main process derived it itself, before its workers
+    started)."""
+    from qwen_data.certify.checks import check_in_side
+    from qwen_data.certify.spelling import Spelling
+    from qwen_data.text.tokenizer import QwenTokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tokenizer = QwenTokenizer()
+    table = tokenizer._cache_path("spelling.npy")
+    assert not os.path.exists(table)
+    check_in_side(("load", BUNDLED, False))
+    assert os.path.exists(table)
+    built = Spelling.of(tokenizer)
+    assert built.flat.tobytes() == Spelling.from_json(tokenizer._json_text, tokenizer.added_tokens,
+                                                      tokenizer.vocab_size).flat.tobytes()
