@@ -483,10 +483,11 @@ READY = "ready"  # the answer to "checks": loaded, checking from now on
 
 def check_in_side(item) -> tuple[dict, str | None] | None:
     """In the checking process: derive the spelling table where the cache lacks it, load HF's tokenizer
-    (or, `whole` false, the tables it is cut down from), take the checker (and load the rest of its reference), then check (items, or a chunk's
-    items as its worker pickled them, `Certifier.add`). ("helpers", n), sent once the run's workers
-    are done and this process is behind: n processes forked from it, sharing what it loaded, check
-    a part of each batch after it beside it (on the cores the workers left)."""
+    (or, `whole` false, the tables it is cut down from), take the checker (and load the rest of its
+    reference), then check (items, or a chunk's items as its worker pickled them, `Certifier.add`).
+    ("helpers", n), sent once the run's workers are done and this process is behind: n processes forked
+    from it, sharing what it loaded, check a part of each batch after it beside it (on the cores the
+    workers left)."""
     global _CHECKS
     if isinstance(item, tuple) and item[0] == "load":
         _, path, whole = item
