@@ -817,7 +817,61 @@ ids:
     return NULL;
 }
 
-/* nfc_suspects(texts, stable) -> list of int: the texts that may not be in NFC, by index: those holding a
+/* The length of the valid UTF-8 sequence at p (its lead >= 0x80) and its code point; 0 where it is not
+ * one (a stray continuation byte, an overlong form, a surrogate, beyond U+10FFFF, cut short). */
+static inline int utf8_at(const uint8_t *p, const uint8_t *end, Py_UCS4 *cp) {
+    uint8_t b0 = p[0];
+    if (b0 < 0xC2) return 0;
+    if (b0 < 0xE0) {
+        if (end - p < 2 || (p[1] & 0xC0) != 0x80) return 0;
+        *cp = (Py_UCS4)(b0 & 0x1F) << 6 | (p[1] & 0x3F);
+        return 2;
+    }
+    if (b0 < 0xF0) {
+        if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+        if ((b0 == 0xE0 && p[1] < 0xA0) || (b0 == 0xED && p[1] >= 0xA0)) return 0;
+        *cp = (Py_UCS4)(b0 & 0x0F) << 12 | (Py_UCS4)(p[1] & 0x3F) << 6 | (p[2] & 0x3F);
+        return 3;
+    }
+    if (b0 < 0xF5) {
+        if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
+        if ((b0 == 0xF0 && p[1] < 0x90) || (b0 == 0xF4 && p[1] >= 0x90)) return 0;
+        *cp = (Py_UCS4)(b0 & 0x07) << 18 | (Py_UCS4)(p[1] & 0x3F) << 12 | (Py_UCS4)(p[2] & 0x3F) << 6 | (p[3] & 0x3F);
+        return 4;
+    }
+    return 0;
+}
+
+/* Whether UTF-8 `b` holds a code point whose bit in `stable` is 0 (or is not valid UTF-8): every byte below
+ * 0xCC is ASCII, a continuation, or the lead of a code point below U+0300, all stable; sixteen bytes a
+ * compare pass where none is a lead of 0xCC and above. */
+static int utf8_suspect(const uint8_t *b, Py_ssize_t n, const uint8_t *stable) {
+    const uint8_t *p = b, *end = b + n;
+    while (p < end) {
+#if defined(__SSE2__)
+        const __m128i low = _mm_set1_epi8((char)0xCC);
+        while (end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            int m = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_max_epu8(v, low), v));
+            if (m) {
+                p += __builtin_ctz((unsigned)m);
+                break;
+            }
+            p += 16;
+        }
+#endif
+        while (p < end && *p < 0xCC) p++;
+        if (p >= end) return 0;
+        Py_UCS4 c = 0;
+        int len = utf8_at(p, end, &c);
+        if (!len || !(stable[c >> 3] >> (c & 7) & 1)) return 1;
+        p += len;
+    }
+    return 0;
+}
+
+/* nfc_suspects(texts, stable) -> list of int: the texts (str, or their UTF-8 as bytes) that may not be in NFC,
+ * by index: those holding a
  * code point whose bit in `stable` (uint8, a bit a code point, U+0000 to U+10FFFF, LSB first) is 0. A text
  * of stable code points only is its own NFC (`text.nfc`); ASCII and Latin-1 texts are (every code point
  * below U+0300 is stable). Python's quick check took ~1.2 ns a character; this takes a bit test. */
@@ -835,12 +889,23 @@ static PyObject *nfc_suspects(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(0);
     for (Py_ssize_t k = 0; out != NULL && k < PyList_GET_SIZE(texts); k++) {
         PyObject *text = PyList_GET_ITEM(texts, k);
-        if (!PyUnicode_Check(text)) {
-            PyErr_SetString(PyExc_TypeError, "texts must be str");
+        int suspect = 0;
+        if (PyBytes_Check(text)) {
+            suspect = utf8_suspect((const uint8_t *)PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text), stable);
+        } else if (!PyUnicode_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "texts must be str or UTF-8 bytes");
             Py_CLEAR(out);
             break;
         }
-        int kind = PyUnicode_KIND(text), suspect = 0;
+        int kind = PyBytes_Check(text) ? 0 : PyUnicode_KIND(text);
+        if (kind == 0) {
+            if (suspect) {
+                PyObject *index = PyLong_FromSsize_t(k);
+                if (index == NULL || PyList_Append(out, index) < 0) Py_CLEAR(out);
+                Py_XDECREF(index);
+            }
+            continue;
+        }
         if (kind == PyUnicode_1BYTE_KIND) continue;  /* ASCII or Latin-1 */
         const void *data = PyUnicode_DATA(text);
         Py_ssize_t n = PyUnicode_GET_LENGTH(text);
@@ -902,13 +967,23 @@ static Py_ssize_t find64(const uint64_t *keys, Py_ssize_t n, uint64_t key) {
 }
 
 static int settled(PyObject *text, const uint16_t *props, const uint64_t *pairs, Py_ssize_t n_pairs) {
-    int kind = PyUnicode_KIND(text);
-    const void *data = PyUnicode_DATA(text);
-    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    int bytes = PyBytes_Check(text), kind = bytes ? 0 : PyUnicode_KIND(text);
+    const void *data = bytes ? (const void *)PyBytes_AS_STRING(text) : PyUnicode_DATA(text);
+    Py_ssize_t n = bytes ? PyBytes_GET_SIZE(text) : PyUnicode_GET_LENGTH(text);
+    const uint8_t *u8 = data;
     int64_t starter = -1;  /* the last starter */
     int splits = 0, before = 0;  /* whether it splits under NFD; the last character's class */
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        Py_UCS4 c;
+        if (!bytes) {
+            c = PyUnicode_READ(kind, data, i);
+        } else if (u8[i] < 0x80) {
+            c = u8[i];
+        } else {  /* (not UTF-8: unproven, for the caller's decoding to say why) */
+            int len = utf8_at(u8 + i, u8 + n, &c);
+            if (!len) return 0;
+            i += len - 1;
+        }
         unsigned p = c < PROPS_END ? props[c] : (c > 0x10FFFF ? NFC_NO : 0);
         unsigned ccc = p & 0xFF;
         if (p & NFC_NO) return 0;
@@ -947,8 +1022,9 @@ static PyObject *nfc_unsettled(PyObject *self, PyObject *args) {
             Py_CLEAR(out);
             break;
         }
-        if (k < 0 || k >= PyList_GET_SIZE(texts) || !PyUnicode_Check(PyList_GET_ITEM(texts, k))) {
-            PyErr_SetString(PyExc_ValueError, "indices: each the index of a str of texts");
+        if (k < 0 || k >= PyList_GET_SIZE(texts) ||
+            !(PyUnicode_Check(PyList_GET_ITEM(texts, k)) || PyBytes_Check(PyList_GET_ITEM(texts, k)))) {
+            PyErr_SetString(PyExc_ValueError, "indices: each the index of a str or bytes of texts");
             Py_CLEAR(out);
             break;
         }
@@ -1293,7 +1369,7 @@ static PyObject *json_marks(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(marks);
 }
 
-/* utf8(texts) -> list of bytes, or None where a text holds a lone surrogate: each str's UTF-8, made by
+/* utf8(texts) -> list of bytes, or None where a text holds a lone surrogate: each str's UTF-8 (bytes kept), made by
  * `utf8_of` (ASCII runs 8 or 4 characters at a time), where the encoder's own request for it
  * (PyUnicode_AsUTF8AndSize, CPython's loop a character at a time) was ~6% of a pretraining worker's
  * instructions on 2-byte texts. */
@@ -1307,8 +1383,10 @@ static PyObject *utf8(PyObject *self, PyObject *texts) {
     PyObject *out = PyList_New(n);
     for (Py_ssize_t k = 0; out != NULL && k < n; k++) {
         PyObject *text = PyList_GET_ITEM(texts, k), *item = NULL;
-        if (!PyUnicode_Check(text)) {
-            PyErr_SetString(PyExc_TypeError, "texts must be str");
+        if (PyBytes_Check(text)) {  /* UTF-8 already */
+            item = Py_NewRef(text);
+        } else if (!PyUnicode_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "texts must be str or bytes");
         } else if (PyUnicode_IS_ASCII(text)) {
             item = PyBytes_FromStringAndSize(PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text));
         } else {
@@ -1327,6 +1405,324 @@ static PyObject *utf8(PyObject *self, PyObject *texts) {
         PyList_SET_ITEM(out, k, item);
     }
     PyMem_Free(buf);
+    return out;
+}
+
+/* json_texts(lines, keys) -> list: per jsonl line, the UTF-8 of its string values under `keys` (bytes, one
+ * key; a tuple of them, several), read straight from the line, or None. Only a line that orjson and Python's
+ * json would read as that very object gets its values: a JSON object by RFC 8259's grammar, valid UTF-8
+ * throughout, no escape that spells a lone surrogate, nested at most JSON_DEPTH deep, each key of `keys`
+ * there once (written without escapes, so that bytes compare as keys do) with a string value that is not
+ * empty and not all whitespace (Python's str.isspace). Every other line is None, for the parsers to read
+ * and to say what is wrong with it (`inputs.records`). Where orjson built each record's dict and str and
+ * the str was made UTF-8 again for the encoder (~20% of a pretraining worker's CPU on never-repeating
+ * text), this checks each byte once and copies the texts out. */
+#define JSON_DEPTH 128
+
+typedef struct {
+    const uint8_t *p, *end;
+    int escaped;  /* whether the string just read held an escape */
+} Json;
+
+static inline void json_ws(Json *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\r' || *j->p == '\n')) j->p++;
+}
+
+static inline int hex4(const uint8_t *p, Py_UCS4 *v) {
+    Py_UCS4 x = 0;
+    for (int i = 0; i < 4; i++) {
+        uint8_t c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return 0;
+        x = x << 4 | (Py_UCS4)d;
+    }
+    *v = x;
+    return 1;
+}
+
+/* The escape at p (after its backslash, bounds checked): its code point and its length past the backslash;
+ * 0 where it is not a valid one or spells a lone surrogate (a pair is one code point). */
+static inline int json_escape(const uint8_t *p, const uint8_t *end, Py_UCS4 *cp) {
+    if (p >= end) return 0;
+    switch (*p) {
+    case '"': *cp = '"'; return 1;
+    case '\\': *cp = '\\'; return 1;
+    case '/': *cp = '/'; return 1;
+    case 'b': *cp = '\b'; return 1;
+    case 'f': *cp = '\f'; return 1;
+    case 'n': *cp = '\n'; return 1;
+    case 'r': *cp = '\r'; return 1;
+    case 't': *cp = '\t'; return 1;
+    case 'u': {
+        Py_UCS4 hi, lo;
+        if (end - p < 5 || !hex4(p + 1, &hi)) return 0;
+        if (hi < 0xD800 || hi > 0xDFFF) {
+            *cp = hi;
+            return 5;
+        }
+        if (hi > 0xDBFF || end - p < 11 || p[5] != '\\' || p[6] != 'u' || !hex4(p + 7, &lo) || lo < 0xDC00 ||
+            lo > 0xDFFF)
+            return 0;
+        *cp = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
+        return 11;
+    }
+    }
+    return 0;
+}
+
+/* A string from its opening quote: j->p past its closing quote, j->escaped set where it held an escape; 0
+ * where it is not a valid one. Sixteen bytes a compare pass where none is a quote, a backslash, a control
+ * character or non-ASCII. */
+static int json_string(Json *j) {
+    const uint8_t *p = j->p + 1, *end = j->end;
+    j->escaped = 0;
+    for (;;) {
+#if defined(__SSE2__)
+        const __m128i quote = _mm_set1_epi8('"'), slash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+        while (end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            /* signed: below 0x20 is a control character or a byte of 0x80 and above */
+            int m = _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, slash)),
+                                                   _mm_cmplt_epi8(v, space)));
+            if (m) {
+                p += __builtin_ctz((unsigned)m);
+                break;
+            }
+            p += 16;
+        }
+#endif
+        if (p >= end) return 0;
+        uint8_t c = *p;
+        if (c == '"') {
+            j->p = p + 1;
+            return 1;
+        }
+        if (c == '\\') {
+            Py_UCS4 cp;
+            int n = json_escape(p + 1, end, &cp);
+            if (!n) return 0;
+            j->escaped = 1;
+            p += 1 + n;
+        } else if (c >= 0x80) {  /* a run of them (a word of most scripts) checked here in one go */
+            do {
+                Py_UCS4 cp;
+                int n = utf8_at(p, end, &cp);
+                if (!n) return 0;
+                p += n;
+            } while (p < end && *p >= 0x80);
+        } else if (c < 0x20) {
+            return 0;
+        } else {
+            p++;
+        }
+    }
+}
+
+static int json_value(Json *j, int depth);
+
+static int json_number(Json *j) {
+    const uint8_t *p = j->p, *end = j->end;
+    if (p < end && *p == '-') p++;
+    if (p >= end) return 0;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    } else {
+        return 0;
+    }
+    if (p < end && *p == '.') {
+        const uint8_t *digits = ++p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        if (p == digits) return 0;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        const uint8_t *digits = p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        if (p == digits) return 0;
+    }
+    j->p = p;
+    return 1;
+}
+
+static int json_literal(Json *j, const char *word, size_t n) {
+    if ((size_t)(j->end - j->p) < n || memcmp(j->p, word, n)) return 0;
+    j->p += n;
+    return 1;
+}
+
+/* An array or object from its bracket, j->p past its end; 0 where it is not a valid one. */
+static int json_container(Json *j, int depth) {
+    uint8_t close = *j->p == '{' ? '}' : ']';
+    if (depth > JSON_DEPTH) return 0;
+    j->p++;
+    json_ws(j);
+    if (j->p < j->end && *j->p == close) {
+        j->p++;
+        return 1;
+    }
+    for (;;) {
+        if (close == '}') {
+            if (j->p >= j->end || *j->p != '"' || !json_string(j)) return 0;
+            json_ws(j);
+            if (j->p >= j->end || *j->p != ':') return 0;
+            j->p++;
+            json_ws(j);
+        }
+        if (!json_value(j, depth + 1)) return 0;
+        json_ws(j);
+        if (j->p >= j->end) return 0;
+        if (*j->p == close) {
+            j->p++;
+            return 1;
+        }
+        if (*j->p != ',') return 0;
+        j->p++;
+        json_ws(j);
+    }
+}
+
+static int json_value(Json *j, int depth) {
+    if (j->p >= j->end) return 0;
+    switch (*j->p) {
+    case '"': return json_string(j);
+    case '{': case '[': return json_container(j, depth);
+    case 't': return json_literal(j, "true", 4);
+    case 'f': return json_literal(j, "false", 5);
+    case 'n': return json_literal(j, "null", 4);
+    default: return json_number(j);
+    }
+}
+
+/* The string value between `begin` (past its quote) and `end` (its closing quote), valid (`json_string`), as
+ * bytes: its escapes written out as UTF-8; None where it is empty or all whitespace as str.isspace sees it. */
+static PyObject *json_text(const uint8_t *begin, const uint8_t *end, int escaped) {
+    const uint8_t *p = begin;
+    for (;;) {  /* the leading whitespace: a text of nothing else is left to the parsers */
+        Py_UCS4 cp = 0;
+        int n = 1;
+        if (p >= end) Py_RETURN_NONE;
+        if (*p == '\\') n = 1 + json_escape(p + 1, end, &cp);
+        else if (*p >= 0x80) n = utf8_at(p, end, &cp);
+        else cp = *p;
+        if (!Py_UNICODE_ISSPACE(cp)) break;
+        p += n;
+    }
+    if (!escaped) return PyBytes_FromStringAndSize((const char *)begin, end - begin);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, end - begin);  /* an escape is never shorter written out */
+    if (out == NULL) return NULL;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    for (p = begin; p < end;) {
+        const uint8_t *slash = memchr(p, '\\', (size_t)(end - p));
+        if (slash == NULL) slash = end;
+        memcpy(o, p, (size_t)(slash - p));
+        o += slash - p;
+        if (slash == end) break;
+        Py_UCS4 cp = 0;
+        int n = json_escape(slash + 1, end, &cp);
+        o = put_utf8(o, cp);
+        p = slash + 1 + n;
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(o - (uint8_t *)PyBytes_AS_STRING(out))) < 0) return NULL;
+    return out;
+}
+
+/* One line's values under the n keys into found[] (new references); 1 where the line gives them all, 0 where
+ * it is left to the parsers, -1 on an error (set). */
+static int json_line(const uint8_t *p, Py_ssize_t len, PyObject *keys, Py_ssize_t n, PyObject **found) {
+    Json j = {p, p + len, 0};
+    json_ws(&j);
+    if (j.p >= j.end || *j.p != '{') return 0;
+    j.p++;
+    json_ws(&j);
+    while (j.p < j.end && *j.p == '"') {
+        const uint8_t *key = j.p + 1;
+        if (!json_string(&j)) return 0;
+        Py_ssize_t key_len = j.p - 1 - key, k = -1;
+        if (j.escaped) return 0;  /* "te\u0078t" is "text": left to the parsers, which read the escape */
+        for (Py_ssize_t i = 0; i < n && k < 0; i++) {
+            PyObject *want = PyTuple_GET_ITEM(keys, i);
+            if (PyBytes_GET_SIZE(want) == key_len && !memcmp(PyBytes_AS_STRING(want), key, (size_t)key_len)) k = i;
+        }
+        json_ws(&j);
+        if (j.p >= j.end || *j.p != ':') return 0;
+        j.p++;
+        json_ws(&j);
+        if (k >= 0) {  /* a key asked for: once, and a string */
+            if (found[k] != NULL || j.p >= j.end || *j.p != '"') return 0;
+            const uint8_t *begin = j.p + 1;
+            if (!json_string(&j)) return 0;
+            found[k] = json_text(begin, j.p - 1, j.escaped);
+            if (found[k] == NULL) return PyErr_Occurred() ? -1 : 0;
+            if (found[k] == Py_None) {
+                Py_CLEAR(found[k]);
+                return 0;
+            }
+        } else if (!json_value(&j, 1)) {
+            return 0;
+        }
+        json_ws(&j);
+        if (j.p < j.end && *j.p == ',') {
+            j.p++;
+            json_ws(&j);
+            if (j.p >= j.end || *j.p != '"') return 0;
+            continue;
+        }
+        break;
+    }
+    if (j.p >= j.end || *j.p != '}') return 0;
+    j.p++;
+    json_ws(&j);
+    if (j.p != j.end) return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (found[i] == NULL) return 0;
+    return 1;
+}
+
+static PyObject *json_texts(PyObject *self, PyObject *args) {
+    PyObject *lines, *keys;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &lines, &PyTuple_Type, &keys)) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (n < 1 || n > 64) {
+        PyErr_SetString(PyExc_ValueError, "keys: 1 to 64 expected");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(keys, i))) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return NULL;
+        }
+    PyObject *found[64], *out = PyList_New(PyList_GET_SIZE(lines));
+    for (Py_ssize_t k = 0; out != NULL && k < PyList_GET_SIZE(lines); k++) {
+        PyObject *line = PyList_GET_ITEM(lines, k), *item = NULL;
+        if (!PyBytes_Check(line)) {
+            PyErr_SetString(PyExc_TypeError, "lines must be bytes");
+            Py_CLEAR(out);
+            break;
+        }
+        memset(found, 0, sizeof(PyObject *) * (size_t)n);
+        int got = json_line((const uint8_t *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), keys, n, found);
+        if (got == 1 && n == 1) {
+            item = found[0];
+            found[0] = NULL;
+        } else if (got == 1) {
+            item = PyTuple_New(n);
+            for (Py_ssize_t i = 0; item != NULL && i < n; i++) {
+                PyTuple_SET_ITEM(item, i, found[i]);
+                found[i] = NULL;
+            }
+        } else if (got == 0) {
+            item = Py_NewRef(Py_None);
+        }
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(found[i]);
+        if (item == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, k, item);
+    }
     return out;
 }
 
@@ -1483,6 +1879,7 @@ static PyMethodDef methods[] = {
     {"nfc_unsettled", nfc_unsettled, METH_VARARGS, "Of the suspects, those a finer check leaves unproven."},
     {"utf8", utf8, METH_O, "Each str's UTF-8 as bytes; None where one holds a lone surrogate."},
     {"lines", lines, METH_O, "data.split(b'\\n'), by memchr."},
+    {"json_texts", json_texts, METH_VARARGS, "Per jsonl line, its string values under keys as UTF-8, or None."},
     {"key_hashes", key_hashes, METH_VARARGS, "Each record's pick hash (certify.sample), as little-endian uint32."},
     {"json_marks", json_marks, METH_O, "1: a JSON record may hold a literal; 2: it may spell a lone surrogate."},
     {NULL, NULL, 0, NULL},

@@ -28,7 +28,7 @@ import numpy as np
 from ..qwen import BYTE_OF_CHAR, FIRST_ADDED_ID, IM_END_ID, IM_START_ID
 from ..text import nfc
 from ..text.cache import cached_array
-from ..text.tokenizer import byte_level, model_vocab
+from ..text.tokenizer import as_str, byte_level, model_vocab
 
 from .._native import misspelled, structure_mask as _native_structure_mask
 
@@ -179,12 +179,12 @@ class Speller:
         outside = (ids < 0) | (ids >= len(self.may_hold))
         return ids[outside | (self.may_hold[np.where(outside, 0, ids)] == 0)]
 
-    def check_texts(self, texts: list[str], ids: np.ndarray, counts: np.ndarray,
+    def check_texts(self, texts: list[str | bytes], ids: np.ndarray, counts: np.ndarray,
                     as_encoded: list[str] | list[bytes] | None = None) -> None:
         """SpellingError for the first text whose ids (`counts[k]` of `ids` each) do not spell it,
         or hold an added id the special-token policy keeps as text. `as_encoded`: the texts as the
         tokenizer normalized them for encoding, where it did (`QwenTokenizer.as_encoded`)."""
-        spelled = as_encoded if as_encoded is not None else normalized_all(texts)
+        spelled = as_encoded if as_encoded is not None else normalized_all([as_str(t) for t in texts])
         self._check(texts, spelled, ids, counts)
 
     def _check(self, texts: list[str], spelled: list[str], ids: np.ndarray, counts: np.ndarray) -> None:
@@ -199,7 +199,7 @@ class Speller:
                         else "the id {}, which spells nothing") if 0 <= wrong[0] < len(self.may_hold) else \
                     "the id {}, outside the vocabulary"
                 raise SpellingError(k, "holds " + what.format(int(wrong[0])))
-            why = self.differs(texts[k], own)
+            why = self.differs(as_str(texts[k]), own)
             if why:
                 raise SpellingError(k, why)
 

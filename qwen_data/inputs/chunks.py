@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from .._native import json_texts
 from .._native import lines as split_lines
 from ..errors import InputFileError, RecordError
 from .records import Record
@@ -42,8 +43,11 @@ class Chunk:
         if self.table is not None:
             self.rows = self.table.num_rows
 
-    def records(self) -> Iterator[Record]:
-        """Every record of the chunk, in order; an unreadable one carries its error."""
+    def records(self, texts: tuple[bytes, ...] | None = None) -> Iterator[Record]:
+        """Every record of the chunk, in order; an unreadable one carries its error. `texts`: the keys
+        (UTF-8) of the string values the step reads; a jsonl line that gives them all as the parsers
+        would (`_native.json_texts`: a strict JSON object, each key once, its text not empty nor
+        whitespace) becomes a record of those texts and no dict, the others are parsed."""
         if self.table is not None:
             self.lines = self.rows
             yield from self._rows()
@@ -57,8 +61,13 @@ class Chunk:
             lines = [line.rstrip(b"\r") for line in lines]
         del data
         self.lines = len(lines)
-        for number, line in enumerate(lines, start=1 if self.span is not None else self.first):
-            yield Record.from_line(number, line)
+        first = 1 if self.span is not None else self.first
+        if texts is None:
+            for number, line in enumerate(lines, start=first):
+                yield Record.from_line(number, line)
+            return
+        for number, line, read in zip(range(first, first + len(lines)), lines, json_texts(lines, texts)):
+            yield Record.from_line(number, line) if read is None else Record(number, line, None, len(line), texts=read)
 
     def _read_span(self) -> bytes:
         """The whole lines that start in the span: a line belongs to the span holding its first byte.

@@ -37,14 +37,18 @@ def too_deep() -> RecordError:
 
 class Record:
     """One record as read: its number in its file (from 1), its raw form (the jsonl line, or the row),
-    its value (the dict a step reads; None when unreadable), its size in the input, and `error`: why
-    it cannot be used, when it cannot even be read (bad JSON, invalid UTF-8 ...)."""
+    its value (the dict a step reads; None when unreadable, or when `texts` holds what the step reads),
+    its size in the input, and `error`: why it cannot be used, when it cannot even be read (bad JSON,
+    invalid UTF-8 ...). `texts`: where a step asked for the string values under some keys and the line
+    gave them as the parsers would (`Chunk.records`), those values as UTF-8 (bytes; a tuple of them for
+    several keys), none of them empty or whitespace; no dict is made then."""
 
     # Slots: one is made per record of the input, on the hot path.
-    __slots__ = ("number", "raw", "value", "size", "error", "may_hold_surrogate")
+    __slots__ = ("number", "raw", "value", "size", "error", "may_hold_surrogate", "texts")
 
     def __init__(self, number: int, raw: bytes | dict, value: dict | None, size: int,
-                 error: RecordError | None = None, may_hold_surrogate: bool = False) -> None:
+                 error: RecordError | None = None, may_hold_surrogate: bool = False,
+                 texts: bytes | tuple[bytes, ...] | None = None) -> None:
         self.number = number
         self.raw = raw
         self.value = value
@@ -53,6 +57,7 @@ class Record:
         # Whether a string of the record can be a lone surrogate: steps run `check_unicode` only
         # then, as checking every string of every record would cost more than the rest of sifting.
         self.may_hold_surrogate = may_hold_surrogate
+        self.texts = texts
 
     @classmethod
     def from_line(cls, number: int, line: bytes) -> "Record":

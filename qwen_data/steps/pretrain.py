@@ -28,7 +28,7 @@ from ..run.journal import Placed, Resumed, joined
 from ..run.pipeline import ChunkResult, RunConfig
 from ..certify.sample import record_key
 from ..certify.spelling import SpellingError
-from ..text.tokenizer import QwenTokenizer
+from ..text.tokenizer import QwenTokenizer, as_str
 
 
 @dataclass(kw_only=True)
@@ -65,6 +65,7 @@ class Tokenize:
     def __init__(self, config: PretrainConfig) -> None:
         self.config = config
         self.checks = None  # the certificate's checker (`certify.checks`), set by the pipeline
+        self.keys = tuple(key.encode("utf-8") for key in config.text_keys)  # as `Chunk.records` reads them
 
     def prepare(self) -> None:
         config = self.config
@@ -89,7 +90,7 @@ class Tokenize:
 
     def process(self, chunk: Chunk) -> Documents:
         texts, rejects = _Texts(self, chunk), Rejects(chunk)
-        rejects.sift(chunk.records(), texts.add)
+        rejects.sift(chunk.records(self.keys), texts.add)
         # the records the reference checks, (number, position), picked all at once
         picked = [] if self.checks is None else [(texts.numbers[k], k)
                                                  for k in self.checks.picked(texts.hashed, texts.lines)]
@@ -109,7 +110,7 @@ class Tokenize:
         if self.checks is not None:
             result.misspelled, result.spelled = misspelled, 0 if misspelled else records
             ends = [np.cumsum(n) for n in lengths]
-            result.to_check = [self.checks.item(number, k, [(bucket[k], doc_ids[end[k] - n[k]:end[k]], as_encoded[k])
+            result.to_check = [self.checks.item(number, k, [(as_str(bucket[k]), doc_ids[end[k] - n[k]:end[k]], as_encoded[k])
                                                             for bucket, doc_ids, n, end, as_encoded
                                                             in zip(texts.by_key, ids, lengths, ends, encoded)])
                                for number, k in picked]
@@ -198,7 +199,7 @@ class _Texts:
     def __init__(self, step: Tokenize, chunk: Chunk) -> None:
         self.keys, self.policy = step.config.text_keys, step.config.special_tokens
         self.find_special = step.tokenizer.find_special
-        self.by_key: list[list[str]] = [[] for _ in self.keys]
+        self.by_key: list[list[str | bytes]] = [[] for _ in self.keys]  # (bytes: read from a line as UTF-8)
         self.text_bytes = self.special_records = 0
         self.chunk, self.checks = chunk, step.checks
         self.numbers: list[int] = []  # each kept record's number in the chunk
@@ -209,7 +210,7 @@ class _Texts:
     def add(self, record: Record) -> None:
         """Raises RecordError for a record without a usable text under every key."""
         policy = self.policy
-        values = [_text_field(record, key) for key in self.keys]
+        values = [_text_field(record, key, k) for k, key in enumerate(self.keys)]
         for value in values:
             if special := self.find_special(value, policy):
                 self.special_records += 1
@@ -224,7 +225,11 @@ class _Texts:
             bucket.append(value)
 
 
-def _text_field(record: Record, key: str) -> str:
+def _text_field(record: Record, key: str, k: int) -> str | bytes:
+    """The text of `record` under `key` (the step's k-th): its UTF-8 where `Chunk.records` read it from the
+    line (and checked it there as below), else its str; RecordError where it is not one."""
+    if record.texts is not None:
+        return record.texts if isinstance(record.texts, bytes) else record.texts[k]
     if key not in record.value:
         # a row (parquet, Arrow) lacks the column, or holds null in it
         where = f"no {key!r} key" if isinstance(record.raw, bytes) else f"no {key!r} column, or null in it"

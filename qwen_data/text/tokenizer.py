@@ -160,6 +160,11 @@ SHARED_TEXT_BUDGET = 1 << 30
 BATCH_AFTER = 100_000
 
 
+def as_str(text: str | bytes) -> str:
+    """A text as str, where it may have been handed over as its UTF-8 (`inputs.chunks.Chunk.records`)."""
+    return text.decode("utf-8") if isinstance(text, bytes) else text
+
+
 def _int32(ids: np.ndarray) -> np.ndarray:
     """gigatoken's uint32 ids seen as int32 where they lie (every id < 2**31): a copy of them was a
     chunk's size more of each worker's peak memory."""
@@ -222,6 +227,7 @@ class QwenTokenizer:
         # took ~5 instructions a character of every record (callgrind: 3% of a pretraining worker's).
         leads = {content[0] for content in self.added_tokens if content}
         self.literal_lead = leads.pop() if len(leads) == 1 else None
+        self.literal_lead_utf8 = None if self.literal_lead is None else self.literal_lead.encode("utf-8")
         self._backends: dict[frozenset, object] = {}
         self.encoded = 0  # characters encoded by this object (see `shared`)
         self.texts = 0  # texts encoded by this object (see BATCH_AFTER)
@@ -303,10 +309,14 @@ class QwenTokenizer:
         or as control ids), the structural ones for safe and reject (escaped, or refused)."""
         return self.special_re if policy in ("text", "parse") else self._structural_re
 
-    def find_special(self, text: str, policy: str = "parse") -> str | None:
-        """The first literal in `text` that `policy` acts on, if any."""
-        if self.literal_lead is not None and self.literal_lead not in text:
+    def find_special(self, text: str | bytes, policy: str = "parse") -> str | None:
+        """The first literal in `text` (or in the text of these UTF-8 bytes) that `policy` acts on, if any."""
+        if self.literal_lead is not None and (self.literal_lead_utf8 if isinstance(text, bytes)
+                                              else self.literal_lead) not in text:
             return None
+        if isinstance(text, bytes):  # (searched as bytes: decoding the texts that hold "<" cost more than the search)
+            match = _utf8_pattern(self.acted_on(policy)).search(text)
+            return match.group(0).decode("utf-8") if match else None
         match = self.acted_on(policy).search(text)
         return match.group(0) if match else None
 
@@ -340,20 +350,21 @@ class QwenTokenizer:
         return normalizer.normalize_str(text) if normalizer else text
 
     # -- encoding ------------------------------------------------------------------------------
-    def encode_batch(self, texts: list[str], special: str = "parse") -> tuple[np.ndarray, np.ndarray]:
-        """Encode many texts: (all ids back to back as int32, each text's token count).
+    def encode_batch(self, texts: list[str | bytes], special: str = "parse") -> tuple[np.ndarray, np.ndarray]:
+        """Encode many texts (str, or the UTF-8 of one as bytes): (all ids back to back as int32, each
+        text's token count).
 
         `special` is a policy of SPECIAL_POLICIES: which literal added-token strings become
         control ids (reject encodes as safe: the records it refuses never get here).
         """
         backend = self.backend(special)
-        self.encoded += sum(map(len, texts))
+        self.encoded += sum(map(len, texts))  # (a text handed as UTF-8 counts its bytes)
         self.texts += len(texts)
         if self.config.backend == "gigatoken":
             raw, texts = texts, self.gigatoken_input(texts, special)
-            # Their UTF-8, made here, for the encoder and the certificate's spelling check alike: asked of
-            # each str by the encoder, CPython made it a character at a time (None: a lone surrogate,
-            # whose str the encoder refuses with its own words).
+            # Their UTF-8, made here where a str was handed (bytes are kept), for the encoder and the
+            # certificate's spelling check alike: asked of each str by the encoder, CPython made it a
+            # character at a time (None: a lone surrogate, whose str the encoder refuses with its own words).
             texts = utf8(texts) or texts
             # The texts as encoded, for the certificate's spelling check (`certify.spelling`), which
             # would otherwise normalize them again; where HF normalizes them itself, None.
@@ -373,12 +384,12 @@ class QwenTokenizer:
                 ids, lengths = self._splice_hf(raw, rows, special, ids, lengths)
         else:
             self.as_encoded = None
-            encodings = backend.encode_batch(texts, add_special_tokens=False)
+            encodings = backend.encode_batch([as_str(t) for t in texts], add_special_tokens=False)
             lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
             ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(lengths.sum()))
         return ids, lengths
 
-    def gigatoken_input(self, texts: list[str], special: str) -> list[str]:
+    def gigatoken_input(self, texts: list[str | bytes], special: str) -> list[str | bytes]:
         """`texts` as gigatoken's backend for `special` takes them. Built from tokenizer.json it
         normalizes itself; built from a rank file it does not, and gets the texts in NFC here, by
         Python's Unicode tables. Where those normalize otherwise than HF's (older) tables, the text
@@ -397,23 +408,24 @@ class QwenTokenizer:
         literals = None
         out = list(texts)
         for k in nfc.unsettled(out):  # (the others are their own NFC)
-            text = out[k]
+            text = as_str(out[k])
             normal = nfc.normalize(text)  # (once: asking is_normalized first made it twice)
             if normal == text:
                 continue
             if self.literal_lead is not None and self.literal_lead not in text:
-                out[k] = normal  # no literal: one piece
-                continue
-            if literals is None:
-                literals = _literal_pattern(self.kept_tokens(special))
-            pieces = literals.split(text)  # the literals at odd positions: the pattern is a group
-            out[k] = "".join(p if j % 2 else nfc.normalize(p) for j, p in enumerate(pieces))
+                pass  # no literal: one piece
+            else:
+                if literals is None:
+                    literals = _literal_pattern(self.kept_tokens(special))
+                pieces = literals.split(text)  # the literals at odd positions: the pattern is a group
+                normal = "".join(p if j % 2 else nfc.normalize(p) for j, p in enumerate(pieces))
+            out[k] = normal.encode("utf-8") if isinstance(out[k], bytes) else normal
         return out
 
     def encode(self, text: str, special: str = "parse") -> np.ndarray:
         return self.encode_batch([text], special)[0]
 
-    def exact_rows(self, texts: list[str], ids: np.ndarray, lengths: np.ndarray, backend) -> list[int]:
+    def exact_rows(self, texts: list[str | bytes], ids: np.ndarray, lengths: np.ndarray, backend) -> list[int]:
         """The texts gigatoken may encode unlike HF: those holding a character of
         `unicode_exact.EXACT_RANGES` (Unicode tables of different ages).
 
@@ -426,7 +438,7 @@ class QwenTokenizer:
 
         starts = self._spelling_starts(backend).view(np.uint8)
         rows = np.frombuffer(rows_marked(_int32(ids), np.asarray(lengths, dtype=np.int64), starts), dtype=np.int64)
-        return [r for r in rows.tolist() if needs_exact(texts[r])]
+        return [r for r in rows.tolist() if needs_exact(as_str(texts[r]))]
 
     def _spelling_starts(self, backend) -> np.ndarray:
         """Per id, whether `token_spells_start` (added tokens, ASCII, never do, so every policy's
@@ -518,7 +530,7 @@ class QwenTokenizer:
             from tokenizers import Tokenizer
 
             self._backends[key] = Tokenizer.from_str(self._spec(special))  # ~0.5 s, only where needed
-        encodings = self._backends[key].encode_batch([texts[r] for r in rows], add_special_tokens=False)
+        encodings = self._backends[key].encode_batch([as_str(texts[r]) for r in rows], add_special_tokens=False)
         ends = np.cumsum(lengths)
         pieces, done = [], 0
         for r, encoding in zip(rows, encodings):
@@ -581,6 +593,14 @@ def _literal_pattern(contents) -> re.Pattern:
     # as HF and gigatoken match added tokens); one group, so that `split` keeps the literals
     alternatives = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
     return re.compile(f"({alternatives or '(?!)'})")
+
+
+@functools.lru_cache(maxsize=8)
+def _utf8_pattern(pattern: re.Pattern) -> re.Pattern:
+    """A `_literal_pattern` that searches UTF-8: the same literals, as bytes. (UTF-8 is self-synchronizing,
+    so a literal's bytes only match where its characters begin, and a literal that starts another stays
+    shorter, in bytes too.)"""
+    return re.compile(pattern.pattern.encode("utf-8"))
 
 
 def _find_added_tokens(text: str) -> tuple[tuple[int, int], list[dict]]:

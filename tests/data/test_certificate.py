@@ -18,7 +18,7 @@ from qwen_data.formats.manifest import Manifest
 from qwen_data.certify import reference
 from qwen_data.certify.checks import CertificateError
 from qwen_data.text.masking import SampleEncoder
-from qwen_data.text.tokenizer import QwenTokenizer
+from qwen_data.text.tokenizer import QwenTokenizer, as_str
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "qwen_data", "examples")
 # Literals of structural and content tokens, Unicode HF normalizes (NFC), and plain text.
@@ -62,6 +62,7 @@ def test_a_changed_id_fails_the_run_naming_the_record(tmp_path, monkeypatch, cap
 
     def broken(self, texts, special="parse"):
         ids, lengths = encode_batch(self, texts, special)
+        texts = [as_str(t) for t in texts]  # (a jsonl line's text comes as its UTF-8)
         if "the odd one" in texts:  # one id of that record changed
             ids = ids.copy()
             ids[int(np.sum(lengths[:texts.index("the odd one")]))] += 1
@@ -462,7 +463,7 @@ def test_an_id_changed_in_one_record_in_a_thousand_fails_the_run_naming_it(tmp_p
     def broken(self, texts, special="parse"):
         ids, lengths = encode_batch(self, texts, special)
         ends = np.cumsum(lengths)
-        for k, text in enumerate(texts):
+        for k, text in enumerate(map(as_str, texts)):
             if text.startswith("record ") and int(text.split()[1]) % 1000 == 999:
                 ids = ids.copy()
                 ids[ends[k] - 1] += 1
@@ -487,7 +488,7 @@ def test_ids_that_spell_the_same_bytes_in_other_pieces_are_found_by_the_referenc
     def resegmented(self, texts, special="parse"):
         ids, lengths = encode_batch(self, texts, special)
         out, counts, ends = [], [], np.cumsum(lengths)
-        for k, text in enumerate(texts):
+        for k, text in enumerate(map(as_str, texts)):
             own = ids[ends[k] - lengths[k]:ends[k]]
             if text.startswith("record ") and int(text.split()[1]) % 100 == 7:
                 at = int(np.flatnonzero(own == hello)[0])
@@ -1144,18 +1145,18 @@ def test_the_runs_line_rounds_the_chance_down():
 
 RESEGMENTING = '''
 import numpy as np
-from qwen_data.text.tokenizer import QwenTokenizer
+from qwen_data.text.tokenizer import QwenTokenizer, as_str
 
 encode_batch = QwenTokenizer.encode_batch
 
 
 def resegmented(self, texts, special="parse"):  # " hello" as " hel" + "lo" in record 57: the same bytes
-    if not any(text.startswith("record 57 ") for text in texts):
+    if not any(as_str(text).startswith("record 57 ") for text in texts):
         return encode_batch(self, texts, special)
     hello, pieces = encode_batch(self, [" hello"], special)[0][0], encode_batch(self, [" hel", "lo"], special)[0]
     ids, lengths = encode_batch(self, texts, special)  # (last: the tokenizer keeps the texts it encoded last)
     out, ends = [], np.cumsum(lengths)
-    for k, text in enumerate(texts):
+    for k, text in enumerate(map(as_str, texts)):
         own = ids[ends[k] - lengths[k]:ends[k]]
         if text.startswith("record 57 "):
             at = int(np.flatnonzero(own == hello)[0])
@@ -1199,7 +1200,7 @@ import time
 import numpy as np
 from qwen_data.run import certifier
 from qwen_data.certify import checks
-from qwen_data.text.tokenizer import QwenTokenizer
+from qwen_data.text.tokenizer import QwenTokenizer, as_str
 
 certifier.HELPER_RECORDS = 1  # helpers for whatever is left when the workers are done
 certifier.PART_RECORDS = 2  # parts the workers hand over: each split between the checking process and a helper
@@ -1215,7 +1216,8 @@ def slow(self, items):  # a slow reference: the checking process is still behind
 
 def resegmented(self, texts, special="parse"):  # " hello" as " hel" + "lo" from record BAD_FROM on: the same bytes
     ids, lengths = encode_batch(self, texts, special)
-    bad = [t.startswith("record ") and int(t.split()[1]) >= int(os.environ.get("BAD_FROM", "1000000")) for t in texts]
+    bad = [t.startswith("record ") and int(t.split()[1]) >= int(os.environ.get("BAD_FROM", "1000000"))
+           for t in map(as_str, texts)]
     if not any(bad):
         return ids, lengths
     hello, pieces = encode_batch(self, [" hello"], special)[0][0], encode_batch(self, [" hel", "lo"], special)[0]

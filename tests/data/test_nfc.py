@@ -24,7 +24,13 @@ def _pairs():
     return pairs + [("\u1100", "\u1161"), ("\uac00", "\u11a8"), ("\u1112", "\u1175"), ("\uc544", "\u11c2")]
 
 
-NAMERS = {"suspects": nfc.suspects, "unsettled": nfc.unsettled}
+def _as_utf8(namer):
+    """The same question asked of the texts' UTF-8 (as the pretraining step hands jsonl texts over)."""
+    return lambda texts: namer([t.encode("utf-8") for t in texts])
+
+
+NAMERS = {"suspects": nfc.suspects, "unsettled": nfc.unsettled,
+          "suspects of UTF-8": _as_utf8(nfc.suspects), "unsettled of UTF-8": _as_utf8(nfc.unsettled)}
 
 
 def _not_normalized_named(texts, namer=nfc.suspects):
@@ -37,8 +43,8 @@ def test_every_pair_that_composes_is_named(namer):
     texts = [f"x {first}{second} y" for first, second in _pairs()]
     assert len(texts) > 900
     assert _not_normalized_named(texts, NAMERS[namer]) == []
-    if namer == "suspects":
-        assert len(nfc.suspects(texts)) == len(texts)  # each holds a second part
+    if namer.startswith("suspects"):
+        assert len(NAMERS[namer](texts)) == len(texts)  # each holds a second part
 
 
 @pytest.mark.parametrize("namer", NAMERS)
@@ -51,6 +57,7 @@ def test_every_code_point_nfc_changes_or_moves_is_named(namer):
     texts += [f"\u00e9{c}" for c in changed] + [f"\uac00{c}" for c in changed] + [f"\u1ec7{c}" for c in changed]
     assert _not_normalized_named(texts, NAMERS[namer]) == []
     assert len(nfc.suspects([f"\u4e2d{c}" for c in changed])) == len(changed)
+    assert NAMERS[namer](texts) == NAMERS[namer.split()[0]](texts)  # str and UTF-8 answer alike
 
 
 POOLS = ["abc xyz", "\u00e9\u00fc\u00df", "\u4e2d\u6587\u5b57", "\u041a\u0438\u0440", "\u0301\u0308\u0323\u0345",
@@ -69,6 +76,7 @@ def test_random_texts_not_named_are_normalized(namer):
     named = set(NAMERS[namer](texts))
     stable = [t for k, t in enumerate(texts) if k not in named]
     assert len(stable) > 2000 and any(not t.isascii() for t in stable)  # the fast answer is given, and used
+    assert NAMERS[namer](texts) == NAMERS[namer.split()[0]](texts)  # str and UTF-8 answer alike
 
 
 def test_indic_and_arabic_texts_in_nfc_are_settled():
@@ -116,6 +124,20 @@ def test_a_two_byte_text_is_suspect_wherever_its_unstable_character_stands():
             text[at] = "\u0301"
             assert nfc.suspects(["".join(text) + "\u201c"]) == [0], (n, at)
         assert nfc.suspects(["\u201c" + "b\u00e9\u4e2d\u2014" * n]) == []
+
+
+def test_utf8_is_suspect_wherever_its_unstable_character_stands():
+    """UTF-8 is scanned sixteen bytes a compare: a mark at any place (before, in, across and after the blocks)
+    makes the text a suspect; stable characters of every UTF-8 length do not; bytes that are not UTF-8 are
+    suspects, for the normalizing to say why."""
+    for n in (1, 15, 16, 17, 31, 32, 33, 50):
+        for at in range(n):
+            text = ["\u00e9"] * n
+            text[at] = "\u0301"
+            assert nfc.suspects(["".join(text).encode()]) == [0], (n, at)
+        assert nfc.suspects([("\u201c" + "b\u00e9\u4e2d\U0001f600" * n).encode()]) == []
+    assert nfc.suspects([b"\xcc", b"a\xe2\x82", b"\xed\xa0\x80"]) == [0, 1, 2]
+    assert nfc.unsettled([b"e\xcc\x81", b"\xe0\xa4\x95\xe0\xa5\x8d"]) == [0]
 
 
 # -- nfc.normalize: NFC in C from the same tables, held to unicodedata ------------------------------------

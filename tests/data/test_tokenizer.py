@@ -47,6 +47,7 @@ def test_parse_policy_matches_hf(flavour, backend):
     got = split(*ours.encode_batch(TEXTS, special="parse"))
     want = [e.ids for e in hf.encode_batch(TEXTS, add_special_tokens=False)]
     assert got == want
+    assert split(*ours.encode_batch([t.encode() for t in TEXTS], special="parse")) == want  # as a jsonl line's
 
 
 @pytest.mark.parametrize("backend", ["gigatoken", "hf"])

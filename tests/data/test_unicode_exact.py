@@ -217,7 +217,11 @@ def hf_ids(special: str, texts: list[str]) -> list[list[int]]:
 
 
 def our_ids(tokenizer: QwenTokenizer, special: str, texts: list[str]) -> list[list[int]]:
+    """Our ids of `texts`, which are also those of the texts handed as UTF-8 (as a jsonl line's are)."""
     ids, lengths = tokenizer.encode_batch(texts, special)
+    as_utf8 = [t.encode("utf-8") if not re.search("[\ud800-\udfff]", t) else t for t in texts]
+    again, again_lengths = tokenizer.encode_batch(as_utf8, special)
+    assert np.array_equal(ids, again) and np.array_equal(lengths, again_lengths)
     return [a.tolist() for a in np.split(ids, np.cumsum(lengths)[:-1])] if texts else []
 
 
