@@ -28,6 +28,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -1726,6 +1727,51 @@ static PyObject *json_texts(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* newlines(fd, start, stop) -> int: the newlines in bytes [start, stop) of the file `fd` (fewer where it ends
+ * before `stop`), read a MiB at a time into one buffer and counted sixteen bytes a compare, the GIL let go (mapping the
+ * file instead was no faster: its page faults cost what the copy does). A
+ * shard's first line number is the newlines before it: Python's reads and bytes.count took ~0.65 s a GB
+ * (new 16 MiB objects, each page of them faulted in; this: ~0.26), which the last of 16 Ray shards of 8 GB paid. */
+#define NEWLINES_BLOCK (1 << 20)
+
+static int64_t count_newlines(const uint8_t *p, Py_ssize_t n) {
+    int64_t found = 0;
+    Py_ssize_t i = 0;
+#if defined(__SSE2__)
+    const __m128i nl = _mm_set1_epi8('\n');
+    for (; i + 16 <= n; i += 16)
+        found += __builtin_popcount((unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(p + i)), nl)));
+#endif
+    for (; i < n; i++) found += p[i] == '\n';
+    return found;
+}
+
+static PyObject *newlines(PyObject *self, PyObject *args) {
+    int fd;
+    long long start, stop;
+    if (!PyArg_ParseTuple(args, "iLL", &fd, &start, &stop)) return NULL;
+    uint8_t *buf = PyMem_RawMalloc(NEWLINES_BLOCK);
+    if (buf == NULL) return PyErr_NoMemory();
+    int64_t found = 0;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (start < stop) {
+        size_t want = (size_t)(stop - start < NEWLINES_BLOCK ? stop - start : NEWLINES_BLOCK);
+        ssize_t got = pread(fd, buf, want, (off_t)start);
+        if (got < 0) {
+            failed = 1;
+            break;
+        }
+        if (got == 0) break;  /* the file ends first */
+        found += count_newlines(buf, got);
+        start += got;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(buf);
+    if (failed) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLongLong(found);
+}
+
 /* lines(data) -> list of bytes: data.split(b"\n"), each newline found by memchr (vector compares), where
  * CPython's split tests byte by byte: ~5 instructions a byte, ~4% of a pretraining worker's. */
 static PyObject *lines(PyObject *self, PyObject *arg) {
@@ -1879,6 +1925,7 @@ static PyMethodDef methods[] = {
     {"nfc_unsettled", nfc_unsettled, METH_VARARGS, "Of the suspects, those a finer check leaves unproven."},
     {"utf8", utf8, METH_O, "Each str's UTF-8 as bytes; None where one holds a lone surrogate."},
     {"lines", lines, METH_O, "data.split(b'\\n'), by memchr."},
+    {"newlines", newlines, METH_VARARGS, "The newlines in bytes [start, stop) of a file descriptor."},
     {"json_texts", json_texts, METH_VARARGS, "Per jsonl line, its string values under keys as UTF-8, or None."},
     {"key_hashes", key_hashes, METH_VARARGS, "Each record's pick hash (certify.sample), as little-endian uint32."},
     {"json_marks", json_marks, METH_O, "1: a JSON record may hold a literal; 2: it may spell a lone surrogate."},

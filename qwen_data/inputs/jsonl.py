@@ -9,6 +9,7 @@ import lzma
 import sys
 from typing import Iterator
 
+from .._native import newlines
 from .chunks import Chunk
 from .files import STDIN, InputFile, check_read_whole
 
@@ -136,14 +137,12 @@ class _ZstdReader:
 
 
 def _seek_line(f, start: int) -> int:
-    """Move `f` to the first line that begins at or after byte `start`; that line's number."""
+    """Move `f` to the first line that begins at or after byte `start`; that line's number (the newlines
+    before it counted in C: `_native.newlines`)."""
     if start == 0:
         return 1
-    newlines, remaining = 0, start - 1
-    while remaining > 0:
-        block = f.read(min(remaining, 1 << 24))
-        newlines += block.count(b"\n")
-        remaining -= len(block)
+    found = newlines(f.fileno(), 0, start - 1)
+    f.seek(start - 1)
     if f.read(1) != b"\n":  # inside a line, which belongs to the part holding its first byte
         f.readline()
-    return newlines + 2
+    return found + 2

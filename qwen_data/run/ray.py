@@ -122,7 +122,8 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     already joined). `shards`: how many (None: `default_shards`). `info`, when given, is filled
     as the run goes: ray_start_seconds (0 when joined), cpus, shards, reused (the shards an
     earlier run of the same command left and this one reused), attempts (per shard run),
-    tasks_seconds (when any ran), ray_stop_seconds (when started here), merge_seconds.
+    tasks_seconds, task_start_seconds, shard_seconds and shard_cpu_seconds (each task's time and CPU; when
+    any ran), ray_stop_seconds (when started here), merge_seconds.
     """
     start, config = time.monotonic(), step.config
     info = {} if info is None else info
@@ -264,8 +265,10 @@ def _tell_done(run: int, info: dict, quiet: bool) -> None:
     if quiet:
         return
     retried = sum(n - 1 for n in info.get("attempts", {}).values())
-    took = sorted(info["shard_seconds"])
-    each = f"each shard's task {took[0]:.1f}-{took[-1]:.1f} s, median {took[len(took) // 2]:.1f}; " if took else ""
+    took, cpu = sorted(info["shard_seconds"]), sorted(info["shard_cpu_seconds"])
+    # (its CPU beside its time: a task that took longer than it computed waited for a core)
+    each = (f"each shard's task {took[0]:.1f}-{took[-1]:.1f} s, median {took[len(took) // 2]:.1f}, its CPU "
+            f"{cpu[0]:.1f}-{cpu[-1]:.1f} s; ") if took else ""
     print(f"ray: {run} shards done in {info['tasks_seconds']:.1f} s ({each}the last task's code began "
           f"{info['task_start_seconds']:.1f} s after it was sent)"
           + (f" ({retried} attempts repeated)" if retried else ""), file=sys.stderr)
@@ -288,7 +291,7 @@ def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: di
     refs = {task.remote(step_type, c, os.getcwd(), tally): c for c in configs}
     pending = list(refs)
     results: dict[int, list[Manifest]] = {}
-    info["task_start_seconds"], info["shard_seconds"] = 0.0, []
+    info["task_start_seconds"], info["shard_seconds"], info["shard_cpu_seconds"] = 0.0, [], []
     progress = Progress(total_bytes, enabled=not config.quiet, label="ray")
     polled = time.monotonic()
     try:
@@ -297,9 +300,10 @@ def _run_tasks(ray, step_type, configs: list, total_bytes: int, config, info: di
             for ref in done:
                 shard = refs[ref].shard
                 try:
-                    results[shard.index], picked, began, ended = ray.get(ref)
+                    results[shard.index], picked, (began, ended, cpu) = ray.get(ref)
                     info["task_start_seconds"] = round(max(info["task_start_seconds"], began - sent), 3)
                     info["shard_seconds"].append(round(ended - began, 3))
+                    info["shard_cpu_seconds"].append(round(cpu, 3))
                     if checks is not None:
                         checks.shard(shard.index, 0, picked)
                 except Exception as exc:
@@ -504,12 +508,12 @@ _CHECKS = None  # the driver's checking process's checker
 
 
 # -- in the tasks ----------------------------------------------------------------------------------
-def _shard_task(step_type, config, cwd: str, tally) -> tuple[list[Manifest], list, float, float]:
+def _shard_task(step_type, config, cwd: str, tally) -> tuple[list[Manifest], list, tuple[float, float, float]]:
     """One shard, in a Ray worker: its step built from its config and run in the driver's directory
     (relative paths mean there what they mean to the driver), with a progress that reports to the
     tally actor. Its manifests, the records it picked for the certificate (`pipeline.Step.check`
-    items), and when its code began and ended (time.time)."""
-    began = time.time()
+    items), and when its code began and ended (time.time) and the CPU seconds it took."""
+    began, cpu = time.time(), time.process_time()
     import ray
 
     try:
@@ -523,7 +527,7 @@ def _shard_task(step_type, config, cwd: str, tally) -> tuple[list[Manifest], lis
         attempt = None
     step = step_type(config)
     manifests = pipeline.run(step, _Reporter(tally, config.shard.index, attempt, step))
-    return manifests, getattr(step, "picked", []), began, time.time()
+    return manifests, getattr(step, "picked", []), (began, time.time(), time.process_time() - cpu)
 
 
 class _Reporter:

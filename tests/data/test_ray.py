@@ -166,6 +166,9 @@ def test_killed_task_is_retried(tmp_path, ray_instance):
         killer.join(30)
     assert killed, "no task was killed"
     assert info["attempts"] == {0: 1, 1: 2, 2: 1}
+    # each shard's task, as its result came: its time and its CPU (the line "ray: N shards done" shows them)
+    assert len(info["shard_seconds"]) == len(info["shard_cpu_seconds"]) == 3
+    assert all(0 < cpu for cpu in info["shard_cpu_seconds"])
     assert manifests[0].documents == 3000 and manifests[0].shard is None
     same_files(local, prefix, [".bin", ".idx"])
     no_leftovers(prefix)

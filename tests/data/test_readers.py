@@ -475,3 +475,31 @@ def test_a_plain_jsonl_files_records_are_estimated_from_all_of_it(tmp_path, monk
     assert estimated_records(expand([str(tmp_path / "empty.jsonl")])[0]) == 1
     monkeypatch.setattr(readers, "COUNTED_BYTES", 1 << 20)  # as a file past it is read
     assert 0.9 * actual <= estimated_records(expand([str(path)])[0]) <= 1.1 * actual
+
+
+def test_a_part_s_first_line_is_numbered_by_the_newlines_before_it(tmp_path):
+    """`_native.newlines` (what `--shard` and Ray count to number a part's first line) against bytes.count, over
+    ranges that start and end anywhere, cross its buffer's size, and run past the file's end; and `_seek_line`
+    at every byte of a small file."""
+    from qwen_data._native import newlines
+    from qwen_data.inputs.jsonl import _seek_line
+
+    rng = random.Random(3)
+    data = bytes(rng.choice(b"ab\n\r{}") for _ in range(3 << 20))
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        for _ in range(200):
+            start = rng.randrange(len(data) + 1)
+            stop = rng.choice([start + rng.randrange(40), rng.randrange(start, len(data) + 10), len(data) + 5])
+            assert newlines(f.fileno(), start, stop) == data.count(b"\n", start, stop), (start, stop)
+        assert newlines(f.fileno(), 5, 5) == 0 and newlines(f.fileno(), 7, 3) == 0
+    small = b'{"text": "a"}\n\n{"text": "bc"}\n{"text": "d"}\n'
+    (tmp_path / "small.jsonl").write_bytes(small)
+    with open(tmp_path / "small.jsonl", "rb") as f:
+        for start in range(1, len(small) + 1):
+            number = _seek_line(f, start)
+            first = small.index(b"\n", start - 1) + 1  # the first line that begins at or after `start`
+            assert (number, f.tell()) == (small.count(b"\n", 0, first) + 1, first), start
+    with pytest.raises(OSError):
+        newlines(-1, 0, 10)

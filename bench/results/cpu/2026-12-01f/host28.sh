@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Ray's tasks, their time against their CPU, part 1 of 3: qwen-data's wheels installed, 2 GB of text that never repeats.
+set -u
+unset PYTHONDONTWRITEBYTECODE
+export QWEN_DATA_BENCH_CACHE=/tmp/qwen-data-bench PYTHONWARNINGS=ignore
+python3 -c "import orjson, gigatoken" 2>/dev/null || { python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | grep -v WARN | tail -2;
+  python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2; }
+python3 setup.py build_ext --inplace > /dev/null 2>&1
+mkdir -p $QWEN_DATA_BENCH_CACHE && [ -f $QWEN_DATA_BENCH_CACHE/chats.jsonl ] || tar -C $QWEN_DATA_BENCH_CACHE -xzf .cpu18/cache.tar.gz
+cd bench && python3 -c "
+import corpora
+corpora.unique_corpus('text-unique-2000MB.jsonl', corpora.text_corpus(), 2000 * 1_000_000)
+" 2>&1 | tail -2; cd ..; sync; ls -la $QWEN_DATA_BENCH_CACHE/certify/
