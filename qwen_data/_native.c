@@ -1433,7 +1433,9 @@ static inline int hex4(const uint8_t *p, Py_UCS4 *v) {
     Py_UCS4 x = 0;
     for (int i = 0; i < 4; i++) {
         uint8_t c = p[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9' ? c - '0'
+              : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
         if (d < 0) return 0;
         x = x << 4 | (Py_UCS4)d;
     }
@@ -1740,7 +1742,8 @@ static int64_t count_newlines(const uint8_t *p, Py_ssize_t n) {
 #if defined(__SSE2__)
     const __m128i nl = _mm_set1_epi8('\n');
     for (; i + 16 <= n; i += 16)
-        found += __builtin_popcount((unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(p + i)), nl)));
+        found += __builtin_popcount((unsigned)_mm_movemask_epi8(
+            _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(p + i)), nl)));
 #endif
     for (; i < n; i++) found += p[i] == '\n';
     return found;

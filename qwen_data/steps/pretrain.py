@@ -110,7 +110,8 @@ class Tokenize:
         if self.checks is not None:
             result.misspelled, result.spelled = misspelled, 0 if misspelled else records
             ends = [np.cumsum(n) for n in lengths]
-            result.to_check = [self.checks.item(number, k, [(as_str(bucket[k]), doc_ids[end[k] - n[k]:end[k]], as_encoded[k])
+            result.to_check = [self.checks.item(number, k, [(as_str(bucket[k]), doc_ids[end[k] - n[k]:end[k]],
+                                                             as_encoded[k])
                                                             for bucket, doc_ids, n, end, as_encoded
                                                             in zip(texts.by_key, ids, lengths, ends, encoded)])
                                for number, k in picked]

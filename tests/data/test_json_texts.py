@@ -129,7 +129,8 @@ def test_the_cases_are_read_as_the_parsers_read_them():
 
 
 def random_text(rng):
-    return "".join(rng.choice(PIECES) if rng.random() < 0.3 else rng.choice("abc xyz") for _ in range(rng.randint(0, 12)))
+    pieces = (rng.choice(PIECES) if rng.random() < 0.3 else rng.choice("abc xyz") for _ in range(rng.randint(0, 12)))
+    return "".join(pieces)
 
 
 def random_value(rng, depth=0):
