@@ -412,9 +412,7 @@ class QwenTokenizer:
             normal = nfc.normalize(text)  # (once: asking is_normalized first made it twice)
             if normal == text:
                 continue
-            if self.literal_lead is not None and self.literal_lead not in text:
-                pass  # no literal: one piece
-            else:
+            if self.literal_lead is None or self.literal_lead in text:  # literals may stand in it: piece by piece
                 if literals is None:
                     literals = _literal_pattern(self.kept_tokens(special))
                 pieces = literals.split(text)  # the literals at odd positions: the pattern is a group
