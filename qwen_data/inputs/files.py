@@ -28,7 +28,7 @@ import json
 import os
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InputFileError
 
@@ -67,6 +67,11 @@ class InputFile:
 class Shard:
     index: int  # 0-based
     count: int
+    # The newlines before the line this shard starts at, in the file where it starts inside (None: the shard
+    # counts them itself, reading the file up to there). Told by the Ray executor, which counts each file once
+    # over all its shards (shards counting their own would read the file's start again and again). Not part of
+    # what a shard is (its identity, its manifest), only of how it learns its first line's number.
+    newlines_before: int | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def parse(cls, text: str) -> "Shard":

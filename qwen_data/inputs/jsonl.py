@@ -84,11 +84,11 @@ def jsonl_chunks(source: InputFile, part, chunk_bytes: int, columns=None) -> Ite
 def _spans(source: InputFile, part, chunk_bytes: int) -> Iterator[Chunk]:
     """A plain jsonl file (or a shard's part of it) as spans of `chunk_bytes`, read where they are
     processed. Only a part that starts inside the file needs reading here: its first line's number."""
-    start, stop = (0, source.size) if part is None else part
+    start, stop, before = (0, source.size, None) if part is None else part
     first = 1
     if start > 0:
         with open(source.path, "rb") as f:
-            first = _seek_line(f, start)
+            first = _seek_line(f, start, before)
     begin = start
     while begin < stop:
         # Spans shrink over the part's last TAIL_SPANS spans of full size, down to 1/8 of it: the
@@ -136,12 +136,13 @@ class _ZstdReader:
         self.close()
 
 
-def _seek_line(f, start: int) -> int:
-    """Move `f` to the first line that begins at or after byte `start`; that line's number (the newlines
-    before it counted in C: `_native.newlines`)."""
+def _seek_line(f, start: int, before: int | None = None) -> int:
+    """Move `f` to the first line that begins at or after byte `start`; that line's number (`before`: the
+    newlines before byte start - 1, where they were counted already; else counted here, in C:
+    `_native.newlines`)."""
     if start == 0:
         return 1
-    found = newlines(f.fileno(), 0, start - 1)
+    found = newlines(f.fileno(), 0, start - 1) if before is None else before
     f.seek(start - 1)
     if f.read(1) != b"\n":  # inside a line, which belongs to the part holding its first byte
         f.readline()

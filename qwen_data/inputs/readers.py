@@ -72,7 +72,9 @@ def read_chunks(sources: list[InputFile], chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
 def shard_parts(sources: list[InputFile], shard: Shard | None) -> Iterator[tuple[InputFile, object]]:
     """Each source with the part of it to read: None for all of it; for a shard, a byte range
-    (start, stop) of an uncompressed jsonl file, a list of row groups of a parquet file."""
+    (start, stop, newlines before start or None) of an uncompressed jsonl file (only a shard's first part
+    starts inside a file: `Shard.newlines_before` is that count, where known), a list of row groups of a
+    parquet file."""
     if shard is None:
         yield from ((source, None) for source in sources)
         return
@@ -86,13 +88,23 @@ def shard_parts(sources: list[InputFile], shard: Shard | None) -> Iterator[tuple
         base = stop
         if source.splittable:
             if start < high and low < stop:  # lines starting in [low, high)
-                yield source, (max(low, start) - start, min(high, stop) - start)
+                inside = low > start
+                yield source, (max(low, start) - start, min(high, stop) - start,
+                               shard.newlines_before if inside else None)
         elif source.kind == "parquet":
             groups = [g for g, offset in enumerate(row_group_offsets(source.path)) if low <= start + offset < high]
             if groups:
                 yield source, groups
         elif low <= start < high or (start == stop == total == high):
             yield source, None
+
+
+def counted_until(sources: list[InputFile], shard: Shard) -> tuple[str, int] | None:
+    """Where `shard` starts inside a plain jsonl file: (its path, the byte its `newlines_before` counts up
+    to: the one before the start); None where it starts at a file's start, or in a file of another kind."""
+    for source, part in shard_parts(sources, shard):
+        return (source.path, part[0] - 1) if source.splittable and part[0] > 0 else None
+    return None
 
 
 PROBE_BYTES = 1 << 20  # of a compressed file or .json, decompressed

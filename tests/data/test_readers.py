@@ -503,3 +503,36 @@ def test_a_part_s_first_line_is_numbered_by_the_newlines_before_it(tmp_path):
             assert (number, f.tell()) == (small.count(b"\n", 0, first) + 1, first), start
     with pytest.raises(OSError):
         newlines(-1, 0, 10)
+
+
+def test_a_shard_told_the_newlines_before_it_numbers_its_lines_as_one_that_counts_them(tmp_path):
+    """`Shard.newlines_before` (counted for it by the Ray executor, `counted_until` saying up to where) gives
+    every shard of a run over several files the line numbers of a shard that counts the newlines itself; a
+    count that is off shifts them (so the count told is the one used)."""
+    from qwen_data.inputs.files import Shard, expand
+    from qwen_data.inputs.readers import counted_until, read_chunks
+
+    rng = random.Random(5)
+    paths = []
+    for name in "ab":
+        lines = [json.dumps({"text": "x" * rng.randrange(1, 300)}) for _ in range(400)]
+        paths.append(str(tmp_path / f"{name}.jsonl"))
+        with open(paths[-1], "w") as f:
+            f.write("\n".join(lines) + "\n")
+    sources = expand(paths)
+
+    def firsts(shard):
+        return [(c.path, c.first, c.span) for c in read_chunks(sources, 4096, shard)]
+
+    for count in (1, 2, 7):
+        for k in range(count):
+            where = counted_until(sources, Shard(k, count))
+            if where is None:  # (only the first shard starts at a file's start here)
+                assert k == 0
+                continue
+            path, end = where
+            with open(path, "rb") as f:
+                before = f.read(end).count(b"\n")
+            assert firsts(Shard(k, count, newlines_before=before)) == firsts(Shard(k, count))
+            shifted = firsts(Shard(k, count, newlines_before=before + 3))
+            assert shifted[0][1] == firsts(Shard(k, count))[0][1] + 3
