@@ -120,11 +120,13 @@ def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.M
     return measure.run(argv, env=measure.python_env(checkout))
 
 
-def ray(corpus: str, prefix: str, workers: int, joined: bool) -> measure.Measurement:
-    """`--executor ray` with `workers` shards: Ray started by the run, or (`joined`) a cluster of `workers` CPUs
-    started beforehand (`ray start --head`, as a multi-node cluster is). Not --quiet: its "ray: ..." lines (start or
-    join, the shards' time) go into the record."""
-    argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--executor", "ray", "--ray-shards", workers)
+def ray(corpus: str, prefix: str, workers: int, joined: bool, shards: int | None = None) -> measure.Measurement:
+    """`--executor ray` on a cluster of `workers` CPUs, in `shards` shards (default `workers`; 0: as many as the
+    executor chooses): Ray started by the run, or (`joined`) a cluster started beforehand (`ray start --head`, as a
+    multi-node cluster is). Not --quiet: its "ray: ..." lines (start or join, the shards' time) go into the record."""
+    shards = workers if shards is None else shards
+    argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--executor", "ray",
+                                     *(["--ray-shards", shards] if shards else []))
     env = measure.python_env()
     env.pop("RAY_ADDRESS", None)
     if not joined:
@@ -164,6 +166,9 @@ def main() -> None:
     parser.add_argument("--megatron", help="a Megatron-LM checkout: its preprocess_data.py at --compare-at workers")
     parser.add_argument("--megatron-mb", type=int, default=300, help="the corpus size Megatron's script runs on")
     parser.add_argument("--ray", action="store_true", help="also --executor ray at --compare-at workers")
+    parser.add_argument("--ray-shards", default="", help="the shard counts of the Ray runs, comma-separated (default "
+                        "--compare-at; 0: the executor's own count)")
+    parser.add_argument("--ray-joined-only", action="store_true", help="only Ray joined to a cluster started before")
     parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, ours beside "
                                                        "them (default 16 where --workers holds it, else the most)")
     parser.add_argument("--unique", action="store_true", help="pretrain and SFT on corpora in which no record repeats")
@@ -251,11 +256,13 @@ def main() -> None:
             add(ours_run)
             add(theirs | {"ours_vs_megatron": round(ours_run["mb_per_s"] / theirs["mb_per_s"], 1),
                           "idx_identical": theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]})
-        for joined in (False, True) if args.ray else ():
-            prefix = os.path.join(work, "ray")
-            m = ray(text, prefix, at, joined)
-            phases = [line for line in m.stderr.splitlines() if line.startswith("ray: ")]
-            add(record("ray-joined" if joined else "ray", at, text, m, prefix) | {"ray_log": phases})
+        for joined in ((True,) if args.ray_joined_only else (False, True)) if args.ray else ():
+            for shards in [int(n) for n in args.ray_shards.split(",") if n] or [at]:
+                prefix = os.path.join(work, "ray")
+                m = ray(text, prefix, at, joined, shards)
+                phases = [line for line in m.stderr.splitlines() if line.startswith("ray: ")]
+                add(record("ray-joined" if joined else "ray", at, text, m, prefix) | {"ray_log": phases,
+                                                                                     "shards": shards or "auto"})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {args.out}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import os
 import sys
 from typing import Iterator
 
@@ -134,6 +135,15 @@ class _ZstdReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def newlines_in(path: str, begin: int, end: int) -> int:
+    """The newlines in bytes [begin, end) of the file at `path` (what a shard's `newlines_before` sums)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return newlines(fd, begin, end)
+    finally:
+        os.close(fd)
 
 
 def _seek_line(f, start: int, before: int | None = None) -> int:

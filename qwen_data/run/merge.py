@@ -23,6 +23,7 @@ counts of the output are the parts' manifests' (trained tokens included).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -56,7 +57,9 @@ class MergeError(ValueError):
     pass
 
 
-def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
+def merge(prefixes: list[str], output: str, quiet: bool = False, heads: list["Head"] | None = None) -> Manifest:
+    """`heads`: for each channel of the parts (ids; ids and loss mask for SFT), the first parts' .bin files
+    already copied into one (`Head`), taken as the start of the output's."""
     start = time.monotonic()
     parts = _ordered([(p, Manifest.read(p)) for p in prefixes])
     first = parts[0][1]
@@ -77,7 +80,7 @@ def merge(prefixes: list[str], output: str, quiet: bool = False) -> Manifest:
         progress = Progress(sum(m.tokens for _, m in parts), enabled=not quiet, label="merge ")
         target = output + (UNPACKED if finishes else "")
         paths = MaskedWriter.files(target) if sft else [target + ".bin", target + ".idx"]
-        channels, lengths = _join(parts, [outputs.tmp(p) for p in paths], np.dtype(first.dtype), progress)
+        channels, lengths = _join(parts, [outputs.tmp(p) for p in paths], np.dtype(first.dtype), progress, heads)
         progress.close()
         manifest = _manifest(parts, channels)
         if finishes:
@@ -198,8 +201,8 @@ class UnpackedSamples(NamedTuple):  # SFT samples gathered for `layouts.finish`,
     mask: Channel
 
 
-def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype,
-          progress: Progress) -> tuple[list[Channel], np.ndarray]:
+def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype, progress: Progress,
+          heads: list["Head"] | None) -> tuple[list[Channel], np.ndarray]:
     """Each channel of the parts joined into `paths` (.bin, .idx per channel): the .bin files copied
     back to back in the kernel, a thread per part, and their hashes joined (`formats.digest.join`)
     from the parts' manifests, never read. A part made before those hashes (a sha256 of each .bin)
@@ -215,7 +218,8 @@ def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype,
         for c, channel_dtype in enumerate(dtypes):
             sources = [(part_names[c], part_indexes[c], m.digests[c] if m.digests is not None else None)
                        for part_names, part_indexes, (_, m) in zip(names, indexes, parts)]
-            channel, digests = _join_channel(sources, paths[2 * c], paths[2 * c + 1], channel_dtype, pool)
+            channel, digests = _join_channel(sources, paths[2 * c], paths[2 * c + 1], channel_dtype, pool,
+                                             heads[c] if heads else None)
             channels.append(channel)
             for k, digest in enumerate(digests):
                 found[k].append(digest)
@@ -234,18 +238,24 @@ def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype,
 
 
 def _join_channel(sources: list[tuple[str, Index, list | None]], bin_path: str, idx_path: str, dtype: np.dtype,
-                  pool) -> tuple[Channel, list[tuple[str, str]]]:
+                  pool, head: "Head | None") -> tuple[Channel, list[tuple[str, str]]]:
     """The parts' `sources` (NAME of NAME.bin/.idx, that index read, the (.idx, .bin) hashes its
-    manifest records or None) joined into bin_path/idx_path; → the channel, and each part's (.idx,
-    .bin) hashes as found (a recorded .bin hash taken as it is)."""
+    manifest records or None) joined into bin_path/idx_path, after the parts `head` holds, where it holds
+    the first ones as they are now; → the channel, and each part's (.idx, .bin) hashes as found (a recorded
+    .bin hash taken as it is)."""
     names = [name for name, _, _ in sources]
     sizes = [os.path.getsize(name + ".bin") for name in names]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    with open(bin_path, "w+b") as out:  # read back only for a part whose manifest has no joinable hash
-        copies = [pool.submit(_copy_part, name, out.fileno(), offset, size, recorded is None)
-                  for (name, _, recorded), offset, size in zip(sources, offsets, sizes)]
-        wait(copies)
-        read = [copy.result() for copy in copies]  # a part's own failure is the one to report
+    held = head.take(bin_path, list(zip(names, sizes))) if head is not None else 0
+    with open(bin_path, "r+b" if held else "w+b") as out:
+        futures = []  # a part's copy; or, for a part held (copied already), None or its read back
+        for k, ((name, _, recorded), offset, size) in enumerate(zip(sources, offsets, sizes)):
+            if k >= held:  # read back only for a part whose manifest has no joinable hash
+                futures.append(pool.submit(_copy_part, name, out.fileno(), offset, size, recorded is None))
+            else:
+                futures.append(pool.submit(_hash_range, out.fileno(), offset, size) if recorded is None else None)
+        wait([f for f in futures if f is not None])
+        read = [f.result() if f is not None else None for f in futures]  # a part's own failure is the one said
     joinable = [recorded[1] if recorded is not None else again[1] for (_, _, recorded), again in zip(sources, read)]
     idx_digest, counts = join_indexes([index for _, index, _ in sources], idx_path, dtype)
     digests = [(sha256_of(name + ".idx"), recorded[1] if recorded is not None else again[0])
@@ -289,6 +299,51 @@ def _hash_range(fd: int, offset: int, size: int) -> tuple[str, str]:
         joinable.update(block)
         offset += len(block)
     return sha.hexdigest(), joinable.hexdigest()
+
+
+class Head:
+    """The start of a merge's channel made while its later parts are still being made: the first parts'
+    .bin files copied back to back into `path` as they are added, in order, by a thread of its own (the
+    Ray executor adds a shard once every shard before it is done, so that the copy runs beside the tasks
+    still working and only the last shards are left to copy once all are done). `merge(..., heads=)`
+    takes the file for its output's start (`take`) and copies only the parts after it."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.parts, self.size = path, [], 0
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._copying = ThreadPoolExecutor(max_workers=1)  # one part after another: one core's work beside the tasks
+        self._copies = []
+
+    def add(self, name: str) -> None:
+        """NAME.bin (a finished part: its size is final) copied after the parts added before."""
+        size = os.path.getsize(name + ".bin")
+        self._copies.append(self._copying.submit(_copy_part, name, self._fd, self.size, size, False))
+        self.parts.append((name, size))
+        self.size += size
+
+    def take(self, path: str, parts: list[tuple[str, int]]) -> int:
+        """How many of `parts` (NAME, size of NAME.bin), from the first, the file holds, once moved to `path`;
+        0 (and the file removed) where it holds others, or could not be moved (another file system)."""
+        held = self.close()
+        if held == parts[:len(held)]:
+            try:
+                os.replace(self.path, path)
+                return len(held)
+            except OSError:
+                pass
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+        return 0
+
+    def close(self) -> list[tuple[str, int]]:
+        """The copies waited for (the first failure raised); → the parts held."""
+        self._copying.shutdown(wait=True)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        for copy in self._copies:
+            copy.result()
+        return self.parts
 
 
 def _manifest(parts: list[tuple[str, Manifest]], channels: list[Channel]) -> Manifest:

@@ -403,6 +403,38 @@ def test_a_part_whose_bin_changed_merges_into_an_output_verify_refuses(prefixes,
 
 
 @pytest.mark.parametrize("name", ["web", "unpacked"])
+def test_a_merge_starts_from_the_parts_joined_before_it_only_where_they_are_its_first(prefixes, tmp_path, name):
+    """`merge.Head` (the Ray executor's shards joined as they end): a merge takes the file of its first parts,
+    channel by channel, and copies only the others, giving the whole run's bytes; a head holding other parts
+    (not the first, or not in order) is set aside and every part copied, with the same result."""
+    from qwen_data.formats.layouts import layout_of
+    from qwen_data.formats.manifest import Manifest
+    from qwen_data.run.merge import Head, merge
+
+    args = {"web": ["pretrain"], "unpacked": ["sft", CHATS]}[name]
+    shards = [str(tmp_path / f"s{k}") for k in range(4)]
+    for k, shard in enumerate(shards):
+        assert main([args[0], "--quiet", "--workers", "1", *args[1:], "--shard", f"{k}/4", "-o", shard]) == 0
+    channels = [[channel for channel, _ in layout_of(m).channels(shard, m.dtype)]
+                for shard, m in ((shard, Manifest.read(shard)) for shard in shards)]
+    whole = prefixes[name]
+    suffixes = [".bin", ".idx"] + ([".lossmask.bin", ".lossmask.idx"] if name == "unpacked" else [])
+    for label, held in (("first", [0, 1, 2]), ("all", [0, 1, 2, 3]), ("not_first", [1, 2]), ("swapped", [1, 0])):
+        heads = [Head(str(tmp_path / f"{label}.{c}.head")) for c in range(len(channels[0]))]
+        for k in held:
+            for c, head in enumerate(heads):
+                head.add(channels[k][c])
+        out = str(tmp_path / label)
+        merge(shards, out, quiet=True, heads=heads)
+        for suffix in suffixes:
+            with open(out + suffix, "rb") as f, open(whole + suffix, "rb") as expected:
+                assert f.read() == expected.read(), f"{label}: {out}{suffix}"
+        assert manifest(out)["fingerprint"] == manifest(whole)["fingerprint"], label
+        assert verify_prefix(out) == []
+        assert not any(os.path.exists(head.path) for head in heads), f"{label}: a head was left behind"
+
+
+@pytest.mark.parametrize("name", ["web", "unpacked"])
 def test_merge_joins_many_shards_with_or_without_copy_file_range(prefixes, tmp_path, monkeypatch, name):
     """More shards than this host has cores, copied in the kernel or (a file system without
     copy_file_range) by reads and writes: the bytes and the fingerprint of the whole run (its .bin's
