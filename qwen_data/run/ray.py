@@ -101,7 +101,10 @@ from .progress import Progress
 RETRIES = 3  # per task, for a dead process or a retryable exception
 RETRY_EXCEPTIONS = [OSError]
 SHARD_BYTES = 1 << 30  # the default shard count gives shards of at most about this size ...
-SHARDS_PER_CPU = 2  # ... and at least this many shards per CPU of the cluster (the last ones balance the load)
+# ... and at least this many shards per CPU of the cluster: the last ones balance the load, and a shard costs
+# little (its newlines are counted once, its .bin joined as it ends). 8 GB on 16 CPUs: 16 shards 20.4 s, 32 17.7 s,
+# 64 16.0 s (bench/results/cpu/2026-12-01g).
+SHARDS_PER_CPU = 4
 POLL_SECONDS = 1.0  # how often the driver asks for progress
 CANCEL_WAIT_SECONDS = 30.0  # how long a failed run waits for the cancelled tasks to end
 SHARDS_SUFFIX = ".shards"
@@ -297,10 +300,10 @@ def _run_tasks(ray, step_type, configs: list, sources: list, config, info: dict,
     """The manifests of the shards of `configs` put in `results` by shard, each shard's picked records handed
     to `checks` and saved beside it (`kept.keep_picked`) and its files handed to `heads` as it ends; on the
     first failure, the others cancelled and a ShardFailed."""
+    sent = time.time()  # (the tasks' clocks: time.time, not monotonic)
+    counts = _newline_counts(ray, sources, configs)  # (first: Ray starts its processes while the actor is made)
     tally = ray.remote(num_cpus=0)(_Tally).remote()
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
-    sent = time.time()  # (the tasks' clocks: time.time, not monotonic)
-    counts = _newline_counts(ray, sources, configs)
     refs = {task.remote(step_type, c, os.getcwd(), tally, *counts.get(c.shard.index, ())): c for c in configs}
     pending = list(refs)
     info["task_start_seconds"], info["shard_seconds"], info["shard_cpu_seconds"] = 0.0, [], []
