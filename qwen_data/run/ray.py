@@ -2,7 +2,8 @@
 
     driver: lock the step's final outputs → the shards an earlier run of the same command finished,
     checked and reused → a task per other shard `pipeline.run(Step(config with shard=Shard(k, N)))`,
-    each writing PREFIX.shards/k → `merge` per output prefix → all final files committed together
+    each writing PREFIX.shards/k, whose .bin files are joined in shard order as they end (`_Heads`)
+    → `merge` per output prefix, from what was joined → all final files committed together
     → PREFIX.shards removed
 
 The output prefix (-o) must be on a file system every node sees (NFS, Lustre, a mounted bucket...):
