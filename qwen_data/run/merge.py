@@ -207,7 +207,7 @@ class UnpackedSamples(NamedTuple):  # SFT samples gathered for `layouts.finish`,
 def _join(parts: list[tuple[str, Manifest]], paths: list[str], dtype: np.dtype, progress: Progress,
           heads: list["Head"] | None) -> tuple[list[Channel], np.ndarray]:
     """Each channel of the parts joined into `paths` (.bin, .idx per channel): the .bin files copied
-    back to back in the kernel, a thread per part, and their hashes joined (`formats.digest.join`)
+    back to back in the kernel (COPY_THREADS at a time), and their hashes joined (`formats.digest.join`)
     from the parts' manifests, never read. A part made before those hashes (a sha256 of each .bin)
     is read back from the output once copied, its sha256 checked and its joinable hash taken. Each
     part's .idx is hashed against its manifest (MergeError where a part's files are not the data its
@@ -316,7 +316,7 @@ class Head:
 
     def __init__(self, path: str) -> None:
         self.path, self.parts, self.size = path, [], 0
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # (the umask applies, as to open())
         self._copying = ThreadPoolExecutor(max_workers=1)  # one part after another: one core's work beside the tasks
         self._copies = []
 

@@ -47,9 +47,15 @@ def no_leftovers(prefix):
 
 def test_pretrain_matches_local_run(tmp_path, ray_instance):
     data = corpus(tmp_path / "c.jsonl", 11, 2000, 120)
-    local = pretrain([data], tmp_path / "local")
-    remote = pretrain([data], tmp_path / "ray", "--executor", "ray", "--ray-shards", SHARDS)
+    umask = os.umask(0o002)  # (group-writable: the outputs' modes follow the umask, as a local run's do)
+    try:
+        local = pretrain([data], tmp_path / "local")
+        remote = pretrain([data], tmp_path / "ray", "--executor", "ray", "--ray-shards", SHARDS)
+    finally:
+        os.umask(umask)
     same_files(local, remote, [".bin", ".idx"])
+    for suffix in (".bin", ".idx", ".json"):
+        assert os.stat(remote + suffix).st_mode == os.stat(local + suffix).st_mode, suffix
     # the records the shards picked, checked by the driver: the certificate of the local run
     assert manifest(remote)["certificate"] == manifest(local)["certificate"]
     assert manifest(local)["certificate"]["certified"]
