@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import time
@@ -42,7 +43,7 @@ from ..formats.layouts import UNPACKED, check_offsets, counts_of, finish, index_
 from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
 from ..formats.manifest import Manifest, SFTSection, describe_input, fingerprint, merge_fields, pins_differ
-from ..formats.outputs import AtomicOutputs
+from ..formats.outputs import AtomicOutputs, atomic_file
 from ..text.tokenizer import IDS_IDENTITY
 from .progress import Progress
 
@@ -54,6 +55,7 @@ COPY_BYTES = 1 << 30  # asked of copy_file_range at a time
 # 16 parts of 530 MB into one file, in the page cache, a 16-core host: 1 thread 2.42-2.94 s, 2 threads 2.44 s,
 # 4 threads 2.74 s, 16 threads 3.31 s and 44.6 s of system CPU (bench/results/cpu/2026-12-01g/merge-copy.log).
 COPY_THREADS = 2
+PARTS_SUFFIX = ".parts"  # beside a Head's file: the parts it holds (names relative to its folder, sizes)
 
 
 class MergeError(ValueError):
@@ -66,7 +68,7 @@ def merge(prefixes: list[str], output: str, quiet: bool = False, heads: list["He
     start = time.monotonic()
     parts = _ordered([(p, Manifest.read(p)) for p in prefixes])
     first = parts[0][1]
-    _check_alike(parts)
+    _check_alike(parts, {name for head in heads or [] for name, _ in head.close()})
     try:  # a part's recorded mismatch is refused before anything is written
         join_certificates([(p, m.certificate) for p, m in parts], "")
     except ValueError as exc:
@@ -134,7 +136,8 @@ def _files(prefix: str, m: Manifest) -> list[str]:
         prefix + ".json", prefix + ".rejects.jsonl"]
 
 
-def _check_alike(parts: list[tuple[str, Manifest]]) -> None:
+def _check_alike(parts: list[tuple[str, Manifest]], held: set[str]) -> None:
+    """`held`: the parts (NAME of NAME.bin) a head holds, whose .bin may be gone."""
     base_prefix, base = parts[0]
     settings = _settings(base)
     for prefix, m in parts:
@@ -148,7 +151,7 @@ def _check_alike(parts: list[tuple[str, Manifest]]) -> None:
             field = differ[0]
             raise MergeError(f"{prefix} and {base_prefix} were made differently: {field} {mine.get(field)!r} vs "
                              f"{settings[field]!r}" + (f" (and {', '.join(differ[1:])})" if differ[1:] else ""))
-        _check_files(prefix, m)
+        _check_files(prefix, m, held)
 
 
 def _settings(m: Manifest) -> dict:
@@ -160,7 +163,7 @@ def _settings(m: Manifest) -> dict:
     return found
 
 
-def _check_files(prefix: str, m: Manifest) -> None:
+def _check_files(prefix: str, m: Manifest, held: set[str]) -> None:
     """The part's files can be copied by its index: each index well formed and holding the manifest's
     counts, each .bin the size the manifest says (their bytes are checked as they are copied)."""
     for name, dtype in layout_of(m).channels(prefix, m.dtype):
@@ -174,7 +177,8 @@ def _check_files(prefix: str, m: Manifest) -> None:
                             f"{index.dtype}; {prefix}.json says {m.documents}, {m.sequences} of {dtype}")
         elif check_offsets(index, problems) and index_tokens(index) != m.tokens:
             problems.append(f"{index.path} describes {index_tokens(index)} tokens; {prefix}.json says {m.tokens}")
-        size, expected = os.path.getsize(name + ".bin"), m.tokens * dtype.itemsize
+        expected = m.tokens * dtype.itemsize
+        size = expected if name in held and not os.path.exists(name + ".bin") else os.path.getsize(name + ".bin")
         if size != expected:
             problems.append(f"{name}.bin: {size} bytes, but {prefix}.json says {m.tokens} tokens of "
                             f"{dtype.itemsize} bytes ({expected} bytes): truncated or extended")
@@ -250,7 +254,7 @@ def _join_channel(sources: list[tuple[str, Index, list | None]], bin_path: str, 
     the first ones as they are now; → the channel, and each part's (.idx, .bin) hashes as found (a recorded
     .bin hash taken as it is)."""
     names = [name for name, _, _ in sources]
-    sizes = [os.path.getsize(name + ".bin") for name in names]
+    sizes = [index_tokens(index) * dtype.itemsize for _, index, _ in sources]  # (each .bin's, `_check_files`)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     held = head.take(bin_path, list(zip(names, sizes))) if head is not None else 0
     with open(bin_path, "r+b" if held else "w+b") as out:
@@ -312,10 +316,15 @@ class Head:
     .bin files copied back to back into `path` as they are added, in order, by a thread of its own (the
     Ray executor adds a shard once every shard before it is done, so that the copy runs beside the tasks
     still working and only the last shards are left to copy once all are done). `merge(..., heads=)`
-    takes the file for its output's start (`take`) and copies only the parts after it."""
+    takes the file for its output's start (`take`) and copies only the parts after it.
 
-    def __init__(self, path: str) -> None:
-        self.path, self.parts, self.size = path, [], 0
+    `consume`: each part's .bin removed once copied, the parts held recorded beside the file first
+    (PATH.parts). Removed while its pages still wait to be written, a part never reaches the disk (a Ray run
+    that kept its shards wrote every byte twice, and removing 8.5 GB of them after the commit waited 3-4 s
+    on the disk: bench/results/cpu/2026-12-01h); a run stopped after that puts them back (`restore`)."""
+
+    def __init__(self, path: str, consume: bool = False) -> None:
+        self.path, self.parts, self.size, self.consume = path, [], 0, consume
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # (the umask applies, as to open())
         self._copying = ThreadPoolExecutor(max_workers=1)  # one part after another: one core's work beside the tasks
         self._copies = []
@@ -323,22 +332,34 @@ class Head:
     def add(self, name: str) -> None:
         """NAME.bin (a finished part: its size is final) copied after the parts added before."""
         size = os.path.getsize(name + ".bin")
-        self._copies.append(self._copying.submit(_copy_part, name, self._fd, self.size, size, False))
         self.parts.append((name, size))
+        self._copies.append(self._copying.submit(self._copy, name, self.size, size, list(self.parts)))
         self.size += size
 
+    def _copy(self, name: str, offset: int, size: int, held: list[tuple[str, int]]) -> None:
+        _copy_part(name, self._fd, offset, size, False)
+        if not self.consume:
+            return
+        folder = os.path.dirname(self.path)
+        with atomic_file(self.path + PARTS_SUFFIX) as f:  # (a part's .bin goes only once it is recorded)
+            json.dump([[os.path.relpath(n, folder), s] for n, s in held], f)
+        os.remove(name + ".bin")
+
     def take(self, path: str, parts: list[tuple[str, int]]) -> int:
-        """How many of `parts` (NAME, size of NAME.bin), from the first, the file holds, once moved to `path`;
-        0 (and the file removed) where it holds others, or could not be moved (another file system)."""
+        """How many of `parts` (NAME, size of NAME.bin), from the first, the file holds, once moved to `path`
+        (where it consumes its parts: linked there, and left where it is for `restore` until the run's folder
+        goes); 0 (its parts put back, and the file removed) where it holds others, or could not be moved."""
         held = self.close()
         if held == parts[:len(held)]:
-            try:
-                os.replace(self.path, path)
-                return len(held)
-            except OSError:
-                pass
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.path)
+            for put in ([_link] if self.consume else []) + [os.replace]:
+                with contextlib.suppress(OSError):
+                    put(self.path, path)
+                    return len(held)
+        if self.consume:
+            restore(self.path)
+        for name in (self.path, self.path + PARTS_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(name)
         return 0
 
     def close(self) -> list[tuple[str, int]]:
@@ -384,3 +405,40 @@ def _join_rejects(prefixes: list[str], out_path: str) -> bool:
                     shutil.copyfileobj(f, out)
                 found = True
     return found
+
+
+def _link(source: str, target: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(target)
+    os.link(source, target)
+
+
+def restore(path: str) -> int:
+    """The .bin files of the parts a `Head`'s file at `path` holds (PATH.parts), where they are gone, copied
+    back out of it, for a run stopped after they were joined to reuse them as any part left whole (and
+    check their bytes against their manifests, as it checks those); → how many. Nothing where the record
+    or the file cannot be read, or the file is shorter than its record (those parts are then made again)."""
+    folder, offset, restored = os.path.dirname(path), 0, 0
+    try:
+        with open(path + PARTS_SUFFIX, encoding="utf-8") as f:
+            held = [(os.path.join(folder, name), int(size)) for name, size in json.load(f)]
+        head = os.open(path, os.O_RDONLY)
+    except (OSError, ValueError, TypeError):
+        return 0
+    try:
+        for name, size in held:
+            if not os.path.exists(name + ".bin") and os.fstat(head).st_size >= offset + size:
+                with atomic_file(name + ".bin", "wb") as out:
+                    copied = 0
+                    while copied < size:
+                        n = _copy_range(head, out.fileno(), size - copied, offset + copied, copied)
+                        if n == 0:
+                            raise OSError(f"{path} ends before its record")
+                        copied += n
+                restored += 1
+            offset += size
+    except OSError:  # (the parts not put back are made again)
+        pass
+    finally:
+        os.close(head)
+    return restored

@@ -2,8 +2,8 @@
 
     driver: lock the step's final outputs → the shards an earlier run of the same command finished,
     checked and reused → a task per other shard `pipeline.run(Step(config with shard=Shard(k, N)))`,
-    each writing PREFIX.shards/k, whose .bin files are joined in shard order as they end (`_Heads`)
-    → `merge` per output prefix, from what was joined → all final files committed together
+    each writing PREFIX.shards/k, whose .bin files are joined in shard order as they end (`_Heads`),
+    each removed once joined → `merge` per output prefix, from what was joined → all committed together
     → PREFIX.shards removed
 
 The output prefix (-o) must be on a file system every node sees (NFS, Lustre, a mounted bucket...):
@@ -39,6 +39,8 @@ Its run.json, written before any task starts, names the run (`journal.identity`:
 recorded: the default depends on the cluster's CPUs); a folder of another run (other settings,
 inputs or count) is removed as the run starts. As a shard's result comes in, the driver saves its
 picked records beside it (K.picked, with its manifests' fingerprints and its rejects file's sha256).
+A shard's .bin joined into the merge's head was removed then (`merge.Head`, consume: removed while its pages
+wait to be written, little of it reaches the disk), and is put back from the head first (`merge.restore`).
 Nothing reused is trusted: a shard is reused only where its manifests name this shard and this
 run's tokenizer, its files hash to their fingerprint (`formats.integrity`), its rejects file and
 manifests are those its picked records were saved with, and those records read back from its files
@@ -96,7 +98,7 @@ from ..inputs.records import EmptyOutput
 from . import kept, pipeline
 from .certifier import take
 from .journal import identity
-from .merge import Head
+from .merge import Head, restore
 from .progress import Progress
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
@@ -257,6 +259,8 @@ def _run_shards(step_type, config, sources: list, address: str | None, shards: i
                                        output_prefix=os.path.join(shards_kept.directory, str(k))) for k in range(count)]
         kept.record(shards_kept, count)  # before any task starts: what the shards under it are the shards of
         shutil.rmtree(os.path.join(shards_kept.directory, STAGING), ignore_errors=True)  # an earlier merge's
+        if shards_kept.recorded:
+            heads.restore()
         results = (kept.reuse(step_type, configs, shards_kept.inputs, sources, checks, config.quiet)
                    if shards_kept.recorded else {})
         info["reused"] = sorted(results)
@@ -418,6 +422,14 @@ class _Heads:
         self.heads: dict[str, list[Head]] = {}  # by suffix: a Head a channel
         self.next = 0  # the first shard not handed yet
 
+    def restore(self) -> None:
+        """The shards' .bin files an earlier run of this command joined (each removed once joined), put back
+        from its heads (`merge.restore`) for `kept.reuse` to check and reuse as any other shard."""
+        if os.path.isdir(self.directory):
+            for name in sorted(os.listdir(self.directory)):
+                if name.endswith(".bin"):
+                    restore(os.path.join(self.directory, name))
+
     def begin(self, prefixes: list[str]) -> None:
         self.prefixes = prefixes
         shutil.rmtree(self.directory, ignore_errors=True)  # an earlier run's
@@ -431,7 +443,8 @@ class _Heads:
                 prefix = self.prefixes[self.next] + suffix
                 names = [name for name, _ in layout_of(manifest).channels(prefix, manifest.dtype)]
                 if suffix not in self.heads:
-                    self.heads[suffix] = [Head(os.path.join(self.directory, f"{n}.{c}.bin")) for c in range(len(names))]
+                    self.heads[suffix] = [Head(os.path.join(self.directory, f"{n}.{c}.bin"), consume=True)
+                                          for c in range(len(names))]
                 for head, name in zip(self.heads[suffix], names):
                     head.add(name)
             self.next += 1

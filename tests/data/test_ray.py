@@ -11,6 +11,7 @@ raised where the driver saves a finished shard's picked records (`kept.keep_pick
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import signal
@@ -383,10 +384,19 @@ def test_a_damaged_shard_is_done_again(tmp_path, ray_instance, text, monkeypatch
     data, local = text
     config = _pretrain_config(data, tmp_path / "ray")
     assert _stopped(config, monkeypatch) != []
-    with open(config.output_prefix + ".shards/1.bin", "r+b") as f:  # one byte of an id, the size kept
-        f.seek(8)
+    # Every shard was joined before the stop: each .bin went once copied into the merge's head, and the
+    # rerun puts them back from there (`merge.restore`), checked as any shard is.
+    shards = config.output_prefix + ".shards"
+    assert sorted(name for name in os.listdir(shards) if name.endswith(".bin")) == []
+    head = f"{shards}/joined/0.0.bin"
+    with open(head + ".parts", encoding="utf-8") as f:
+        assert [name for name, _ in json.load(f)] == ["../0", "../1", "../2"]
+    with open(head + ".parts", encoding="utf-8") as f:
+        at = json.load(f)[0][1] + 8  # one byte of an id of shard 1, the size kept
+    with open(head, "r+b") as f:
+        f.seek(at)
         byte = f.read(1)
-        f.seek(8)
+        f.seek(at)
         f.write(bytes([byte[0] ^ 1]))
     info = _resumed(_pretrain_config(data, config.output_prefix, quiet=False), local)
     assert info["reused"] == [0, 2] and info["attempts"] == {1: 1}

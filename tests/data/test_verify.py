@@ -4,6 +4,7 @@
 import errno
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -406,21 +407,33 @@ def test_a_part_whose_bin_changed_merges_into_an_output_verify_refuses(prefixes,
 def test_a_merge_starts_from_the_parts_joined_before_it_only_where_they_are_its_first(prefixes, tmp_path, name):
     """`merge.Head` (the Ray executor's shards joined as they end): a merge takes the file of its first parts,
     channel by channel, and copies only the others, giving the whole run's bytes; a head holding other parts
-    (not the first, or not in order) is set aside and every part copied, with the same result."""
+    (not the first, or not in order) is set aside and every part copied, with the same result. A head that
+    consumes its parts (Ray's) removes each .bin once copied and recorded, stays where it was (linked) for
+    `restore` to put them back, and puts them back itself where it is set aside."""
+    import shutil
+
     from qwen_data.formats.layouts import layout_of
     from qwen_data.formats.manifest import Manifest
-    from qwen_data.run.merge import Head, merge
+    from qwen_data.run.merge import Head, merge, restore
 
     args = {"web": ["pretrain"], "unpacked": ["sft", CHATS]}[name]
-    shards = [str(tmp_path / f"s{k}") for k in range(4)]
-    for k, shard in enumerate(shards):
+    made = tmp_path / "parts"
+    made.mkdir()
+    for k in range(4):
+        shard = str(made / f"s{k}")
         assert main([args[0], "--quiet", "--workers", "1", *args[1:], "--shard", f"{k}/4", "-o", shard]) == 0
-    channels = [[channel for channel, _ in layout_of(m).channels(shard, m.dtype)]
-                for shard, m in ((shard, Manifest.read(shard)) for shard in shards)]
     whole = prefixes[name]
     suffixes = [".bin", ".idx"] + ([".lossmask.bin", ".lossmask.idx"] if name == "unpacked" else [])
-    for label, held in (("first", [0, 1, 2]), ("all", [0, 1, 2, 3]), ("not_first", [1, 2]), ("swapped", [1, 0])):
-        heads = [Head(str(tmp_path / f"{label}.{c}.head")) for c in range(len(channels[0]))]
+    cases = [("first", [0, 1, 2], False), ("all", [0, 1, 2, 3], False), ("not_first", [1, 2], False),
+             ("swapped", [1, 0], False), ("consumed", [0, 1, 2], True), ("consumed_swapped", [1, 0], True)]
+    for label, held, consume in cases:
+        folder = tmp_path / f"{label}_parts"
+        shutil.copytree(made, folder)
+        shards = [str(folder / f"s{k}") for k in range(4)]
+        channels = [[channel for channel, _ in layout_of(m).channels(shard, m.dtype)]
+                    for shard, m in ((shard, Manifest.read(shard)) for shard in shards)]
+        originals = {c: Path(c + ".bin").read_bytes() for part in channels for c in part}
+        heads = [Head(str(tmp_path / f"{label}.{c}.head"), consume) for c in range(len(channels[0]))]
         for k in held:
             for c, head in enumerate(heads):
                 head.add(channels[k][c])
@@ -431,7 +444,12 @@ def test_a_merge_starts_from_the_parts_joined_before_it_only_where_they_are_its_
                 assert f.read() == expected.read(), f"{label}: {out}{suffix}"
         assert manifest(out)["fingerprint"] == manifest(whole)["fingerprint"], label
         assert verify_prefix(out) == []
-        assert not any(os.path.exists(head.path) for head in heads), f"{label}: a head was left behind"
+        if label == "consumed":  # the parts held gone, the heads left for `restore`, which puts them back
+            assert not any(os.path.exists(channels[k][c] + ".bin") for k in held for c in range(len(heads)))
+            assert all(restore(head.path) == len(held) for head in heads)
+        else:
+            assert not any(os.path.exists(head.path) for head in heads), f"{label}: a head was left behind"
+        assert {c: Path(c + ".bin").read_bytes() for c in originals} == originals, f"{label}: parts not put back"
 
 
 @pytest.mark.parametrize("name", ["web", "unpacked"])
