@@ -319,8 +319,8 @@ class Head:
     takes the file for its output's start (`take`) and copies only the parts after it.
 
     `consume`: each part's .bin removed once copied, the parts held recorded beside the file first
-    (PATH.parts). Removed while its pages still wait to be written, a part never reaches the disk (a Ray run
-    that kept its shards wrote every byte twice, and removing 8.5 GB of them after the commit waited 3-4 s
+    (PATH.parts). Removed while its pages still wait to be written, little of a part reaches the disk (a Ray
+    run that kept its shards wrote every byte twice, and removing 8.5 GB of them after the commit waited 3-4 s
     on the disk: bench/results/cpu/2026-12-01h); a run stopped after that puts them back (`restore`)."""
 
     def __init__(self, path: str, consume: bool = False) -> None:
