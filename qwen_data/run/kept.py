@@ -14,7 +14,6 @@ import pickle
 import re
 import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 from ..certify.checks import checks_for, read_back
 from ..errors import describe
@@ -31,11 +30,6 @@ PICKED_SUFFIX = ".picked"  # PREFIX.shards/K.picked: what reusing shard K needs 
 # A run's failures that are its data's (bad input, a certificate mismatch, a merge refused, too many
 # rejects, nothing to write): the same command would fail alike, so its shards are not kept.
 DATA_FAILURES = (ValueError, TooManyRejects, EmptyOutput)
-# Threads removing the shards' files: deleting a file just written frees its pages from the page cache, file
-# by file (8.5 GB in 64 files on a 16-core host: 1.0-3.4 s in one thread, 0.07-0.45 s in 8). Where the kernel is
-# already writing those pages out (a run that wrote more than its dirty-page threshold), a removal waits for that
-# writing, and threads do not shorten it.
-REMOVE_THREADS = 8
 
 
 @dataclasses.dataclass
@@ -69,28 +63,12 @@ def record(kept: Kept, count: int) -> None:
         json.dump({"run": kept.run, "shards": count}, f)
 
 
-def remove(directory: str) -> None:
-    """`directory` and all under it removed, its files by REMOVE_THREADS threads; what cannot be removed is left."""
-    files = [os.path.join(root, name) for root, _, names in os.walk(directory) for name in names]
-    with ThreadPoolExecutor(max_workers=REMOVE_THREADS) as pool:
-        for _ in pool.map(_unlink, files):
-            pass
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:  # (gone already, or not ours to remove: rmtree then leaves it as it would)
-        pass
-
-
 def left(exc: BaseException, directory: str, quiet: bool) -> None:
     """A failed or interrupted run's shards: removed where the data failed it (`DATA_FAILURES`, raised
     here or by a task), since a rerun would fail the same way; kept otherwise (interrupted, a task's
     process or node lost, Ray or the file system failing), for the same command to reuse."""
     if isinstance(exc, DATA_FAILURES) or isinstance(getattr(exc, "cause", None), DATA_FAILURES):
-        remove(directory)
+        shutil.rmtree(directory, ignore_errors=True)
     elif os.path.isdir(directory) and not quiet:
         print(f"ray: the finished shards stay under {directory}/: the same command reuses them", file=sys.stderr)
 

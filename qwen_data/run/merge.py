@@ -278,14 +278,22 @@ def _copy_part(source: str, out_fd: int, offset: int, size: int, read_back: bool
     """SOURCE.bin copied into the output at `offset` (in the kernel where it can); `read_back`: its
     (sha256, joinable hash) read back from there."""
     with open(source + ".bin", "rb") as f:
-        copied = 0
-        while copied < size:
-            n = _copy_range(f.fileno(), out_fd, size - copied, copied, offset + copied)
-            if n == 0:
-                raise MergeError(f"{source}.bin ends at byte {copied:,}, {size:,} were expected: "
-                                 f"{_remedy(source)}")
-            copied += n
+        copied = _copy_bytes(f.fileno(), out_fd, size, 0, offset)
+    if copied < size:
+        raise MergeError(f"{source}.bin ends at byte {copied:,}, {size:,} were expected: {_remedy(source)}")
     return _hash_range(out_fd, offset, size) if read_back else None
+
+
+def _copy_bytes(src: int, dst: int, size: int, src_offset: int, dst_offset: int) -> int:
+    """`size` bytes of `src` from `src_offset` copied to `dst` at `dst_offset`; → how many were (fewer where
+    `src` ends first)."""
+    copied = 0
+    while copied < size:
+        n = _copy_range(src, dst, size - copied, src_offset + copied, dst_offset + copied)
+        if n == 0:
+            break
+        copied += n
+    return copied
 
 
 def _copy_range(src: int, dst: int, count: int, src_offset: int, dst_offset: int) -> int:
@@ -429,12 +437,8 @@ def restore(path: str) -> int:
         for name, size in held:
             if not os.path.exists(name + ".bin") and os.fstat(head).st_size >= offset + size:
                 with atomic_file(name + ".bin", "wb") as out:
-                    copied = 0
-                    while copied < size:
-                        n = _copy_range(head, out.fileno(), size - copied, offset + copied, copied)
-                        if n == 0:
-                            raise OSError(f"{path} ends before its record")
-                        copied += n
+                    if _copy_bytes(head, out.fileno(), size, offset, 0) < size:
+                        raise OSError(f"{path} ends before its record")
                 restored += 1
             offset += size
     except OSError:  # (the parts not put back are made again)

@@ -153,7 +153,7 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
         shards_kept = kept.Kept(config.output_prefix + SHARDS_SUFFIX, identity(config, inputs), inputs)
         shards_kept.recorded = kept.recorded(shards_kept.directory, shards_kept.run, shards)
         if shards_kept.recorded is None:  # another run's shards (other settings, inputs or count), or none
-            kept.remove(shards_kept.directory)
+            shutil.rmtree(shards_kept.directory, ignore_errors=True)
         checks = _DriverChecks(type(step)(config), inputs, sources) if config.certify else None  # forks: before Ray
         heads = _Heads(os.path.join(shards_kept.directory, HEADS), suffixes)  # (each merge's start, made as shards end)
         try:
@@ -176,7 +176,7 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
             heads.close()
             if checks is not None:
                 checks.end()
-        kept.remove(shards_kept.directory)  # merged and committed: the shards are done with
+        shutil.rmtree(shards_kept.directory, ignore_errors=True)  # merged and committed: the shards are done with
     return manifests
 
 

@@ -390,9 +390,9 @@ def test_a_damaged_shard_is_done_again(tmp_path, ray_instance, text, monkeypatch
     assert sorted(name for name in os.listdir(shards) if name.endswith(".bin")) == []
     head = f"{shards}/joined/0.0.bin"
     with open(head + ".parts", encoding="utf-8") as f:
-        assert [name for name, _ in json.load(f)] == ["../0", "../1", "../2"]
-    with open(head + ".parts", encoding="utf-8") as f:
-        at = json.load(f)[0][1] + 8  # one byte of an id of shard 1, the size kept
+        held = json.load(f)
+    assert [name for name, _ in held] == ["../0", "../1", "../2"]
+    at = held[0][1] + 8  # one byte of an id of shard 1, the size kept
     with open(head, "r+b") as f:
         f.seek(at)
         byte = f.read(1)
