@@ -140,14 +140,33 @@ class IndexedDatasetWriter:
         offset = self.tokens * self.dtype.itemsize
         return self._indexed(tokens, sequence_lengths, None, digest), offset
 
+    def reserve(self, sequence_lengths, sequences_per_document, digest: str) -> int:
+        """`add_batch`'s index entries alone, for tokens another process writes from its own source
+        (packed rows, `layouts.Rows`): → where in the .bin their bytes go (as `place`)."""
+        if self._given is None:
+            raise ValueError("only a writer given its batches' hashes reserves room (it reads no byte back)")
+        offset = self.tokens * self.dtype.itemsize
+        lengths = np.asarray(sequence_lengths, dtype=np.int64)
+        self._index(lengths, sequences_per_document, digest, int(lengths.sum()))
+        return offset
+
     def _indexed(self, tokens, sequence_lengths, sequences_per_document, digest: str | None) -> np.ndarray:
         """A batch counted and put in the index (`add_batch`); → its tokens as the .bin holds them."""
-        if (digest is None) != (self._given is None):
-            raise ValueError("a writer made with hashed='given' takes each batch's digest, and only it")
         tokens = np.asarray(tokens)
         lengths = np.asarray(sequence_lengths, dtype=np.int64)
         if int(lengths.sum()) != len(tokens):
             raise ValueError("sequence lengths do not add up to the token count")
+        if tokens.size and tokens.dtype != self.dtype:
+            info = np.iinfo(self.dtype)
+            if tokens.min() < info.min or tokens.max() > info.max:
+                raise ValueError(f"token id outside {self.dtype}")
+        self._index(lengths, sequences_per_document, digest, len(tokens))
+        return np.ascontiguousarray(tokens, dtype=self.dtype)  # written as it is, no copy
+
+    def _index(self, lengths: np.ndarray, sequences_per_document, digest: str | None, tokens: int) -> None:
+        """A batch of `tokens` tokens counted and put in the index."""
+        if (digest is None) != (self._given is None):
+            raise ValueError("a writer made with hashed='given' takes each batch's digest, and only it")
         if lengths.size and (lengths.min() < 0 or lengths.max() > np.iinfo(np.int32).max):
             raise ValueError("sequence length outside int32")
         if sequences_per_document is None:
@@ -156,18 +175,13 @@ class IndexedDatasetWriter:
             per_doc = np.asarray(sequences_per_document, dtype=np.int64)
             if int(per_doc.sum()) != len(lengths):
                 raise ValueError("sequences per document do not add up to the sequence count")
-        if tokens.size and tokens.dtype != self.dtype:
-            info = np.iinfo(self.dtype)
-            if tokens.min() < info.min or tokens.max() > info.max:
-                raise ValueError(f"token id outside {self.dtype}")
         if self._given is not None:
             self._given.append(digest)
         self._lengths.write(lengths.astype(np.int32).tobytes())
         self._doc_ends.write((self.sequences + np.cumsum(per_doc)).astype(np.int64).tobytes())
         self.sequences += len(lengths)
         self.documents += len(per_doc)
-        self.tokens += len(tokens)
-        return np.ascontiguousarray(tokens, dtype=self.dtype)  # written as it is, no copy
+        self.tokens += tokens
 
     def write_at(self, data: np.ndarray, offset: int) -> None:
         """A placed batch's bytes (`place`) written by this process."""

@@ -8,15 +8,17 @@ finished samples become its rows, how they are read back (`open`), and what `ver
                     its sequences, then one sequence of pad ids (mask 0) when the row is not full
   PaiLayout         Pai-Megatron-Patch's rows (`pai`): 2 × seq_length values, ids then labels
 
-`layout_of(manifest)` names the layout of a prefix; `LaidOut` writes the rows of a layout that lays
-them out (packed, pai) as windows of samples close (`finish`: from the samples a merge gathered at
-PREFIX.unpacked);
+`layout_of(manifest)` names the layout of a prefix; `LaidOut` places the rows of a layout that lays
+them out (packed, pai) as windows of samples close, and what it gives writes them from the samples
+staged at PREFIX.unpacked (`Rows`: a worker's errand in a run; `finish`: a merge's);
 `layout.open(prefix)` gives its documents back (`StoredDocuments`), as every reader of ours takes them.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
+import mmap
 from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar
@@ -26,11 +28,12 @@ import numpy as np
 from ..qwen import DEFAULT_PAD_ID
 from . import pai
 from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, check,
-                      check_same_index, read_tokens)
+                      check_same_index, pwrite_all, read_tokens)
 from .manifest import Manifest, SFTSection, fingerprinted
 from .outputs import AtomicOutputs
 from .digest import piece_hashes, repeated_hashes
-from .packing import DEFAULT_PACKING, RowBuffers, RowGroups, padded_rows, rows_digests, window_plans
+from .packing import (DEFAULT_PACKING, RowBuffers, RowGroups, SampleWindows, padded_rows,
+                      rows_digests)
 
 CHUNK = 1 << 20  # index entries checked at a time
 
@@ -231,7 +234,7 @@ class PaiLayout(DataLayout):
         return pai.pad_id(vocab_size)
 
     def rows(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> "_PaiRowWriter":
-        return _PaiRowWriter(outputs, prefix, pad_id)
+        return _PaiRowWriter(outputs, prefix, dtype, pad_id)
 
     @property
     def row_values(self) -> int:
@@ -293,29 +296,75 @@ def layout_of(manifest: Manifest) -> DataLayout:
 # Writing: windows of samples → the final rows (readers of rows: `PaiRows`, `StoredDocuments` below)
 
 
+ROW_BYTES = 1 << 22  # of a window's rows laid out at a time by `Rows.write` (its memory; a window is ~40 MB)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A window's packed rows (`PackedMaskLayout`, ids then mask), written by whoever runs `write`
+    (a worker, beside its tasks, or the run's writer thread): laid out from its samples as the staged
+    files hold them and written at the rows' places. Their index entries and hashes are the
+    writer's, made from the samples' lengths and own hashes (`_MaskRowWriter.place`): no byte of the
+    rows passes through the process that plans them."""
+
+    samples: tuple[str, str]  # the staged samples' ids .bin and mask .bin (back to back, in input order)
+    first: int  # the window's first token there
+    lengths: np.ndarray  # its samples'
+    plan: RowGroups
+    dtype: str
+    pad_id: int
+    out: tuple[str, str]  # the rows' ids .bin and mask .bin ...
+    at: tuple[int, int]  # ... and where in them the rows begin, in bytes
+
+    def write(self) -> None:
+        dtype, plan, width = np.dtype(self.dtype), self.plan, self.plan.capacity
+        tokens = int(self.lengths.sum())
+        batch = max(1, ROW_BYTES // (width * (dtype.itemsize + 1)))
+        buffers, starts = RowBuffers(), plan.row_starts
+        ids = _mapped(self.samples[0], self.first * dtype.itemsize, tokens, dtype)
+        mask = _mapped(self.samples[1], self.first, tokens, np.uint8)
+        with open(self.out[0], "r+b", buffering=0) as out_ids, open(self.out[1], "r+b", buffering=0) as out_mask:
+            for a in range(0, plan.rows, batch):
+                b = min(a + batch, plan.rows)
+                part = RowGroups(plan.order[starts[a]:starts[b]], plan.row_sizes[a:b], plan.row_tokens[a:b], width)
+                rows_ids, rows_mask = padded_rows(ids, mask, self.lengths, part, self.pad_id, buffers)
+                pwrite_all(out_ids.fileno(), memoryview(rows_ids).cast("B"), self.at[0] + a * width * dtype.itemsize)
+                pwrite_all(out_mask.fileno(), memoryview(rows_mask).cast("B"), self.at[1] + a * width)
+
+
+def _mapped(path: str, offset: int, count: int, dtype) -> np.ndarray:
+    """`count` items of `dtype` of the file at `path` from byte `offset`, mapped read-only (the staged
+    samples, from the page cache the workers just wrote them to: never copied in whole); unmapped
+    once the array is let go."""
+    dtype = np.dtype(dtype)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), offset - start + count * dtype.itemsize, prot=mmap.PROT_READ, offset=start)
+    return np.frombuffer(mapped, dtype, count, offset - start)
+
+
 class _MaskRowWriter:
     """Rows of ids and loss mask, each padded to its capacity (`MaskLayout`), hashed from their
-    samples' own hashes (`packing.rows_digests`): the bytes are written, never read again to hash."""
+    samples' own hashes (`packing.rows_digests`) and written by whoever runs their `Rows`."""
 
     def __init__(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> None:
         self.data = MaskedWriter([outputs.tmp(path) for path in MaskedWriter.files(prefix)], dtype, hashed="given")
         self.pad_id, self.dtype = pad_id, np.dtype(dtype)
-        self.buffers = RowBuffers()
         self._pads: np.ndarray | None = None  # the hash of k pad ids, k up to a row's capacity
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups,
-            hashes: np.ndarray | None = None) -> int:
-        """The rows of `plan` from its samples back to back; how many tokens they train. `hashes`:
-        the samples' own (`packing.SampleWindows`; none: made here, from their bytes)."""
-        if hashes is None:
-            hashes = np.concatenate([piece_hashes(ids.astype(self.dtype, copy=False), lengths),
-                                     piece_hashes(mask, lengths)], axis=1)
+    def place(self, samples: tuple[str, str], first: int, lengths: np.ndarray, plan: RowGroups,
+              hashes: np.ndarray) -> Rows:
+        """The rows of `plan` in the index, their hashes made from the samples' (`hashes`: ids' then
+        mask's, `packing.SampleWindows`); → what writes them, from the samples as staged at
+        `samples` from token `first`."""
         if self._pads is None or len(self._pads) <= plan.capacity:
             self._pads = repeated_hashes(np.array([self.pad_id], self.dtype).tobytes(), plan.capacity)
-        rows_ids, rows_mask = padded_rows(ids, mask, lengths, plan, self.pad_id, self.buffers)
-        self.data.add_batch(rows_ids, rows_mask, *plan.sequence_layout(lengths),
-                            digests=rows_digests(lengths, plan, hashes, self.dtype.itemsize, self._pads))
-        return int(np.count_nonzero(mask))
+        ids_digest, mask_digest = rows_digests(lengths, plan, hashes, self.dtype.itemsize, self._pads)
+        sequences, per_doc = plan.sequence_layout(lengths)
+        at = (self.data.ids.reserve(sequences, per_doc, ids_digest),
+              self.data.mask.reserve(sequences, per_doc, mask_digest))
+        return Rows(samples, first, lengths, plan, self.dtype.str, self.pad_id,
+                    (self.data.ids.bin_path, self.data.mask.bin_path), at)
 
     def close(self) -> dict:
         self.data.finalize()
@@ -323,49 +372,69 @@ class _MaskRowWriter:
 
 
 class _PaiRowWriter:
-    """Rows of ids then labels (`PaiLayout`); the loss-mask channel of an older run goes."""
+    """Rows of ids then labels (`PaiLayout`), laid out and hashed as written, here; the loss-mask
+    channel of an older run goes."""
 
-    def __init__(self, outputs: AtomicOutputs, prefix: str, pad_id: int) -> None:
+    def __init__(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> None:
         self.data = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
-        self.pad_id = pad_id
+        self.pad_id, self.dtype = pad_id, np.dtype(dtype)
+        self.trained = 0
         for path in MaskedWriter.files(prefix)[2:]:
             outputs.leave_out(path)
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups,
-            hashes: np.ndarray | None = None) -> int:
-        return pai.write_rows(ids, mask, lengths, plan, self.data, self.pad_id)  # (hashed as written)
+    def place(self, samples: tuple[str, str], first: int, lengths: np.ndarray, plan: RowGroups,
+              hashes: np.ndarray) -> "_PaiRows":
+        return _PaiRows(self, samples, first, lengths, plan)
 
     def close(self) -> dict:
         self.data.finalize()
         return counts_of(self.data, [self.data.digests])
 
 
+@dataclass(frozen=True)
+class _PaiRows:
+    """A window's Pai rows: written in order by the run's writer thread, which reads the samples."""
+
+    writer: _PaiRowWriter
+    samples: tuple[str, str]
+    first: int
+    lengths: np.ndarray
+    plan: RowGroups
+
+    def write(self) -> None:
+        tokens, writer = int(self.lengths.sum()), self.writer
+        ids = _mapped(self.samples[0], self.first * writer.dtype.itemsize, tokens, writer.dtype)
+        mask = _mapped(self.samples[1], self.first, tokens, np.uint8)
+        writer.trained += pai.write_rows(ids, mask, self.lengths, self.plan, writer.data, writer.pad_id)
+
+
 class LaidOut:
-    """The rows of a layout that lays them out, written as windows of samples close
-    (`packing.SampleWindows` in a run, `packing.window_plans` over the samples a merge gathered),
-    in the layout named."""
+    """The rows of a layout that lays them out, placed as windows of samples close
+    (`packing.SampleWindows`) from samples staged at `samples` (ids .bin, mask .bin), in the layout
+    named; each window's rows are written by whoever runs what `place` gives (`write`), once the
+    window's samples are in those files."""
 
     def __init__(self, outputs: AtomicOutputs, prefix: str, layout_name: str, packing: str | None,
-                 seq_length: int, dtype, pad_id: int) -> None:
-        self.layout_name, self.packing, self.seq_length = layout_name, packing, seq_length
+                 seq_length: int, dtype, pad_id: int, samples: tuple[str, str]) -> None:
+        self.layout_name, self.packing, self.seq_length, self.samples = layout_name, packing, seq_length, samples
         self.writer = sft_layout(layout_name, packing is not None, seq_length).rows(outputs, prefix, dtype, pad_id)
-        self.rows = self.tokens = self.trained = 0
+        self.rows = self.tokens = 0
         # Where each sample went, where its layout keeps samples as sequences (mask, packed): per
         # window (its first sample, its first sequence, its samples' sequences from there).
-        self.sequences = self.samples = 0
+        self.sequences = self.samples_placed = 0
         self._placed: list[tuple[int, int, np.ndarray]] = []
         self.sequenced = layout_name == "mask" and packing is not None
 
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups,
-            hashes: np.ndarray | None = None) -> None:
-        """`hashes`: the samples' own (`packing.SampleWindows`; none: made from their bytes)."""
-        self.trained += self.writer.add(ids, mask, lengths, plan, hashes)
+    def place(self, first: int, lengths: np.ndarray, plan: RowGroups, hashes: np.ndarray):
+        """A closed window (`packing.SampleWindows`): its rows placed; → what writes them (`write`)."""
+        rows = self.writer.place(self.samples, first, lengths, plan, hashes)
         self.rows += plan.rows
         self.tokens += plan.tokens
         if self.sequenced:
-            self._placed.append((self.samples, self.sequences, plan.sample_sequences()))
+            self._placed.append((self.samples_placed, self.sequences, plan.sample_sequences()))
             self.sequences += int(plan.row_sizes.sum() + (plan.row_tokens < plan.capacity).sum())
-        self.samples += len(plan.order)
+        self.samples_placed += len(plan.order)
+        return rows
 
     def sequence_of(self, sample: int) -> int:
         """The sequence of the rows holding sample `sample` (counting every sample laid out from 0)."""
@@ -373,15 +442,37 @@ class LaidOut:
         first, sequence, placed = self._placed[k]
         return sequence + int(placed[sample - first])
 
-    def close(self, section: SFTSection) -> tuple[dict, SFTSection]:
-        """The manifest's counts, and `section` with what was laid out (nothing left to merge)."""
+    def close(self, section: SFTSection, trained: int) -> tuple[dict, SFTSection]:
+        """The manifest's counts, and `section` with what was laid out (nothing left to merge), once
+        every window's rows are written; `trained`: the samples' trained tokens (packed rows train
+        what their samples do; Pai's rows count their labels)."""
         counts = self.writer.close()
+        if isinstance(self.writer, _PaiRowWriter):
+            trained = self.writer.trained
         capacity = self.rows * self.seq_length
         rows = dict(packing=self.packing, rows=self.rows,
                     fill=round(self.tokens / capacity if capacity else 0.0, 6)) if self.packing else {}
         return counts, section.replace(layout=self.layout_name, packed=self.packing is not None,
-                                       trained_tokens=self.trained, pad_tokens=capacity - self.tokens,
+                                       trained_tokens=trained, pad_tokens=capacity - self.tokens,
                                        pack_on_merge=None, layout_on_merge=None, **rows)
+
+
+HASHED_TOKENS = 1 << 23  # of staged samples read at a time to hash them (`staged_windows`)
+
+
+def staged_windows(windows, ids_path: str, mask_path: str, dtype, lengths: np.ndarray):
+    """The windows of samples already staged (`ids_path`, `mask_path`: a merge's, a resumed run's),
+    fed to `windows` (`packing.SampleWindows`) with their hashes, made from their bytes a window's
+    worth at a time (memory stays flat)."""
+    ends = np.cumsum(lengths)
+    with open(ids_path, "rb") as ids, open(mask_path, "rb") as mask:
+        first = 0
+        while first < len(lengths):
+            last = max(first + 1, int(np.searchsorted(ends, ends[first] + HASHED_TOKENS)))
+            part, tokens = lengths[first:last], int(lengths[first:last].sum())
+            yield from windows.add(part, (piece_hashes(np.fromfile(ids, dtype, tokens), part),
+                                          piece_hashes(np.fromfile(mask, np.uint8, tokens), part)))
+            first = last
 
 
 def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: np.ndarray, section: SFTSection,
@@ -392,14 +483,16 @@ def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: 
     out. `LaidOut.close`'s counts and section."""
     layout_name = section.layout_on_merge or section.layout
     packing = (section.packing or DEFAULT_PACKING) if section.pack_on_merge else None
-    laid_out = LaidOut(outputs, prefix, layout_name, packing, section.seq_length, samples.ids.dtype, pad_id)
-    with open(samples.ids.bin_path, "rb") as ids, open(samples.mask.bin_path, "rb") as mask:
-        for lengths, plan in window_plans(lengths, packing, section.seq_length):  # windows follow each other
-            laid_out.add(np.fromfile(ids, samples.ids.dtype, plan.tokens), np.fromfile(mask, np.uint8, plan.tokens),
-                         lengths, plan)
+    dtype = samples.ids.dtype
+    laid_out = LaidOut(outputs, prefix, layout_name, packing, section.seq_length, dtype, pad_id,
+                       (samples.ids.bin_path, samples.mask.bin_path))
+    windows = SampleWindows(packing, section.seq_length)
+    staged = staged_windows(windows, samples.ids.bin_path, samples.mask.bin_path, dtype, lengths)
+    for window in itertools.chain(staged, windows.close()):  # windows follow each other
+        laid_out.place(*window).write()
     for path in MaskedWriter.files(prefix + UNPACKED):
         outputs.discard(path)
-    return laid_out.close(section)
+    return laid_out.close(section, section.trained_tokens)
 
 
 def counts_of(data: IndexedDatasetWriter, digests: list[tuple[str, str]]) -> dict:

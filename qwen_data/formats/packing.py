@@ -37,7 +37,7 @@ from functools import cached_property
 import numpy as np
 
 from .._native import best_fit_rows, pack_rows
-from .digest import piece_hashes, pieces_digest
+from .digest import pieces_digest
 
 
 @dataclass(frozen=True)
@@ -230,72 +230,39 @@ def next_window(lengths: np.ndarray, packing: str | None, capacity: int, final: 
 
 
 class SampleWindows:
-    """Samples as a run makes them, in order; out come the windows of `next_window` as they
-    close, each with its plan (`add`, then `close` for the last ones). The samples wait in one
-    buffer per channel; the windows that close take it with them (their arrays are views of it,
-    valid until it is given back by `reuse`: a layout may write them while the next samples come),
-    and the samples of the window still open go on in buffers of their own, given back ones where
-    there are (fresh ones of tens of megabytes would be faulted in page by page, every window)."""
+    """Samples as a run makes them, in order, by their lengths and hashes alone (their bytes are
+    staged by the workers that made them); out come the windows of `next_window` as they close
+    (`add`, then `close` for the last ones), each saying where its samples begin among all the
+    samples' tokens: whoever writes its rows reads them from there (`layouts.Rows`)."""
 
-    def __init__(self, packing: str | None, capacity: int, dtype) -> None:
+    def __init__(self, packing: str | None, capacity: int) -> None:
         self.packing, self.capacity = packing, capacity
-        self._ids, self._mask = np.zeros(0, dtype), np.zeros(0, np.uint8)
         self._lengths: list[np.ndarray] = []
         self._hashes: list[np.ndarray] = []  # per sample: its ids' and its mask's own hash (`digest.piece_hashes`)
-        self._tokens = 0
-        self._spare: list[tuple[np.ndarray, np.ndarray]] = []
+        self._open = 0  # tokens of the samples not in a closed window
+        self._first = 0  # where they begin among all the samples' tokens
 
-    def reuse(self, ids: np.ndarray, mask: np.ndarray) -> None:
-        """The buffers of windows that were laid out (`ids` and `mask` of any of them), to be written again."""
-        self._spare.append((ids.base if ids.base is not None else ids, mask.base if mask.base is not None else mask))
-
-    def _buffers(self, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """A buffer pair of `size` tokens or more: one given back, or new ones."""
-        while self._spare:
-            ids, mask = self._spare.pop()
-            if len(ids) >= size:
-                return ids, mask
-        return np.empty(size, self._ids.dtype), np.empty(size, np.uint8)
-
-    def add(self, ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, hashes: tuple | None = None):
-        """Copies the samples (the arrays may be views of memory about to be reused). `hashes`: each
-        sample's ids' and mask's own hashes as written (`digest.piece_hashes`; none: made here)."""
-        if hashes is None:
-            hashes = piece_hashes(ids.astype(self._ids.dtype, copy=False), lengths), piece_hashes(mask, lengths)
-        self._hashes.append(np.concatenate(hashes, axis=1))
-        end = self._tokens + len(ids)
-        if end > len(self._ids):
-            # a window's worth at once: np.empty costs nothing until its pages are written, where
-            # doubling from the first result's size copied the open window's samples 4-5 times
-            grown = max(end, 2 * len(self._ids), PACK_WINDOW + len(ids))
-            self._ids = np.concatenate([self._ids[:self._tokens], np.empty(grown - self._tokens, self._ids.dtype)])
-            self._mask = np.concatenate([self._mask[:self._tokens], np.empty(grown - self._tokens, np.uint8)])
-        self._ids[self._tokens:end], self._mask[self._tokens:end] = ids, mask
+    def add(self, lengths: np.ndarray, hashes: tuple[np.ndarray, np.ndarray]):
+        """`hashes`: each sample's ids' and its mask's own hashes as written (`digest.piece_hashes`)."""
         self._lengths.append(np.array(lengths, np.int64))
-        self._tokens = end
-        if end >= PACK_WINDOW:
+        self._hashes.append(np.concatenate(hashes, axis=1))
+        self._open += int(self._lengths[-1].sum())
+        if self._open >= PACK_WINDOW:
             yield from self._windows(final=False)
 
     def close(self):
         yield from self._windows(final=True)
 
     def _windows(self, final: bool):
-        """(ids, mask, lengths, plan, hashes) of each window that is closed, its samples back to back
-        (hashes: each sample's ids' then mask's own, four uint64 a row)."""
+        """(first token, lengths, plan, hashes) of each window that is closed."""
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
         hashes = np.concatenate(self._hashes) if self._hashes else np.zeros((0, 4), np.uint64)
-        ids, mask, tokens = self._ids, self._mask, self._tokens
-        first = at = 0
+        first = 0
         while first < len(lengths) and (plan := next_window(lengths[first:], self.packing, self.capacity, final)):
             n = len(plan.order)
-            if not at:  # the buffers go with the windows: the samples still to come need others
-                self._ids, self._mask = self._buffers(len(ids))
-            yield (ids[at: at + plan.tokens], mask[at: at + plan.tokens], lengths[first: first + n], plan,
-                   hashes[first: first + n])
-            first, at = first + n, at + plan.tokens
-        if at:  # the samples of the window still open, at the front of their buffers
-            self._ids[:tokens - at], self._mask[:tokens - at] = ids[at:tokens], mask[at:tokens]
-            self._lengths, self._hashes, self._tokens = [lengths[first:]], [hashes[first:]], tokens - at
+            yield self._first, lengths[first: first + n], plan, hashes[first: first + n]
+            first, self._first, self._open = first + n, self._first + plan.tokens, self._open - plan.tokens
+        self._lengths, self._hashes = [lengths[first:]], [hashes[first:]]
 
 
 def window_plans(lengths: np.ndarray, packing: str | None, capacity: int):
@@ -312,7 +279,7 @@ def padded_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: Ro
                 pad_id: int, buffers: "RowBuffers | None" = None) -> tuple[np.ndarray, np.ndarray]:
     """The rows of `plan` from its samples laid back to back in input order, each padded to
     exactly its capacity: (ids, mask), rows back to back; a copy a sample, in C (`_native.pack_rows`,
-    which lets the GIL go: the writer's thread packs while the main thread takes results).
+    which lets the GIL go: a worker's errand packs while its tasks go on, `layouts.Rows`).
     `buffers`: where to put the rows (valid until their next use), instead of new arrays."""
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     starts = np.cumsum(lengths) - lengths

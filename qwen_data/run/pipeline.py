@@ -136,6 +136,9 @@ class Writer(Protocol):
         """Finish the files; the manifest of each dataset by its prefix (inputs, rejects and time
         are filled in by `run`)."""
 
+    # A writer may also have `ending()`: called once every result is added, while the workers still take
+    # its errands (`workers.ordered_map`'s `ending`: `SFTWriter` has its last rows written there).
+
 
 class Step(Protocol):
     """Built from its config alone (`Step(config)`), at no cost: an executor asks it what it writes
@@ -330,7 +333,7 @@ def _consume(step: Step, config: RunConfig, sources: list[InputFile], writer: Wr
     numbers = LineNumbers()
     _replay(resumed, numbers, checked, progress, certifier, journal)
     try:
-        results = _results(step, config, chunks, in_process)
+        results = _results(step, config, chunks, in_process, getattr(writer, "ending", None))
         for result in results:
             input_bytes, first, span, path = handed.popleft()
             shift = numbers.shift(first, span, result.lines)  # a worker numbered a span's lines from 1
@@ -428,7 +431,9 @@ def _take_checks(checks, certifier: Certifier, checked: RunChecks, result: Chunk
     return None
 
 
-def _results(step: Step, config: RunConfig, chunks: Iterator[Chunk], in_process: bool) -> Iterator[ChunkResult]:
+def _results(step: Step, config: RunConfig, chunks: Iterator[Chunk], in_process: bool,
+             ending=None) -> Iterator[ChunkResult]:
+    """`ending`: the writer's, once every result is written, while the workers still take its errands."""
     work = functools.partial(_process, step)
     if in_process:
         # One chunk is processed here: forking a worker for it (and importing multiprocess) takes
@@ -440,7 +445,7 @@ def _results(step: Step, config: RunConfig, chunks: Iterator[Chunk], in_process:
     return ordered_map(work, chunks, config.workers, worker_growth=max(64 << 20, WORKER_CACHES // config.workers),
                        shared_fields=step.shared_fields,
                        slot_bytes=SLOT_BYTES_PER_CHUNK_BYTE * config.chunk_bytes + SLOT_MARGIN,
-                       before_fork=pause_threads)
+                       before_fork=pause_threads, ending=ending)
 
 
 def _process(step: Step, chunk: Chunk) -> ChunkResult:

@@ -14,6 +14,8 @@ slot may be given to another task. A result too big for its slot goes through th
 The consumer may instead have the worker that made a result write its arrays into files itself
 (`Placement.write`, where they belong, at offsets the consumer hands out in order): the bytes then
 pass through no other process, and the slot stays taken until the worker says they are written.
+It may also hand a worker an errand (`errand`: a call beside its tasks, run by a thread of the worker's
+own, answered as a write is: packed rows laid out from files the workers wrote, `layouts.Rows`).
 
 A worker is replaced by a fresh one once it has grown by `worker_growth` bytes of resident memory
 (or after `tasks_per_worker` tasks), to bound whatever caches grow inside it (the tokenizer's
@@ -53,7 +55,7 @@ import socket
 import threading
 import time
 import traceback
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import multiprocess
 import numpy as np
@@ -70,12 +72,14 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 def ordered_map(fn: Callable, items: Iterable, workers: int, tasks_per_worker: int | None = None,
                 worker_growth: int | None = None, shared_fields: tuple[str, ...] = (), slot_bytes: int = 0,
-                before_fork: Callable[[], None] | None = None) -> Iterator:
+                before_fork: Callable[[], None] | None = None, ending: Callable[[], None] | None = None) -> Iterator:
     """`fn(item)` for every item, in order. A worker is replaced after `tasks_per_worker` tasks or
     once it grew by `worker_growth` bytes; `shared_fields`: attributes of a result holding numpy
     arrays (or lists of them) that travel through slots of `slot_bytes` each; `before_fork` runs
-    before each worker is forked."""
-    return _OrderedMap(fn, workers, tasks_per_worker, worker_growth, shared_fields, slot_bytes, before_fork).run(items)
+    before each worker is forked; `ending` once the last result was taken and written, while the
+    workers still take errands (`errand`: the consumer's last ones)."""
+    return _OrderedMap(fn, workers, tasks_per_worker, worker_growth, shared_fields, slot_bytes,
+                       before_fork).run(items, ending)
 
 
 class _OrderedMap:
@@ -87,10 +91,10 @@ class _OrderedMap:
         self.positions = [_Position(SLOTS, slot_bytes if shared_fields else 0) for _ in range(workers)]
         self.live: set[_Worker] = set()
         self.done: dict[int, tuple[_Worker, int, object]] = {}  # finished, waiting for their turn
-        self.writing: dict[tuple[_Worker, int], Placement] = {}  # (worker, slot) → a write asked of it
-        self.sent = 0
+        self.writing: dict[tuple[_Worker, int], "Placement | Errand"] = {}  # (worker, slot) → a write asked of it
+        self.sent = self.errands = 0
 
-    def run(self, items: Iterable) -> Iterator:
+    def run(self, items: Iterable, ending: Callable[[], None] | None = None) -> Iterator:
         items, turn, exhausted, finished = iter(items), 0, False, False
         try:
             while True:
@@ -110,7 +114,11 @@ class _OrderedMap:
                         worker.position.slots.append(slot)  # the consumer is done with the result's views
                     continue
                 if exhausted and turn == self.sent and not self.writing:
-                    break
+                    if ending is None:
+                        break
+                    ending, last = None, ending
+                    last()  # (its errands are waited for as any)
+                    continue
                 self._receive()
             for worker in self.live:
                 worker.retire()  # each exits once it reads this: nothing is queued any more
@@ -119,6 +127,20 @@ class _OrderedMap:
             with _stops_held():
                 for worker in self.live:
                     worker.end(kill=not finished)
+
+    def errand(self, fn: Callable, arg) -> "Errand | None":
+        """`fn(arg)` run by a worker beside its tasks (the one with the fewest errands and writes
+        asked of it), answered apart from them; the map ends once it is done, and fails with its error.
+        None where no worker takes messages any more (the map is ending): the caller runs it itself."""
+        idle = [worker for worker in self.live if not worker.retired and not worker.conn.closed]
+        if not idle:
+            return None
+        worker = min(idle, key=lambda w: w.writes)
+        self.errands += 1
+        key = -self.errands  # (never a slot's number)
+        worker.ask((None, key, _Call(fn, arg)))
+        errand = self.writing[worker, key] = Errand()
+        return errand
 
     def _send_more(self, items: Iterator) -> bool:
         """Tasks to every free position; → whether `items` ran out."""
@@ -193,6 +215,23 @@ class Placement:
         self.worker.position.slots.append(self.slot)
         if self.then is not None:
             self.then()
+
+
+class Errand:
+    """A call a worker was asked to run (`_OrderedMap.errand`): `done` once it says it ran."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def written(self) -> None:
+        self.done = True
+
+
+class _Call(NamedTuple):
+    """An errand as it crosses the pipe: `fn(arg)`."""
+
+    fn: Callable
+    arg: object
 
 
 class SideProcess:
@@ -464,6 +503,18 @@ def _write_slot(message, arena: mmap.mmap | None) -> tuple:
     return None, slot, True, None, None, 0
 
 
+def _run_errands(errands: queue.SimpleQueue, written: queue.SimpleQueue) -> None:
+    """The errands asked of this worker (`_OrderedMap.errand`), in order, each answered as a write is."""
+    while (message := errands.get()) is not None:
+        _, key, call = message
+        try:
+            call.fn(call.arg)
+            written.put((None, key, True, None, None, 0))
+        except Exception as exc:  # (any: the main process waits for this answer)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+            written.put((None, key, False, f"worker {os.getpid()} running {call.fn.__qualname__}: {why}", None, 0))
+
+
 def _view(arena: mmap.mmap, spot: _InSlot) -> np.ndarray:
     dtype = np.dtype(spot.dtype)
     count = int(np.prod(spot.shape, dtype=np.int64))
@@ -486,7 +537,11 @@ def serve(conn, parent: int, fn: Callable, shared_fields: tuple, arena: mmap.mma
     written: queue.SimpleQueue = queue.SimpleQueue()
     answering = threading.Thread(target=_answer_writes, args=(conn, written, sending), daemon=True)
     answering.start()
-    threading.Thread(target=_receive, args=(conn, tasks, arena, written), daemon=True).start()
+    # Errands run by a thread of their own: the one draining the pipe never waits on one either.
+    errands: queue.SimpleQueue = queue.SimpleQueue()
+    running = threading.Thread(target=_run_errands, args=(errands, written), daemon=True)
+    running.start()
+    threading.Thread(target=_receive, args=(conn, tasks, arena, written, errands), daemon=True).start()
     while (task := tasks.get()) is not _STOP:
         index, slot, item = task
         try:
@@ -502,20 +557,27 @@ def serve(conn, parent: int, fn: Callable, shared_fields: tuple, arena: mmap.mma
             message = _dumps((index, slot, False, WorkerError(f"{answer[3]!r}"), answer[4], 0))
         with sending:
             conn.send_bytes(message)
-    written.put(None)  # every write asked before the stop is done (the pipe is read in order): its answer sent
+    errands.put(None)  # every errand asked before the stop (the pipe is read in order) run, then answered
+    running.join()
+    written.put(None)  # every write asked before the stop is done: its answer sent
     answering.join()
 
 
-def _receive(conn, tasks: queue.SimpleQueue, arena: mmap.mmap | None, written: queue.SimpleQueue) -> None:
-    """The pipe drained: tasks queued for the worker's loop, writes of its slots done here at once
-    (`Placement.write`: the loop goes on with its task meanwhile; the write lets go of the GIL)."""
+def _receive(conn, tasks: queue.SimpleQueue, arena: mmap.mmap | None, written: queue.SimpleQueue,
+             errands: queue.SimpleQueue) -> None:
+    """The pipe drained: tasks queued for the worker's loop, errands for theirs, writes of its slots
+    done here at once (`Placement.write`: the loop goes on with its task meanwhile; the write lets
+    go of the GIL)."""
     while True:
         try:
             task = pickle.loads(conn.recv_bytes())
         except EOFError:
             task = _STOP
         if task is not _STOP and task[0] is None:
-            written.put(_write_slot(task, arena))
+            if isinstance(task[2], _Call):
+                errands.put(task)
+            else:
+                written.put(_write_slot(task, arena))
             continue
         tasks.put(task)
         if task is _STOP:

@@ -12,9 +12,10 @@ if the row is not full, so a reader knows every boundary and samples never need 
 `qwen_data.formats.layouts` says what each layout is.
 Packing and the Pai layout lay a run's samples out in rows window by window as they come
 (`packing.SampleWindows`); a shard leaves its samples as they are, and `merge` lays them out (`layouts.finish`).
-A run that keeps a journal (`run.journal`) and lays out rows also stages its samples as they come
-(PREFIX.unpacked, journaled chunk by chunk, removed at the commit): a row waits on samples of chunks
-to come, so a killed run resumes from the samples, laying out again the rows they made.
+A run that lays out rows stages its samples as they come (PREFIX.unpacked, written by the workers that
+made them, journaled chunk by chunk, removed at the commit), and its rows are laid out from there
+(`SFTWriter`): a row waits on samples of chunks to come, so a killed run resumes from the samples,
+laying out again the rows they made.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from ..certify.spelling import SpellingError
 from ..errors import RecordError
 from ..formats.digest import piece_hashes, pieces_digest
 from ..formats.indexed import Behind, IndexedDatasetWriter, MaskedWriter, token_dtype
-from ..formats.layouts import UNPACKED, DataLayout, LaidOut, counts_of, sft_layout
+from ..formats.layouts import UNPACKED, DataLayout, LaidOut, Rows, counts_of, sft_layout, staged_windows
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
-from ..formats.packing import DEFAULT_PACKING, PACK_WINDOW, PACKINGS, SampleWindows
+from ..formats.packing import DEFAULT_PACKING, PACKINGS, SampleWindows
 from ..inputs.columns import ColumnMap
 from ..inputs.chunks import Chunk
 from ..inputs.records import Record, Rejects, check_unicode, reject_entry
@@ -387,16 +388,14 @@ def _fit(ids: np.ndarray, mask: np.ndarray, config: SFTConfig, pad_id: int):
     return ids, mask, truncated
 
 
-LAYOUTS_WAITING = 2  # windows of samples (PACK_WINDOW tokens, 5 bytes each) held for the layout at most
-
-
 class SFTWriter:
-    """Samples as they come: as they are (the mask layout unpacked; a shard's, for `merge`), their
-    ids and mask written by the workers that made them (`run.journal.Placed`), or, for a layout
-    that lays out rows, its rows, written here as windows of samples close (`packing.SampleWindows`).
-    With a journal (`resumed` given), a run that lays out rows also stages its samples as they come,
-    written as unpacked ones are (`ChatSamples.journaled`): a resumed run lays out the rows of the
-    samples it reuses again."""
+    """Samples as they come, their ids and mask written where they belong by the workers that made
+    them (`run.journal.Placed`): the output itself (the mask layout unpacked; a shard's, for `merge`),
+    or, for a layout that lays out rows, PREFIX.unpacked, staged (journaled as unpacked ones are, so
+    a resumed run lays out the rows of the samples it reuses again). Rows are placed here from the
+    samples' lengths and hashes as windows close (`packing.SampleWindows`) and written, once the
+    window's samples are staged, by a worker beside its tasks (`workers` errands), or behind this
+    process's thread where none is left: this process touches no id byte of theirs."""
 
     def __init__(self, step: ChatSamples, outputs: AtomicOutputs, resumed: Resumed | None = None) -> None:
         """`resumed`: the chunks a killed run wrote, which the staged samples hold (`run.journal`);
@@ -406,21 +405,16 @@ class SFTWriter:
         self.dtype = token_dtype(step.tokenizer.vocab_size)
         self.prefix = config.output_prefix
         reused = resumed is not None and bool(resumed.chunks)
-        self.samples = None  # the samples as they come, where they are written so
-        if resumed is not None or not config.lays_out_here:
-            files = MaskedWriter.files(step.samples_prefix)
-            paths = [outputs.tmp(path) for path in files]
-            self.samples = MaskedWriter(paths, self.dtype, hashed="given", resumed=(
-                joined(resumed, outputs.staged(files[0])), joined(resumed, outputs.staged(files[2]))) if reused else None)
+        files = MaskedWriter.files(step.samples_prefix)
+        self.samples = MaskedWriter([outputs.tmp(path) for path in files], self.dtype, hashed="given", resumed=(
+            joined(resumed, outputs.staged(files[0])), joined(resumed, outputs.staged(files[2]))) if reused else None)
+        self.workers = None  # the map whose workers write rows (`workers.ordered_map`'s, met in a result's placement)
         if config.lays_out_here:
             packing = config.packing if config.pack else None
-            self.windows = SampleWindows(packing, config.seq_length, self.dtype)
+            self.windows = SampleWindows(packing, config.seq_length)
             self.laid_out = LaidOut(outputs, self.prefix, config.layout, packing, config.seq_length, self.dtype,
-                                    step.pad_id)
-            # Rows are laid out and written behind this process's thread, which takes the next results
-            # meanwhile (at 16 workers it was busy 2.7 s of a packed run's 3 s, 600 MB; its writing now
-            # costs it half: bench/results/cpu/2026-11-29-sft-main-checkers.md).
-            self.laying = Behind(most=LAYOUTS_WAITING)
+                                    step.pad_id, (self.samples.ids.bin_path, self.samples.mask.bin_path))
+            self.laying = Behind()  # rows written here: where no worker takes them (`_write`)
         self.in_order = Placed()  # the chunks of samples whose bytes their workers may still be writing
         self.lengths: list[np.ndarray] = []
         self.truncated = self.special_records = self.trained = 0
@@ -428,8 +422,9 @@ class SFTWriter:
             self.lengths.append(self.samples.ids.sequence_lengths())
             self.truncated, self.special_records = resumed.total("truncated"), resumed.total("special_records")
             self.trained = resumed.total("trained")
-            if config.lays_out_here:
-                self._lay_out_staged(self.lengths[0])
+            if config.lays_out_here:  # (the rows of the samples reused, laid out again as they were)
+                self._lay_out(staged_windows(self.windows, self.samples.ids.bin_path, self.samples.mask.bin_path,
+                                             self.dtype, self.lengths[0]))
 
     @property
     def documents(self) -> int:
@@ -445,13 +440,13 @@ class SFTWriter:
 
     def add(self, result: SampleBatch) -> None:
         lengths = result.lengths.copy()  # (a view of memory the next result reuses, as the arrays are)
-        if self.samples is not None:  # (written by the worker that made them, where it still can)
-            ids, mask = self.samples.ids, self.samples.mask
-            self.in_order.add(getattr(result, "placement", None), [
-                (ids, result.ids, lengths, result.digests[0]), (mask, result.mask, lengths, result.digests[1])],
-                result.digests)
+        placement = getattr(result, "placement", None)  # (written by the worker that made them, where it still can)
+        self.workers = placement.owner if placement is not None else self.workers
+        ids, mask = self.samples.ids, self.samples.mask
+        self.in_order.add(placement, [(ids, result.ids, lengths, result.digests[0]),
+                                      (mask, result.mask, lengths, result.digests[1])], result.digests)
         if self.step.config.lays_out_here:
-            self._lay_out(list(self.windows.add(result.ids, result.mask, lengths, result.sample_hashes)))
+            self._lay_out(self.windows.add(lengths, result.sample_hashes))
         self.lengths.append(lengths)
         self.truncated += result.truncated
         self.special_records += result.special_records
@@ -460,18 +455,14 @@ class SFTWriter:
     def behind(self, call) -> None:
         """`call()` once the samples added so far are in their files (the journal vouches for
         those, not for the rows laid out from them)."""
-        if self.samples is not None:
-            self.in_order.behind(call)
-        else:
-            self.laying.submit(call, room=False)
+        self.in_order.behind(call)
 
     def settle(self) -> None:
         """Wait for what runs behind (an interrupted run: its journal is closed next); its errors are
         not wanted."""
         if self.step.config.lays_out_here:
             self.laying.close(failed=True)
-        if self.samples is not None:
-            self.in_order.settle()
+        self.in_order.settle()
 
     def ends(self) -> dict[str, int]:
         """Where the files of samples ended once the chunk being journaled was added (its workers
@@ -484,43 +475,36 @@ class SFTWriter:
         ids_digest, mask_digest = self.in_order.current.digests
         return self.samples.ids.journaled(ids_digest) | self.samples.mask.journaled(mask_digest)
 
-    def _lay_out_staged(self, lengths: np.ndarray) -> None:
-        """The rows of the samples a resumed run reuses, laid out again from where they are staged,
-        as they were laid out as they came (windows fall where the samples' lengths put them)."""
-        ends = np.cumsum(lengths)
-        with open(self.samples.ids.bin_path, "rb") as ids, open(self.samples.mask.bin_path, "rb") as mask:
-            first = 0
-            while first < len(lengths):  # a window's tokens at a time, so memory stays flat
-                last = max(first + 1, int(np.searchsorted(ends, ends[first] + PACK_WINDOW)))
-                tokens = int(lengths[first:last].sum())
-                self._lay_out(list(self.windows.add(np.fromfile(ids, self.dtype, tokens),
-                                                    np.fromfile(mask, np.uint8, tokens), lengths[first:last])))
-                first = last
+    def _lay_out(self, windows) -> None:
+        """The windows that closed: their rows placed now, written once their samples are staged."""
+        for window in windows:
+            rows = self.laid_out.place(*window)
+            self.in_order.behind(lambda rows=rows: self._write(rows))
 
-    def _lay_out(self, windows: list) -> None:
-        """The windows that closed (views of one buffer pair), laid out behind; their buffers then reused."""
-        def lay_out():
-            for window in windows:
-                self.laid_out.add(*window)
-            self.windows.reuse(*windows[0][:2])
+    def _write(self, rows) -> None:
+        """A window's rows written by a worker beside its tasks where one still takes them (mask rows),
+        else behind this thread (in order: Pai's are hashed as they are written)."""
+        if isinstance(rows, Rows) and self.workers is not None and self.workers.errand(Rows.write, rows):
+            return
+        self.laying.submit(rows.write)
 
-        if windows:
-            self.laying.submit(lay_out)
+    def ending(self) -> None:
+        """Every sample is added: the last windows' rows placed while the workers can still write them."""
+        if self.step.config.lays_out_here:
+            self._lay_out(self.windows.close())
 
     def close(self) -> dict[str, Manifest]:
         config, step = self.step.config, self.step
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         section = self._section(lengths)
-        if self.samples is not None:
-            self.in_order.close()
+        self.in_order.close()
         if config.lays_out_here:
-            self._lay_out(list(self.windows.close()))
+            self._lay_out(self.windows.close())
             self.laying.close()
-            counts, section = self.laid_out.close(section)
-            if self.samples is not None:  # staged for a resume only
-                self.samples.abort()
-                for path in MaskedWriter.files(step.samples_prefix):
-                    self.outputs.discard(path)
+            counts, section = self.laid_out.close(section, self.trained)
+            self.samples.abort()  # (staged: the rows are written)
+            for path in MaskedWriter.files(step.samples_prefix):
+                self.outputs.discard(path)
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
             self.samples.finalize()
             counts = counts_of(self.samples.ids, self.samples.digests)

@@ -13,6 +13,7 @@ import pytest
 
 from _helpers import data_fingerprint, sft, write_jsonl
 from qwen_data.formats import pai
+from qwen_data.formats.digest import piece_hashes
 from qwen_data.formats.indexed import IndexedDatasetWriter, IndexFormatError, MaskedWriter
 from qwen_data.formats.layouts import DocumentLayout, MaskLayout, PackedMaskLayout, PaiLayout
 from qwen_data.formats.outputs import AtomicOutputs
@@ -46,13 +47,15 @@ def staged(path, items) -> MaskedWriter:
 
 
 def laid_out(layout, prefix, items, plan, pad):
-    """`items` written by `layout.rows` into the rows of `plan`."""
+    """`items` staged, then written by `layout.rows` into the rows of `plan` from there, as a run
+    places a window's rows (from the samples' hashes) and has them written (`write`)."""
     lengths = np.array([len(ids) for ids, _ in items])
-    ids = np.concatenate([ids for ids, _ in items])
-    mask = np.concatenate([mask for _, mask in items])
+    samples = staged(prefix + ".staged", items)
+    hashes = np.concatenate([piece_hashes(np.concatenate([ids for ids, _ in items]), lengths),
+                             piece_hashes(np.concatenate([mask for _, mask in items]), lengths)], axis=1)
     outputs = AtomicOutputs(MaskedWriter.files(prefix))
     rows = layout.rows(outputs, prefix, np.int32, pad)
-    rows.add(ids, mask, lengths, plan)
+    rows.place((samples.ids.bin_path, samples.mask.bin_path), 0, lengths, plan, hashes).write()
     rows.close()
     outputs.commit(markers=[])
 

@@ -308,20 +308,20 @@ def test_one_per_row():
 @pytest.mark.parametrize("method", ["best-fit", "next-fit", None])
 def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monkeypatch, method):
     """A run feeds `SampleWindows` chunk by chunk; a merge lays out all its shards' samples at once
-    (`windows`): the windows, their plans and so the rows must be the same whatever the pieces."""
+    (`windows`): the windows, their plans and so the rows must be the same whatever the pieces, and
+    each window says where its samples begin among all the samples' tokens (where the row writer reads
+    them from the staged files) with their hashes."""
     monkeypatch.setattr(packing, "PACK_WINDOW", 5000)
     lengths = realistic_sft_lengths(400, capacity=1024, seed=3)
     ids = np.arange(lengths.sum(), dtype=np.int32)
     mask = (ids % 3 == 0).astype(np.uint8)
+    hashes = piece_hashes(ids, lengths), piece_hashes(mask, lengths)
     at_once = list(window_plans(lengths, method, 1024))
     rng = np.random.default_rng(0)
     cuts = np.sort(rng.choice(np.arange(1, len(lengths)), 40, replace=False))
-    stream, fed = SampleWindows(method, 1024, np.int32), []
-    ends = np.cumsum(lengths)
+    stream, fed = SampleWindows(method, 1024), []
     for a, b in zip([0, *cuts], [*cuts, len(lengths)]):
-        first = int(ends[a - 1]) if a else 0
-        fed += [(i.copy(), m.copy(), n, p, h) for i, m, n, p, h in  # views, valid until the next add
-                stream.add(ids[first:ends[b - 1]], mask[first:ends[b - 1]], lengths[a:b])]
+        fed += stream.add(lengths[a:b], (hashes[0][a:b], hashes[1][a:b]))
     fed += stream.close()
     def rows(plans):  # every row's samples, numbered over all samples
         out, first = [], 0
@@ -332,48 +332,18 @@ def test_windows_fed_in_any_pieces_give_the_windows_of_all_samples_at_once(monke
 
     assert rows(plan for *_, plan, _ in fed) == rows(plan for _, plan in at_once)
     assert len(at_once) > 3 if method == "best-fit" else len(fed) > 3  # several windows
-    at = 0
-    for w_ids, w_mask, w_lengths, plan, hashes in fed:  # each window's samples as they were fed, and their hashes
-        assert np.array_equal(w_ids, ids[at:at + plan.tokens]) and np.array_equal(w_mask, mask[at:at + plan.tokens])
-        assert np.array_equal(hashes, np.concatenate([piece_hashes(w_ids, w_lengths), piece_hashes(w_mask, w_lengths)],
-                                                     axis=1))
-        at += plan.tokens
-    assert at == len(ids)
+    at = sample = 0
+    for first, w_lengths, plan, w_hashes in fed:  # each window's samples where they begin, and their hashes
+        n = len(plan.order)
+        assert first == at and np.array_equal(w_lengths, lengths[sample:sample + n])
+        assert np.array_equal(w_hashes, np.concatenate([piece_hashes(ids[at:at + plan.tokens], w_lengths),
+                                                        piece_hashes(mask[at:at + plan.tokens], w_lengths)], axis=1))
+        at, sample = at + plan.tokens, sample + n
+    assert at == len(ids) and sample == len(lengths)
     if method == "best-fit":  # each window the fewest samples holding PACK_WINDOW tokens, the last what is left
         assert all(lengths.sum() >= 5000 and lengths[:-1].sum() < 5000 for lengths, _ in at_once[:-1])
     else:  # rows as packing all samples at once
         assert rows([(PACKINGS[method] if method else one_per_row)(lengths, 1024)]) == rows(p for _, p in at_once)
-
-
-def test_windows_stay_whole_until_their_buffers_are_given_back(monkeypatch):
-    """A run lays out windows behind its main thread (`SFTWriter`): their arrays are views of buffers
-    the next samples must not touch until the layout gives them back (`reuse`), whatever the pieces'
-    sizes (a piece larger than every buffer given back makes new ones)."""
-    monkeypatch.setattr(packing, "PACK_WINDOW", 5000)
-    lengths = realistic_sft_lengths(600, capacity=1024, seed=5)
-    ids = np.arange(lengths.sum(), dtype=np.int32)
-    mask = (ids % 5 == 0).astype(np.uint8)
-    ends = np.cumsum(lengths)
-    cuts = [*range(5, 200, 7), 420, *range(425, 600, 11)]  # samples 200-420 in one piece: the buffers grow
-    stream, waiting, at = SampleWindows("best-fit", 1024, np.int32), [], 0
-
-    def lay_out(batch):  # as the layout thread: each window's samples as fed, then its buffers back
-        nonlocal at
-        for w_ids, w_mask, _, plan, _ in batch:
-            assert np.array_equal(w_ids, ids[at:at + plan.tokens]) and np.array_equal(w_mask, mask[at:at + plan.tokens])
-            at += plan.tokens
-        stream.reuse(*batch[0][:2])
-
-    for a, b in zip([0, *cuts], [*cuts, len(lengths)]):
-        first = int(ends[a - 1]) if a else 0
-        waiting += [batch for batch in [list(stream.add(ids[first:ends[b - 1]], mask[first:ends[b - 1]],
-                                                        lengths[a:b]))] if batch]
-        while len(waiting) > 2:  # the layout two batches behind
-            lay_out(waiting.pop(0))
-    waiting += [batch for batch in [list(stream.close())] if batch]
-    for batch in waiting:
-        lay_out(batch)
-    assert at == len(ids)
 
 
 def test_best_fit_in_windows_fills_realistic_rows_at_4096():

@@ -25,7 +25,6 @@ from _oracles import oracle_dir
 from qwen_data.cli import main
 from qwen_data.formats import packing
 from qwen_data.formats.layouts import UNPACKED
-from qwen_data.steps import sft
 
 KILLER = """
 import os, signal, sys
@@ -173,15 +172,14 @@ def rows_sft(request, chat_records, tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("whole-rows") / "w")
     extra = request.param
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sft, "PACK_WINDOW", WINDOW)
         patch.setattr(packing, "PACK_WINDOW", WINDOW)
         assert main([*_sft_args(chat_records, prefix), *extra]) == 0
     return extra, manifest(prefix)
 
 
 WINDOW = 20_000  # tokens a best-fit window packs here (a few chunks' samples)
-SMALL_WINDOWS = f"from qwen_data.formats import packing; from qwen_data.steps import sft; " \
-                f"packing.PACK_WINDOW = sft.PACK_WINDOW = {WINDOW}\n"
+SMALL_WINDOWS = f"from qwen_data.formats import packing; " \
+                f"packing.PACK_WINDOW = {WINDOW}\n"
 
 
 @pytest.mark.parametrize("where, after", [("between-chunks", 7), ("mid-chunk", 13), ("commit", 2)])
@@ -191,7 +189,6 @@ def test_a_killed_run_that_lays_out_rows_resumes_to_the_same_bytes(chat_records,
     extra, whole = rows_sft
     prefix = str(tmp_path / "r")
     args = [*_sft_args(chat_records, prefix), *extra]
-    monkeypatch.setattr(sft, "PACK_WINDOW", WINDOW)
     monkeypatch.setattr(packing, "PACK_WINDOW", WINDOW)
     monkeypatch.setattr(sys.modules[__name__], "KILLER", SMALL_WINDOWS + KILLER)
     again = killed_then_resumed(args, prefix, where, after, whole, staged=prefix + UNPACKED)
