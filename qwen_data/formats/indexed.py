@@ -140,9 +140,10 @@ class IndexedDatasetWriter:
         offset = self.tokens * self.dtype.itemsize
         return self._indexed(tokens, sequence_lengths, None, digest), offset
 
-    def reserve(self, sequence_lengths, sequences_per_document, digest: str) -> int:
+    def reserve(self, sequence_lengths, sequences_per_document, digest: "str | Pending") -> int:
         """`add_batch`'s index entries alone, for tokens another process writes from its own source
-        (packed rows, `layouts.Rows`): → where in the .bin their bytes go (as `place`)."""
+        (packed rows, `layouts.Rows`): → where in the .bin their bytes go (as `place`). `digest`: their
+        joinable hash, or a `Pending` one that process fills in once it has written them."""
         if self._given is None:
             raise ValueError("only a writer given its batches' hashes reserves room (it reads no byte back)")
         offset = self.tokens * self.dtype.itemsize
@@ -212,7 +213,12 @@ class IndexedDatasetWriter:
     @property
     def digests(self) -> tuple[str, str]:
         """(.idx, .bin) content hashes, hex; valid after `finalize`."""
-        return self._idx_hash.hexdigest(), join(self._given) if self._given is not None else self._bin_hash.hexdigest()
+        if self._given is None:
+            return self._idx_hash.hexdigest(), self._bin_hash.hexdigest()
+        given = [d.value if isinstance(d, Pending) else d for d in self._given]
+        if None in given:
+            raise RuntimeError("a batch placed in the .bin was never written (its hash never came)")
+        return self._idx_hash.hexdigest(), join(given)
 
     def abort(self) -> None:
         """Close and remove everything written so far."""
@@ -223,6 +229,13 @@ class IndexedDatasetWriter:
         for path in (self.bin_path, self.idx_path, self._lengths.name, self._doc_ends.name):
             if os.path.exists(path):
                 os.remove(path)
+
+
+class Pending:
+    """The joinable hash of a batch another process writes and hashes (`IndexedDatasetWriter.reserve`),
+    filled in once it says so."""
+
+    value: str | None = None
 
 
 # SFT data is two datasets with one index: the ids at PREFIX, the uint8 loss mask at PREFIX.lossmask.

@@ -17,6 +17,7 @@ staged at PREFIX.unpacked (`Rows`: a worker's errand in a run; `finish`: a merge
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import mmap
 from dataclasses import dataclass
@@ -28,10 +29,10 @@ import numpy as np
 from ..qwen import DEFAULT_PAD_ID
 from . import pai
 from .indexed import (MASK_SUFFIX, Index, IndexedDatasetWriter, IndexFormatError, MaskedWriter, bin_tokens, check,
-                      check_same_index, pwrite_all, read_tokens)
+                      Pending, check_same_index, pwrite_all, read_tokens)
 from .manifest import Manifest, SFTSection, fingerprinted
 from .outputs import AtomicOutputs
-from .digest import piece_hashes, repeated_hashes
+from .digest import BinDigest, piece_hashes, repeated_hashes
 from .packing import (DEFAULT_PACKING, RowBuffers, RowGroups, SampleWindows, padded_rows,
                       rows_digests)
 
@@ -332,6 +333,34 @@ class Rows:
                 pwrite_all(out_mask.fileno(), memoryview(rows_mask).cast("B"), self.at[1] + a * width)
 
 
+@dataclass(frozen=True)
+class PaiWindowRows:
+    """A window's Pai rows (ids then labels, `pai`), laid out from the staged samples, written at their
+    place and hashed by whoever runs `write` (their bytes are no join of the samples'): → their joinable
+    hash and trained labels, for the writer (`_PaiRowWriter.place`'s `landed`)."""
+
+    samples: tuple[str, str]
+    first: int
+    lengths: np.ndarray
+    plan: RowGroups
+    dtype: str  # the samples'
+    pad_id: int
+    out: str  # the rows' .bin ...
+    at: int  # ... and where in it they begin, in bytes
+
+    def write(self) -> tuple[str, int]:
+        dtype, tokens = np.dtype(self.dtype), int(self.lengths.sum())
+        ids = _mapped(self.samples[0], self.first * dtype.itemsize, tokens, dtype)
+        mask = _mapped(self.samples[1], self.first, tokens, np.uint8)
+        digest, trained, row_bytes = BinDigest(), 0, 2 * self.plan.capacity * pai.DTYPE.itemsize
+        with open(self.out, "r+b", buffering=0) as out:
+            for first, rows in pai.row_batches(ids, mask, self.lengths, self.plan, self.pad_id):
+                digest.update(rows)
+                pwrite_all(out.fileno(), memoryview(rows).cast("B"), self.at + first * row_bytes)
+                trained += pai.trained_labels(rows)
+        return digest.hexdigest(), trained
+
+
 def _mapped(path: str, offset: int, count: int, dtype) -> np.ndarray:
     """`count` items of `dtype` of the file at `path` from byte `offset`, mapped read-only (the staged
     samples, from the page cache the workers just wrote them to: never copied in whole); unmapped
@@ -353,10 +382,10 @@ class _MaskRowWriter:
         self._pads: np.ndarray | None = None  # the hash of k pad ids, k up to a row's capacity
 
     def place(self, samples: tuple[str, str], first: int, lengths: np.ndarray, plan: RowGroups,
-              hashes: np.ndarray) -> Rows:
+              hashes: np.ndarray) -> tuple[Rows, None]:
         """The rows of `plan` in the index, their hashes made from the samples' (`hashes`: ids' then
         mask's, `packing.SampleWindows`); → what writes them, from the samples as staged at
-        `samples` from token `first`."""
+        `samples` from token `first` (and nothing to do with what it gives back)."""
         if self._pads is None or len(self._pads) <= plan.capacity:
             self._pads = repeated_hashes(np.array([self.pad_id], self.dtype).tobytes(), plan.capacity)
         ids_digest, mask_digest = rows_digests(lengths, plan, hashes, self.dtype.itemsize, self._pads)
@@ -364,7 +393,7 @@ class _MaskRowWriter:
         at = (self.data.ids.reserve(sequences, per_doc, ids_digest),
               self.data.mask.reserve(sequences, per_doc, mask_digest))
         return Rows(samples, first, lengths, plan, self.dtype.str, self.pad_id,
-                    (self.data.ids.bin_path, self.data.mask.bin_path), at)
+                    (self.data.ids.bin_path, self.data.mask.bin_path), at), None
 
     def close(self) -> dict:
         self.data.finalize()
@@ -372,40 +401,33 @@ class _MaskRowWriter:
 
 
 class _PaiRowWriter:
-    """Rows of ids then labels (`PaiLayout`), laid out and hashed as written, here; the loss-mask
-    channel of an older run goes."""
+    """Rows of ids then labels (`PaiLayout`), each hashed where it is written (`PaiWindowRows`); the
+    loss-mask channel of an older run goes."""
 
     def __init__(self, outputs: AtomicOutputs, prefix: str, dtype, pad_id: int) -> None:
-        self.data = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE)
+        self.data = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE,
+                                         hashed="given")
         self.pad_id, self.dtype = pad_id, np.dtype(dtype)
         self.trained = 0
         for path in MaskedWriter.files(prefix)[2:]:
             outputs.leave_out(path)
 
     def place(self, samples: tuple[str, str], first: int, lengths: np.ndarray, plan: RowGroups,
-              hashes: np.ndarray) -> "_PaiRows":
-        return _PaiRows(self, samples, first, lengths, plan)
+              hashes: np.ndarray) -> tuple[PaiWindowRows, object]:
+        """The rows of `plan` in the index (one sequence of 2 x capacity values each); → what writes
+        them, and what takes what it gives back (their hash, their trained labels)."""
+        pending = Pending()
+        at = self.data.reserve(np.full(plan.rows, 2 * plan.capacity), None, pending)
+        return PaiWindowRows(samples, first, lengths, plan, self.dtype.str, self.pad_id, self.data.bin_path, at), \
+            functools.partial(self._landed, pending)
+
+    def _landed(self, pending: Pending, written: tuple[str, int]) -> None:
+        pending.value, trained = written
+        self.trained += trained
 
     def close(self) -> dict:
         self.data.finalize()
         return counts_of(self.data, [self.data.digests])
-
-
-@dataclass(frozen=True)
-class _PaiRows:
-    """A window's Pai rows: written in order by the run's writer thread, which reads the samples."""
-
-    writer: _PaiRowWriter
-    samples: tuple[str, str]
-    first: int
-    lengths: np.ndarray
-    plan: RowGroups
-
-    def write(self) -> None:
-        tokens, writer = int(self.lengths.sum()), self.writer
-        ids = _mapped(self.samples[0], self.first * writer.dtype.itemsize, tokens, writer.dtype)
-        mask = _mapped(self.samples[1], self.first, tokens, np.uint8)
-        writer.trained += pai.write_rows(ids, mask, self.lengths, self.plan, writer.data, writer.pad_id)
 
 
 class LaidOut:
@@ -426,7 +448,8 @@ class LaidOut:
         self.sequenced = layout_name == "mask" and packing is not None
 
     def place(self, first: int, lengths: np.ndarray, plan: RowGroups, hashes: np.ndarray):
-        """A closed window (`packing.SampleWindows`): its rows placed; → what writes them (`write`)."""
+        """A closed window (`packing.SampleWindows`): its rows placed; → (what writes them, `write`, anywhere;
+        what takes what that gives back here, None where nothing)."""
         rows = self.writer.place(self.samples, first, lengths, plan, hashes)
         self.rows += plan.rows
         self.tokens += plan.tokens
@@ -489,7 +512,10 @@ def finish(outputs: AtomicOutputs, prefix: str, samples: MaskedWriter, lengths: 
     windows = SampleWindows(packing, section.seq_length)
     staged = staged_windows(windows, samples.ids.bin_path, samples.mask.bin_path, dtype, lengths)
     for window in itertools.chain(staged, windows.close()):  # windows follow each other
-        laid_out.place(*window).write()
+        rows, landed = laid_out.place(*window)
+        written = rows.write()
+        if landed is not None:
+            landed(written)
     for path in MaskedWriter.files(prefix + UNPACKED):
         outputs.discard(path)
     return laid_out.close(section, section.trained_tokens)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .indexed import IndexedDatasetWriter
 from .packing import RowGroups
 
 IGNORE = -100  # a label that is not trained (torch's cross-entropy ignore_index)
@@ -30,22 +29,23 @@ def pad_id(vocab_size: int) -> int:
     return vocab_size
 
 
-def write_rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups, out: IndexedDatasetWriter,
-               pad: int) -> int:
-    """Samples (ids + loss mask, back to back in input order) as the rows of `plan`, into `out`;
-    how many labels are trained."""
+def row_batches(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, plan: RowGroups, pad: int):
+    """Samples (ids + loss mask, back to back in input order) as the rows of `plan`: (the first
+    row's number, rows of 2 x capacity values) up to ROWS_PER_BATCH rows at a time."""
     width = plan.capacity
     starts = np.cumsum(lengths) - lengths
-    row_starts, trained = plan.row_starts, 0
+    row_starts = plan.row_starts
     for first in range(0, plan.rows, ROWS_PER_BATCH):
         last = min(first + ROWS_PER_BATCH, plan.rows)
         order = plan.order[row_starts[first]:row_starts[last]]
-        rows = _rows(np.concatenate([ids[starts[s]:starts[s] + lengths[s]] for s in order]),
-                     np.concatenate([mask[starts[s]:starts[s] + lengths[s]] for s in order]),
-                     lengths[order], plan.row_tokens[first:last], width, pad)
-        out.add_batch(rows.ravel(), np.full(last - first, 2 * width))
-        trained += int((rows[:, width:] != IGNORE).sum())
-    return trained
+        yield first, _rows(np.concatenate([ids[starts[s]:starts[s] + lengths[s]] for s in order]),
+                           np.concatenate([mask[starts[s]:starts[s] + lengths[s]] for s in order]),
+                           lengths[order], plan.row_tokens[first:last], width, pad)
+
+
+def trained_labels(rows: np.ndarray) -> int:
+    """How many labels of rows (`row_batches`) are trained."""
+    return int((rows[:, rows.shape[1] // 2:] != IGNORE).sum())
 
 
 def _rows(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, row_tokens: np.ndarray, width: int,

@@ -128,10 +128,11 @@ class _OrderedMap:
                 for worker in self.live:
                     worker.end(kill=not finished)
 
-    def errand(self, fn: Callable, arg) -> "Errand | None":
+    def errand(self, fn: Callable, arg, then: Callable | None = None) -> "Errand | None":
         """`fn(arg)` run by a worker beside its tasks (the one with the fewest errands and writes
-        asked of it), answered apart from them; the map ends once it is done, and fails with its error.
-        None where no worker takes messages any more (the map is ending): the caller runs it itself."""
+        asked of it), answered apart from them: `then(what fn gave)` runs here once it is (in the
+        consumer's thread); the map ends once it is done, and fails with its error. None where no
+        worker takes messages any more (the map is ending): the caller runs it itself."""
         idle = [worker for worker in self.live if not worker.retired and not worker.conn.closed]
         if not idle:
             return None
@@ -139,7 +140,7 @@ class _OrderedMap:
         self.errands += 1
         key = -self.errands  # (never a slot's number)
         worker.ask((None, key, _Call(fn, arg)))
-        errand = self.writing[worker, key] = Errand()
+        errand = self.writing[worker, key] = Errand(then)
         return errand
 
     def _send_more(self, items: Iterator) -> bool:
@@ -170,8 +171,8 @@ class _OrderedMap:
         for conn in wait(list(busy), timeout):
             worker = busy[conn]
             index, slot, result = worker.result()
-            if index is None:  # a write asked of it (`Placement.write`) is done
-                self.writing.pop((worker, slot)).written()
+            if index is None:  # a write asked of it (`Placement.write`), or an errand, is done
+                self.writing.pop((worker, slot)).written(result)
             else:
                 self.done[index] = (worker, slot, result)
             if self.worker_growth is not None and worker.grown > self.worker_growth:
@@ -210,7 +211,7 @@ class Placement:
         self.owner.writing[worker, self.slot] = self
         self.asked, self.done = True, False
 
-    def written(self) -> None:
+    def written(self, _=None) -> None:
         self.done = True
         self.worker.position.slots.append(self.slot)
         if self.then is not None:
@@ -220,11 +221,13 @@ class Placement:
 class Errand:
     """A call a worker was asked to run (`_OrderedMap.errand`): `done` once it says it ran."""
 
-    def __init__(self) -> None:
-        self.done = False
+    def __init__(self, then: Callable | None) -> None:
+        self.done, self.then = False, then
 
-    def written(self) -> None:
+    def written(self, value) -> None:
         self.done = True
+        if self.then is not None:
+            self.then(value)
 
 
 class _Call(NamedTuple):
@@ -388,11 +391,11 @@ class _Worker:
             index, slot, ok, value, where, rss = pickle.loads(self.conn.recv_bytes())
         except (EOFError, ConnectionError):
             raise self._died() from None
-        if index is None:  # a write asked of it (`ask`)
+        if index is None:  # a write or an errand asked of it (`ask`)
             self.writes -= 1
             if not ok:
                 raise WorkerError(value)
-            return None, slot, None
+            return None, slot, value
         self.outstanding -= 1
         if self.start_rss is None:
             self.start_rss = rss
@@ -508,8 +511,7 @@ def _run_errands(errands: queue.SimpleQueue, written: queue.SimpleQueue) -> None
     while (message := errands.get()) is not None:
         _, key, call = message
         try:
-            call.fn(call.arg)
-            written.put((None, key, True, None, None, 0))
+            written.put((None, key, True, call.fn(call.arg), None, 0))
         except Exception as exc:  # (any: the main process waits for this answer)
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
             written.put((None, key, False, f"worker {os.getpid()} running {call.fn.__qualname__}: {why}", None, 0))

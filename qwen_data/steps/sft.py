@@ -21,6 +21,7 @@ laying out again the rows they made.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -30,7 +31,7 @@ from ..certify.spelling import SpellingError
 from ..errors import RecordError
 from ..formats.digest import piece_hashes, pieces_digest
 from ..formats.indexed import Behind, IndexedDatasetWriter, MaskedWriter, token_dtype
-from ..formats.layouts import UNPACKED, DataLayout, LaidOut, Rows, counts_of, sft_layout, staged_windows
+from ..formats.layouts import UNPACKED, DataLayout, LaidOut, counts_of, sft_layout, staged_windows
 from ..formats.manifest import LAYOUTS, Manifest, SFTSection
 from ..formats.outputs import TMP_SUFFIX, AtomicOutputs
 from ..formats.packing import DEFAULT_PACKING, PACKINGS, SampleWindows
@@ -343,6 +344,12 @@ class _Batching:
                            ids, mask, lengths, self.truncated, digests, hashes, int(mask.sum(dtype=np.int64)))
 
 
+def _written_here(rows, landed) -> None:
+    written = rows.write()
+    if landed is not None:
+        landed(written)
+
+
 def _as_read(record: Record, value: dict, columns) -> bytes | dict:
     """A picked record as the reference reads it (`certify.messages.read_record`), taken before our
     parser sees it: its jsonl line, else a copy of its row or of the record --columns made of it."""
@@ -478,15 +485,14 @@ class SFTWriter:
     def _lay_out(self, windows) -> None:
         """The windows that closed: their rows placed now, written once their samples are staged."""
         for window in windows:
-            rows = self.laid_out.place(*window)
-            self.in_order.behind(lambda rows=rows: self._write(rows))
+            rows, landed = self.laid_out.place(*window)
+            self.in_order.behind(functools.partial(self._write, rows, landed))
 
-    def _write(self, rows) -> None:
-        """A window's rows written by a worker beside its tasks where one still takes them (mask rows),
-        else behind this thread (in order: Pai's are hashed as they are written)."""
-        if isinstance(rows, Rows) and self.workers is not None and self.workers.errand(Rows.write, rows):
-            return
-        self.laying.submit(rows.write)
+    def _write(self, rows, landed) -> None:
+        """A window's rows written by a worker beside its tasks where one still takes them, else behind
+        this thread; what writing them gives back `landed` here (`LaidOut.place`)."""
+        if self.workers is None or not self.workers.errand(type(rows).write, rows, landed):
+            self.laying.submit(_written_here, rows, landed)
 
     def ending(self) -> None:
         """Every sample is added: the last windows' rows placed while the workers can still write them."""

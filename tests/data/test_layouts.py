@@ -55,7 +55,10 @@ def laid_out(layout, prefix, items, plan, pad):
                              piece_hashes(np.concatenate([mask for _, mask in items]), lengths)], axis=1)
     outputs = AtomicOutputs(MaskedWriter.files(prefix))
     rows = layout.rows(outputs, prefix, np.int32, pad)
-    rows.place((samples.ids.bin_path, samples.mask.bin_path), 0, lengths, plan, hashes).write()
+    job, landed = rows.place((samples.ids.bin_path, samples.mask.bin_path), 0, lengths, plan, hashes)
+    written = job.write()
+    if landed is not None:
+        landed(written)
     rows.close()
     outputs.commit(markers=[])
 

@@ -135,22 +135,22 @@ def test_packed_rows_are_exactly_n_and_hold_the_same_samples(tmp_path, indexed):
 
 @pytest.mark.parametrize("layout", [["--pack"], ["--pack", "--packing", "next-fit"], ["--layout", "pai", "--pack"]])
 def test_rows_laid_out_beside_the_workers_equal_rows_laid_out_in_one_process(tmp_path, monkeypatch, layout):
-    """At several workers each window's packed rows are laid out and written by a worker beside its
-    tasks (`workers` errands), from the samples the workers staged, once they are there: the main
-    process touches no id byte of a packed run's rows. (Pai's rows are written behind the main thread.)
-    The bytes are those of a run that lays out every row in one process, windows closing mid-run."""
+    """At several workers each window's rows (packed, Pai's) are laid out, written and (Pai's) hashed by a
+    worker beside its tasks (`workers` errands), from the samples the workers staged, once they are
+    there: the main process touches no id byte of them. The bytes are those of a run that lays out
+    every row in one process, windows closing mid-run."""
     from qwen_data.formats import layouts, packing
 
     monkeypatch.setattr(packing, "PACK_WINDOW", 5000)  # windows close while the workers work
     writers = tmp_path / "writers"
-    padded_rows = layouts.padded_rows
+    mapped = layouts._mapped
 
-    def noted(*args, **kwargs):  # which process lays out each batch of rows (forked workers inherit it)
+    def noted(*args, **kwargs):  # which process reads each window's samples (forked workers inherit it)
         with open(writers, "a") as f:
             f.write(f"{os.getpid()}\n")
-        return padded_rows(*args, **kwargs)
+        return mapped(*args, **kwargs)
 
-    monkeypatch.setattr(layouts, "padded_rows", noted)
+    monkeypatch.setattr(layouts, "_mapped", noted)
     src = write_jsonl(tmp_path / "c.jsonl", records_for("qwen2p5", 150, seed=13))
     common = ["--template", "qwen2p5", "--seq-length", 384, *layout]
     assert sft(src, "-o", tmp_path / "one", *common, "--chunk-mb", 100) == 0  # one chunk: no worker
@@ -158,10 +158,9 @@ def test_rows_laid_out_beside_the_workers_equal_rows_laid_out_in_one_process(tmp
     one, spread = (json.load(open(tmp_path / f"{name}.json")) for name in ("one", "spread"))
     assert spread["fingerprint"] == one["fingerprint"] and spread["sft"]["rows"] == one["sft"]["rows"] > 10
     assert spread["sft"]["trained_tokens"] == one["sft"]["trained_tokens"]
-    if "pai" not in layout:  # the first run's rows here, every row of the second by a worker
-        pids = writers.read_text().split()
-        here = pids.count(str(os.getpid()))
-        assert 0 < here < len(pids) and str(os.getpid()) not in pids[here:], pids
+    pids = writers.read_text().split()  # the first run's windows here, every window of the second by a worker
+    here = pids.count(str(os.getpid()))
+    assert 0 < here < len(pids) and str(os.getpid()) not in pids[here:], pids
     assert not any(".unpacked" in name for name in os.listdir(tmp_path))
 
 
