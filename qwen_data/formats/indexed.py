@@ -65,22 +65,23 @@ class IndexedDatasetWriter:
 
     def __init__(self, bin_path: str, idx_path: str, dtype, hashed: bool | str = True,
                  resumed: str | None = None) -> None:
-        """`hashed`: take the .bin's hash for `digests` (False: data staged on its way elsewhere;
-        "given": each batch comes with its bytes' joinable hash, joined here, no byte read).
+        """`hashed`: hash each batch's bytes as it is written, for `digests` (tests', baselines' writers;
+        False: data staged on its way elsewhere; "given": each batch comes with its bytes' joinable hash,
+        joined here, no byte read: a run's writers).
         `resumed`: go on after what the files (`files`) hold, whose .bin bytes have this joinable
         hash (a run resumed from its journal, `run.journal`; hashed "given" only)."""
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {self.dtype} has no Megatron code")
         self.bin_path, self.idx_path = bin_path, idx_path
-        # written through at once (`_bin_hash` reads it back); never O_APPEND, under which Linux puts a
-        # pwrite at the file's end (`write_at`)
+        # written through at once (other processes write placed batches); never O_APPEND, under which Linux
+        # puts a pwrite at the file's end (`write_at`)
         self._bin = open(bin_path, "r+b" if resumed is not None else "wb", buffering=0)
         self._bin.seek(0, os.SEEK_END)
         mode = "ab" if resumed is not None else "wb"
         self._lengths = open(idx_path + ".lengths", mode)
         self._doc_ends = open(idx_path + ".docends", mode)
-        self._bin_hash = TrailingDigest(bin_path, BinDigest()) if hashed is True else None
+        self._bin_hash = BinDigest() if hashed is True else None
         self._idx_hash, self._given = new_hash(), [] if hashed == "given" else None
         if resumed is not None and self._given is None:
             raise ValueError("only a writer given its batches' hashes resumes")
@@ -128,7 +129,7 @@ class IndexedDatasetWriter:
         data = self._indexed(tokens, sequence_lengths, sequences_per_document, digest)
         _write_all(self._bin, data)
         if self._bin_hash is not None:
-            self._bin_hash.advance(data.nbytes)
+            self._bin_hash.update(data)
 
     def place(self, tokens, sequence_lengths, digest: str) -> tuple[np.ndarray, int]:
         """`add_batch` but for its tokens' bytes, which another process writes: → (those bytes as the
@@ -190,8 +191,6 @@ class IndexedDatasetWriter:
 
     def finalize(self) -> None:
         """Close the data file and write the index."""
-        if self._bin_hash is not None:
-            self._bin_hash.close()
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         itemsize = self.dtype.itemsize
@@ -222,8 +221,6 @@ class IndexedDatasetWriter:
 
     def abort(self) -> None:
         """Close and remove everything written so far."""
-        if self._bin_hash is not None:
-            self._bin_hash.close(failed=True)
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         for path in (self.bin_path, self.idx_path, self._lengths.name, self._doc_ends.name):
@@ -373,49 +370,10 @@ class Behind:
 
 def pause_threads() -> None:
     """End the thread of every `Behind` of this process (each starts again at its next call), until
-    none runs: a call of one may submit to another (a layout's writes to the hash behind them)."""
+    none runs: a call of one may submit to another."""
     while running := [behind for behind in list(Behind._live) if behind.running]:
         for behind in running:
             behind.pause()
-
-
-class TrailingDigest:
-    """`digest` of a file as it is appended to, taken `Behind` the writer: its thread reads back each
-    part once it is written (from the page cache), so the writer never waits for the hash, whose cost
-    per byte is the largest of the writing process's (~0.75-1.3 GB/s, a worker pool's output can
-    come faster)."""
-
-    def __init__(self, path: str, digest) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
-        self._digest = digest
-        self._written = self._hashed = 0
-        self._behind = Behind()
-
-    def advance(self, nbytes: int) -> None:
-        """`nbytes` more were written at the end of the file."""
-        self._written += nbytes
-        self._behind.submit(self._hash, self._written)
-
-    def _hash(self, upto: int) -> None:
-        while self._hashed < upto:
-            block = os.pread(self._fd, min(upto - self._hashed, HASH_BLOCK), self._hashed)
-            if not block:
-                raise OSError(f"the file being hashed ends at {self._hashed:,} bytes, {upto:,} were written")
-            self._digest.update(block)  # (both hashes let go of the GIL)
-            self._hashed += len(block)
-
-    def close(self, failed: bool = False) -> None:
-        """End the thread and the file; `failed`: the digest is not wanted, nor its error."""
-        try:
-            self._behind.close(failed)
-        finally:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-
-    def hexdigest(self) -> str:
-        self._behind.pause()
-        return self._digest.hexdigest()
 
 
 class _Hashed:

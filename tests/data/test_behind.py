@@ -1,6 +1,6 @@
-"""`formats.indexed.Behind`: calls run in order by a thread of their own (a .bin's hash trailing its
-writes, an SFT run's rows laid out behind the main thread), at most N waiting, every one ended before
-the process forks, an error raised where the caller next asks."""
+"""`formats.indexed.Behind`: calls run in order by a thread of their own (an SFT run's rows written behind
+the main thread where no worker takes them, a side process's messages), at most N waiting, every one ended
+before the process forks, an error raised where the caller next asks."""
 
 import os
 import threading
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from qwen_data.formats.indexed import Behind, TrailingDigest, pause_threads
+from qwen_data.formats.indexed import Behind, pause_threads
 from qwen_data.formats.digest import BinDigest
 
 
@@ -49,27 +49,28 @@ def test_an_error_is_raised_where_the_caller_asks_next_and_later_calls_are_skipp
 
 
 def test_calls_submitted_from_another_thread_while_paused_are_all_run(tmp_path):
-    """A layout's calls write a file whose hash trails them (a second `Behind`), while this process pauses
-    the hash again and again (as `pause_threads` does before every fork): no write goes unhashed, and once
-    every one is paused no thread runs."""
+    """A call of one `Behind` submits to a second, while this process pauses the second again and again
+    (as `pause_threads` does before every fork): no call is lost, and once every one is paused no thread
+    runs."""
     path = tmp_path / "f.bin"
     with open(path, "wb", buffering=0) as f:
-        digest = TrailingDigest(str(path), BinDigest())
+        digest, hashing = BinDigest(), Behind()
         layout = Behind(most=2)
 
         def lay_out(data):
             f.write(data)
-            digest.advance(len(data))
+            hashing.submit(digest.update, data)
             time.sleep(0.001)
 
         for k in range(200):
             layout.submit(lay_out, bytes([k]) * 10_000)
-            digest._behind.pause()
+            hashing.pause()
         pause_threads()
-        assert not layout.running and not digest._behind.running  # no thread of theirs runs at the fork
+        assert not layout.running and not hashing.running  # no thread of theirs runs at the fork
         expected = BinDigest()
         expected.update(b"".join(bytes([k]) * 10_000 for k in range(200)))
+        hashing.pause()
         assert digest.hexdigest() == expected.hexdigest()
         layout.close()
-        digest.close()
+        hashing.close()
     assert os.path.getsize(path) == 2_000_000
