@@ -290,25 +290,24 @@ def _write_all(f, data: np.ndarray) -> None:
         view = view[f.write(view):]
 
 
-# TrailingDigest reads back this much at a time: a block that stays in the core's cache between the
-# copy out of the page cache and the hash reading it (16 MiB blocks went through memory twice).
+# A file read back to be hashed (`integrity`, `merge`) is read this much at a time: a block that stays in the
+# core's cache between the copy out of the page cache and the hash reading it (16 MiB blocks went through
+# memory twice).
 HASH_BLOCK = 1 << 20
 
 
 class Behind:
     """Calls run in order by a thread of their own, started at the first one: the caller goes on
-    while they run. At most `most` wait or run at once (`submit` waits for room): what they hold
-    stays bounded. `pause` waits for them and ends the thread (the next `submit` starts another);
+    while they run. `pause` waits for them and ends the thread (the next `submit` starts another);
     `pause_threads` pauses every one of the process before it forks, so a worker is never forked
     beside one (`workers.ordered_map`'s `before_fork`). The first error a call raises is raised by
     `pause` (and by every `submit` after it); the calls after it are skipped."""
 
     _live: "weakref.WeakSet[Behind]" = weakref.WeakSet()
 
-    def __init__(self, most: int = 0) -> None:
+    def __init__(self) -> None:
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
-        self._room = threading.Semaphore(most) if most else None
         self._error: BaseException | None = None
         # Held by `submit` and by `pause` until its thread has ended: a call of another `Behind` may submit
         # here while this process pauses every one (`pause_threads`), and its call must neither go to a
@@ -316,32 +315,25 @@ class Behind:
         self._lock = threading.Lock()
         Behind._live.add(self)
 
-    def submit(self, call, *args, room: bool = True) -> None:
-        """`call(*args)` behind; `room` false: a call that holds little (a small write) waits for no
-        room and takes none, so the calls that hold much stay bounded apart from it."""
+    def submit(self, call, *args) -> None:
+        """`call(*args)` behind."""
         if self._error is not None:
             raise self._error
-        held = room and self._room is not None
-        if held:
-            self._room.acquire()
         with self._lock:
             if self._thread is None:
                 self._queue = queue.SimpleQueue()
                 self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
                 self._thread.start()
-            self._queue.put((call, args, held))
+            self._queue.put((call, args))
 
     def _run(self, todo: queue.SimpleQueue) -> None:
         while (item := todo.get()) is not None:
-            call, args, held = item
+            call, args = item
             try:
                 if self._error is None:
                     call(*args)
             except BaseException as exc:  # raised by the caller's next pause or submit
                 self._error = exc
-            finally:
-                if held:
-                    self._room.release()
 
     def pause(self) -> None:
         """Wait for every call submitted and end the thread; the first error raised, if any."""

@@ -408,7 +408,7 @@ class _PaiRowWriter:
         self.data = IndexedDatasetWriter(outputs.tmp(prefix + ".bin"), outputs.tmp(prefix + ".idx"), pai.DTYPE,
                                          hashed="given")
         self.pad_id, self.dtype = pad_id, np.dtype(dtype)
-        self.trained = 0
+        self._trained: list[int] = []  # each window's (landed in this process's thread or its writer's)
         for path in MaskedWriter.files(prefix)[2:]:
             outputs.leave_out(path)
 
@@ -423,7 +423,11 @@ class _PaiRowWriter:
 
     def _landed(self, pending: Pending, written: tuple[str, int]) -> None:
         pending.value, trained = written
-        self.trained += trained
+        self._trained.append(trained)
+
+    @property
+    def trained(self) -> int:
+        return sum(self._trained)
 
     def close(self) -> dict:
         self.data.finalize()

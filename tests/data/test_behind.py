@@ -1,5 +1,5 @@
 """`formats.indexed.Behind`: calls run in order by a thread of their own (an SFT run's rows written behind
-the main thread where no worker takes them, a side process's messages), at most N waiting, every one ended
+the main thread where no worker takes them, a side process's messages), every one ended
 before the process forks, an error raised where the caller next asks."""
 
 import os
@@ -12,24 +12,20 @@ from qwen_data.formats.indexed import Behind, pause_threads
 from qwen_data.formats.digest import BinDigest
 
 
-def test_calls_run_in_order_and_at_most_n_wait():
-    behind, done, waiting = Behind(most=2), [], []
+def test_calls_run_in_order_behind_the_caller():
+    behind, done = Behind(), []
     gate = threading.Event()
 
     def call(k):
         gate.wait()
         done.append(k)
 
-    for k in range(2):
-        behind.submit(call, k)
-    late = threading.Thread(target=lambda: (behind.submit(call, 2), waiting.append(True)))
-    late.start()
-    time.sleep(0.2)
-    assert not waiting, "a third call was taken while two waited"
+    for k in range(3):
+        behind.submit(call, k)  # (none waits for the one before)
+    assert done == []
     gate.set()
-    late.join(5)
     behind.close()
-    assert done == [0, 1, 2] and waiting == [True]
+    assert done == [0, 1, 2]
 
 
 def test_an_error_is_raised_where_the_caller_asks_next_and_later_calls_are_skipped():
@@ -55,7 +51,7 @@ def test_calls_submitted_from_another_thread_while_paused_are_all_run(tmp_path):
     path = tmp_path / "f.bin"
     with open(path, "wb", buffering=0) as f:
         digest, hashing = BinDigest(), Behind()
-        layout = Behind(most=2)
+        layout = Behind()
 
         def lay_out(data):
             f.write(data)
