@@ -15,5 +15,5 @@ corpora.unique_sft_corpus('chat', 2000 * 1_000_000)
 " 2>&1 | tail -1; cd ..
 T=.cpu19/qwen2.5-instruct.jinja
 python3 -m qwen_data sft $QWEN_DATA_BENCH_CACHE/chats.jsonl --template qwen2p5 -o /tmp/w/w --quiet --reference-template $T > /dev/null 2>&1
-timeout 400 python3 bench/results/cpu/2026-12-02/ab.py $QWEN_DATA_BENCH_CACHE/certify/chat-unique-2000MB.jsonl 16 2 $T \
-  $OUT/ab-chat-pai.jsonl --layout pai 2>&1 | grep -v "^rejected\|more rejected"
+timeout 400 python3 bench/results/cpu/2026-12-02/ab.py $QWEN_DATA_BENCH_CACHE/certify/chat-unique-2000MB.jsonl 16 ${ROUNDS:-2} $T \
+  $OUT/ab-chat-pai${SUFFIX:-}.jsonl --layout pai 2>&1 | grep -v "^rejected\|more rejected"
