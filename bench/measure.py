@@ -207,7 +207,9 @@ def baseline(corpus: str, prefix: str, workers: str, load, args: list, encode, s
     from qwen_data.formats.indexed import IndexedDatasetWriter, token_dtype
 
     dtypes = [token_dtype(load(*args))] + [np.uint8] * (len(suffixes) - 1)
-    writers = [IndexedDatasetWriter(prefix + s + ".bin", prefix + s + ".idx", d) for s, d in zip(suffixes, dtypes)]
+    # (hashed=False: the usual way hashes nothing; the outputs are compared byte for byte)
+    writers = [IndexedDatasetWriter(prefix + s + ".bin", prefix + s + ".idx", d, hashed=False)
+               for s, d in zip(suffixes, dtypes)]
     pool = multiprocessing.Pool(int(workers), load, args)
     with open(corpus, encoding="utf-8") as f:
         for arrays in pool.imap(encode, f, chunksize=32):
