@@ -329,8 +329,8 @@ class Rows:
                 b = min(a + batch, plan.rows)
                 part = RowGroups(plan.order[starts[a]:starts[b]], plan.row_sizes[a:b], plan.row_tokens[a:b], width)
                 rows_ids, rows_mask = padded_rows(ids, mask, self.lengths, part, self.pad_id, buffers)
-                pwrite_all(out_ids.fileno(), memoryview(rows_ids).cast("B"), self.at[0] + a * width * dtype.itemsize)
-                pwrite_all(out_mask.fileno(), memoryview(rows_mask).cast("B"), self.at[1] + a * width)
+                _written(out_ids, rows_ids, self.at[0] + a * width * dtype.itemsize)
+                _written(out_mask, rows_mask, self.at[1] + a * width)
 
 
 @dataclass(frozen=True)
@@ -356,9 +356,17 @@ class PaiWindowRows:
         with open(self.out, "r+b", buffering=0) as out:
             for first, rows in pai.row_batches(ids, mask, self.lengths, self.plan, self.pad_id):
                 digest.update(rows)
-                pwrite_all(out.fileno(), memoryview(rows).cast("B"), self.at + first * row_bytes)
+                _written(out, rows, self.at + first * row_bytes)
                 trained += pai.trained_labels(rows)
         return digest.hexdigest(), trained
+
+
+def _written(f, array: np.ndarray, offset: int) -> None:
+    """`array`'s bytes at `offset` of the file `f`; an OSError names the file (a worker's errand says it)."""
+    try:
+        pwrite_all(f.fileno(), memoryview(array).cast("B"), offset)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, f.name) from None
 
 
 def _mapped(path: str, offset: int, count: int, dtype) -> np.ndarray:

@@ -513,7 +513,8 @@ def _run_errands(errands: queue.SimpleQueue, written: queue.SimpleQueue) -> None
         try:
             written.put((None, key, True, call.fn(call.arg), None, 0))
         except Exception as exc:  # (any: the main process waits for this answer)
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+            why = repr(exc) if not isinstance(exc, OSError) or not exc.strerror else \
+                f"{exc.strerror} ({exc.filename})" if exc.filename else exc.strerror
             written.put((None, key, False, f"worker {os.getpid()} running {call.fn.__qualname__}: {why}", None, 0))
 
 

@@ -164,6 +164,26 @@ def test_rows_laid_out_beside_the_workers_equal_rows_laid_out_in_one_process(tmp
     assert not any(".unpacked" in name for name in os.listdir(tmp_path))
 
 
+def test_rows_a_worker_cannot_write_fail_the_run_naming_the_file_and_leave_nothing(tmp_path, monkeypatch, capsys):
+    """A window's rows written by a worker's errand: its error (a full disk) fails the run in one line that
+    names the worker and the file, and no output is left looking complete."""
+    import errno
+
+    from qwen_data.formats import layouts, packing
+
+    def full(fd, view, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(packing, "PACK_WINDOW", 5000)  # windows close while the workers work
+    monkeypatch.setattr(layouts, "pwrite_all", full)  # (the rows' writes only: the samples' are the workers')
+    src = write_jsonl(tmp_path / "c.jsonl", records_for("qwen2p5", 150, seed=13))
+    assert sft(src, "-o", tmp_path / "s", "--template", "qwen2p5", "--seq-length", 384, "--pack", "--workers", 2,
+               "--chunk-mb", 0.002) == 2
+    err = capsys.readouterr().err
+    assert "running Rows.write: No space left on device" in err and str(tmp_path / "s.bin.tmp") in err, err[-500:]
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]
+
+
 def test_truncate_keeps_a_consistent_prefix(tmp_path, indexed):
     records = records_for("qwen2p5", 60, seed=14)
     src = write_jsonl(tmp_path / "c.jsonl", records)
