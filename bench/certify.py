@@ -197,7 +197,7 @@ from qwen_data.certify import checks, sample
 from qwen_data.run import certifier
 from qwen_data.cli import main
 # nothing picked, whichever way a step asks (SFT per record, pretraining per chunk's keys), and nothing loaded to check it
-sample.Sampling.picks = lambda self, chunk, record: False
+sample.Sampling.picker = lambda self, path: lambda record: False
 sample.Sampling.picked = lambda self, keys, lines=False: []
 certifier.Certifier.early = staticmethod(lambda *args, **kwargs: [])
 checks.TextChecks.check = checks.ChatChecks.check = lambda self, items: (dict(), None)

@@ -1,7 +1,7 @@
 """What a run checks, and the certificate it writes: one checker per kind of data, built once per
 run before the workers fork (`checks_for`), which the step's workers and the pipeline call.
 
-  worker:   `spell_*` every document (or sample) it made (`spelling`), `picks` records (`sample`)
+  worker:   `spell_*` every document (or sample) it made (`spelling`), `picker` picks records (`sample`)
             and `item` hands over what it made of them;
   checking process (`run.certifier`): `load`, then `check` items against the reference libraries;
   main:     `read_back` the picked documents from the staged files before the commit, and
@@ -79,8 +79,9 @@ class _Checks:
             self.table = Spelling.of(QwenTokenizer(self.tokenizer_config))
         return self.table
 
-    def picks(self, chunk, record) -> bool:
-        return self.sampling.picks(chunk, record)
+    def picker(self, path: str):
+        """Whether a record of the file at `path` is picked (`sample.Sampling.picker`)."""
+        return self.sampling.picker(path)
 
     def to_read_back(self, where: str, item: tuple, documents: int) -> list:
         """`read_back`'s entries for a picked record, its chunk's documents following `documents`."""
@@ -211,8 +212,8 @@ class ChatChecks(_Checks):
                                        config.assistant_span, config.mask, config.enable_thinking, reading,
                                        config.rendered_history, config.special_tokens)
 
-    def picks(self, chunk, record) -> bool:
-        return self.reference is not None and super().picks(chunk, record)
+    def picker(self, path: str):
+        return super().picker(path) if self.reference is not None else lambda record: False
 
     def to_read_back(self, where: str, item: tuple, documents: int) -> list:
         """A sample is one document, ids and mask, where the run writes them as they come (unpacked,

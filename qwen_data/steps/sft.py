@@ -200,6 +200,7 @@ class ChatSamples:
     def process(self, chunk: Chunk) -> SampleBatch:
         batch, rejects = _Batching(self), Rejects(chunk)
         batch.chunk = chunk
+        batch.picks = self.checks.picker(chunk.path) if self.checks is not None else None
         rejects.sift(chunk.records(), batch.render)
         rejects.sift(batch.encoded(), batch.fit)
         # The samples set aside came after every record set aside: back to record order (stable: a
@@ -250,6 +251,7 @@ class _Batching:
         self.mask: list[np.ndarray] = []
         self.truncated = 0
         self.chunk: Chunk | None = None
+        self.picks = None  # whether a record of the chunk is picked (`certify.checks`' picker; None: nothing checks)
         # The parity check: per sample of a picked record, (its record's number, k); per picked record,
         # (the record as the reference reads it, its sample count); then per record (number, (record,
         # count, [(k, our ids, our mask) of each sample encoded])).
@@ -263,8 +265,7 @@ class _Batching:
     def render(self, record: Record) -> None:
         """Raises RecordError for a record that makes no conversation, or one the templates refuse."""
         config, columns, value = self.config, self.config.columns, record.value
-        checks = self.step.checks
-        picked = checks is not None and checks.picks(self.chunk, record)
+        picked = self.picks is not None and self.picks(record)
         if columns:
             value = columns.apply(value)
         source = _as_read(record, value, columns) if picked else None

@@ -1103,7 +1103,7 @@ def test_the_records_checked_are_those_the_stated_rule_picks(tmp_path):
     certificate says it checked are exactly those whose hash under the stated seed falls below
     rate × 2³², over several chunks and workers, and the batch hash is the one-record one."""
     from _helpers import manifest, pretrain, write_jsonl as write
-    from qwen_data.certify.sample import numbers, record_hash, record_hashes, record_key
+    from qwen_data.certify.sample import Sampling, numbers, record_hash, record_hashes, record_key
     from qwen_data.inputs.records import Record
 
     rng = np.random.default_rng(5)
@@ -1126,6 +1126,14 @@ def test_the_records_checked_are_those_the_stated_rule_picks(tmp_path):
             record_hash("f", r, seed) for r in records] == [_fmix32_rule(line, seed) for line in lines]
         assert record_hashes(lines, seed, lines=True).tolist() == [_fmix32_rule(line, seed) for line in lines]
     assert record_hash("f", records[0], 2**40) == _fmix32_rule(lines[0], 2**40)  # a recheck's wider seed
+    # an SFT worker's picker, a record at a time, picks what the rule picks (its line; a row by file:row)
+    sampling = Sampling([], [len(records) * 40])  # (a rate below 1)
+    rows = [Record(k + 1, None, {"k": k}, 10) for k in range(400)]
+    for path in ("f", "g"):
+        picks = sampling.picker(path)
+        assert [picks(r) for r in records] == [_fmix32_rule(line, sampling.seed) < sampling.below for line in lines]
+        assert [picks(r) for r in rows] == [record_hash(path, r, sampling.seed) < sampling.below for r in rows]
+        assert 0 < sum(map(picks, records)) < len(records)
 
 
 def test_the_runs_line_rounds_the_chance_down():
