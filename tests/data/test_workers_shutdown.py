@@ -35,12 +35,21 @@ def corpus(tmp_path_factory):
     return str(path)
 
 
+def as_a_shell_starts_it():
+    """A command as a terminal's shell starts it: Ctrl-C and SIGTERM at their defaults, none held back.
+    (A child inherits an ignored or blocked signal: a pytest process that an earlier test left so, in the
+    full suite, made every Ctrl-C here a no-op.)"""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def start_pretrain(corpus, prefix, stderr, chunk_mb):
     # its own session, so a signal to its process group (what a terminal's Ctrl-C does) spares pytest
     proc = subprocess.Popen(
         [sys.executable, "-m", "qwen_data.cli", "pretrain", corpus, "-o", str(prefix), "--workers", "2",
          "--backend", "hf", "--chunk-mb", str(chunk_mb), "--quiet"],
-        cwd=REPO, stderr=stderr, stdout=subprocess.DEVNULL, start_new_session=True,
+        cwd=REPO, stderr=stderr, stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=as_a_shell_starts_it,
     )
     main = psutil.Process(proc.pid)
     deadline = time.time() + 60
@@ -199,7 +208,7 @@ def test_ctrl_c_at_any_moment_leaves_no_worker_behind():
     """A KeyboardInterrupt while the pool forked its workers used to leave workers nobody ended
     (and could hang the run)."""
     proc = subprocess.Popen([sys.executable, "-c", STRESS], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=as_a_shell_starts_it)
     try:
         out, err = proc.communicate(timeout=60)
     finally:
