@@ -322,8 +322,7 @@ class Rows:
         tokens = int(self.lengths.sum())
         batch = max(1, ROW_BYTES // (width * (dtype.itemsize + 1)))
         buffers, starts = RowBuffers(), plan.row_starts
-        ids = _mapped(self.samples[0], self.first * dtype.itemsize, tokens, dtype)
-        mask = _mapped(self.samples[1], self.first, tokens, np.uint8)
+        ids, mask = _staged(self.samples, self.first, tokens, dtype)
         with open(self.out[0], "r+b", buffering=0) as out_ids, open(self.out[1], "r+b", buffering=0) as out_mask:
             for a in range(0, plan.rows, batch):
                 b = min(a + batch, plan.rows)
@@ -350,8 +349,7 @@ class PaiWindowRows:
 
     def write(self) -> tuple[str, int]:
         dtype, tokens = np.dtype(self.dtype), int(self.lengths.sum())
-        ids = _mapped(self.samples[0], self.first * dtype.itemsize, tokens, dtype)
-        mask = _mapped(self.samples[1], self.first, tokens, np.uint8)
+        ids, mask = _staged(self.samples, self.first, tokens, dtype)
         digest, trained, row_bytes = BinDigest(), 0, 2 * self.plan.capacity * pai.DTYPE.itemsize
         with open(self.out, "r+b", buffering=0) as out:
             for first, rows in pai.row_batches(ids, mask, self.lengths, self.plan, self.pad_id):
@@ -367,6 +365,12 @@ def _written(f, array: np.ndarray, offset: int) -> None:
         pwrite_all(f.fileno(), memoryview(array).cast("B"), offset)
     except OSError as error:
         raise OSError(error.errno, error.strerror, f.name) from None
+
+
+def _staged(samples: tuple[str, str], first: int, tokens: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A window's `tokens` ids and mask from token `first` of the staged samples' files (ids .bin, mask .bin)."""
+    return (_mapped(samples[0], first * np.dtype(dtype).itemsize, tokens, dtype),
+            _mapped(samples[1], first, tokens, np.uint8))
 
 
 def _mapped(path: str, offset: int, count: int, dtype) -> np.ndarray:
