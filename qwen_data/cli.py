@@ -102,7 +102,7 @@ def _add_common(p: argparse.ArgumentParser, default_output: str, example: str) -
     p.add_argument("--ray-address", default=None,
                    help="Ray cluster to join (e.g. auto, or ray://head:10001); none: a local Ray starts")
     p.add_argument("--ray-shards", type=bounded(int, 1, MAX_SHARDS), default=None,
-                   help="shards (Ray tasks) to cut the inputs into (none: from the input size and the cluster's CPUs)")
+                   help="shards (Ray tasks), each taking parts of the inputs in turn (none: one a CPU of the cluster)")
     p.add_argument("-o", "--output-prefix", type=_prefix, default=default_output,
                    help="output prefix: writes PREFIX.bin/.idx/.json (out/web.bin or .idx or .json means out/web)")
     p.add_argument("--workers", type=bounded(int, 1, MAX_WORKERS), default=min(8, os.cpu_count() or 1),

@@ -1,8 +1,9 @@
-"""A Ray run's finished shards, kept under PREFIX.shards/ for the same command to reuse (`run.ray`: the
-executor's docstring says when they are kept and what checks them). Nothing kept is trusted: a shard is
-reused only where run.json names this run, its files hash to its manifests, and the records it picked for
-the certificate, saved beside it (K.picked), are the ones saved with those manifests and read back from
-its files; the driver then checks them against the reference again."""
+"""A Ray run's finished parts (`run.ray`: its shards, Ray tasks, take them in turn; each as `--shard K/N` cuts the
+inputs), kept under PREFIX.shards/ for the same command to reuse (the executor's docstring says when they are kept
+and what checks them). Nothing kept is trusted: a part is reused only where run.json names this run, its files
+hash to its manifests, and the records it picked for the certificate, saved beside it (K.picked), are the ones
+saved with those manifests and read back from its files; the driver then checks them against the reference
+again. (`config.shard` here is a part's.)"""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from ..inputs.readers import estimated_records
 from ..inputs.records import EmptyOutput, TooManyRejects
 from ..text.tokenizer import IDS_IDENTITY
 
-RUN_FILE = "run.json"  # PREFIX.shards/run.json: the run whose shards lie there, and their count
-PICKED_SUFFIX = ".picked"  # PREFIX.shards/K.picked: what reusing shard K needs besides its files
+RUN_FILE = "run.json"  # PREFIX.shards/run.json: the run whose parts lie there, their count and its shards'
+PICKED_SUFFIX = ".picked"  # PREFIX.shards/K.picked: what reusing part K needs besides its files
 # A run's failures that are its data's (bad input, a certificate mismatch, a merge refused, too many
 # rejects, nothing to write): the same command would fail alike, so its shards are not kept.
 DATA_FAILURES = (ValueError, TooManyRejects, EmptyOutput)
@@ -39,28 +40,30 @@ class Kept:
     directory: str
     run: str  # this run's identity (`journal.identity`): its settings but the shard count, its inputs' pins
     inputs: list[dict]  # their pins (`pipeline.input_list`), for the checker reading picked records back
-    recorded: int | None = None  # the shard count run.json records for this run; None: nothing there is reused
+    # (shards, parts) run.json records for this run (`run.ray`: its tasks, and the parts they take); None:
+    # nothing there is reused
+    recorded: tuple[int, int] | None = None
 
 
-def recorded(directory: str, run: str, shards: int | None) -> int | None:
-    """The shard count `directory`/run.json records, where it is run `run`'s (and `shards`, if given);
+def recorded(directory: str, run: str, shards: int | None) -> tuple[int, int] | None:
+    """(shards, parts) `directory`/run.json records, where it is run `run`'s (and has `shards`, if given);
     None otherwise."""
     try:
         with open(os.path.join(directory, RUN_FILE), encoding="utf-8") as f:
             found = json.load(f)
-        count = found["shards"]
+        counts = found["shards"], found["parts"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if found.get("run") != run or type(count) is not int or count < 1 or shards not in (None, count):
+    if found.get("run") != run or any(type(n) is not int or n < 1 for n in counts) or shards not in (None, counts[0]):
         return None
-    return count
+    return counts
 
 
-def record(kept: Kept, count: int) -> None:
-    """run.json written: the shards there are this run's, `count` of them."""
+def record(kept: Kept, shards: int, parts: int) -> None:
+    """run.json written: the parts there are this run's, `parts` of them taken by `shards` tasks."""
     os.makedirs(kept.directory, exist_ok=True)
     with atomic_file(os.path.join(kept.directory, RUN_FILE)) as f:
-        json.dump({"run": kept.run, "shards": count}, f)
+        json.dump({"run": kept.run, "shards": shards, "parts": parts}, f)
 
 
 def left(exc: BaseException, directory: str, quiet: bool) -> None:
@@ -102,7 +105,7 @@ def reuse(step_type, configs: list, inputs: list[dict], sources: list, checks,
         except Redo as why:
             found = None
             if not quiet:
-                print(f"ray: shard {config.shard.index} redone: {why}", file=sys.stderr)
+                print(f"ray: part {config.shard.index} redone: {why}", file=sys.stderr)
         if found is None:
             _clear(config.output_prefix)
             continue
@@ -110,7 +113,7 @@ def reuse(step_type, configs: list, inputs: list[dict], sources: list, checks,
         if checks is not None:
             checks.add(picked)  # checked again, as if the shard had just ended
     if not quiet:
-        print(f"ray: reusing {len(reused)} of {len(configs)} shards (checked)", file=sys.stderr)
+        print(f"ray: reusing {len(reused)} of {len(configs)} parts (checked)", file=sys.stderr)
     return reused
 
 

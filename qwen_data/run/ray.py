@@ -1,22 +1,30 @@
 """`--executor ray`: a run cut into shards, each a Ray task on some node of a cluster, then merged.
 
-    driver: lock the step's final outputs → the shards an earlier run of the same command finished,
-    checked and reused → a task per other shard `pipeline.run(Step(config with shard=Shard(k, N)))`,
-    each writing PREFIX.shards/k, whose .bin files are joined in shard order as they end (`_Heads`),
-    each removed once joined → `merge` per output prefix, from what was joined → all committed together
-    → PREFIX.shards removed
+    driver: lock the step's final outputs → the parts an earlier run of the same command finished,
+    checked and reused → N tasks (the shards), task k running parts k, k+N, k+2N, ... in order, each
+    `pipeline.run(Step(config with shard=Shard(j, P)))` writing PREFIX.shards/j, whose .bin files are
+    joined in part order as they end (`_Heads`), each removed once joined → `merge` per output prefix,
+    from what was joined → all committed together → PREFIX.shards removed
+
+Why a shard takes every Nth part rather than one contiguous Nth of the input: a part's bytes can go into
+the output only once every part before it is done. N contiguous shards end together, and every byte but
+the first shard's was copied after the last task (with 16 shards of 8 GB, 3.8 s after 13 s of tasks). N
+shards of interleaved parts (of about PART_BYTES: `plan`) end a round of N parts about every second, which
+is joined while the next round runs: what is left at the end is the last round. Their tasks also end
+together (each holds a slice of every stretch of the input), where contiguous shards differed by their
+stretch's text (10.4-12.1 s).
 
 The output prefix (-o) must be on a file system every node sees (NFS, Lustre, a mounted bucket...):
-every task writes its shard under `PREFIX.shards/` and the driver merges them from there. The
+every task writes its parts under `PREFIX.shards/` and the driver merges them from there. The
 inputs must be readable at the same paths on every node too, and the driver's working directory
 (tasks run in it, so relative paths mean what they mean to the driver); every node needs the same
 qwen-data and tokenizer files installed. The result is byte for byte what one local run over the
 same inputs writes (`merge` guarantees it); only the manifest's `command`, `created` and
 `wall_seconds` (the whole run's, Ray's start included) differ. `--workers` does not apply.
 
-A shard that starts inside a jsonl file numbers its lines from the newlines before its start. Those are
-counted once per file, a small task (one CPU) for each piece between two shards' starts, all at once;
-each shard's task is handed its pieces' counts (`_newline_counts`), where a shard on its own (`--shard`)
+A part that starts inside a jsonl file numbers its lines from the newlines before its start. Those are
+counted once per file, a small task (one CPU) for each piece between two parts' starts, all at once;
+each part is handed its pieces' counts (`_newline_counts`), where a shard on its own (`--shard`)
 reads the file up to its start.
 
 Tasks take one CPU each (`num_cpus=1`) and tokenize in their own process (`workers=0`): a task
@@ -27,26 +35,26 @@ of `pipeline.WORKER_CACHES`. A task whose process dies (killed, out of memory, n
 lost) is run again by Ray, up to `RETRIES` times, and so is one that fails with an OSError (a
 shared file system's hiccup). Any other error (bad input: a ValueError; too many rejects ...) is
 not retried: the run stops at once, the other tasks are cancelled, and the error
-names the shard and the cause. A failed run leaves no final output: the final files are committed
+names the part and the cause. A failed run leaves no final output: the final files are committed
 only after every merge succeeded.
 
 Resuming: a run killed or interrupted (SIGKILL, SIGTERM, Ctrl-C), or failed for a reason that is
 not its data's (a task's process or node lost on every attempt, an OSError, Ray failing), keeps its
-finished shards, and the same command run again reuses them and runs only the others, ending with
+finished parts, and the same command run again reuses them and runs only the others, ending with
 the bytes and the certificate of a run never stopped. `PREFIX.shards/` belongs to the executor.
 Its run.json, written before any task starts, names the run (`journal.identity`: its settings but
---workers, and its inputs' pins) and the shard count (a rerun without --ray-shards takes the one
-recorded: the default depends on the cluster's CPUs); a folder of another run (other settings,
-inputs or count) is removed as the run starts. As a shard's result comes in, the driver saves its
+--workers, and its inputs' pins), the shard count and the part count (a rerun without --ray-shards takes
+those recorded: the default depends on the cluster's CPUs); a folder of another run (other settings,
+inputs or counts) is removed as the run starts. As a part ends, the driver saves its
 picked records beside it (K.picked, with its manifests' fingerprints and its rejects file's sha256).
-A shard's .bin joined into the merge's head was removed then (`merge.Head`, consume: removed while its pages
+A part's .bin joined into the merge's head was removed then (`merge.Head`, consume: removed while its pages
 wait to be written, little of it reaches the disk), and is put back from the head first (`merge.restore`).
-Nothing reused is trusted: a shard is reused only where its manifests name this shard and this
+Nothing reused is trusted: a part is reused only where its manifests name this part and this
 run's tokenizer, its files hash to their fingerprint (`formats.integrity`), its rejects file and
 manifests are those its picked records were saved with, and those records read back from its files
 (`certify.checks.read_back`, as a local run reads back its own); the resuming driver then checks
-them against the reference as it checks a fresh shard's. Any other shard is done again ("ray:
-shard K redone: why" on stderr). A run failed by its data (bad input, a certificate mismatch, too
+them against the reference as it checks a fresh part's. Any other part is done again ("ray:
+part K redone: why" on stderr); a task retried by Ray runs only its parts not ended. A run failed by its data (bad input, a certificate mismatch, too
 many rejects, nothing to write) removes `PREFIX.shards/`, since a rerun would fail the same way, and
 so does a run that commits.
 
@@ -54,13 +62,14 @@ The certificate: tasks pick records as a local run does but do not check them (a
 the reference libraries itself, ~0.5-2 s of its CPU); they report them with their progress, about
 once a second, and hand them all back with their manifests. The driver checks them in one process
 of its own, forked before Ray starts, which loads the reference while the tasks run and checks the
-records as they are reported, each once (`_DriverChecks.shard`): checked only as each shard ended,
-all of them had waited for the last shard (a tail of ~0.7 s at 3,000 records, 2 cores).
+records as they are reported, each once (`_DriverChecks.shard`): checked only as each task ended,
+all of them had waited for the last task (a tail of ~0.7 s at 3,000 records, 2 cores).
 A mismatch fails the run before anything is committed, as locally.
 
-Progress: tasks report absolute per-shard totals to a small actor (a retried shard starts again
-from zero, so nothing is counted twice); the driver polls it about once a second and shows the sum
-(of the shards run: a rerun's reused ones are not shown).
+Progress: tasks report absolute per-part totals to a small actor (a retried part starts again
+from zero, so nothing is counted twice), and each part as it ends; the driver asks it every
+PART_POLL_SECONDS for the parts ended (joined at once), and shows the sum about once a second (of the
+parts run: a rerun's reused ones are not shown).
 
 Without an address a local Ray instance starts, with every CPU of the machine (`RAY_OVERRIDE_RESOURCES=
 '{"CPU": 4}'` gives fewer); it takes a few seconds ("ray: started a local instance in X s" on stderr
@@ -103,20 +112,22 @@ from .progress import Progress
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
 RETRY_EXCEPTIONS = [OSError]
-SHARD_BYTES = 1 << 30  # the default shard count gives shards of at most about this size ...
-# ... and at least this many shards per CPU of the cluster: the last ones balance the load, and a shard costs
-# little (its newlines are counted once, its .bin joined as it ends). 8 GB on 16 CPUs: 16 shards 20.4 s, 32 17.7 s,
-# 64 16.0 s (bench/results/cpu/2026-12-01g).
-SHARDS_PER_CPU = 4
-POLL_SECONDS = 1.0  # how often the driver asks for progress
+# A part's input bytes, about: each shard takes every Nth part, so a round of parts ends every ~0.7 s on a
+# core and is joined into the output then; only the last round's bytes are copied after the tasks end (with
+# 16 contiguous shards of 8 GB, 15/16 of the bytes were: 3.8 s). A part's own cost (its step, files,
+# manifest) is ~10-15 ms.
+PART_BYTES = 32 << 20
+POLL_SECONDS = 1.0  # how often the driver shows progress
+PART_POLL_SECONDS = 0.2  # how often it asks for the parts that ended, to join them
 CANCEL_WAIT_SECONDS = 30.0  # how long a failed run waits for the cancelled tasks to end
 SHARDS_SUFFIX = ".shards"
 STAGING = "merged"  # PREFIX.shards/merged/out*: the merges, before they are committed under PREFIX
-HEADS = "joined"  # PREFIX.shards/joined/: the shards' .bin files joined as they end (`_Heads`)
+HEADS = "joined"  # PREFIX.shards/joined/: the parts' .bin files joined as they end (`_Heads`)
 
 
 class ShardFailed(RuntimeError):
-    """A shard's task failed (and was not, or no longer, retried); `shard` and `cause` say which and why."""
+    """A task failed on a part (and was not, or no longer, retried); `shard` (the part's) and `cause` say which
+    and why."""
 
     def __init__(self, message: str, shard: Shard, cause: BaseException | None) -> None:
         super().__init__(message)
@@ -125,20 +136,20 @@ class ShardFailed(RuntimeError):
 
 
 class ShardInputError(ShardFailed, ValueError):
-    """A shard failed on its input (the task raised a ValueError): bad data, never retried."""
+    """A part failed on its input (the task raised a ValueError): bad data, never retried."""
 
 
 def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | None = None,
                info: dict | None = None) -> list[Manifest]:
-    """`step` (`pretrain.Tokenize`, `sft.ChatSamples`) as `shards` Ray tasks, merged into the
-    step's output prefixes; their manifests, in the order of `step.prefixes()`. The step is only
-    asked what it writes here: each task builds its own, `type(step)(config of its shard)`.
+    """`step` (`pretrain.Tokenize`, `sft.ChatSamples`) as `shards` Ray tasks taking the inputs' parts in turn,
+    merged into the step's output prefixes; their manifests, in the order of `step.prefixes()`. The step is
+    only asked what it writes here: a task builds one for each part, `type(step)(config of the part)`.
 
     `address`: the Ray cluster to join (None: start a local one, or use the one this process
-    already joined). `shards`: how many (None: `default_shards`). `info`, when given, is filled
-    as the run goes: ray_start_seconds (0 when joined), cpus, shards, reused (the shards an
-    earlier run of the same command left and this one reused), attempts (per shard run),
-    tasks_seconds, task_start_seconds, shard_seconds and shard_cpu_seconds (each task's time and CPU; when
+    already joined). `shards`: how many (None: `plan`'s, one a CPU). `info`, when given, is filled
+    as the run goes: ray_start_seconds (0 when joined), cpus, shards, parts, reused (the parts an
+    earlier run of the same command left and this one reused), attempts (per part run),
+    tasks_seconds, task_start_seconds, shard_seconds and shard_cpu_seconds (each part's time and CPU; when
     any ran), ray_stop_seconds (when started here), merge_seconds.
     """
     start, config, info = time.monotonic(), step.config, {} if info is None else info
@@ -180,15 +191,17 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     return manifests
 
 
-def default_shards(sources, cpus: int, chunk_bytes: int) -> int:
-    """SHARDS_PER_CPU per CPU, more for big inputs (shards of at most SHARD_BYTES), but never more
-    than there are pieces to hand out: a shard gets at least one chunk of an uncompressed jsonl
-    file, one whole file of any other kind (parquet counted by size, like jsonl)."""
+def plan(sources, cpus: int, chunk_bytes: int, shards: int | None = None) -> tuple[int, int]:
+    """(shards, parts): `shards` tasks (default: one a CPU, but no more than there are pieces to hand out: a
+    chunk of an uncompressed jsonl file, a whole file of any other kind, parquet counted by size like jsonl),
+    and the inputs cut into parts of about PART_BYTES, a whole number of them a shard, no more than there are
+    pieces, and at least one a shard."""
     total = sum(s.size for s in sources)
-    wanted = max(SHARDS_PER_CPU * cpus, math.ceil(total / SHARD_BYTES))
     pieces = sum(max(1, math.ceil(s.size / chunk_bytes)) if s.splittable or s.kind == "parquet" else 1
                  for s in sources)
-    return max(1, min(wanted, pieces))
+    shards = shards or max(1, min(cpus, pieces))
+    rounds = max(1, math.ceil(total / (shards * PART_BYTES)))
+    return shards, max(shards, min(pieces, shards * rounds))
 
 
 # -- the driver ------------------------------------------------------------------------------------
@@ -250,14 +263,15 @@ def _run_shards(step_type, config, sources: list, address: str | None, shards: i
     stopping = None
     try:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        # (the default count depends on the cluster's CPUs: a run that resumes takes the one it recorded)
-        count = shards or shards_kept.recorded or default_shards(sources, cpus, config.chunk_bytes)
-        info.update(cpus=cpus, shards=count, attempts={})
+        # (the default depends on the cluster's CPUs: a run that resumes takes what it recorded)
+        tasks, count = shards_kept.recorded or plan(sources, cpus, config.chunk_bytes, shards)
+        info.update(cpus=cpus, shards=tasks, parts=count, attempts={})
         if not config.quiet:
-            print(f"ray: {count} shards on {cpus} CPUs, under {shards_kept.directory}/", file=sys.stderr)
+            print(f"ray: {tasks} shards on {cpus} CPUs, taking {count} parts in turn, under {shards_kept.directory}/",
+                  file=sys.stderr)
         configs = [dataclasses.replace(config, shard=Shard(k, count), workers=0, quiet=True, check_here=False,
                                        output_prefix=os.path.join(shards_kept.directory, str(k))) for k in range(count)]
-        kept.record(shards_kept, count)  # before any task starts: what the shards under it are the shards of
+        kept.record(shards_kept, tasks, count)  # before any task starts: what the parts under it are the parts of
         shutil.rmtree(os.path.join(shards_kept.directory, STAGING), ignore_errors=True)  # an earlier merge's
         if shards_kept.recorded:
             heads.restore()
@@ -269,7 +283,7 @@ def _run_shards(step_type, config, sources: list, address: str | None, shards: i
         run = [c for c in configs if c.shard.index not in results]
         if run:
             t = time.monotonic()
-            _run_tasks(ray, step_type, run, sources, config, info, checks, results, heads)
+            _run_tasks(ray, step_type, run, tasks, sources, config, info, checks, results, heads)
             info["tasks_seconds"] = round(time.monotonic() - t, 3)
             _tell_done(len(run), info, config.quiet)
         if started:
@@ -287,9 +301,9 @@ def _tell_done(run: int, info: dict, quiet: bool) -> None:
     retried = sum(n - 1 for n in info.get("attempts", {}).values())
     took, cpu = sorted(info["shard_seconds"]), sorted(info["shard_cpu_seconds"])
     # (its CPU beside its time: a task that took longer than it computed waited for a core)
-    each = (f"each shard's task {took[0]:.1f}-{took[-1]:.1f} s, median {took[len(took) // 2]:.1f}, its CPU "
+    each = (f"each part {took[0]:.1f}-{took[-1]:.1f} s, median {took[len(took) // 2]:.1f}, its CPU "
             f"{cpu[0]:.1f}-{cpu[-1]:.1f} s; ") if took else ""
-    print(f"ray: {run} shards done in {info['tasks_seconds']:.1f} s ({each}the last task's code began "
+    print(f"ray: {run} parts done in {info['tasks_seconds']:.1f} s ({each}the last task's code began "
           f"{info['task_start_seconds']:.1f} s after it was sent)"
           + (f" ({retried} attempts repeated)" if retried else ""), file=sys.stderr)
 
@@ -300,43 +314,40 @@ def _stop(ray, info: dict) -> None:
     info["ray_stop_seconds"] = round(time.monotonic() - t, 3)
 
 
-def _run_tasks(ray, step_type, configs: list, sources: list, config, info: dict, checks: "_DriverChecks | None",
-               results: dict[int, list[Manifest]], heads: "_Heads") -> None:
-    """The manifests of the shards of `configs` put in `results` by shard, each shard's picked records handed
-    to `checks` and saved beside it (`kept.keep_picked`) and its files handed to `heads` as it ends; on the
-    first failure, the others cancelled and a ShardFailed."""
-    sent = time.time()  # (the tasks' clocks: time.time, not monotonic)
+def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config, info: dict,
+               checks: "_DriverChecks | None", results: dict[int, list[Manifest]], heads: "_Heads") -> None:
+    """The parts of `configs` run by `tasks` Ray tasks, task k taking every tasks-th part from the kth on, in
+    order; each part's end taken as it comes (`_Ended`); on the first failure, the other tasks cancelled and a
+    ShardFailed naming the part."""
     counts = _newline_counts(ray, sources, configs)  # (first: Ray starts its processes while the actor is made)
     tally = ray.remote(num_cpus=0)(_Tally).remote()
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
-    refs = {task.remote(step_type, c, os.getcwd(), tally, *counts.get(c.shard.index, ())): c for c in configs}
+    lanes = [lane for lane in (configs[k::tasks] for k in range(tasks)) if lane]
+    ended = _Ended(configs, [lane[0] for lane in lanes], info, checks, results, heads)
+    refs = {task.remote(step_type, lane, os.getcwd(), tally, [counts.get(c.shard.index, []) for c in lane]): lane
+            for lane in lanes}
     pending = list(refs)
-    info["task_start_seconds"], info["shard_seconds"], info["shard_cpu_seconds"] = 0.0, [], []
     total_bytes = sum(s.size for s in sources) * len(configs) // configs[0].shard.count
     progress = Progress(total_bytes, enabled=not config.quiet, label="ray")
-    polled = time.monotonic()
+    polled = shown = time.monotonic()
     try:
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+            done, pending = ray.wait(pending, num_returns=1, timeout=PART_POLL_SECONDS)
             for ref in done:
-                shard = refs[ref].shard
                 try:
-                    results[shard.index], picked, (began, ended, cpu) = ray.get(ref)
-                    info["task_start_seconds"] = round(max(info["task_start_seconds"], began - sent), 3)
-                    info["shard_seconds"].append(round(ended - began, 3))
-                    info["shard_cpu_seconds"].append(round(cpu, 3))
-                    if checks is not None:
-                        checks.shard(shard.index, 0, picked)
+                    for part in ray.get(ref):
+                        ended(*part)
                 except Exception as exc:
-                    _poll(ray, tally, progress, info)
+                    _poll(ray, tally, progress, info, checks, ended)
+                    # (a task takes its parts in order: the one it failed on is its first not ended)
+                    shard = next(c.shard for c in refs[ref] if c.shard.index not in results)
                     attempts = info.get("attempts", {}).get(shard.index, 1)
                     raise _failure(ray, exc, shard, attempts, config.output_prefix) from None
-                kept.keep_picked(refs[ref], results[shard.index], picked)  # the shard is finished: a rerun reuses it
-                heads.ready(results)
-            if time.monotonic() - polled >= POLL_SECONDS:
-                _poll(ray, tally, progress, info, checks)
-                polled = time.monotonic()
-        _poll(ray, tally, progress, info, checks)
+            if (now := time.monotonic()) - polled >= PART_POLL_SECONDS:
+                show = now - shown >= POLL_SECONDS
+                _poll(ray, tally, progress if show else None, info, checks, ended)
+                polled, shown = now, now if show else shown
+        _poll(ray, tally, progress, info, checks, ended)
         progress.close()
     finally:
         if pending:  # failed, or interrupted: stop the others before their files are removed
@@ -347,6 +358,34 @@ def _run_tasks(ray, step_type, configs: list, sources: list, config, info: dict,
             ray.kill(tally)
         except Exception:  # (Ray itself failing: the error that brought us here says more)
             pass
+
+
+class _Ended:
+    """Each part's end, taken once (told by the tally as it ends, then again with its task's result): its
+    manifests put in `results` by part, its time in `info`, its picked records handed to `checks` and saved
+    beside it (`kept.keep_picked`), its files handed to `heads`."""
+
+    def __init__(self, configs: list, firsts: list, info: dict, checks: "_DriverChecks | None",
+                 results: dict[int, list[Manifest]], heads: "_Heads") -> None:
+        self.sent = time.time()  # (the tasks' clocks: time.time, not monotonic)
+        self.by_index = {c.shard.index: c for c in configs}
+        self.firsts = {c.shard.index for c in firsts}  # each task's first part: when its code began
+        self.info, self.checks, self.results, self.heads = info, checks, results, heads
+        info["task_start_seconds"], info["shard_seconds"], info["shard_cpu_seconds"] = 0.0, [], []
+
+    def __call__(self, index: int, manifests: list[Manifest], picked: list, times: tuple) -> None:
+        if index in self.results:
+            return
+        self.results[index], info = manifests, self.info
+        began, finished, cpu = times
+        if index in self.firsts:
+            info["task_start_seconds"] = round(max(info["task_start_seconds"], began - self.sent), 3)
+        info["shard_seconds"].append(round(finished - began, 3))
+        info["shard_cpu_seconds"].append(round(cpu, 3))
+        if self.checks is not None:
+            self.checks.shard(index, 0, picked)
+        kept.keep_picked(self.by_index[index], manifests, picked)  # the part is finished: a rerun reuses it
+        self.heads.ready(self.results)
 
 
 def _newline_counts(ray, sources: list, configs: list) -> dict[int, list]:
@@ -370,16 +409,21 @@ def _newline_counts(ray, sources: list, configs: list) -> dict[int, list]:
     return pieces
 
 
-def _poll(ray, tally, progress: Progress, info: dict, checks: "_DriverChecks | None" = None) -> None:
-    """The shards' totals shown, and the records they picked since the last poll handed to `checks`."""
+def _poll(ray, tally, progress: Progress | None, info: dict, checks: "_DriverChecks | None" = None,
+          ended=None) -> None:
+    """The shards' totals shown (where `progress`), the records they picked since the last poll handed to
+    `checks`, and the parts that ended since, to `ended`."""
     try:
-        totals, attempts, picked = ray.get(tally.totals.remote(), timeout=10)
-    except Exception:  # progress is a display: never the reason a run fails (a shard's records come with it)
+        totals, attempts, picked, finished = ray.get(tally.totals.remote(), timeout=10)
+    except Exception:  # progress is a display: never the reason a run fails (a part's result comes with its task's)
         return
     info["attempts"] = attempts
-    progress.set(*totals)
+    if progress is not None:
+        progress.set(*totals)
     for shard, first, items in picked if checks is not None else ():
         checks.shard(shard, first, items)
+    for part in finished if ended is not None else ():
+        ended(*part)
 
 
 def _failure(ray, exc: Exception, shard: Shard, attempts: int, output_prefix: str) -> ShardFailed:
@@ -393,7 +437,7 @@ def _failure(ray, exc: Exception, shard: Shard, attempts: int, output_prefix: st
     if attempts > 1:
         text += f" (on attempt {attempts})"
     kind = ShardInputError if isinstance(cause, ValueError) else ShardFailed
-    return kind(f"shard {shard} of {output_prefix} failed: {text}; no output was written", shard, cause)
+    return kind(f"part {shard} of {output_prefix} failed: {text}; no output was written", shard, cause)
 
 
 def _check_not_empty(output_prefix: str, manifests: list[Manifest]) -> None:
@@ -601,29 +645,46 @@ _CHECKS = None  # the driver's checking process's checker
 
 
 # -- in the tasks ----------------------------------------------------------------------------------
-def _shard_task(step_type, config, cwd: str, tally, *counted: int) -> tuple[list[Manifest], list, tuple]:
-    """One shard, in a Ray worker: its step built from its config and run in the driver's directory
-    (relative paths mean there what they mean to the driver), with a progress that reports to the
-    tally actor; `counted`: the newlines before its first line, in pieces (`_newline_counts`). Its
-    manifests, the records it picked for the certificate (`pipeline.Step.check` items), and when its
-    code began and ended (time.time) and the CPU seconds it took."""
-    began, cpu = time.time(), time.process_time()
+def _shard_task(step_type, configs: list, cwd: str, tally, counted: list[list]) -> list[tuple]:
+    """One shard, in a Ray worker: its parts (`configs`), in order, each a step built from its config and
+    run in the driver's directory (relative paths mean there what they mean to the driver), with a progress
+    that reports to the tally actor, and told to the tally as it ends; `counted`: per part, the references of
+    the counts of the newlines before its first line, in pieces (`_newline_counts`). Of each part it ran:
+    (its index, its manifests, the records it picked for the certificate (`pipeline.Step.check` items), when
+    its code began and ended (time.time) and the CPU seconds it took). Parts an earlier attempt of this task
+    ended (and told) are not run again."""
     import ray
 
-    if counted:
-        config = dataclasses.replace(config, shard=dataclasses.replace(config.shard, newlines_before=sum(counted)))
     try:
         os.chdir(cwd)
     except OSError as exc:  # not retried: another attempt on this node would not find it either
         raise RuntimeError(f"{cwd}: the driver's working directory is not there on this node ({exc.strerror}): "
                            "run from a directory on a file system every node sees") from None
     try:
-        attempt = ray.get(tally.begin.remote(config.shard.index), timeout=60)
-    except Exception:  # no progress shown for this shard, but the work goes on
-        attempt = None
-    step = step_type(config)
-    manifests = pipeline.run(step, _Reporter(tally, config.shard.index, attempt, step))
-    return manifests, getattr(step, "picked", []), (began, time.time(), time.process_time() - cpu)
+        ended = ray.get(tally.ended.remote(), timeout=60)
+    except Exception:  # (no tally: every part runs)
+        ended = set()
+    out = []
+    for config, counts in zip(configs, counted):
+        index = config.shard.index
+        if index in ended:
+            continue
+        began, cpu = time.time(), time.process_time()
+        if counts:
+            before = sum(ray.get(counts))
+            config = dataclasses.replace(config, shard=dataclasses.replace(config.shard, newlines_before=before))
+        try:
+            attempt = ray.get(tally.begin.remote(index), timeout=60)
+        except Exception:  # no progress shown for this part, but the work goes on
+            attempt = None
+        step = step_type(config)
+        manifests = pipeline.run(step, _Reporter(tally, index, attempt, step))
+        out.append((index, manifests, getattr(step, "picked", []), (began, time.time(), time.process_time() - cpu)))
+        try:  # (told and waited for: the driver joins the part's bytes as soon as it polls)
+            ray.get(tally.end.remote(attempt, out[-1]), timeout=60)
+        except Exception:  # its result comes with the task's
+            pass
+    return out
 
 
 class _Reporter:
@@ -664,26 +725,39 @@ class _Reporter:
 
 
 class _Tally:
-    """The Ray actor holding each shard's latest totals; reports of an earlier attempt are ignored."""
+    """The Ray actor holding each part's latest totals, and the parts ended since the driver last asked;
+    reports of an earlier attempt are ignored."""
 
     def __init__(self) -> None:
         self.counts: dict[int, tuple] = {}
         self.attempts: dict[int, int] = {}
-        self.picked: list[tuple[int, int, list]] = []  # (shard, the first's index, records) not yet taken
+        self.picked: list[tuple[int, int, list]] = []  # (part, the first's index, records) not yet taken
+        self.finished: list[tuple] = []  # the parts ended (`_shard_task`'s items) not yet taken
+        self.done: set[int] = set()  # every part ended
 
-    def begin(self, shard: int) -> int:
-        self.attempts[shard] = self.attempts.get(shard, 0) + 1
-        self.counts[shard] = (0, 0, 0, 0)
-        return self.attempts[shard]
+    def begin(self, part: int) -> int:
+        self.attempts[part] = self.attempts.get(part, 0) + 1
+        self.counts[part] = (0, 0, 0, 0)
+        return self.attempts[part]
 
-    def report(self, shard: int, attempt: int, counts: tuple, first: int = 0, picked: list = ()) -> None:
-        if attempt == self.attempts.get(shard):
-            self.counts[shard] = counts
+    def report(self, part: int, attempt: int, counts: tuple, first: int = 0, picked: list = ()) -> None:
+        if attempt == self.attempts.get(part):
+            self.counts[part] = counts
             if picked:
-                self.picked.append((shard, first, picked))
+                self.picked.append((part, first, picked))
 
-    def totals(self) -> tuple[tuple, dict[int, int], list]:
-        """The shards' summed totals, their attempts, and the records reported picked since the last call."""
+    def end(self, attempt: int | None, result: tuple) -> None:
+        if result[0] not in self.done and attempt in (None, self.attempts.get(result[0])):
+            self.done.add(result[0])
+            self.finished.append(result)
+
+    def ended(self) -> set[int]:
+        return self.done
+
+    def totals(self) -> tuple[tuple, dict[int, int], list, list]:
+        """The parts' summed totals, their attempts, the records reported picked and the parts ended since the
+        last call."""
         summed = tuple(sum(c[i] for c in self.counts.values()) for i in range(4))
         picked, self.picked = self.picked, []
-        return summed, dict(self.attempts), picked
+        finished, self.finished = self.finished, []
+        return summed, dict(self.attempts), picked, finished

@@ -10,6 +10,7 @@ raised where the driver saves a finished shard's picked records (`kept.keep_pick
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
@@ -225,7 +226,7 @@ def test_bad_input_fails_at_once(tmp_path, ray_instance):
     prefix = str(tmp_path / "out")
     config = PretrainConfig(inputs=_bad_inputs(tmp_path), output_prefix=prefix, quiet=True)
     info = {}
-    with pytest.raises(ValueError, match=r"shard 1/3 .*b\.json: not a JSON array") as caught:
+    with pytest.raises(ValueError, match=r"part 1/3 .*b\.json: not a JSON array") as caught:
         run_on_ray(Tokenize(config), shards=3, info=info)
     assert isinstance(caught.value, ShardFailed) and caught.value.shard.index == 1
     assert info["attempts"][1] == 1, "a data error was retried"
@@ -240,7 +241,7 @@ def test_bad_input_through_the_cli(tmp_path, ray_instance, capsys):
     argv = ["pretrain", "--quiet", *_bad_inputs(tmp_path), "-o", prefix, "--executor", "ray", "--ray-shards", SHARDS]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "error: shard 1/3 of" in err and "b.json: not a JSON array" in err, err
+    assert "error: part 1/3 of" in err and "b.json: not a JSON array" in err, err
     assert not os.path.exists(prefix + ".bin")
     no_leftovers(prefix)
 
@@ -339,7 +340,7 @@ def test_interrupted_run_reuses_its_finished_shards(tmp_path, ray_instance, text
     info = _resumed(_pretrain_config(data, config.output_prefix, quiet=False), local)
     assert info["shards"] == 3 and info["reused"] == saved
     assert set(info["attempts"]) == {0, 1, 2} - set(saved), "a finished shard ran again"
-    assert "ray: reusing 1 of 3 shards (checked)" in capsys.readouterr().err
+    assert "ray: reusing 1 of 3 parts (checked)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("error", [OSError, ValueError])
@@ -367,7 +368,7 @@ def test_failed_shard_keeps_the_others_unless_the_data_failed(tmp_path, ray_inst
             super().prepare()
 
     info = {}
-    with pytest.raises(ShardFailed, match="shard 1/3") as caught:
+    with pytest.raises(ShardFailed, match="part 1/3") as caught:
         run_on_ray(Fails(config), shards=3, info=info)
     assert isinstance(caught.value.cause, error)
     if error is ValueError:
@@ -401,7 +402,7 @@ def test_a_damaged_shard_is_done_again(tmp_path, ray_instance, text, monkeypatch
     info = _resumed(_pretrain_config(data, config.output_prefix, quiet=False), local)
     assert info["reused"] == [0, 2] and info["attempts"] == {1: 1}
     err = capsys.readouterr().err
-    assert "ray: shard 1 redone: " in err and "fingerprint" in err, err
+    assert "ray: part 1 redone: " in err and "fingerprint" in err, err
 
 
 def test_picked_records_that_do_not_check_out_redo_their_shard(tmp_path, ray_instance, text, monkeypatch, capsys):
@@ -426,8 +427,8 @@ def test_picked_records_that_do_not_check_out_redo_their_shard(tmp_path, ray_ins
     info = _resumed(_pretrain_config(data, config.output_prefix, quiet=False), local)
     assert info["reused"] == [1] and info["attempts"] == {0: 1, 2: 1}
     err = capsys.readouterr().err
-    assert "ray: shard 0 redone: its picked records do not read back from its files" in err, err
-    assert "ray: shard 2 redone: " in err and "not saved" in err, err
+    assert "ray: part 0 redone: its picked records do not read back from its files" in err, err
+    assert "ray: part 2 redone: " in err and "not saved" in err, err
 
 
 @pytest.mark.parametrize("change", ["input", "shards"])
@@ -480,9 +481,116 @@ def test_sft_resume_reads_back_the_saved_samples(tmp_path, ray_instance, monkeyp
     info = {}
     run_on_ray(ChatSamples(config), info=info)
     assert info["reused"] == [0, 2] and info["attempts"] == {1: 1}
-    assert "ray: shard 1 redone: its picked records do not read back" in capsys.readouterr().err
+    assert "ray: part 1 redone: its picked records do not read back" in capsys.readouterr().err
     same_files(local, config.output_prefix, [".bin", ".idx", ".lossmask.bin", ".lossmask.idx", ".rejects.jsonl"])
     ours, theirs = manifest(config.output_prefix)["certificate"], manifest(local)["certificate"]
     assert ours["certified"] and ours["samples_checked"] == theirs["samples_checked"]
     assert ours["records_checked"] == theirs["records_checked"] and ours["lines_checked"] == theirs["lines_checked"]
+    no_leftovers(config.output_prefix)
+
+
+class _Recorded:
+    """A pretrain step that notes, as each part starts, its index and the process running it (in `log`)."""
+
+    @staticmethod
+    def step(log):
+        from qwen_data.steps.pretrain import Tokenize
+
+        class Recorded(Tokenize):
+            def prepare(self):
+                import os
+
+                if self.config.shard is not None:  # (None: the driver's step)
+                    with open(log, "a") as f:
+                        f.write(f"{self.config.shard.index} {os.getpid()}\n")
+                super().prepare()
+
+        return Recorded
+
+
+def _small_parts(monkeypatch, data, prefix):
+    """Parts of about a tenth of `data`'s bytes for 2 shards (chunks small enough to cut so many)."""
+    from qwen_data.run import ray as executor
+    from qwen_data.steps.pretrain import PretrainConfig
+
+    monkeypatch.setattr(executor, "PART_BYTES", os.path.getsize(data) // 10 + 1)
+    return PretrainConfig(inputs=[data], output_prefix=str(prefix), quiet=True, chunk_bytes=8 << 10)
+
+
+def test_shards_take_parts_in_turn(tmp_path, ray_instance, text, monkeypatch):
+    """Two shards of 10 parts: shard k runs parts k, k+2, ... in order, in its own process, and the output is
+    the local run's."""
+    from qwen_data.run.ray import run_on_ray
+
+    data, local = text
+    config = _small_parts(monkeypatch, data, tmp_path / "ray")
+    log, info = tmp_path / "parts.log", {}
+    run_on_ray(_Recorded.step(log)(config), shards=2, info=info)
+    assert (info["shards"], info["parts"]) == (2, 10) and info["attempts"] == {k: 1 for k in range(10)}
+    by_process = {}
+    for line in log.read_text().splitlines():
+        index, pid = map(int, line.split())
+        by_process.setdefault(pid, []).append(index)
+    assert sorted(by_process.values()) == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]], by_process
+    same_files(local, config.output_prefix, [".bin", ".idx"])
+    assert manifest(config.output_prefix)["fingerprint"] == manifest(local)["fingerprint"]
+    no_leftovers(config.output_prefix)
+
+
+def test_a_retried_shard_runs_only_its_parts_not_ended(tmp_path, ray_instance, text, monkeypatch):
+    """Shard 1 fails with an OSError on its second part (3) the first time: Ray runs the task again, which
+    takes up at part 3; part 1, ended and told, is not run again."""
+    from qwen_data.run.ray import run_on_ray
+
+    data, local = text
+    config = _small_parts(monkeypatch, data, tmp_path / "ray")
+    failed = str(tmp_path / "failed")
+    log = tmp_path / "parts.log"
+
+    class FailsOnce(_Recorded.step(log)):
+        def prepare(self):
+            import errno
+            import os
+
+            if self.config.shard is not None and self.config.shard.index == 3 and not os.path.exists(failed):
+                open(failed, "w").close()
+                raise OSError(errno.EIO, "input/output error", data)
+            super().prepare()
+
+    info = {}
+    run_on_ray(FailsOnce(config), shards=2, info=info)
+    assert info["attempts"] == {**{k: 1 for k in range(10)}, 3: 2}
+    started = [int(line.split()[0]) for line in log.read_text().splitlines()]
+    assert sorted(started) == list(range(10)), "a part ended was run again"
+    same_files(local, config.output_prefix, [".bin", ".idx"])
+
+
+def test_a_stopped_run_of_parts_reuses_those_ended(tmp_path, ray_instance, text, monkeypatch, capsys):
+    """Stopped once 4 of 10 parts are saved, the same command reuses those 4 (its shard count and part count
+    recorded) and runs the other 6 in turn."""
+    from qwen_data.run import kept
+    from qwen_data.run.ray import run_on_ray
+    from qwen_data.steps.pretrain import Tokenize
+
+    data, local = text
+    config = _small_parts(monkeypatch, data, tmp_path / "ray")
+    saved, keep = [], kept.keep_picked
+
+    def interrupting(part_config, manifests, picked):
+        keep(part_config, manifests, picked)
+        saved.append(part_config.shard.index)
+        if len(saved) == 4:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(kept, "keep_picked", interrupting)
+        with pytest.raises(KeyboardInterrupt):
+            run_on_ray(Tokenize(config), shards=2)
+    info = {}
+    run_on_ray(Tokenize(dataclasses.replace(config, quiet=False)), info=info)
+    assert (info["shards"], info["parts"]) == (2, 10) and sorted(info["reused"]) == sorted(saved)
+    assert set(info["attempts"]) == set(range(10)) - set(saved), "a part saved ran again"
+    assert "ray: reusing 4 of 10 parts (checked)" in capsys.readouterr().err
+    same_files(local, config.output_prefix, [".bin", ".idx"])
+    assert manifest(config.output_prefix)["certificate"]["certified"]
     no_leftovers(config.output_prefix)
