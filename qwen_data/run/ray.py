@@ -80,6 +80,7 @@ disconnected from, and a Ray this process already started or joined is used as i
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -316,16 +317,15 @@ def _stop(ray, info: dict) -> None:
 
 def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config, info: dict,
                checks: "_DriverChecks | None", results: dict[int, list[Manifest]], heads: "_Heads") -> None:
-    """The parts of `configs` run by `tasks` Ray tasks, task k taking every tasks-th part from the kth on, in
-    order; each part's end taken as it comes (`_Ended`); on the first failure, the other tasks cancelled and a
-    ShardFailed naming the part."""
+    """The parts of `configs` run by `tasks` Ray tasks, each taking the next part not taken (`_Tally.next`)
+    until none is left; each part's end taken as it comes (`_Ended`); on the first failure, the other tasks
+    cancelled and a ShardFailed naming the part."""
     counts = _newline_counts(ray, sources, configs)  # (first: Ray starts its processes while the actor is made)
-    tally = ray.remote(num_cpus=0)(_Tally).remote()
+    tally = ray.remote(num_cpus=0)(_Tally).remote([c.shard.index for c in configs])
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
-    lanes = [lane for lane in (configs[k::tasks] for k in range(tasks)) if lane]
-    ended = _Ended(configs, [lane[0] for lane in lanes], info, checks, results, heads)
-    refs = {task.remote(step_type, lane, os.getcwd(), tally, [counts.get(c.shard.index, []) for c in lane]): lane
-            for lane in lanes}
+    parts = ray.put({c.shard.index: c for c in configs})  # (once in the object store, for every task)
+    refs = {task.remote(step_type, parts, os.getcwd(), tally, k, *counts): k for k in range(min(tasks, len(configs)))}
+    ended = _Ended(configs, info, checks, results, heads)
     pending = list(refs)
     total_bytes = sum(s.size for s in sources) * len(configs) // configs[0].shard.count
     progress = Progress(total_bytes, enabled=not config.quiet, label="ray")
@@ -339,8 +339,9 @@ def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config,
                         ended(*part)
                 except Exception as exc:
                     _poll(ray, tally, progress, info, checks, ended)
-                    # (a task takes its parts in order: the one it failed on is its first not ended)
-                    shard = next(c.shard for c in refs[ref] if c.shard.index not in results)
+                    held = _held(ray, tally, refs[ref])  # (the part its task failed on; None: before any)
+                    shard = next(c.shard for c in configs if c.shard.index == held or
+                                 (held is None and c.shard.index not in results))
                     attempts = info.get("attempts", {}).get(shard.index, 1)
                     raise _failure(ray, exc, shard, attempts, config.output_prefix) from None
             if (now := time.monotonic()) - polled >= PART_POLL_SECONDS:
@@ -360,53 +361,64 @@ def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config,
             pass
 
 
+def _held(ray, tally, task: int) -> int | None:
+    """The part task `task` held when it failed (None where the tally cannot say)."""
+    try:
+        return ray.get(tally.held_by.remote(task), timeout=10)
+    except Exception:
+        return None
+
+
 class _Ended:
     """Each part's end, taken once (told by the tally as it ends, then again with its task's result): its
     manifests put in `results` by part, its time in `info`, its picked records handed to `checks` and saved
     beside it (`kept.keep_picked`), its files handed to `heads`."""
 
-    def __init__(self, configs: list, firsts: list, info: dict, checks: "_DriverChecks | None",
+    def __init__(self, configs: list, info: dict, checks: "_DriverChecks | None",
                  results: dict[int, list[Manifest]], heads: "_Heads") -> None:
         self.sent = time.time()  # (the tasks' clocks: time.time, not monotonic)
         self.by_index = {c.shard.index: c for c in configs}
-        self.firsts = {c.shard.index for c in firsts}  # each task's first part: when its code began
         self.info, self.checks, self.results, self.heads = info, checks, results, heads
-        info["task_start_seconds"], info["shard_seconds"], info["shard_cpu_seconds"] = 0.0, [], []
+        info["task_start_seconds"], info["shard_seconds"], info["shard_cpu_seconds"], info["timeline"] = 0.0, [], [], []
 
     def __call__(self, index: int, manifests: list[Manifest], picked: list, times: tuple) -> None:
         if index in self.results:
             return
         self.results[index], info = manifests, self.info
-        began, finished, cpu = times
-        if index in self.firsts:
+        began, finished, cpu, first = times
+        if first:  # its task's first part: when the task's code began
             info["task_start_seconds"] = round(max(info["task_start_seconds"], began - self.sent), 3)
         info["shard_seconds"].append(round(finished - began, 3))
         info["shard_cpu_seconds"].append(round(cpu, 3))
+        # (its place in the run: when it began and ended, after the tasks were sent, and when the driver took it)
+        info["timeline"].append((index, round(began - self.sent, 3), round(finished - self.sent, 3),
+                                 round(time.time() - self.sent, 3)))
         if self.checks is not None:
             self.checks.shard(index, 0, picked)
         kept.keep_picked(self.by_index[index], manifests, picked)  # the part is finished: a rerun reuses it
         self.heads.ready(self.results)
 
 
-def _newline_counts(ray, sources: list, configs: list) -> dict[int, list]:
-    """For each shard of `configs` that starts inside a plain jsonl file, the references of Ray tasks whose
-    counts sum to the newlines before its first line (`Shard.newlines_before`). Each file is counted once,
-    in pieces from one shard's start to the next, a task a piece, all at once: a shard counting the file's
-    start itself reads what every shard before it reads (16 shards of 8 GB read 64 GB so, 2-3 s at most
-    of each task). A shard's task waits for its pieces' counts (Ray hands them to it as its arguments)."""
+def _newline_counts(ray, sources: list, configs: list) -> tuple[dict[str, list], dict[int, tuple[str, int]]]:
+    """For each part of `configs` that starts inside a plain jsonl file, where the counts that sum to the newlines
+    before its first line are (`Shard.newlines_before`): (per file, the references of Ray tasks counting it in
+    pieces from one part's start to the next, in order; per part, (its file, how many of those pieces lie before
+    it)). Each file is counted once, a task a piece, all at once: a part counting the file's start itself reads
+    what every part before it reads (16 shards of 8 GB read 64 GB so, 2-3 s at most of each task)."""
     count = ray.remote(newlines_in).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
     starts: dict[str, list[tuple[int, int]]] = {}
     for c in configs:
         where = counted_until(sources, c.shard)
         if where is not None:
             starts.setdefault(where[0], []).append((where[1], c.shard.index))
-    pieces: dict[int, list] = {}
+    pieces: dict[str, list] = {}
+    before: dict[int, tuple[str, int]] = {}
     for path, ends in starts.items():
-        counted, begin = [], 0
-        for end, shard in sorted(ends):
+        counted, begin = pieces.setdefault(path, []), 0
+        for end, part in sorted(ends):
             counted.append(count.remote(os.path.join(os.getcwd(), path), begin, end))
-            pieces[shard], begin = list(counted), end
-    return pieces
+            before[part], begin = (path, len(counted)), end
+    return pieces, before
 
 
 def _poll(ray, tally, progress: Progress | None, info: dict, checks: "_DriverChecks | None" = None,
@@ -645,14 +657,15 @@ _CHECKS = None  # the driver's checking process's checker
 
 
 # -- in the tasks ----------------------------------------------------------------------------------
-def _shard_task(step_type, configs: list, cwd: str, tally, counted: list[list]) -> list[tuple]:
-    """One shard, in a Ray worker: its parts (`configs`), in order, each a step built from its config and
-    run in the driver's directory (relative paths mean there what they mean to the driver), with a progress
-    that reports to the tally actor, and told to the tally as it ends; `counted`: per part, the references of
-    the counts of the newlines before its first line, in pieces (`_newline_counts`). Of each part it ran:
-    (its index, its manifests, the records it picked for the certificate (`pipeline.Step.check` items), when
-    its code began and ended (time.time) and the CPU seconds it took). Parts an earlier attempt of this task
-    ended (and told) are not run again."""
+def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict[str, list],
+                before: dict[int, tuple[str, int]]) -> list[tuple]:
+    """Shard `task`, in a Ray worker: the next part not taken (`_Tally.next`), until none is left, each a step
+    built from its config (`parts`, by index) and run in the driver's directory (relative paths mean there what
+    they mean to the driver), with a progress that reports to the tally actor, and told to the tally as it
+    ends; `pieces` and `before`: where the newlines before a part's first line are counted (`_newline_counts`).
+    Of each part it ran: (its index, its manifests, the records it picked for the certificate
+    (`pipeline.Step.check` items), (when its code began and ended (time.time), the CPU seconds it took, whether
+    it was this task's first))."""
     import ray
 
     try:
@@ -660,30 +673,20 @@ def _shard_task(step_type, configs: list, cwd: str, tally, counted: list[list]) 
     except OSError as exc:  # not retried: another attempt on this node would not find it either
         raise RuntimeError(f"{cwd}: the driver's working directory is not there on this node ({exc.strerror}): "
                            "run from a directory on a file system every node sees") from None
-    try:
-        ended = ray.get(tally.ended.remote(), timeout=60)
-    except Exception:  # (no tally: every part runs)
-        ended = set()
+    attempt = ray.get(tally.start.remote(task), timeout=60)  # (the parts an earlier attempt held go back)
     out = []
-    for config, counts in zip(configs, counted):
-        index = config.shard.index
-        if index in ended:
-            continue
+    while (index := ray.get(tally.next.remote(task, attempt), timeout=60)) is not None:
         began, cpu = time.time(), time.process_time()
-        if counts:
-            before = sum(ray.get(counts))
-            config = dataclasses.replace(config, shard=dataclasses.replace(config.shard, newlines_before=before))
-        try:
-            attempt = ray.get(tally.begin.remote(index), timeout=60)
-        except Exception:  # no progress shown for this part, but the work goes on
-            attempt = None
+        config = parts[index]
+        if index in before:
+            path, n = before[index]
+            config = dataclasses.replace(config, shard=dataclasses.replace(
+                config.shard, newlines_before=sum(ray.get(pieces[path][:n]))))
         step = step_type(config)
-        manifests = pipeline.run(step, _Reporter(tally, index, attempt, step))
-        out.append((index, manifests, getattr(step, "picked", []), (began, time.time(), time.process_time() - cpu)))
-        try:  # (told and waited for: the driver joins the part's bytes as soon as it polls)
-            ray.get(tally.end.remote(attempt, out[-1]), timeout=60)
-        except Exception:  # its result comes with the task's
-            pass
+        manifests = pipeline.run(step, _Reporter(tally, index, ray.get(tally.begin.remote(index)), step))
+        times = (began, time.time(), time.process_time() - cpu, not out)
+        out.append((index, manifests, getattr(step, "picked", []), times))
+        ray.get(tally.end.remote(task, out[-1]), timeout=60)  # (the driver joins its bytes when it next asks)
     return out
 
 
@@ -725,15 +728,34 @@ class _Reporter:
 
 
 class _Tally:
-    """The Ray actor holding each part's latest totals, and the parts ended since the driver last asked;
-    reports of an earlier attempt are ignored."""
+    """The Ray actor handing out the parts, in order, to the tasks that ask, and holding each part's latest
+    totals and the parts ended since the driver last asked; reports of an earlier attempt are ignored."""
 
-    def __init__(self) -> None:
+    def __init__(self, parts: list[int]) -> None:
+        self.left = collections.deque(parts)  # the parts not handed out yet, in order
+        self.held: dict[int, list[int]] = {}  # per task, the parts it was handed and did not end
+        self.tasks: dict[int, int] = {}  # per task, its attempts
         self.counts: dict[int, tuple] = {}
         self.attempts: dict[int, int] = {}
         self.picked: list[tuple[int, int, list]] = []  # (part, the first's index, records) not yet taken
         self.finished: list[tuple] = []  # the parts ended (`_shard_task`'s items) not yet taken
-        self.done: set[int] = set()  # every part ended
+
+    def start(self, task: int) -> int:
+        """A task's attempt begins: the parts an earlier attempt of it held (its process died) go back first."""
+        self.tasks[task] = self.tasks.get(task, 0) + 1
+        self.left.extendleft(sorted(self.held.pop(task, []), reverse=True))
+        return self.tasks[task]
+
+    def next(self, task: int, attempt: int) -> int | None:
+        """The next part for `task` (None: none is left, or this attempt was superseded)."""
+        if attempt != self.tasks.get(task) or not self.left:
+            return None
+        self.held.setdefault(task, []).append(self.left.popleft())
+        return self.held[task][-1]
+
+    def held_by(self, task: int) -> int | None:
+        held = self.held.get(task)
+        return held[0] if held else None
 
     def begin(self, part: int) -> int:
         self.attempts[part] = self.attempts.get(part, 0) + 1
@@ -746,13 +768,10 @@ class _Tally:
             if picked:
                 self.picked.append((part, first, picked))
 
-    def end(self, attempt: int | None, result: tuple) -> None:
-        if result[0] not in self.done and attempt in (None, self.attempts.get(result[0])):
-            self.done.add(result[0])
+    def end(self, task: int, result: tuple) -> None:
+        if result[0] in self.held.get(task, []):
+            self.held[task].remove(result[0])
             self.finished.append(result)
-
-    def ended(self) -> set[int]:
-        return self.done
 
     def totals(self) -> tuple[tuple, dict[int, int], list, list]:
         """The parts' summed totals, their attempts, the records reported picked and the parts ended since the
