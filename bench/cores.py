@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, ours beside "
                                                        "them (default 16 where --workers holds it, else the most)")
     parser.add_argument("--unique", action="store_true", help="pretrain and SFT on corpora in which no record repeats")
+    parser.add_argument("--no-repeated", action="store_true", help="with --unique, no run on the repeated corpus "
+                        "beside it (a corpus as large again on the disk)")
     parser.add_argument("--text", help="the bench text corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--chats", help="the bench chat corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--reference-template", metavar="FILE", help="the official qwen2.5-instruct.jinja, which "
@@ -183,7 +185,8 @@ def main() -> None:
         [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= info["cores"]]
     top = max(counts)
     at = args.compare_at or (16 if 16 in counts else top)
-    repeated = text = corpora.scaled_text_corpus(args.corpus_mb * 1_000_000, args.text)
+    repeated = text = (None if args.unique and args.no_repeated else
+                       corpora.scaled_text_corpus(args.corpus_mb * 1_000_000, args.text))
     how = {"repeats": True, "how": "the bench text corpus (40 MB) repeated to size"}
     if args.unique:
         text = corpora.unique_corpus(f"text-unique-{args.corpus_mb}MB.jsonl", args.text or corpora.text_corpus(),
@@ -244,7 +247,7 @@ def main() -> None:
         for job in jobs:
             for n in counts:
                 add(mine(job, n, corpus_of[job]))
-        if args.unique and "pretrain" in jobs:
+        if repeated is not None and args.unique and "pretrain" in jobs:
             add(mine("pretrain", top, repeated, "pretrain-repeated"))
         for size in filter(None, args.rss_mb.split(",")):
             add(mine("pretrain", at, corpora.scaled_text_corpus(int(size) * 1_000_000)))
