@@ -146,12 +146,12 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     merged into the step's output prefixes; their manifests, in the order of `step.prefixes()`. The step is
     only asked what it writes here: a task builds one for each part, `type(step)(config of the part)`.
 
-    `address`: the Ray cluster to join (None: start a local one, or use the one this process
-    already joined). `shards`: how many (None: `plan`'s, one a CPU). `info`, when given, is filled
-    as the run goes: ray_start_seconds (0 when joined), cpus, shards, parts, reused (the parts an
-    earlier run of the same command left and this one reused), attempts (per part run),
-    tasks_seconds, task_start_seconds, shard_seconds and shard_cpu_seconds (each part's time and CPU; when
-    any ran), ray_stop_seconds (when started here), merge_seconds.
+    `address`: the Ray cluster to join (None: start a local one, or use the one this process already joined).
+    `shards`: how many (None: `plan`'s, one a CPU). `info`, when given, is filled as the run goes:
+    ray_start_seconds (0 when joined), cpus, shards, parts, reused (the parts an earlier run of the same command
+    left and this one reused), attempts (per part run), tasks_seconds, task_start_seconds, shard_seconds and
+    shard_cpu_seconds (each part's time and CPU; when any ran), timeline (each part's index, start, end and when
+    the driver took it, in seconds after the tasks were sent), ray_stop_seconds (if started here), merge_seconds.
     """
     start, config, info = time.monotonic(), step.config, {} if info is None else info
     sources = _inputs(config)
@@ -580,17 +580,17 @@ class _DriverChecks:
             self.side.send(_READY)
 
     def shard(self, index: int, first: int, picked: list) -> None:
-        """Records shard `index` picked, from its `first` on: those its task reported as it ran (`_Reporter`),
-        then all of them with its result. Each is checked once: one sent before (by this attempt, or by one
+        """Records part `index` picked, from its `first` on: those its task reported as it ran (`_Reporter`),
+        then all of them as it ended. Each is checked once: one sent before (by this attempt, or by one
         that died) is only compared with what was sent, and a record that differs from it stops the run (a
-        shard's work is deterministic: its result must be what was checked)."""
+        part's work is deterministic: its result must be what was checked)."""
         sent = self.sent.setdefault(index, [])
         new = []
         for k, record in enumerate(picked, start=first):
             digest = hashlib.blake2b(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)).digest()
             if k < len(sent):
                 if sent[k] != digest:
-                    raise CertificateError(f"{record[0]}: shard {index} picked this record again, unlike the "
+                    raise CertificateError(f"{record[0]}: part {index} picked this record again, unlike the "
                                            "first time (its task did not repeat its work exactly)")
             elif k == len(sent):
                 sent.append(digest)

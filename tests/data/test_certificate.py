@@ -214,7 +214,7 @@ def test_records_a_shard_reports_as_it_runs_are_checked_once(tmp_path, monkeypat
                                         output_prefix=str(tmp_path / "shard0")))
     spelled = pipeline.run(step)[0].certificate["records_spelled"]
     picked, half = step.picked, len(step.picked) // 2
-    tally = _Tally()
+    tally = _Tally([0])
     tally.begin(0)
     tally.report(0, 1, (0, 0, 0, 0), 0, picked[:half])
     tally.report(0, 2, (0, 0, 0, 0), half, picked[half:])  # an attempt the tally never began: ignored
@@ -235,7 +235,7 @@ def test_records_a_shard_reports_as_it_runs_are_checked_once(tmp_path, monkeypat
     checks = _DriverChecks(Tokenize(config), inputs, sources)
     try:
         checks.shard(0, 0, picked[:half])
-        with pytest.raises(CertificateError, match=f"{where}: shard 0 picked this record again, unlike"):
+        with pytest.raises(CertificateError, match=f"{where}: part 0 picked this record again, unlike"):
             checks.shard(0, 0, [(where, (number, position, [(text, changed, a, b)]), documents)] + picked[1:])
     finally:
         checks.end()
