@@ -1,18 +1,18 @@
 """`--executor ray`: a run cut into shards, each a Ray task on some node of a cluster, then merged.
 
     driver: lock the step's final outputs → the parts an earlier run of the same command finished,
-    checked and reused → N tasks (the shards), task k running parts k, k+N, k+2N, ... in order, each
-    `pipeline.run(Step(config with shard=Shard(j, P)))` writing PREFIX.shards/j, whose .bin files are
-    joined in part order as they end (`_Heads`), each removed once joined → `merge` per output prefix,
-    from what was joined → all committed together → PREFIX.shards removed
+    checked and reused → N tasks (the shards), each running the next part not taken (`_Tally`) until
+    none is left, each part `pipeline.run(Step(config with shard=Shard(j, P)))` writing PREFIX.shards/j,
+    whose .bin files are joined in part order as they end (`_Heads`), each removed once joined → `merge`
+    per output prefix, from what was joined → all committed together → PREFIX.shards removed
 
-Why a shard takes every Nth part rather than one contiguous Nth of the input: a part's bytes can go into
-the output only once every part before it is done. N contiguous shards end together, and every byte but
-the first shard's was copied after the last task (with 16 shards of 8 GB, 3.8 s after 13 s of tasks). N
-shards of interleaved parts (of about PART_BYTES: `plan`) end a round of N parts about every second, which
-is joined while the next round runs: what is left at the end is the last round. Their tasks also end
-together (each holds a slice of every stretch of the input), where contiguous shards differed by their
-stretch's text (10.4-12.1 s).
+Why a shard runs parts rather than one contiguous Nth of the input: a part's bytes can go into the output
+only once every part before it is done. N contiguous shards end together, and every byte but the first
+shard's was copied after the last task (with 16 shards of 8 GB, 3.8 s after 13 s of tasks). Parts (of
+about PART_BYTES: `plan`) handed out in order end in order, give or take the N running, and each is joined
+while the next ones run: what is left at the end is the last few. The tasks end within about a part of each
+other, where contiguous shards differed by their stretch's text (10.4-12.1 s), and so did tasks given every
+Nth part (their sums differed by up to ~2.5 s: `bench/results/cpu/2026-12-02b`).
 
 The output prefix (-o) must be on a file system every node sees (NFS, Lustre, a mounted bucket...):
 every task writes its parts under `PREFIX.shards/` and the driver merges them from there. The
@@ -113,10 +113,10 @@ from .progress import Progress
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
 RETRY_EXCEPTIONS = [OSError]
-# A part's input bytes, about: each shard takes every Nth part, so a round of parts ends every ~0.7 s on a
-# core and is joined into the output then; only the last round's bytes are copied after the tasks end (with
-# 16 contiguous shards of 8 GB, 15/16 of the bytes were: 3.8 s). A part's own cost (its step, files,
-# manifest) is ~10-15 ms.
+# A part's input bytes, about: a part takes ~0.7 s on a core and is joined into the output as it ends; only
+# the last few parts' bytes are copied after the tasks end (with 16 contiguous shards of 8 GB, 15/16 of the
+# bytes were: 3.8 s). A part's own cost (its step, files, manifest) is ~10-15 ms; parts of 96 MB ran no faster
+# (bench/results/cpu/2026-12-02b).
 PART_BYTES = 32 << 20
 POLL_SECONDS = 1.0  # how often the driver shows progress
 PART_POLL_SECONDS = 0.2  # how often it asks for the parts that ended, to join them

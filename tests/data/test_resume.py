@@ -25,6 +25,7 @@ from _oracles import oracle_dir
 from qwen_data.cli import main
 from qwen_data.formats import packing
 from qwen_data.formats.layouts import UNPACKED
+from qwen_data.run.workers import SLOTS
 
 KILLER = """
 import os, signal, sys
@@ -98,10 +99,13 @@ def killed_then_resumed(args: list[str], prefix: str, where: str, after: int, wh
         chunks = [line for line in map(json.loads, f) if "files" in line]
     if where == "between-chunks":
         assert len(chunks) == after and any(chunk["picked"] for chunk in chunks)
-    if where != "commit":  # what was written but not journaled is done again: a few chunks at most
+    if where != "commit":  # what was written but not journaled is done again: a few chunks a worker at most
         bin_path = (staged or prefix) + ".bin.tmp"
-        written, journaled = os.path.getsize(bin_path), chunks[-1]["files"][bin_path]
-        assert (written - journaled) / (whole["tokens"] * 4) <= 0.10
+        written, ends = os.path.getsize(bin_path), [chunk["files"][bin_path] for chunk in chunks]
+        largest = max(np.diff([0, *ends]))
+        # Counted in chunks (the run's 2 workers, SLOTS each: queued and finished), not as a share of this small
+        # input: on a loaded 2-core machine ~6 chunks of ~33 were written but not journaled (19% of it).
+        assert written - ends[-1] <= 2 * SLOTS * largest, (written, ends[-1], largest)
     assert main(args) == 0
     again = manifest(prefix)
     assert again["fingerprint"] == whole["fingerprint"] and again["digests"] == whole["digests"]
