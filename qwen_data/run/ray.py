@@ -421,8 +421,7 @@ def _newline_counts(ray, sources: list, configs: list) -> tuple[dict[str, list],
     return pieces, before
 
 
-def _poll(ray, tally, progress: Progress | None, info: dict, checks: "_DriverChecks | None" = None,
-          ended=None) -> None:
+def _poll(ray, tally, progress: Progress | None, info: dict, checks: "_DriverChecks | None", ended: "_Ended") -> None:
     """The shards' totals shown (where `progress`), the records they picked since the last poll handed to
     `checks`, and the parts that ended since, to `ended`."""
     try:
@@ -434,7 +433,7 @@ def _poll(ray, tally, progress: Progress | None, info: dict, checks: "_DriverChe
         progress.set(*totals)
     for shard, first, items in picked if checks is not None else ():
         checks.shard(shard, first, items)
-    for part in finished if ended is not None else ():
+    for part in finished:
         ended(*part)
 
 
