@@ -673,14 +673,15 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict
         raise RuntimeError(f"{cwd}: the driver's working directory is not there on this node ({exc.strerror}): "
                            "run from a directory on a file system every node sees") from None
     attempt = ray.get(tally.start.remote(task), timeout=60)  # (the parts an earlier attempt held go back)
-    out = []
+    out, counted = [], {}  # counted: per file, its pieces' counts fetched so far (parts come in order: each once)
     while (index := ray.get(tally.next.remote(task, attempt), timeout=60)) is not None:
         began, cpu = time.time(), time.process_time()
         config = parts[index]
         if index in before:
             path, n = before[index]
-            config = dataclasses.replace(config, shard=dataclasses.replace(
-                config.shard, newlines_before=sum(ray.get(pieces[path][:n]))))
+            known = counted.setdefault(path, [])
+            known += ray.get(pieces[path][len(known):n])
+            config = dataclasses.replace(config, shard=dataclasses.replace(config.shard, newlines_before=sum(known[:n])))
         step = step_type(config)
         manifests = pipeline.run(step, _Reporter(tally, index, ray.get(tally.begin.remote(index)), step))
         times = (began, time.time(), time.process_time() - cpu, not out)
