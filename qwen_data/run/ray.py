@@ -54,9 +54,9 @@ run's tokenizer, its files hash to their fingerprint (`formats.integrity`), its 
 manifests are those its picked records were saved with, and those records read back from its files
 (`certify.checks.read_back`, as a local run reads back its own); the resuming driver then checks
 them against the reference as it checks a fresh part's. Any other part is done again ("ray:
-part K redone: why" on stderr); a task retried by Ray runs only its parts not ended. A run failed by its data (bad input, a certificate mismatch, too
-many rejects, nothing to write) removes `PREFIX.shards/`, since a rerun would fail the same way, and
-so does a run that commits.
+part K redone: why" on stderr); a task retried by Ray runs only its parts not ended. A run failed by its
+data (bad input, a certificate mismatch, too many rejects, nothing to write) removes `PREFIX.shards/`, since a
+rerun would fail the same way, and so does a run that commits.
 
 The certificate: tasks pick records as a local run does but do not check them (a task would load
 the reference libraries itself, ~0.5-2 s of its CPU); they report them with their progress, about
@@ -195,8 +195,8 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
 def plan(sources, cpus: int, chunk_bytes: int, shards: int | None = None) -> tuple[int, int]:
     """(shards, parts): `shards` tasks (default: one a CPU, but no more than there are pieces to hand out: a
     chunk of an uncompressed jsonl file, a whole file of any other kind, parquet counted by size like jsonl),
-    and the inputs cut into parts of about PART_BYTES, a whole number of them a shard, no more than there are
-    pieces, and at least one a shard."""
+    and the inputs cut into parts of about PART_BYTES (as many rounds of `shards` parts as that takes), no more
+    than there are pieces, and at least one a shard."""
     total = sum(s.size for s in sources)
     pieces = sum(max(1, math.ceil(s.size / chunk_bytes)) if s.splittable or s.kind == "parquet" else 1
                  for s in sources)
@@ -681,7 +681,8 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict
             path, n = before[index]
             known = counted.setdefault(path, [])
             known += ray.get(pieces[path][len(known):n])
-            config = dataclasses.replace(config, shard=dataclasses.replace(config.shard, newlines_before=sum(known[:n])))
+            shard = dataclasses.replace(config.shard, newlines_before=sum(known[:n]))
+            config = dataclasses.replace(config, shard=shard)
         step = step_type(config)
         manifests = pipeline.run(step, _Reporter(tally, index, ray.get(tally.begin.remote(index)), step))
         times = (began, time.time(), time.process_time() - cpu, not out)
