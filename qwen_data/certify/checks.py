@@ -133,7 +133,7 @@ class TextChecks(_Checks):
     def __init__(self, step, inputs, estimates) -> None:
         super().__init__(step, inputs, estimates)
         policy = step.config.special_tokens
-        self.speller = Speller(self.tokenizer, policy)
+        self.speller = Speller.shared(self.tokenizer, policy)
         self.reference = TextReference(self.tokenizer.directory, self.tokenizer.flavour, policy,
                                        trim=self.sampling.estimated <= TRIM_RECORDS)
         self.eod_id = step.eod_id
@@ -192,7 +192,7 @@ class ChatChecks(_Checks):
         super().__init__(step, inputs, estimates)
         config = self.config = step.config
         self.template = step.template
-        self.speller = Speller(self.tokenizer, "parse")
+        self.speller = Speller.shared(self.tokenizer, "parse")
         self.table = self.speller.table  # (a checking process reads its own: `spelling`)
         self.structure = None if config.mask == "all" else {
             "span": config.assistant_span, "last_only": config.rendered_history != "rendered",

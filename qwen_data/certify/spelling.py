@@ -139,6 +139,9 @@ def normalized(text: str, literals: re.Pattern | None = None) -> str:
     return "".join(p if k % 2 else unicodedata.normalize("NFC", p) for k, p in enumerate(pieces))
 
 
+_SPELLERS: dict = {}  # the tokenizer `Speller.shared` built for, and by policy its Speller
+
+
 def normalized_all(texts: list[str]) -> list[str]:
     """Each of `texts` as `normalized` gives it; only those that may not be in NFC are asked (`text.nfc`:
     a bit test a character, then classes and composing pairs, where Python's own check of every text
@@ -164,6 +167,18 @@ class Speller:
         self.may_hold[FIRST_ADDED_ID:] = 0
         self.may_hold[self.allowed] = 1
         self.entries = self.table.entries(self.may_hold)
+
+    @classmethod
+    def shared(cls, tokenizer, policy: str) -> "Speller":
+        """The one this process built for `tokenizer` (the same object: `QwenTokenizer.shared`) and `policy`:
+        a Ray task runs many parts, each building its step's checks (the table read and its hash checked,
+        ~4 ms a part)."""
+        if _SPELLERS.get("tokenizer") is not tokenizer:
+            _SPELLERS.clear()
+            _SPELLERS["tokenizer"] = tokenizer
+        if policy not in _SPELLERS:
+            _SPELLERS[policy] = cls(tokenizer, policy)
+        return _SPELLERS[policy]
 
     def first_misspelled(self, texts: list[str], ids: np.ndarray, counts: np.ndarray, first: int = 0) -> int:
         """The first of `texts` from `first` whose ids (`counts[k]` of `ids` each) do not spell it

@@ -23,9 +23,10 @@ same inputs writes (`merge` guarantees it); only the manifest's `command`, `crea
 `wall_seconds` (the whole run's, Ray's start included) differ. `--workers` does not apply.
 
 A part that starts inside a jsonl file numbers its lines from the newlines before its start. Those are
-counted once per file, a small task (one CPU) for each piece between two parts' starts, all at once;
-each part is handed its pieces' counts (`_newline_counts`), where a shard on its own (`--shard`)
-reads the file up to its start.
+counted once per file, in pieces between two parts' starts, by small tasks (one CPU) all sent at once, a
+piece each for the first round of parts and about a shard's share of the pieces each for the others; each
+part fetches its pieces' counts (`_newline_counts`), where a shard on its own (`--shard`) reads the file up
+to its start.
 
 Tasks take one CPU each (`num_cpus=1`) and tokenize in their own process (`workers=0`): a task
 is the worker, and a forked one would only add a second process per CPU. The tokenizer's cache
@@ -108,7 +109,7 @@ from ..inputs.records import EmptyOutput
 from . import kept, pipeline
 from .certifier import take
 from .journal import identity
-from .merge import Head, restore
+from .merge import Head, PartReads, restore
 from .progress import Progress
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
@@ -320,7 +321,7 @@ def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config,
     """The parts of `configs` run by `tasks` Ray tasks, each taking the next part not taken (`_Tally.next`)
     until none is left; each part's end taken as it comes (`_Ended`); on the first failure, the other tasks
     cancelled and a ShardFailed naming the part."""
-    counts = _newline_counts(ray, sources, configs)  # (first: Ray starts its processes while the actor is made)
+    counts = _newline_counts(ray, sources, configs, tasks)  # (first: Ray starts its processes while the actor is made)
     tally = ray.remote(num_cpus=0)(_Tally).remote([c.shard.index for c in configs])
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
     parts = ray.put({c.shard.index: c for c in configs})  # (once in the object store, for every task)
@@ -396,16 +397,21 @@ class _Ended:
         if self.checks is not None:
             self.checks.shard(index, 0, picked)
         kept.keep_picked(self.by_index[index], manifests, picked)  # the part is finished: a rerun reuses it
+        self.heads.read_ahead(self.by_index[index].output_prefix)
         self.heads.ready(self.results)
 
 
-def _newline_counts(ray, sources: list, configs: list) -> tuple[dict[str, list], dict[int, tuple[str, int]]]:
+def _newline_counts(ray, sources: list, configs: list,
+                    tasks: int) -> tuple[dict[str, list], dict[int, tuple[str, int]]]:
     """For each part of `configs` that starts inside a plain jsonl file, where the counts that sum to the newlines
-    before its first line are (`Shard.newlines_before`): (per file, the references of Ray tasks counting it in
-    pieces from one part's start to the next, in order; per part, (its file, how many of those pieces lie before
-    it)). Each file is counted once, a task a piece, all at once: a part counting the file's start itself reads
-    what every part before it reads (16 shards of 8 GB read 64 GB so, 2-3 s at most of each task)."""
-    count = ray.remote(newlines_in).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
+    before its first line are (`Shard.newlines_before`): (per file, in order, (the reference of a Ray task counting
+    the file in pieces from one part's start to the next, those pieces' number); per part, (its file, how many of
+    those pieces lie before it)). Each file is counted once, all at once: a piece a task for the first `tasks`
+    parts' starts (the first parts wait on nothing longer), then `tasks` tasks each counting its share of the
+    others (a task a piece sent one call a part before any part could start: 0.24 s for 240 parts, seconds for a
+    terabyte's). A part counting the file's start itself would read what every part before it reads (16 shards of
+    8 GB read 64 GB so, 2-3 s at most of each task)."""
+    count = ray.remote(_newlines_in_pieces).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
     starts: dict[str, list[tuple[int, int]]] = {}
     for c in configs:
         where = counted_until(sources, c.shard)
@@ -414,11 +420,21 @@ def _newline_counts(ray, sources: list, configs: list) -> tuple[dict[str, list],
     pieces: dict[str, list] = {}
     before: dict[int, tuple[str, int]] = {}
     for path, ends in starts.items():
-        counted, begin = pieces.setdefault(path, []), 0
-        for end, part in sorted(ends):
-            counted.append(count.remote(os.path.join(os.getcwd(), path), begin, end))
-            before[part], begin = (path, len(counted)), end
+        ends, counted, begin, done = sorted(ends), pieces.setdefault(path, []), 0, 0
+        size = max(1, math.ceil((len(ends) - tasks) / tasks))
+        for group in [ends[k:k + 1] for k in range(min(tasks, len(ends)))] + [
+                ends[k:k + size] for k in range(tasks, len(ends), size)]:
+            bounds = [begin] + [end for end, _ in group]
+            counted.append((count.remote(os.path.join(os.getcwd(), path), bounds), len(group)))
+            for n, (_, part) in enumerate(group, start=done + 1):
+                before[part] = (path, n)
+            begin, done = bounds[-1], done + len(group)
     return pieces, before
+
+
+def _newlines_in_pieces(path: str, bounds: list[int]) -> list[int]:
+    """The newlines in each piece [bounds[k], bounds[k + 1]) of the file at `path`."""
+    return [newlines_in(path, a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 def _poll(ray, tally, progress: Progress | None, info: dict, checks: "_DriverChecks | None", ended: "_Ended") -> None:
@@ -469,13 +485,20 @@ class _Heads:
     """The shards' .bin files joined in shard order as they end, while later shards still run: a shard's
     files are handed to a `merge.Head` per output prefix and channel once every shard before it is done.
     The merges then take those files and copy only the shards after them (with 16 shards of 8 GB that
-    were done at once, the copy of every byte took ~5 s after the last task)."""
+    were done at once, the copy of every byte took ~5 s after the last task). Each part's other files
+    are read as it ends, as the merges read them (`reads`, `read_ahead`)."""
 
     def __init__(self, directory: str, suffixes: list[str]) -> None:
         self.directory, self.suffixes = directory, suffixes
         self.prefixes: list[str] = []  # each shard's -o
         self.heads: dict[str, list[Head]] = {}  # by suffix: a Head a channel
         self.next = 0  # the first shard not handed yet
+        self.reads = PartReads()
+
+    def read_ahead(self, prefix: str) -> None:
+        """The files of the part at -o `prefix` (of each output prefix) read as the merges read them."""
+        for suffix in self.suffixes:
+            self.reads.prepare(prefix + suffix)
 
     def restore(self) -> None:
         """The shards' .bin files an earlier run of this command joined (each removed once joined), put back
@@ -526,7 +549,7 @@ def _merge(configs: list, suffixes: list[str], final: list[str], outputs: Atomic
     manifests = []
     for suffix in suffixes:
         merged = merge([c.output_prefix + suffix for c in configs], staging + suffix, quiet=config.quiet,
-                       heads=heads.of(suffix))
+                       heads=heads.of(suffix), reads=heads.reads)
         merged.wall_seconds = round(time.monotonic() - start, 3)
         manifests.append(merged)
     for root, _, names in os.walk(staging_dir):
@@ -673,27 +696,32 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict
         raise RuntimeError(f"{cwd}: the driver's working directory is not there on this node ({exc.strerror}): "
                            "run from a directory on a file system every node sees") from None
     attempt = ray.get(tally.start.remote(task), timeout=60)  # (the parts an earlier attempt held go back)
-    out, counted = [], {}  # counted: per file, its pieces' counts fetched so far (parts come in order: each once)
-    while (index := ray.get(tally.next.remote(task, attempt), timeout=60)) is not None:
+    out, counted = [], {}  # counted: per file, [its counting tasks fetched, their pieces' counts] (parts come in order)
+    # One call to the tally a part: the part ended told with the next asked for (the driver joins its bytes when
+    # it next asks); the reports before it, sent without waiting, are taken first (an actor runs one caller's
+    # calls in order).
+    while (handed := ray.get(tally.next.remote(task, attempt, out[-1] if out else None), timeout=60)) is not None:
+        index, part_attempt = handed
         began, cpu = time.time(), time.process_time()
         config = parts[index]
         if index in before:
             path, n = before[index]
-            known = counted.setdefault(path, [])
-            known += ray.get(pieces[path][len(known):n])
+            fetched, known = counted.setdefault(path, [0, []])
+            while len(known) < n:
+                known += ray.get(pieces[path][fetched][0])
+                fetched = counted[path][0] = fetched + 1
             shard = dataclasses.replace(config.shard, newlines_before=sum(known[:n]))
             config = dataclasses.replace(config, shard=shard)
         step = step_type(config)
-        manifests = pipeline.run(step, _Reporter(tally, index, ray.get(tally.begin.remote(index)), step))
+        manifests = pipeline.run(step, _Reporter(tally, index, part_attempt, step))
         times = (began, time.time(), time.process_time() - cpu, not out)
         out.append((index, manifests, getattr(step, "picked", []), times))
-        ray.get(tally.end.remote(task, out[-1]), timeout=60)  # (the driver joins its bytes when it next asks)
     return out
 
 
 class _Reporter:
-    """The progress object a task hands to `pipeline.run`: sends its shard's totals to the tally,
-    at most every POLL_SECONDS without waiting, and once at the end, waiting for it."""
+    """The progress object a task hands to `pipeline.run`: sends its part's totals to the tally, at most
+    every POLL_SECONDS and once at the end, never waiting (each round trip cost a part ~2 ms, four a part)."""
 
     def __init__(self, tally, shard: int, attempt: int | None, step) -> None:
         self.tally, self.shard, self.attempt, self.step = tally, shard, attempt, step
@@ -710,20 +738,15 @@ class _Reporter:
             self._send()
 
     def close(self) -> None:
-        self._send(wait=True)  # the final totals are in before the task's result is
+        self._send()  # (the final totals: taken before the part's end, which the task tells next)
 
-    def _send(self, wait: bool = False) -> None:
+    def _send(self) -> None:
         if self.attempt is None:
             return
         picked = getattr(self.step, "picked", None) or []  # (`Certifier.keeping`; none: --no-certify)
         try:
-            sent = self.tally.report.remote(self.shard, self.attempt, tuple(self.counts), self.sent,
-                                            picked[self.sent:])
+            self.tally.report.remote(self.shard, self.attempt, tuple(self.counts), self.sent, picked[self.sent:])
             self.sent = len(picked)
-            if wait:
-                import ray
-
-                ray.get(sent, timeout=10)
         except Exception:  # progress is a display: never the reason a task fails
             self.attempt = None
 
@@ -747,21 +770,22 @@ class _Tally:
         self.left.extendleft(sorted(self.held.pop(task, []), reverse=True))
         return self.tasks[task]
 
-    def next(self, task: int, attempt: int) -> int | None:
-        """The next part for `task` (None: none is left, or this attempt was superseded)."""
+    def next(self, task: int, attempt: int, ended: tuple | None = None) -> tuple[int, int] | None:
+        """`ended` (the part `task` ended last, `_shard_task`'s item; None: its first call) taken, then
+        the next part for `task` and that part's attempt (None: none is left, or this attempt was superseded)."""
+        if ended is not None:
+            self.end(task, ended)
         if attempt != self.tasks.get(task) or not self.left:
             return None
-        self.held.setdefault(task, []).append(self.left.popleft())
-        return self.held[task][-1]
+        part = self.left.popleft()
+        self.held.setdefault(task, []).append(part)
+        self.attempts[part] = self.attempts.get(part, 0) + 1
+        self.counts[part] = (0, 0, 0, 0)
+        return part, self.attempts[part]
 
     def held_by(self, task: int) -> int | None:
         held = self.held.get(task)
         return held[0] if held else None
-
-    def begin(self, part: int) -> int:
-        self.attempts[part] = self.attempts.get(part, 0) + 1
-        self.counts[part] = (0, 0, 0, 0)
-        return self.attempts[part]
 
     def report(self, part: int, attempt: int, counts: tuple, first: int = 0, picked: list = ()) -> None:
         if attempt == self.attempts.get(part):
