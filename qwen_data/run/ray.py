@@ -1,7 +1,7 @@
 """`--executor ray`: a run cut into shards, each a Ray task on some node of a cluster, then merged.
 
     driver: lock the step's final outputs → the parts an earlier run of the same command finished,
-    checked and reused → N tasks (the shards), each running the next part not taken (`_Tally`) until
+    checked and reused → N tasks (the shards), each running the next part not taken (`tally.Tally`) until
     none is left, each part `pipeline.run(Step(config with shard=Shard(j, P)))` writing PREFIX.shards/j,
     whose .bin files are joined in part order as they end (`_Heads`), each removed once joined → `merge`
     per output prefix, from what was joined → all committed together → PREFIX.shards removed
@@ -81,7 +81,6 @@ disconnected from, and a Ray this process already started or joined is used as i
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -110,6 +109,7 @@ from . import kept, pipeline
 from .certifier import take
 from .journal import identity
 from .merge import Head, PartReads, restore
+from .tally import Tally
 from .progress import Progress
 
 RETRIES = 3  # per task, for a dead process or a retryable exception
@@ -151,9 +151,9 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
     `shards`: how many (None: `plan`'s, one a CPU). `info`, when given, is filled as the run goes:
     ray_start_seconds (0 when joined), cpus, shards, parts, reused (the parts an earlier run of the same command
     left and this one reused), attempts (per part run), tasks_seconds, task_start_seconds, shard_seconds and
-    shard_cpu_seconds (each part's time and CPU; when any ran), timeline (each part's index, start, end and when
-    the driver took it, in seconds after the tasks were sent), ray_stop_seconds (if started here), merge_seconds.
-    """
+    shard_cpu_seconds (each part's time and CPU), timeline (each part's index, start, end and when the driver took
+    it, in seconds after the tasks were sent), task_starts (each task's start, its tally's first answer and its
+    first part's start, so), ray_stop_seconds (if started here), merge_seconds."""
     start, config, info = time.monotonic(), step.config, {} if info is None else info
     sources = _inputs(config)
     inputs = pipeline.input_list(sources)
@@ -318,11 +318,11 @@ def _stop(ray, info: dict) -> None:
 
 def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config, info: dict,
                checks: "_DriverChecks | None", results: dict[int, list[Manifest]], heads: "_Heads") -> None:
-    """The parts of `configs` run by `tasks` Ray tasks, each taking the next part not taken (`_Tally.next`)
+    """The parts of `configs` run by `tasks` Ray tasks, each taking the next part not taken (`Tally.next`)
     until none is left; each part's end taken as it comes (`_Ended`); on the first failure, the other tasks
     cancelled and a ShardFailed naming the part."""
     counts = _newline_counts(ray, sources, configs, tasks)  # (first: Ray starts its processes while the actor is made)
-    tally = ray.remote(num_cpus=0)(_Tally).remote([c.shard.index for c in configs])
+    tally = ray.remote(num_cpus=0)(Tally).remote([c.shard.index for c in configs])
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
     parts = ray.put({c.shard.index: c for c in configs})  # (once in the object store, for every task)
     refs = {task.remote(step_type, parts, os.getcwd(), tally, k, *counts): k for k in range(min(tasks, len(configs)))}
@@ -381,14 +381,16 @@ class _Ended:
         self.by_index = {c.shard.index: c for c in configs}
         self.info, self.checks, self.results, self.heads = info, checks, results, heads
         info["task_start_seconds"], info["shard_seconds"], info["shard_cpu_seconds"], info["timeline"] = 0.0, [], [], []
+        info["task_starts"] = []
 
     def __call__(self, index: int, manifests: list[Manifest], picked: list, times: tuple) -> None:
         if index in self.results:
             return
         self.results[index], info = manifests, self.info
         began, finished, cpu, first = times
-        if first:  # its task's first part: when the task's code began
+        if first:  # its task's first part: when the task's code began, the tally answered it, the part began
             info["task_start_seconds"] = round(max(info["task_start_seconds"], began - self.sent), 3)
+            info["task_starts"].append(tuple(round(t - self.sent, 3) for t in (*first, began)))
         info["shard_seconds"].append(round(finished - began, 3))
         info["shard_cpu_seconds"].append(round(cpu, 3))
         # (its place in the run: when it began and ended, after the tasks were sent, and when the driver took it)
@@ -681,21 +683,23 @@ _CHECKS = None  # the driver's checking process's checker
 # -- in the tasks ----------------------------------------------------------------------------------
 def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict[str, list],
                 before: dict[int, tuple[str, int]]) -> list[tuple]:
-    """Shard `task`, in a Ray worker: the next part not taken (`_Tally.next`), until none is left, each a step
+    """Shard `task`, in a Ray worker: the next part not taken (`Tally.next`), until none is left, each a step
     built from its config (`parts`, by index) and run in the driver's directory (relative paths mean there what
     they mean to the driver), with a progress that reports to the tally actor, and told to the tally as it
     ends; `pieces` and `before`: where the newlines before a part's first line are counted (`_newline_counts`).
     Of each part it ran: (its index, its manifests, the records it picked for the certificate
-    (`pipeline.Step.check` items), (when its code began and ended (time.time), the CPU seconds it took, whether
-    it was this task's first))."""
+    (`pipeline.Step.check` items), (when its code began and ended (time.time), the CPU seconds it took, and for
+    the task's first part when the task began and when the tally first answered it, else None))."""
     import ray
 
+    entered = time.time()
     try:
         os.chdir(cwd)
     except OSError as exc:  # not retried: another attempt on this node would not find it either
         raise RuntimeError(f"{cwd}: the driver's working directory is not there on this node ({exc.strerror}): "
                            "run from a directory on a file system every node sees") from None
     attempt = ray.get(tally.start.remote(task), timeout=60)  # (the parts an earlier attempt held go back)
+    started = time.time()
     out, counted = [], {}  # counted: per file, [its counting tasks fetched, their pieces' counts] (parts come in order)
     # One call to the tally a part: the part ended told with the next asked for (the driver joins its bytes when
     # it next asks); the reports before it, sent without waiting, are taken first (an actor runs one caller's
@@ -714,7 +718,7 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict
             config = dataclasses.replace(config, shard=shard)
         step = step_type(config)
         manifests = pipeline.run(step, _Reporter(tally, index, part_attempt, step))
-        times = (began, time.time(), time.process_time() - cpu, not out)
+        times = (began, time.time(), time.process_time() - cpu, None if out else (entered, started))
         out.append((index, manifests, getattr(step, "picked", []), times))
     return out
 
@@ -749,59 +753,3 @@ class _Reporter:
             self.sent = len(picked)
         except Exception:  # progress is a display: never the reason a task fails
             self.attempt = None
-
-
-class _Tally:
-    """The Ray actor handing out the parts, in order, to the tasks that ask, and holding each part's latest
-    totals and the parts ended since the driver last asked; reports of an earlier attempt are ignored."""
-
-    def __init__(self, parts: list[int]) -> None:
-        self.left = collections.deque(parts)  # the parts not handed out yet, in order
-        self.held: dict[int, list[int]] = {}  # per task, the parts it was handed and did not end
-        self.tasks: dict[int, int] = {}  # per task, its attempts
-        self.counts: dict[int, tuple] = {}
-        self.attempts: dict[int, int] = {}
-        self.picked: list[tuple[int, int, list]] = []  # (part, the first's index, records) not yet taken
-        self.finished: list[tuple] = []  # the parts ended (`_shard_task`'s items) not yet taken
-
-    def start(self, task: int) -> int:
-        """A task's attempt begins: the parts an earlier attempt of it held (its process died) go back first."""
-        self.tasks[task] = self.tasks.get(task, 0) + 1
-        self.left.extendleft(sorted(self.held.pop(task, []), reverse=True))
-        return self.tasks[task]
-
-    def next(self, task: int, attempt: int, ended: tuple | None = None) -> tuple[int, int] | None:
-        """`ended` (the part `task` ended last, `_shard_task`'s item; None: its first call) taken, then
-        the next part for `task` and that part's attempt (None: none is left, or this attempt was superseded)."""
-        if ended is not None:
-            self.end(task, ended)
-        if attempt != self.tasks.get(task) or not self.left:
-            return None
-        part = self.left.popleft()
-        self.held.setdefault(task, []).append(part)
-        self.attempts[part] = self.attempts.get(part, 0) + 1
-        self.counts[part] = (0, 0, 0, 0)
-        return part, self.attempts[part]
-
-    def held_by(self, task: int) -> int | None:
-        held = self.held.get(task)
-        return held[0] if held else None
-
-    def report(self, part: int, attempt: int, counts: tuple, first: int = 0, picked: list = ()) -> None:
-        if attempt == self.attempts.get(part):
-            self.counts[part] = counts
-            if picked:
-                self.picked.append((part, first, picked))
-
-    def end(self, task: int, result: tuple) -> None:
-        if result[0] in self.held.get(task, []):
-            self.held[task].remove(result[0])
-            self.finished.append(result)
-
-    def totals(self) -> tuple[tuple, dict[int, int], list, list]:
-        """The parts' summed totals, their attempts, the records reported picked and the parts ended since the
-        last call."""
-        summed = tuple(sum(c[i] for c in self.counts.values()) for i in range(4))
-        picked, self.picked = self.picked, []
-        finished, self.finished = self.finished, []
-        return summed, dict(self.attempts), picked, finished

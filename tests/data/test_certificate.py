@@ -206,7 +206,8 @@ def test_records_a_shard_reports_as_it_runs_are_checked_once(tmp_path, monkeypat
 
     from qwen_data.inputs.files import Shard
     from qwen_data.run import pipeline
-    from qwen_data.run.ray import _DriverChecks, _Tally
+    from qwen_data.run.ray import _DriverChecks
+    from qwen_data.run.tally import Tally
     from qwen_data.steps.pretrain import Tokenize
 
     whole, config, sources, inputs = _driver_run(tmp_path, monkeypatch, 2, 300)
@@ -214,7 +215,7 @@ def test_records_a_shard_reports_as_it_runs_are_checked_once(tmp_path, monkeypat
                                         output_prefix=str(tmp_path / "shard0")))
     spelled = pipeline.run(step)[0].certificate["records_spelled"]
     picked, half = step.picked, len(step.picked) // 2
-    tally = _Tally([0])
+    tally = Tally([0])
     assert tally.next(0, tally.start(0)) == (0, 1)  # task 0's first attempt takes part 0, its first attempt
     tally.report(0, 1, (0, 0, 0, 0), 0, picked[:half])
     tally.report(0, 2, (0, 0, 0, 0), half, picked[half:])  # an attempt the tally never began: ignored

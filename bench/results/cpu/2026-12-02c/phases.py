@@ -1,11 +1,13 @@
 """`qwen-data ARGS...` with the Ray executor's phases marked, in seconds from the process's start (its creation
 time: Python's own start included), written with the run's `info` to INFO.json: Ray imported and joined, the
 plan, the newline counts sent, the tally made, the tasks sent, each part's begin and end (`info["timeline"]`),
-the merge's own steps (each prefix merged, the certificate, the commit). PART_MB: the parts' size (0: the default).
+the merge's own steps (each prefix merged, the certificate, the commit), and at each the driver's own CPU seconds
+(user, system; its children's once they ended). PART_MB: the parts' size (0: the default).
 
     python3 phases.py PART_MB INFO.json pretrain CORPUS -o PREFIX --executor ray ...
 """
 import json
+import resource
 import sys
 import time
 
@@ -13,10 +15,14 @@ import psutil
 
 T0 = psutil.Process().create_time()
 marks: dict[str, float] = {}
+cpu: dict[str, list[float]] = {}
 
 
 def mark(name: str) -> None:
-    marks.setdefault(name, round(time.time() - T0, 3))
+    if name not in marks:
+        marks[name] = round(time.time() - T0, 3)
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu[name] = [round(own.ru_utime, 2), round(own.ru_stime, 2), round(children.ru_utime + children.ru_stime, 2)]
 
 
 mark("python_started")
@@ -73,6 +79,9 @@ finally:
         marks["first_part_began"] = round(sent + min(t[1] for t in info["timeline"]), 3)
         marks["last_part_ended"] = round(sent + max(t[2] for t in info["timeline"]), 3)
     with open(out, "w") as f:
-        json.dump({"marks": marks, "info": info}, f)
+        json.dump({"marks": marks, "cpu": cpu, "info": info}, f)
     print("phases: " + json.dumps(dict(sorted(marks.items(), key=lambda kv: kv[1]))), file=sys.stderr)
+    print("driver cpu (user, system, children): " + json.dumps({k: cpu[k] for k in ("connect", "tasks", "tasks_ended",
+                                                                                     "end") if k in cpu}),
+          file=sys.stderr)
 sys.exit(rc)
