@@ -229,8 +229,8 @@ def _connect(address: str | None, quiet: bool, info: dict):
     quiet_init = dict(log_to_driver=False, logging_level=logging.ERROR)
     where = "start a local Ray instance" if local else f"join the Ray cluster at {address or os.environ['RAY_ADDRESS']}"
     try:
-        if local:
-            ray.init(include_dashboard=False, **quiet_init)
+        if local:  # ("local": a new instance; without it Ray joins a cluster `ray start` left running on this host)
+            ray.init(address="local", include_dashboard=False, **quiet_init)
         else:
             ray.init(address=address, **quiet_init)
     except Exception as exc:  # (a ConnectionError would read as a problem with the output files)

@@ -31,7 +31,8 @@ SHARDS = "3"
 
 @pytest.fixture(scope="module")
 def ray_instance():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    # (an instance of its own: without "local", Ray joins a cluster running on this host, test_ray_cluster's)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     yield
     ray.shutdown()
 

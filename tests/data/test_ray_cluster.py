@@ -41,3 +41,18 @@ def test_two_nodes_give_one_local_runs_bytes(tmp_path, two_nodes):
     ours, theirs = manifest(tmp_path / "ray"), manifest(local)
     assert ours["fingerprint"] == theirs["fingerprint"] and ours["certificate"]["certified"]
     assert ours["certificate"]["records_checked"] == theirs["certificate"]["records_checked"]
+
+
+def test_a_run_given_no_address_starts_its_own_instance_beside_a_running_cluster(tmp_path, two_nodes):
+    """Without --ray-address (nor RAY_ADDRESS), a run starts a Ray instance of its own, as it says, even where a
+    cluster runs on this host (Ray's plain `init` would join it: a test beside this module's cluster once ran its
+    tasks there, and lost them when the cluster ended)."""
+    import os
+
+    data = corpus(tmp_path / "c.jsonl", 17, 300, 120)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_OVERRIDE_RESOURCES": '{"CPU": 3}'}
+    done = subprocess.run([sys.executable, "-m", "qwen_data", "pretrain", data, "-o", str(tmp_path / "ray"),
+                           "--executor", "ray", "--ray-shards", "2"], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    assert "started a local instance" in done.stderr and "2 shards on 3 CPUs" in done.stderr, done.stderr
