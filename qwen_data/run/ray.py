@@ -410,9 +410,9 @@ def _newline_counts(ray, sources: list, configs: list,
     the file in pieces from one part's start to the next, those pieces' number); per part, (its file, how many of
     those pieces lie before it)). Each file is counted once, all at once: a piece a task for the first `tasks`
     parts' starts (the first parts wait on nothing longer), then `tasks` tasks each counting its share of the
-    others (a task a piece is a call a part sent before any task: a terabyte's 30,000 parts). A part counting the
-    file's start itself would read what every part before it reads (16 shards of 8 GB read 64 GB so, 2-3 s at most
-    of each task)."""
+    others (a task a piece would be a call a part, all sent before any shard: 30,000 for a terabyte). A part
+    counting the file's start itself would read what every part before it reads (16 shards of 8 GB read 64 GB so,
+    2-3 s at most of each task)."""
     count = ray.remote(_newlines_in_pieces).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
     starts: dict[str, list[tuple[int, int]]] = {}
     for c in configs:
