@@ -1,8 +1,8 @@
 """`--executor ray`: a run cut into shards, each a Ray task on some node of a cluster, then merged.
 
     driver: lock the step's final outputs → the parts an earlier run of the same command finished,
-    checked and reused → N tasks (the shards), each running the next part not taken (`tally.Tally`) until
-    none is left, each part `pipeline.run(Step(config with shard=Shard(j, P)))` writing PREFIX.shards/j,
+    checked and reused → N tasks (the shards), each running one of the first N parts, then the next part not
+    taken (`tally.Tally`) until none is left, each part `pipeline.run(Step(config with shard=Shard(j, P)))` writing PREFIX.shards/j,
     whose .bin files are joined in part order as they end (`_Heads`), each removed once joined → `merge`
     per output prefix, from what was joined → all committed together → PREFIX.shards removed
 
@@ -125,6 +125,7 @@ CANCEL_WAIT_SECONDS = 30.0  # how long a failed run waits for the cancelled task
 SHARDS_SUFFIX = ".shards"
 STAGING = "merged"  # PREFIX.shards/merged/out*: the merges, before they are committed under PREFIX
 HEADS = "joined"  # PREFIX.shards/joined/: the parts' .bin files joined as they end (`_Heads`)
+MARKS = "began"  # PREFIX.shards/began/K: task K's first attempt began (a retry finds it, and asks the tally)
 
 
 class ShardFailed(RuntimeError):
@@ -318,14 +319,19 @@ def _stop(ray, info: dict) -> None:
 
 def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config, info: dict,
                checks: "_DriverChecks | None", results: dict[int, list[Manifest]], heads: "_Heads") -> None:
-    """The parts of `configs` run by `tasks` Ray tasks, each taking the next part not taken (`Tally.next`)
-    until none is left; each part's end taken as it comes (`_Ended`); on the first failure, the other tasks
+    """The parts of `configs` run by `tasks` Ray tasks, each taking one of the first `tasks` parts, then the next
+    part not taken (`Tally.next`) until none is left; each part's end taken as it comes (`_Ended`); on the first failure, the other tasks
     cancelled and a ShardFailed naming the part."""
     counts = _newline_counts(ray, sources, configs, tasks)  # (first: Ray starts its processes while the actor is made)
-    tally = ray.remote(num_cpus=0)(Tally).remote([c.shard.index for c in configs])
+    first = [c.shard.index for c in configs[:tasks]]  # each task's first part, taken without asking the tally
+    tally = ray.remote(num_cpus=0)(Tally).remote([c.shard.index for c in configs], first)
+    marks = os.path.join(os.path.dirname(configs[0].output_prefix), MARKS)
+    shutil.rmtree(marks, ignore_errors=True)  # (an earlier run's)
+    os.makedirs(marks)
     task = ray.remote(_shard_task).options(num_cpus=1, max_retries=RETRIES, retry_exceptions=RETRY_EXCEPTIONS)
     parts = ray.put({c.shard.index: c for c in configs})  # (once in the object store, for every task)
-    refs = {task.remote(step_type, parts, os.getcwd(), tally, k, *counts): k for k in range(min(tasks, len(configs)))}
+    refs = {task.remote(step_type, parts, os.getcwd(), tally, k, (first[k], marks), *counts): k
+            for k in range(len(first))}
     ended = _Ended(configs, info, checks, results, heads)
     pending = list(refs)
     total_bytes = sum(s.size for s in sources) * len(configs) // configs[0].shard.count
@@ -681,9 +687,10 @@ _CHECKS = None  # the driver's checking process's checker
 
 
 # -- in the tasks ----------------------------------------------------------------------------------
-def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict[str, list],
+def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, first: tuple[int, str], pieces: dict[str, list],
                 before: dict[int, tuple[str, int]]) -> list[tuple]:
-    """Shard `task`, in a Ray worker: the next part not taken (`Tally.next`), until none is left, each a step
+    """Shard `task`, in a Ray worker: its first part (`first`: the part and the folder of marks, `_first_part`),
+    then the next part not taken (`Tally.next`), until none is left, each a step
     built from its config (`parts`, by index) and run in the driver's directory (relative paths mean there what
     they mean to the driver), with a progress that reports to the tally actor, and told to the tally as it
     ends; `pieces` and `before`: where the newlines before a part's first line are counted (`_newline_counts`).
@@ -698,13 +705,10 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict
     except OSError as exc:  # not retried: another attempt on this node would not find it either
         raise RuntimeError(f"{cwd}: the driver's working directory is not there on this node ({exc.strerror}): "
                            "run from a directory on a file system every node sees") from None
-    attempt = ray.get(tally.start.remote(task), timeout=60)  # (the parts an earlier attempt held go back)
+    attempt, handed = _first_part(ray, tally, task, *first)
     started = time.time()
     out, counted = [], {}  # counted: per file, [its counting tasks fetched, their pieces' counts] (parts come in order)
-    # One call to the tally a part: the part ended told with the next asked for (the driver joins its bytes when
-    # it next asks); the reports before it, sent without waiting, are taken first (an actor runs one caller's
-    # calls in order).
-    while (handed := ray.get(tally.next.remote(task, attempt, out[-1] if out else None), timeout=60)) is not None:
+    while handed is not None:
         index, part_attempt = handed
         began, cpu = time.time(), time.process_time()
         config = parts[index]
@@ -720,7 +724,26 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, pieces: dict
         manifests = pipeline.run(step, _Reporter(tally, index, part_attempt, step))
         times = (began, time.time(), time.process_time() - cpu, None if out else (entered, started))
         out.append((index, manifests, getattr(step, "picked", []), times))
+        # One call to the tally a part: the part ended told with the next asked for (the driver joins its bytes when
+        # it next asks); the reports before it, sent without waiting, are taken first (an actor runs one caller's
+        # calls in order).
+        handed = ray.get(tally.next.remote(task, attempt, out[-1]), timeout=60)
     return out
+
+
+def _first_part(ray, tally, task: int, part: int, marks: str) -> tuple[int, tuple[int, int] | None]:
+    """(this attempt of task `task`, the part it runs first and that part's attempt). Its first attempt runs
+    `part`, which the tally holds for it from the start, without asking: the tally's process starts beside the
+    tasks', and they waited for its first answer (a median 0.20-0.43 s a run after their code began, on 16-core
+    hosts' fresh clusters: `bench/results/cpu/2026-12-02c`).
+    An attempt finding the mark (`marks`/task) of one before it is a retry: it asks the tally, which puts back
+    the parts the attempt before held."""
+    try:
+        os.close(os.open(os.path.join(marks, str(task)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return 1, (part, 1)
+    except FileExistsError:
+        attempt = ray.get(tally.start.remote(task), timeout=60)
+        return attempt, ray.get(tally.next.remote(task, attempt, None), timeout=60)
 
 
 class _Reporter:

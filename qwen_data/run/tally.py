@@ -11,12 +11,14 @@ class Tally:
     """The Ray actor handing out the parts, in order, to the tasks that ask, and holding each part's latest
     totals and the parts ended since the driver last asked; reports of an earlier attempt are ignored."""
 
-    def __init__(self, parts: list[int]) -> None:
-        self.left = collections.deque(parts)  # the parts not handed out yet, in order
-        self.held: dict[int, list[int]] = {}  # per task, the parts it was handed and did not end
-        self.tasks: dict[int, int] = {}  # per task, its attempts
-        self.counts: dict[int, tuple] = {}
-        self.attempts: dict[int, int] = {}
+    def __init__(self, parts: list[int], first: list[int] = ()) -> None:
+        """`first[k]`: the part task k's first attempt runs without asking (held by it from the start)."""
+        given = set(first)
+        self.left = collections.deque(p for p in parts if p not in given)  # the parts not handed out yet, in order
+        self.held: dict[int, list[int]] = {task: [part] for task, part in enumerate(first)}  # per task, not ended
+        self.tasks: dict[int, int] = {task: 1 for task in range(len(first))}  # per task, its attempts
+        self.counts: dict[int, tuple] = {part: (0, 0, 0, 0) for part in first}
+        self.attempts: dict[int, int] = {part: 1 for part in first}
         self.picked: list[tuple[int, int, list]] = []  # (part, the first's index, records) not yet taken
         self.finished: list[tuple] = []  # the parts ended (`_shard_task`'s items) not yet taken
 
@@ -28,10 +30,13 @@ class Tally:
 
     def next(self, task: int, attempt: int, ended: tuple | None = None) -> tuple[int, int] | None:
         """`ended` (the part `task` ended last, `_shard_task`'s item; None: its first call) taken, then
-        the next part for `task` and that part's attempt (None: none is left, or this attempt was superseded)."""
+        the next part for `task` and that part's attempt (None: none is left; or this attempt was superseded, and what
+        it ended is not taken)."""
+        if attempt != self.tasks.get(task):
+            return None
         if ended is not None:
             self.end(task, ended)
-        if attempt != self.tasks.get(task) or not self.left:
+        if not self.left:
             return None
         part = self.left.popleft()
         self.held.setdefault(task, []).append(part)
