@@ -262,7 +262,7 @@ def _records(manifest: Manifest, rejected: dict, columns: list[str] | None):
     order: of a shard's own records only, for a shard's prefix."""
     sources = expand([entry["path"] for entry in manifest.inputs])
     numbers = LineNumbers()
-    shard = Shard(**manifest.shard) if manifest.shard else None
+    shard = Shard.of_record(manifest.shard) if manifest.shard else None
     for chunk in read_chunks(sources, shard=shard, columns=columns):
         records = list(chunk.records())
         shift = numbers.shift(chunk.first, chunk.span is not None, chunk.lines)

@@ -72,6 +72,25 @@ class Shard:
     # over all its shards (shards counting their own would read the file's start again and again). Not part of
     # what a shard is (its identity, its manifest), only of how it learns its first line's number.
     newlines_before: int | None = field(default=None, compare=False, repr=False)
+    # The bytes of the inputs laid end to end that it takes, [start, stop), where they are not the index-th of
+    # count equal stretches (`stretch`): the Ray executor makes its last parts smaller (`run.ray.cuts`).
+    span: tuple[int, int] | None = None
+
+    def stretch(self, total: int) -> tuple[int, int]:
+        """[start, stop): the bytes it takes of inputs of `total` bytes laid end to end; a record is its shard's
+        where its first byte is."""
+        if self.span is not None:
+            return self.span
+        return total * self.index // self.count, total * (self.index + 1) // self.count
+
+    def record(self) -> dict:
+        """As a manifest records it (`of_record` reads it back)."""
+        return {"index": self.index, "count": self.count} | ({} if self.span is None else {"span": list(self.span)})
+
+    @classmethod
+    def of_record(cls, record: dict) -> "Shard":
+        span = record.get("span")
+        return cls(record["index"], record["count"], span=None if span is None else (span[0], span[1]))
 
     @classmethod
     def parse(cls, text: str) -> "Shard":

@@ -81,7 +81,7 @@ def shard_parts(sources: list[InputFile], shard: Shard | None) -> Iterator[tuple
     if any(s.path == STDIN for s in sources):
         raise ValueError("--shard cannot split standard input")
     total = sum(s.size for s in sources)
-    low, high = total * shard.index // shard.count, total * (shard.index + 1) // shard.count
+    low, high = shard.stretch(total)
     base = 0
     for source in sources:
         start, stop = base, base + source.size

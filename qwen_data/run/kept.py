@@ -128,7 +128,7 @@ def _reused(step_type, config, reader: "_Reader") -> tuple[list[Manifest], list]
         return None
     try:
         manifests = [Manifest.read(prefix) for prefix in prefixes]
-        shard = {"index": config.shard.index, "count": config.shard.count}
+        shard = config.shard.record()
         problem = next((f"{p}.json is not the manifest of shard {config.shard}"
                         for p, m in zip(prefixes, manifests) if m.shard != shard), None)
         problem = problem or next((c.problem for c in check_prefixes(list(zip(prefixes, manifests))) if c.problem),

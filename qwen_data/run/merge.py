@@ -122,6 +122,7 @@ def _ordered(parts: list[tuple[str, Manifest]]) -> list[tuple[str, Manifest]]:
         raise MergeError(f"the shards given are {given}: "
                          f"a merge needs each of 0/{count} .. {count - 1}/{count} exactly once")
     parts = sorted(parts, key=lambda part: part[1].shard["index"])
+    _check_spans(parts)
     base_prefix, base = parts[0]
     for prefix, m in parts[1:]:
         if [i["path"] for i in m.inputs] != [i["path"] for i in base.inputs]:
@@ -132,6 +133,25 @@ def _ordered(parts: list[tuple[str, Manifest]]) -> list[tuple[str, Manifest]]:
                                  f"{describe_input(theirs)}, {prefix} at {describe_input(mine)}; joined, records "
                                  "would be repeated or lost: make every shard again from the file as it is now")
     return parts
+
+
+def _check_spans(parts: list[tuple[str, Manifest]]) -> None:
+    """Shards with spans of bytes (`Shard.span`: the Ray executor's parts) must lay them end to end from the
+    inputs' first byte to their last: records would be lost or repeated otherwise."""
+    spans = [m.shard.get("span") for _, m in parts]
+    if not any(spans):
+        return
+    at = 0
+    for (prefix, _), span in zip(parts, spans):
+        if span is None or span[0] != at:
+            where = "none are named" if span is None else f"they are {span[0]:,}-{span[1]:,}"
+            raise MergeError(f"{prefix}: its shard's bytes of the inputs do not start where the shard before it "
+                             f"stopped, at {at:,} ({where}): records would be lost or repeated")
+        at = span[1]
+    sizes = [i.get("bytes") for i in parts[0][1].inputs]
+    if None not in sizes and at != sum(sizes):
+        raise MergeError(f"{parts[-1][0]}: the shards stop at byte {at:,} of the inputs' {sum(sizes):,}: records "
+                         "would be lost")
 
 
 def _files(prefix: str, m: Manifest) -> list[str]:

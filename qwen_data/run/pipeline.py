@@ -255,8 +255,8 @@ def _written(step: Step, config: RunConfig, sources: list[InputFile], inputs: li
     """Every chunk written, the manifests made and everything committed; → the manifests."""
     total = sum(s.size for s in sources)
     if progress is None:
-        progress = Progress(total if config.shard is None else total // config.shard.count,
-                            enabled=not config.quiet)
+        low, high = (0, total) if config.shard is None else config.shard.stretch(total)
+        progress = Progress(high - low, enabled=not config.quiet)
     checked = _consume(step, config, sources, writer, rejects, progress, early, journal, resumed)
     if writer.documents == 0 and config.shard is None:  # a shard may be empty; the merge may not
         raise empty_output(config.output_prefix, rejects)
@@ -272,8 +272,7 @@ def _written(step: Step, config: RunConfig, sources: list[InputFile], inputs: li
             else {**CHECKED_BY_CALLER, "records_spelled": checked.counts.get("records_spelled", 0),
                   "records_kept": checked.records}
             if not config.check_here else step.checks.certificate(checked.counts, checked.records, manifest.fingerprint))
-        manifest.shard = None if config.shard is None else {"index": config.shard.index,
-                                                            "count": config.shard.count}
+        manifest.shard = None if config.shard is None else config.shard.record()
         manifest.wall_seconds = round(time.monotonic() - start, 3)
         manifest.write(outputs.tmp(prefix + ".json"))
     if rejects.count == 0:

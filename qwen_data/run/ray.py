@@ -85,6 +85,8 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib
+import itertools
 import logging
 import math
 import os
@@ -112,6 +114,9 @@ from .merge import Head, PartReads, restore
 from .tally import Tally
 from .progress import Progress
 
+# What Ray's first remote call imports (its serializers: ~0.18 s of a 16-core host's driver before any task was sent,
+# 0.26 s on 2 cores), imported while the driver waits for Ray to start or join, which it does idle (~1 s).
+SERIALIZERS = ("pydantic", "ray._common.pydantic_compat", "pyarrow", "pyarrow.json", "ray._private.arrow_serialization")
 RETRIES = 3  # per task, for a dead process or a retryable exception
 RETRY_EXCEPTIONS = [OSError]
 # A part's input bytes, about: a part takes ~0.7 s on a core and is joined into the output as it ends; only
@@ -119,6 +124,7 @@ RETRY_EXCEPTIONS = [OSError]
 # bytes were: 3.8 s). A part's own cost (its step, files, manifest) is ~10-15 ms; parts of 96 MB ran no faster
 # (bench/results/cpu/2026-12-02b).
 PART_BYTES = 32 << 20
+TAIL_ROUNDS, TAIL_SHARE = 2, 4  # the last rounds of parts, smaller (`cuts`)
 POLL_SECONDS = 1.0  # how often the driver shows progress
 PART_POLL_SECONDS = 0.2  # how often it asks for the parts that ended, to join them
 CANCEL_WAIT_SECONDS = 30.0  # how long a failed run waits for the cancelled tasks to end
@@ -198,13 +204,27 @@ def plan(sources, cpus: int, chunk_bytes: int, shards: int | None = None) -> tup
     """(shards, parts): `shards` tasks (default: one a CPU, but no more than there are pieces to hand out: a
     chunk of an uncompressed jsonl file, a whole file of any other kind, parquet counted by size like jsonl),
     and the inputs cut into parts of about PART_BYTES (as many rounds of `shards` parts as that takes), no more
-    than there are pieces, and at least one a shard."""
+    than there are pieces, and at least one a shard (the last rounds smaller: `cuts`)."""
     total = sum(s.size for s in sources)
     pieces = sum(max(1, math.ceil(s.size / chunk_bytes)) if s.splittable or s.kind == "parquet" else 1
                  for s in sources)
     shards = shards or max(1, min(cpus, pieces))
     rounds = max(1, math.ceil(total / (shards * PART_BYTES)))
     return shards, max(shards, min(pieces, shards * rounds))
+
+
+def cuts(total: int, tasks: int, parts: int) -> list[int] | None:
+    """Where `parts` parts of inputs of `total` bytes start (and the last stops), for `tasks` tasks: the last
+    TAIL_ROUNDS rounds of parts 1/TAIL_SHARE the size of the others, so the tasks end closer together (with parts of
+    one size, 16 tasks' last parts ended on average 0.16-0.42 s a run before the last one, about half a part's
+    time, on 16-core hosts: bench/results/cpu/2026-12-02c);
+    None where there are fewer than TAIL_ROUNDS + 1 rounds (parts of one size, `Shard.stretch`)."""
+    small = TAIL_ROUNDS * tasks
+    if parts < small + tasks:
+        return None
+    weights = [TAIL_SHARE] * (parts - small) + [1] * small
+    whole = sum(weights)
+    return [0] + [total * end // whole for end in itertools.accumulate(weights)]
 
 
 # -- the driver ------------------------------------------------------------------------------------
@@ -226,6 +246,7 @@ def _connect(address: str | None, quiet: bool, info: dict):
         info["ray_start_seconds"] = 0.0
         return ray, False
     t = time.monotonic()
+    threading.Thread(target=_import, args=(SERIALIZERS,), name="ray-serializers", daemon=True).start()
     local = address is None and not os.environ.get("RAY_ADDRESS")
     quiet_init = dict(log_to_driver=False, logging_level=logging.ERROR)
     where = "start a local Ray instance" if local else f"join the Ray cluster at {address or os.environ['RAY_ADDRESS']}"
@@ -244,6 +265,15 @@ def _connect(address: str | None, quiet: bool, info: dict):
               else f"ray: joined the cluster at {address or os.environ['RAY_ADDRESS']} in {seconds:.1f} s",
               file=sys.stderr)
     return ray, True
+
+
+def _import(modules: tuple[str, ...]) -> None:
+    """`modules` imported, those that are not there left out."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # (another Ray's layout: its first call imports what it needs itself)
+            pass
 
 
 def _inputs(config) -> list:
@@ -272,7 +302,9 @@ def _run_shards(step_type, config, sources: list, address: str | None, shards: i
         if not config.quiet:
             print(f"ray: {tasks} shards on {cpus} CPUs, taking {count} parts in turn, under {shards_kept.directory}/",
                   file=sys.stderr)
-        configs = [dataclasses.replace(config, shard=Shard(k, count), workers=0, quiet=True, check_here=False,
+        spans = cuts(sum(s.size for s in sources), tasks, count)
+        configs = [dataclasses.replace(config, shard=Shard(k, count, span=spans and (spans[k], spans[k + 1])),
+                                       workers=0, quiet=True, check_here=False,
                                        output_prefix=os.path.join(shards_kept.directory, str(k))) for k in range(count)]
         kept.record(shards_kept, tasks, count)  # before any task starts: what the parts under it are the parts of
         shutil.rmtree(os.path.join(shards_kept.directory, STAGING), ignore_errors=True)  # an earlier merge's
@@ -334,7 +366,8 @@ def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config,
             for k in range(len(first))}
     ended = _Ended(configs, info, checks, results, heads)
     pending = list(refs)
-    total_bytes = sum(s.size for s in sources) * len(configs) // configs[0].shard.count
+    total = sum(s.size for s in sources)
+    total_bytes = sum(high - low for low, high in (c.shard.stretch(total) for c in configs))
     progress = Progress(total_bytes, enabled=not config.quiet, label="ray")
     polled = shown = time.monotonic()
     try:

@@ -354,6 +354,41 @@ def test_shards_merged_equal_one_run(tmp_path, monkeypatch, kind):
         assert shard["sft"]["packed"] is False and shard["sft"]["pack_on_merge"] is True
 
 
+def test_shards_of_byte_spans_merge_into_one_run_and_a_gap_is_refused(tmp_path, capsys):
+    """The Ray executor's parts (`run.ray.cuts`: the last rounds smaller) are shards given as spans of the
+    inputs' bytes: merged, one run's bytes; spans leaving bytes out (or taking them twice) are refused."""
+    from qwen_data.cli import main
+    from qwen_data.inputs.files import Shard
+    from qwen_data.run import pipeline
+    from qwen_data.run.ray import cuts
+    from qwen_data.steps.pretrain import PretrainConfig, Tokenize
+
+    inputs = mixed_inputs(tmp_path, lambda p: corpus(p, seed=12, documents=300, longest=40))
+    one = pretrain(inputs, tmp_path / "one")
+    total = sum(os.path.getsize(p) for p in inputs)
+    at = cuts(total, 2, 7)
+    assert len(at) == 8 and at[0] == 0 and at[-1] == total and cuts(total, 3, 8) is None
+    sizes = [b - a for a, b in zip(at, at[1:])]
+    assert all(abs(s - 4 * sizes[-1]) <= 4 for s in sizes[:3]), sizes  # the last 2 rounds a quarter of the others
+
+    def shard(k, spans, name):
+        config = PretrainConfig(inputs=inputs, output_prefix=str(tmp_path / f"{name}{k}"), quiet=True,
+                                shard=Shard(k, len(spans), span=spans[k]))
+        pipeline.run(Tokenize(config))
+        return config.output_prefix
+
+    parts = [shard(k, list(zip(at, at[1:])), "p") for k in range(7)]
+    assert manifest(parts[6])["shard"] == {"index": 6, "count": 7, "span": [at[6], at[7]]}
+    assert main(["merge", "--quiet", *reversed(parts), "-o", str(tmp_path / "merged")]) == 0
+    same_data(one, tmp_path / "merged", ("",))
+    assert manifest(one)["documents"] == manifest(tmp_path / "merged")["documents"]
+    gap = [(0, at[1]), (at[1], at[2]), (at[2] + 100, total)]
+    holed = [shard(k, gap, "g") for k in range(3)]
+    assert main(["merge", "--quiet", *holed, "-o", str(tmp_path / "m")]) == 2
+    assert "do not start where the shard before it stopped" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "m.json")
+
+
 def test_merge_refuses_what_would_not_be_one_run(tmp_path, capsys):
     from qwen_data.cli import main
 
