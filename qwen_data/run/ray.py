@@ -124,7 +124,7 @@ RETRY_EXCEPTIONS = [OSError]
 # bytes were: 3.8 s). A part's own cost (its step, files, manifest) is ~10-15 ms; parts of 96 MB ran no faster
 # (bench/results/cpu/2026-12-02b).
 PART_BYTES = 32 << 20
-TAIL_ROUNDS, TAIL_SHARE = 2, 4  # the last rounds of parts, smaller (`cuts`)
+TAIL_SHARE = 4  # the last round of parts, this many times smaller (`cuts`)
 POLL_SECONDS = 1.0  # how often the driver shows progress
 PART_POLL_SECONDS = 0.2  # how often it asks for the parts that ended, to join them
 CANCEL_WAIT_SECONDS = 30.0  # how long a failed run waits for the cancelled tasks to end
@@ -214,17 +214,22 @@ def plan(sources, cpus: int, chunk_bytes: int, shards: int | None = None) -> tup
 
 
 def cuts(total: int, tasks: int, parts: int) -> list[int] | None:
-    """Where `parts` parts of inputs of `total` bytes start (and the last stops), for `tasks` tasks: the last
-    TAIL_ROUNDS rounds of parts 1/TAIL_SHARE the size of the others, so the tasks end closer together (with parts of
-    one size, 16 tasks' last parts ended on average 0.16-0.42 s a run before the last one, about half a part's
-    time, on 16-core hosts: bench/results/cpu/2026-12-02c);
-    None where there are fewer than TAIL_ROUNDS + 1 rounds (parts of one size, `Shard.stretch`)."""
-    small = TAIL_ROUNDS * tasks
-    if parts < small + tasks:
+    """Where `parts` parts of inputs of `total` bytes start (and the last stops), for `tasks` tasks: the last round
+    of parts 1/TAIL_SHARE the size of the first ones, the parts before it shrinking towards it by (1 - 1/tasks) a
+    part; None where there are fewer than three rounds (parts of one size, `Shard.stretch`).
+
+    Why: with parts of one size, 16 tasks' last parts ended on average 0.16-0.42 s a run before the last one,
+    about half a part's time (16-core hosts: bench/results/cpu/2026-12-02c). Why gradually: a part's bytes are
+    joined only once every part before it is done, and a part starts about 1/tasks of a part's time after the one
+    before it; shrinking faster, the small parts ended before the last big ones and waited to be joined (two
+    rounds a quarter the size at once: the merge after the tasks took 0.51-0.55 s against 0.23-0.49,
+    bench/results/cpu/2026-12-02d)."""
+    if parts < 3 * tasks:
         return None
-    weights = [TAIL_SHARE] * (parts - small) + [1] * small
+    grow = 1 / (1 - 1 / tasks)
+    weights = [min(TAIL_SHARE, grow ** max(0, parts - 1 - k - (tasks - 1))) for k in range(parts)]
     whole = sum(weights)
-    return [0] + [total * end // whole for end in itertools.accumulate(weights)]
+    return [0] + [int(total * end / whole) for end in itertools.accumulate(weights)][:-1] + [total]
 
 
 # -- the driver ------------------------------------------------------------------------------------

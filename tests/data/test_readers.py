@@ -355,7 +355,7 @@ def test_shards_merged_equal_one_run(tmp_path, monkeypatch, kind):
 
 
 def test_shards_of_byte_spans_merge_into_one_run_and_a_gap_is_refused(tmp_path, capsys):
-    """The Ray executor's parts (`run.ray.cuts`: the last rounds smaller) are shards given as spans of the
+    """The Ray executor's parts (`run.ray.cuts`: the last ones smaller) are shards given as spans of the
     inputs' bytes: merged, one run's bytes; spans leaving bytes out (or taking them twice) are refused."""
     from qwen_data.cli import main
     from qwen_data.inputs.files import Shard
@@ -369,7 +369,9 @@ def test_shards_of_byte_spans_merge_into_one_run_and_a_gap_is_refused(tmp_path, 
     at = cuts(total, 2, 7)
     assert len(at) == 8 and at[0] == 0 and at[-1] == total and cuts(total, 3, 8) is None
     sizes = [b - a for a, b in zip(at, at[1:])]
-    assert all(abs(s - 4 * sizes[-1]) <= 4 for s in sizes[:3]), sizes  # the last 2 rounds a quarter of the others
+    # the last round a quarter of the first parts' size, the parts before it shrinking by half (1 - 1/tasks)
+    assert all(abs(s - 4 * sizes[-1]) <= 4 for s in sizes[:4]) and abs(sizes[4] - 2 * sizes[-1]) <= 4, sizes
+    assert abs(sizes[5] - sizes[6]) <= 1, sizes
 
     def shard(k, spans, name):
         config = PretrainConfig(inputs=inputs, output_prefix=str(tmp_path / f"{name}{k}"), quiet=True,
