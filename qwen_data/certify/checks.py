@@ -438,11 +438,7 @@ def join_certificates(parts: list[tuple[str, dict | None]], fingerprint: str) ->
     checked by the same reference libraries, and at least one record was checked in all. ValueError
     naming a part whose certificate, or a recheck of it, records a mismatch: a merge never carries
     wrong data on under a clean certificate."""
-    for prefix, part in parts:
-        for found in [part or {}] + list((part or {}).get("rechecks", [])):
-            if found.get("mismatches"):
-                raise ValueError(f"{prefix}: its certificate records ids that differ from the reference's "
-                                 f"({found.get('mismatch', 'a mismatch')}): make that part again")
+    refuse_mismatches(parts)
     if all(part is None for _, part in parts):
         return None
     why = next((f"{prefix}: {part.get('why') if part else 'made before certificates were recorded'}"
@@ -467,6 +463,16 @@ def join_certificates(parts: list[tuple[str, dict | None]], fingerprint: str) ->
             "parts": [{"prefix": prefix, **{k: (part or {}).get(k) for k in ("certified", "records_checked",
                                                                               "records_spelled", "fingerprint")},
                        "rechecks": len((part or {}).get("rechecks", []))} for prefix, part in parts]}
+
+
+def refuse_mismatches(parts: list[tuple[str, dict | None]]) -> None:
+    """ValueError naming the first of `parts` (prefix, certificate) whose certificate, or a recheck of it,
+    records a mismatch."""
+    for prefix, part in parts:
+        for found in [part or {}] + list((part or {}).get("rechecks", [])):
+            if found.get("mismatches"):
+                raise ValueError(f"{prefix}: its certificate records ids that differ from the reference's "
+                                 f"({found.get('mismatch', 'a mismatch')}): make that part again")
 
 
 def _joinable(part: dict | None) -> bool:

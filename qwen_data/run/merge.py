@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..certify.checks import join_certificates
+from ..certify.checks import join_certificates, refuse_mismatches
 from ..formats.digest import bin_hash, join, sha256_of
 from ..formats.indexed import (HASH_BLOCK, Index, IndexFormatError, MaskedWriter, check_same_index, join_indexes,
                                read_index)
@@ -71,9 +71,10 @@ def merge(prefixes: list[str], output: str, quiet: bool = False, heads: list["He
     reads = reads or PartReads()
     parts = _ordered([(p, reads.manifest(p)) for p in prefixes])
     first = parts[0][1]
-    _check_alike(parts, {name for head in heads or [] for name, _ in head.close()}, reads)
+    # (the parts handed to the heads so far: their copies go on while the parts are checked and indexed)
+    _check_alike(parts, {name for head in heads or [] for name, _ in head.parts}, reads)
     try:  # a part's recorded mismatch is refused before anything is written
-        join_certificates([(p, m.certificate) for p, m in parts], "")
+        refuse_mismatches([(p, m.certificate) for p, m in parts])
     except ValueError as exc:
         raise MergeError(str(exc)) from None
     sft = first.sft is not None
@@ -202,7 +203,12 @@ def _check_files(prefix: str, m: Manifest, held: set[str], reads: "PartReads") -
         elif check_offsets(index, problems) and index_tokens(index) != m.tokens:
             problems.append(f"{index.path} describes {index_tokens(index)} tokens; {prefix}.json says {m.tokens}")
         expected = m.tokens * dtype.itemsize
-        size = expected if name in held and not os.path.exists(name + ".bin") else os.path.getsize(name + ".bin")
+        try:
+            size = os.path.getsize(name + ".bin")
+        except FileNotFoundError:
+            if name not in held:
+                raise
+            size = expected  # copied into a head and removed (`Head`, consume): its bytes are checked as joined
         if size != expected:
             problems.append(f"{name}.bin: {size} bytes, but {prefix}.json says {m.tokens} tokens of "
                             f"{dtype.itemsize} bytes ({expected} bytes): truncated or extended")
@@ -317,6 +323,7 @@ def _join_channel(sources: list[tuple[str, Index, list | None]], bin_path: str, 
     names = [name for name, _, _ in sources]
     sizes = [index_tokens(index) * dtype.itemsize for _, index, _ in sources]  # (each .bin's, `_check_files`)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    idx_digest, counts = join_indexes([index for _, index, _ in sources], idx_path, dtype)  # (while a head copies)
     held = head.take(bin_path, list(zip(names, sizes))) if head is not None else 0
     with open(bin_path, "r+b" if held else "w+b") as out:
         futures = []  # a part's copy; or, for a part held (copied already), None or its read back
@@ -328,7 +335,6 @@ def _join_channel(sources: list[tuple[str, Index, list | None]], bin_path: str, 
         wait([f for f in futures if f is not None])
         read = [f.result() if f is not None else None for f in futures]  # a part's own failure is the one said
     joinable = [recorded[1] if recorded is not None else again[1] for (_, _, recorded), again in zip(sources, read)]
-    idx_digest, counts = join_indexes([index for _, index, _ in sources], idx_path, dtype)
     digests = [(reads.sha256(name + ".idx"), recorded[1] if recorded is not None else again[0])
                for (name, _, recorded), again in zip(sources, read)]
     channel = Channel(bin_path, dtype, *counts, digests=(idx_digest, join(joinable)))
