@@ -2,9 +2,9 @@
 
     driver: lock the step's final outputs → the parts an earlier run of the same command finished,
     checked and reused → N tasks (the shards), each running one of the first N parts, then the next part not
-    taken (`tally.Tally`) until none is left, each part `pipeline.run(Step(config with shard=Shard(j, P)))` writing PREFIX.shards/j,
-    whose .bin files are joined in part order as they end (`_Heads`), each removed once joined → `merge`
-    per output prefix, from what was joined → all committed together → PREFIX.shards removed
+    taken (`tally.Tally`) until none is left, each part `pipeline.run(Step(config with shard=Shard(j, P, span)))`
+    writing PREFIX.shards/j, whose .bin files are joined in part order as they end (`_Heads`), each removed once
+    joined → `merge` per output prefix, from what was joined → all committed together → PREFIX.shards removed
 
 Why a shard runs parts rather than one contiguous Nth of the input: a part's bytes can go into the output
 only once every part before it is done. N contiguous shards end together, and every byte but the first
@@ -114,8 +114,8 @@ from .merge import Head, PartReads, restore
 from .tally import Tally
 from .progress import Progress
 
-# What Ray's first remote call imports (its serializers: ~0.18 s of a 16-core host's driver before any task was sent,
-# 0.26 s on 2 cores), imported while the driver waits for Ray to start or join, which it does idle (~1 s).
+# What Ray's first remote call imports (its serializers: 0.11-0.16 s of a 16-core host's driver before any task was
+# sent, 0.26 s on 2 cores), imported while the driver waits for Ray to start or join, which it does idle (~1 s).
 SERIALIZERS = ("pydantic", "ray._common.pydantic_compat", "pyarrow", "pyarrow.json", "ray._private.arrow_serialization")
 RETRIES = 3  # per task, for a dead process or a retryable exception
 RETRY_EXCEPTIONS = [OSError]
@@ -357,8 +357,8 @@ def _stop(ray, info: dict) -> None:
 def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config, info: dict,
                checks: "_DriverChecks | None", results: dict[int, list[Manifest]], heads: "_Heads") -> None:
     """The parts of `configs` run by `tasks` Ray tasks, each taking one of the first `tasks` parts, then the next
-    part not taken (`Tally.next`) until none is left; each part's end taken as it comes (`_Ended`); on the first failure, the other tasks
-    cancelled and a ShardFailed naming the part."""
+    part not taken (`Tally.next`) until none is left; each part's end taken as it comes (`_Ended`); on the first
+    failure, the other tasks cancelled and a ShardFailed naming the part."""
     counts = _newline_counts(ray, sources, configs, tasks)  # (first: Ray starts its processes while the actor is made)
     first = [c.shard.index for c in configs[:tasks]]  # each task's first part, taken without asking the tally
     tally = ray.remote(num_cpus=0)(Tally).remote([c.shard.index for c in configs], first)
