@@ -4,6 +4,8 @@ alone and in N processes at once, --unique: bench/README.md and docs/performance
     python3 bench/cores.py --workers 1,16 --jobs pretrain --corpus-mb 200
     python3 bench/cores.py --megatron /path/Megatron-LM --megatron-mb 300 --ray --rss-mb 1000,4000
     python3 bench/cores.py --unique --text FILE --corpus-mb 2000 --workers 1,16 --jobs pretrain
+    python3 bench/cores.py --unique --no-repeated --corpus-mb 8000 --workers 16 --jobs pretrain --ray \
+        --ray-joined-only --ray-shards 16 --ray-rounds 3
 """
 
 import argparse
@@ -11,6 +13,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -149,7 +152,7 @@ def efficiencies(runs: list[dict], raw: float, raw_parallel: list[dict]) -> None
         if r["job"] in single:
             r["vs_own_1_worker"] = round(r["mb_per_s"] / (r["workers"] * single[r["job"]]), 3)
             r["speedup"] = round(r["mb_per_s"] / single[r["job"]], 2)
-        if r["job"] in ("pretrain", "ray", "ray-joined", "megatron"):
+        if r["job"] in ("pretrain", "pretrain-beside-ray", "ray", "ray-joined", "megatron"):
             r["vs_raw"] = round(r["mb_per_s"] / (r["workers"] * raw), 3)
             if r["workers"] in ceiling:
                 r["vs_ceiling"] = round(r["mb_per_s"] / ceiling[r["workers"]], 3)
@@ -169,6 +172,9 @@ def main() -> None:
     parser.add_argument("--ray-shards", default="", help="the shard counts of the Ray runs, comma-separated (default "
                         "--compare-at; 0: the executor's own count)")
     parser.add_argument("--ray-joined-only", action="store_true", help="only Ray joined to a cluster started before")
+    parser.add_argument("--ray-rounds", type=int, default=1, help="Ray runs of each kind, each right after a run of "
+                        "16 local workers (--compare-at) on the same corpus: a pair's local / Ray is its record's "
+                        "`local_over_ray` (one host's runs of a command vary by more than the gap measured)")
     parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, ours beside "
                                                        "them (default 16 where --workers holds it, else the most)")
     parser.add_argument("--unique", action="store_true", help="pretrain and SFT on corpora in which no record repeats")
@@ -261,13 +267,20 @@ def main() -> None:
                           "idx_identical": theirs["sha256"][".idx"] == ours_run["sha256"][".idx"]})
         for joined in ((True,) if args.ray_joined_only else (False, True)) if args.ray else ():
             for shards in [int(n) for n in args.ray_shards.split(",") if n] or [at]:
-                prefix = os.path.join(work, "ray")
-                m = ray(text, prefix, at, joined, shards)
-                phases = [line for line in m.stderr.splitlines() if line.startswith("ray: ")]
-                add(record("ray-joined" if joined else "ray", at, text, m, prefix) | {"ray_log": phases,
-                                                                                     "shards": shards or "auto"})
+                for k in range(args.ray_rounds):
+                    local = mine("pretrain", at, text, "pretrain-beside-ray")
+                    add(local | {"round": k + 1})
+                    prefix = os.path.join(work, "ray")
+                    m = ray(text, prefix, at, joined, shards)
+                    phases = [line for line in m.stderr.splitlines() if line.startswith("ray: ")]
+                    add(record("ray-joined" if joined else "ray", at, text, m, prefix) | {
+                        "ray_log": phases, "shards": shards or "auto", "round": k + 1,
+                        "local_over_ray": round(local["wall_s"] / m.wall_s, 3)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    pairs = [r["local_over_ray"] for r in runs if "local_over_ray" in r]
+    if pairs:
+        print(f"local / Ray of each pair: {', '.join(map(str, pairs))}; median {statistics.median(pairs):.3f}")
     print(f"wrote {args.out}")
 
 
