@@ -219,7 +219,7 @@ def layers(args) -> None:
         for r in range(args.rounds or 2):
             for name, command in LAYERS.items():
                 m = measure.run([sys.executable, *[c.format(kind=kind) for c in command], os.path.abspath(args.layers),
-                                 *extra, "-o", f"{out}/p", "--workers", args.workers or 16, "--quiet"])
+                                 *extra, "-o", measure.fresh(f"{out}/p"), "--workers", args.workers or 16, "--quiet"])
                 seconds[name].append(round(m.wall_s, 3))
                 cpu[name].append(round(m.cpu_s, 2))
             print(f"round {r + 1}: " + ", ".join(f"{name} {s[-1]:.2f} s ({cpu[name][-1]:.1f} CPU s)"

@@ -118,7 +118,7 @@ def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: 
 def megatron(checkout: str, corpus: str, prefix: str, workers: int) -> measure.Measurement:
     """Megatron-LM's preprocess_data.py as its README runs it for a HF tokenizer."""
     argv = [sys.executable, os.path.join(checkout, "tools", "preprocess_data.py"), "--input", corpus,
-            "--output-prefix", prefix, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+            "--output-prefix", measure.fresh(prefix), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
             bundled_tokenizer_dir(), "--workers", workers, "--append-eod", "--json-keys", "text"]
     return measure.run(argv, env=measure.python_env(checkout))
 
@@ -128,7 +128,7 @@ def ray(corpus: str, prefix: str, workers: int, joined: bool, shards: int | None
     executor chooses): Ray started by the run, or (`joined`) a cluster started beforehand (`ray start --head`, as a
     multi-node cluster is). Not --quiet: its "ray: ..." lines (start or join, the shards' time) go into the record."""
     shards = workers if shards is None else shards
-    argv = measure.qwen_data_command("pretrain", corpus, "-o", prefix, "--executor", "ray",
+    argv = measure.qwen_data_command("pretrain", corpus, "-o", measure.fresh(prefix), "--executor", "ray",
                                      *(["--ray-shards", shards] if shards else []))
     env = measure.python_env()
     env.pop("RAY_ADDRESS", None)
@@ -243,8 +243,8 @@ def main() -> None:
 
     def mine(job: str, workers: int, corpus: str, name: str | None = None) -> dict:
         prefix = os.path.join(work, "ours")
-        m = measure.run(measure.qwen_data_command(*(["pretrain"] if job == "pretrain" else sft), corpus, "-o", prefix,
-                                                  "--workers", workers, "--quiet"))
+        m = measure.run(measure.qwen_data_command(*(["pretrain"] if job == "pretrain" else sft), corpus, "-o",
+                                                  measure.fresh(prefix), "--workers", workers, "--quiet"))
         return record(name or job, workers, corpus, m, prefix)
 
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
