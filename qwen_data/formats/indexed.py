@@ -219,13 +219,13 @@ class IndexedDatasetWriter:
             raise RuntimeError("a batch placed in the .bin was never written (its hash never came)")
         return self._idx_hash.hexdigest(), join(given)
 
-    def abort(self) -> None:
-        """Close and remove everything written so far."""
+    def abort(self, remove=os.remove) -> None:
+        """Close and remove everything written so far (`remove`: how, each path there)."""
         for f in (self._bin, self._lengths, self._doc_ends):
             f.close()
         for path in (self.bin_path, self.idx_path, self._lengths.name, self._doc_ends.name):
             if os.path.exists(path):
-                os.remove(path)
+                remove(path)
 
 
 class Pending:
@@ -267,9 +267,9 @@ class MaskedWriter:
         self.ids.finalize()
         self.mask.finalize()
 
-    def abort(self) -> None:
-        self.ids.abort()
-        self.mask.abort()
+    def abort(self, remove=os.remove) -> None:
+        self.ids.abort(remove)
+        self.mask.abort(remove)
 
     @property
     def digests(self) -> list[tuple[str, str]]:

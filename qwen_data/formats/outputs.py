@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 
 TMP_SUFFIX = ".tmp"
 LOCK_SUFFIX = ".lock"
@@ -52,6 +53,7 @@ class AtomicOutputs:
         for directory in {os.path.dirname(os.path.abspath(p)) for p in self._declared}:
             os.makedirs(directory, exist_ok=True)
         self._locks: list[tuple[str, object]] = []
+        self._removing: dict[str, threading.Thread] = {}  # path → the thread removing it (`remove_behind`)
         try:
             for path in self._declared:
                 self._locks.append((path + LOCK_SUFFIX, _lock(path + LOCK_SUFFIX)))
@@ -74,12 +76,26 @@ class AtomicOutputs:
             raise ValueError(f"{final_path} is not being written")
         return final_path + TMP_SUFFIX
 
+    def remove_behind(self, path: str) -> None:
+        """Remove `path`, a staged file the run no longer needs, in a thread of its own while the run
+        goes on to its end; the outputs are let go (committed, or not) once it is gone. (The file
+        system frees a GB in ~0.1-0.4 s: the unpacked samples a packed SFT run stages, the size of its
+        output, were removed one thread after another in its last steps.)"""
+        removing = threading.Thread(target=_remove, args=(path,), name="remove-behind", daemon=True)
+        removing.start()
+        self._removing[path] = removing
+
+    def _removed(self) -> None:
+        """Every file `remove_behind` took gone."""
+        while self._removing:
+            self._removing.popitem()[1].join()
+
     def discard(self, final_path: str) -> None:
         """Drop a tmp file this run turned out not to need (removed here, if its writer has not); an
         old `final_path` goes at commit."""
         self._files.remove(final_path)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(final_path + TMP_SUFFIX)
+        if final_path + TMP_SUFFIX not in self._removing:
+            _remove(final_path + TMP_SUFFIX)
         self._obsolete.append(final_path)
 
     def leave_out(self, final_path: str) -> None:
@@ -102,6 +118,7 @@ class AtomicOutputs:
         self._release()
 
     def abort(self) -> None:
+        self._removed()
         for path in self._files:
             if os.path.exists(path + TMP_SUFFIX):
                 os.remove(path + TMP_SUFFIX)
@@ -112,6 +129,7 @@ class AtomicOutputs:
         self._release()
 
     def _release(self) -> None:
+        self._removed()
         while self._locks:
             path, handle = self._locks.pop()
             os.remove(path)
@@ -130,6 +148,11 @@ class AtomicOutputs:
                 # a failed write (disk full ...) names no file: name the outputs it was for
                 exc.filename = self._declared[0].rsplit(".", 1)[0] + ".*"
         return False
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
 
 
 def finish_commit(renamed: list[str], removed: list[str]) -> None:

@@ -509,7 +509,7 @@ class SFTWriter:
             self._lay_out(self.windows.close())
             self.laying.close()
             counts, section = self.laid_out.close(section, self.trained)
-            self.samples.abort()  # (staged: the rows are written)
+            self.samples.abort(self.outputs.remove_behind)  # (staged: the rows are written)
             for path in MaskedWriter.files(step.samples_prefix):
                 self.outputs.discard(path)
         else:  # unpacked samples as written; a shard's are packed and laid out by `merge`
