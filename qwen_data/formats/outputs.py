@@ -79,8 +79,8 @@ class AtomicOutputs:
     def remove_behind(self, path: str) -> None:
         """Remove `path`, a staged file the run no longer needs, in a thread of its own while the run
         goes on to its end; the outputs are let go (committed, or not) once it is gone. (The file
-        system frees a GB in ~0.1-0.4 s: the unpacked samples a packed SFT run stages, the size of its
-        output, were removed one thread after another in its last steps.)"""
+        system frees a GB in ~0.1-0.4 s: the unpacked samples a packed SFT run stages, as large as its
+        output, were removed before its last steps could begin.)"""
         removing = threading.Thread(target=_remove, args=(path,), name="remove-behind", daemon=True)
         removing.start()
         self._removing[path] = removing
