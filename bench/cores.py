@@ -6,6 +6,7 @@ alone and in N processes at once, --unique: bench/README.md and docs/performance
     python3 bench/cores.py --unique --text FILE --corpus-mb 2000 --workers 1,16 --jobs pretrain
     python3 bench/cores.py --unique --no-repeated --corpus-mb 8000 --workers 16 --jobs pretrain --ray \
         --ray-joined-only --ray-shards 16 --ray-rounds 3
+    python3 bench/cores.py --unique --corpus-mb 8000 --sft-mb 2000 --workers 1,16 --rounds 3 ...   # medians of 3
 """
 
 import argparse
@@ -158,6 +159,32 @@ def efficiencies(runs: list[dict], raw: float, raw_parallel: list[dict]) -> None
                 r["vs_ceiling"] = round(r["mb_per_s"] / ceiling[r["workers"]], 3)
 
 
+MEDIANS = ("wall_s", "mb_per_s", "speedup", "vs_ceiling", "local_over_ray", "peak_rss_mib")
+
+
+def summary(runs: list[dict]) -> list[dict]:
+    """Per job and worker count, in the order first run: how many runs, and the median of each of MEDIANS they
+    hold (with the least and the most: one host's runs vary), and whether all were certified and wrote one
+    fingerprint."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        if not r["job"].startswith("warm-up"):
+            groups.setdefault((r["job"], r["workers"]), []).append(r)
+    out = []
+    for (job, workers), group in groups.items():
+        line = {"job": job, "workers": workers, "runs": len(group)}
+        for name in MEDIANS:
+            values = [r[name] for r in group if name in r]
+            if values:
+                line[name] = round(statistics.median(values), 3)
+                if len(values) > 1:
+                    line[name + "_range"] = [min(values), max(values)]
+        line["certified"] = all(r.get("certified") for r in group)
+        line["fingerprints"] = sorted({r["fingerprint"] for r in group if r.get("fingerprint")})
+        out.append(line)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", help="comma-separated (default: 1, 2, 4 ... up to the cores)")
@@ -175,6 +202,9 @@ def main() -> None:
     parser.add_argument("--ray-rounds", type=int, default=1, help="Ray runs of each kind, each right after a run of "
                         "16 local workers (--compare-at) on the same corpus: a pair's local / Ray is its record's "
                         "`local_over_ray` (one host's runs of a command vary by more than the gap measured)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each job at each count above 1 worker, back to "
+                        "back: `summary` gives their median (a 5-7 s run of 16 workers varies by 10-20%% from run to "
+                        "run on one host, a 1-worker run of a minute by far less)")
     parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, ours beside "
                                                        "them (default 16 where --workers holds it, else the most)")
     parser.add_argument("--unique", action="store_true", help="pretrain and SFT on corpora in which no record repeats")
@@ -232,7 +262,7 @@ def main() -> None:
         efficiencies(runs, raw, raw_parallel)
         measure.write_json(args.out, {"host": info, "corpus": corpus_info, "raw_mb_per_s": round(raw, 1),
                                       "raw_warm_mb_per_s": round(raw_warm, 1), "raw_parallel": raw_parallel,
-                                      "runs": runs})
+                                      "summary": summary(runs), "runs": runs})
         for path in os.listdir(work):  # the outputs' sha256 are in their records
             os.remove(os.path.join(work, path))
 
@@ -252,7 +282,8 @@ def main() -> None:
         warm_up(jobs, corpus_of, mine, work)
         for job in jobs:
             for n in counts:
-                add(mine(job, n, corpus_of[job]))
+                for k in range(1 if n == 1 else args.rounds):
+                    add(mine(job, n, corpus_of[job]) | ({"round": k + 1} if args.rounds > 1 and n > 1 else {}))
         if repeated is not None and args.unique and "pretrain" in jobs:
             add(mine("pretrain", top, repeated, "pretrain-repeated"))
         for size in filter(None, args.rss_mb.split(",")):
@@ -278,9 +309,8 @@ def main() -> None:
                         "local_over_ray": round(local["wall_s"] / m.wall_s, 3)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    pairs = [r["local_over_ray"] for r in runs if "local_over_ray" in r]
-    if pairs:
-        print(f"local / Ray of each pair: {', '.join(map(str, pairs))}; median {statistics.median(pairs):.3f}")
+    for line in summary(runs):
+        print(" ".join(f"{k} {v}" for k, v in line.items()))
     print(f"wrote {args.out}")
 
 
