@@ -105,14 +105,15 @@ def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: 
     size = os.path.getsize(corpus)
     out = {"job": job, "workers": workers, "corpus_mb": round(size / MB, 1), "wall_s": round(m.wall_s, 2),
            "mb_per_s": round(size / MB / m.wall_s, 1), "cpu_s": round(m.cpu_s, 1),
-           "peak_rss_mib": round(m.peak_rss / 2**20)}
+           "peak_rss_mib": round(m.peak_rss / 2**20), "peak_pss_mib": round(m.peak_pss / 2**20)}
     if prefix is not None:
         out["sha256"] = {ext: corpora.file_sha256(prefix + ext) for ext in (".bin", ".idx")}
         with open(prefix + ".json", encoding="utf-8") as f:
             certificate = json.load(f)["certificate"]
         out["certified"], out["fingerprint"] = certificate.get("certified", False), certificate.get("fingerprint")
     print(f"{job:11} {workers:3} workers  {out['corpus_mb']:8.1f} MB  {out['wall_s']:7.2f} s  "
-          f"{out['mb_per_s']:7.1f} MB/s  cpu {out['cpu_s']:7.1f} s  rss {out['peak_rss_mib']:6} MiB", flush=True)
+          f"{out['mb_per_s']:7.1f} MB/s  cpu {out['cpu_s']:7.1f} s  rss {out['peak_rss_mib']:6} MiB  "
+          f"pss {out['peak_pss_mib']:6} MiB", flush=True)
     return out
 
 
@@ -159,7 +160,7 @@ def efficiencies(runs: list[dict], raw: float, raw_parallel: list[dict]) -> None
                 r["vs_ceiling"] = round(r["mb_per_s"] / ceiling[r["workers"]], 3)
 
 
-MEDIANS = ("wall_s", "mb_per_s", "speedup", "vs_ceiling", "local_over_ray", "peak_rss_mib")
+MEDIANS = ("wall_s", "mb_per_s", "speedup", "vs_ceiling", "local_over_ray", "peak_rss_mib", "peak_pss_mib")
 
 
 def summary(runs: list[dict]) -> list[dict]:
