@@ -160,7 +160,8 @@ def efficiencies(runs: list[dict], raw: float, raw_parallel: list[dict]) -> None
                 r["vs_ceiling"] = round(r["mb_per_s"] / ceiling[r["workers"]], 3)
 
 
-MEDIANS = ("wall_s", "mb_per_s", "speedup", "vs_ceiling", "local_over_ray", "peak_rss_mib", "peak_pss_mib")
+MEDIANS = ("wall_s", "mb_per_s", "speedup", "vs_ceiling", "vs_adjacent_ceiling", "local_over_ray", "peak_rss_mib",
+           "peak_pss_mib")
 
 
 def summary(runs: list[dict]) -> list[dict]:
@@ -206,6 +207,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each job at each count above 1 worker, back to "
                         "back: `summary` gives their median (a 5-7 s run of 16 workers varies by 10-20%% from run to "
                         "run on one host, a 1-worker run of a minute by far less)")
+    parser.add_argument("--adjacent-ceiling", action="store_true", help="also measure the 16 (32 ...) process "
+                        "ceiling right before each pretrain run at that count on the --unique corpus (the run's "
+                        "`vs_adjacent_ceiling`): one host's ceiling moved by a fifth between two calls minutes apart")
     parser.add_argument("--compare-at", type=int, help="the workers Megatron's script and Ray run with, ours beside "
                                                        "them (default 16 where --workers holds it, else the most)")
     parser.add_argument("--unique", action="store_true", help="pretrain and SFT on corpora in which no record repeats")
@@ -243,6 +247,7 @@ def main() -> None:
                              "warm_mb_per_s": round(warm, 1), "warm_vs_raw_warm": round(warm / raw_warm, 2)})
         print(f"raw gigatoken in {n} processes at once: {cold:.1f} MB/s ({cold / raw:.1f}x one), "
               f"{warm:.1f} MB/s on a second pass ({warm / raw_warm:.1f}x one)", flush=True)
+    ceilings = {p["processes"] for p in raw_parallel}
     jobs = args.jobs.split(",")
     # --unique: SFT's records never repeat either (one worker meets a repeated corpus's words cold once, each of
     # 16 workers does: its scaling figure flatters no one but one worker)
@@ -274,9 +279,18 @@ def main() -> None:
 
     def mine(job: str, workers: int, corpus: str, name: str | None = None) -> dict:
         prefix = os.path.join(work, "ours")
+        beside = {}
+        if args.adjacent_ceiling and job == "pretrain" and corpus == text and workers in ceilings:
+            cold = max(raw_mb_per_s(text, workers)[0], raw_mb_per_s(text, workers)[0])
+            beside = {"adjacent_ceiling_mb_per_s": round(cold, 1)}
         m = measure.run(measure.qwen_data_command(*(["pretrain"] if job == "pretrain" else sft), corpus, "-o",
                                                   measure.fresh(prefix), "--workers", workers, "--quiet"))
-        return record(name or job, workers, corpus, m, prefix)
+        out = record(name or job, workers, corpus, m, prefix)
+        if beside:
+            out |= beside | {"vs_adjacent_ceiling": round(out["mb_per_s"] / beside["adjacent_ceiling_mb_per_s"], 3)}
+            print(f"  the host's ceiling just before: {beside['adjacent_ceiling_mb_per_s']} MB/s, "
+                  f"{out['vs_adjacent_ceiling']:.3f} of it", flush=True)
+        return out
 
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     try:
