@@ -165,7 +165,7 @@ MEDIANS = ("wall_s", "mb_per_s", "speedup", "vs_ceiling", "vs_adjacent_ceiling",
 
 
 def summary(runs: list[dict]) -> list[dict]:
-    """Per job and worker count, in the order first run: how many runs, and the median of each of MEDIANS they
+    """Per job and worker count, in the order of their first run: how many runs, and the median of each of MEDIANS they
     hold (with the least and the most: one host's runs vary), and whether all were certified and wrote one
     fingerprint."""
     groups: dict[tuple, list[dict]] = {}
