@@ -101,6 +101,12 @@ def raw_mb_per_s(corpus: str, n: int = 1) -> tuple[float, float]:
     return total / max(cold for _, cold, _ in done), total / max(warm for _, _, warm in done)
 
 
+def best_raw(corpus: str, n: int = 1) -> tuple[float, float]:
+    """`raw_mb_per_s`, the better of two tries: a fresh GPU host's memory grows as it is first used, which slowed
+    the first try of one host by a third."""
+    return max(raw_mb_per_s(corpus, n), raw_mb_per_s(corpus, n))
+
+
 def record(job: str, workers: int, corpus: str, m: measure.Measurement, prefix: str | None = None) -> dict:
     size = os.path.getsize(corpus)
     out = {"job": job, "workers": workers, "corpus_mb": round(size / MB, 1), "wall_s": round(m.wall_s, 2),
@@ -235,14 +241,12 @@ def main() -> None:
         with open(text + ".json", encoding="utf-8") as f:
             how = {"repeats": False, "how": corpora.UNIQUE, "made": json.load(f)}
     corpus_info = {"path": text, "bytes": os.path.getsize(text), **how}
-    # Each raw figure is the better of two tries: a fresh GPU host's memory grows as it is first used, which slowed
-    # the first try of one host by a third.
-    raw, raw_warm = max(raw_mb_per_s(text), raw_mb_per_s(text))
+    raw, raw_warm = best_raw(text)
     print(f"host: {info['cpu_model']}, {info['cores']} cores; raw gigatoken on one core: {raw:.1f} MB/s "
           f"({raw_warm:.1f} MB/s on a second pass)", flush=True)
     raw_parallel = []
     for n in sorted({n for n in counts if n >= 16} | {top}):
-        cold, warm = max(raw_mb_per_s(text, n), raw_mb_per_s(text, n))
+        cold, warm = best_raw(text, n)
         raw_parallel.append({"processes": n, "mb_per_s": round(cold, 1), "vs_raw": round(cold / raw, 2),
                              "warm_mb_per_s": round(warm, 1), "warm_vs_raw_warm": round(warm / raw_warm, 2)})
         print(f"raw gigatoken in {n} processes at once: {cold:.1f} MB/s ({cold / raw:.1f}x one), "
@@ -281,8 +285,7 @@ def main() -> None:
         prefix = os.path.join(work, "ours")
         beside = {}
         if args.adjacent_ceiling and job == "pretrain" and corpus == text and workers in ceilings:
-            cold = max(raw_mb_per_s(text, workers)[0], raw_mb_per_s(text, workers)[0])
-            beside = {"adjacent_ceiling_mb_per_s": round(cold, 1)}
+            beside = {"adjacent_ceiling_mb_per_s": round(best_raw(text, workers)[0], 1)}
         m = measure.run(measure.qwen_data_command(*(["pretrain"] if job == "pretrain" else sft), corpus, "-o",
                                                   measure.fresh(prefix), "--workers", workers, "--quiet"))
         out = record(name or job, workers, corpus, m, prefix)
