@@ -36,7 +36,9 @@ def host() -> dict:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
         processors = [[line.split(":", 1) for line in p.splitlines() if ":" in line] for p in f.read().split("\n\n")]
     processors = [{k.strip(): v.strip() for k, v in p} for p in processors if p]
-    info = {"cpu_model": measure.cpu_model(), "cores": len(os.sched_getaffinity(0))}
+    with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as f:  # one host's one boot: `--continue`
+        boot = f.read().strip()
+    info = {"cpu_model": measure.cpu_model(), "cores": len(os.sched_getaffinity(0)), "boot_id": boot}
     physical = {(p.get("physical id"), p.get("core id")) for p in processors}
     if (None, None) not in physical:
         info.update(sockets=len({socket for socket, _ in physical}), physical_cores=len(physical),
@@ -225,6 +227,9 @@ def main() -> None:
     parser.add_argument("--chats", help="the bench chat corpus (default: bench/corpora.py's cache)")
     parser.add_argument("--reference-template", metavar="FILE", help="the official qwen2.5-instruct.jinja, which "
                         "certifies the SFT jobs (default: the shared oracles'; none found: they run uncertified)")
+    parser.add_argument("--continue", dest="more", action="store_true", help="add to --out, which this host "
+                        "wrote since it booted: its ceilings and runs kept, the runs it holds not made again (a "
+                        "device call's time limit cut short a run of every job on GBs)")
     parser.add_argument("--out", default=os.path.join(measure.REPO_ROOT, "bench", "results", "cpu", "cores.json"))
     args = parser.parse_args()
     info = host()
@@ -241,11 +246,12 @@ def main() -> None:
         with open(text + ".json", encoding="utf-8") as f:
             how = {"repeats": False, "how": corpora.UNIQUE, "made": json.load(f)}
     corpus_info = {"path": text, "bytes": os.path.getsize(text), **how}
-    raw, raw_warm = best_raw(text)
+    before = earlier(args.out, info) if args.more else {}
+    raw, raw_warm = (before["raw_mb_per_s"], before["raw_warm_mb_per_s"]) if before else best_raw(text)
     print(f"host: {info['cpu_model']}, {info['cores']} cores; raw gigatoken on one core: {raw:.1f} MB/s "
           f"({raw_warm:.1f} MB/s on a second pass)", flush=True)
-    raw_parallel = []
-    for n in sorted({n for n in counts if n >= 16} | {top}):
+    raw_parallel = before.get("raw_parallel", [])
+    for n in sorted(({n for n in counts if n >= 16} | {top}) - {p["processes"] for p in raw_parallel}):
         cold, warm = best_raw(text, n)
         raw_parallel.append({"processes": n, "mb_per_s": round(cold, 1), "vs_raw": round(cold / raw, 2),
                              "warm_mb_per_s": round(warm, 1), "warm_vs_raw_warm": round(warm / raw_warm, 2)})
@@ -261,10 +267,12 @@ def main() -> None:
     corpus_info["sft"] = {job: {"path": path, "bytes": os.path.getsize(path), "repeats": not args.unique,
                                 "how": corpora.UNIQUE if args.unique else "the bench chats (or their alpaca records) "
                                 "repeated to size"} for job, path in corpus_of.items() if job != "pretrain"}
+    corpus_info["sft"] = before.get("corpus", {}).get("sft", {}) | corpus_info["sft"]
     # The corpora just made are on disk before any run is timed, so that no run shares the host with the
     # kernel writing GBs of them back.
     os.sync()
-    runs: list[dict] = []
+    runs: list[dict] = before.get("runs", [])
+    done = {(r["job"], r["workers"], r.get("round", 1)) for r in runs}
     work = tempfile.mkdtemp(prefix="cores-")
 
     def add(run: dict) -> None:  # written after every run: a run cut short keeps what it measured
@@ -297,12 +305,13 @@ def main() -> None:
 
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     try:
-        warm_up(jobs, corpus_of, mine, work)
+        warm_up([job for job in jobs if not any(key[0] == job for key in done)], corpus_of, mine, work)
         for job in jobs:
             for n in counts:
                 for k in range(1 if n == 1 else args.rounds):
-                    add(mine(job, n, corpus_of[job]) | ({"round": k + 1} if args.rounds > 1 and n > 1 else {}))
-        if repeated is not None and args.unique and "pretrain" in jobs:
+                    if (job, n, k + 1) not in done:
+                        add(mine(job, n, corpus_of[job]) | ({"round": k + 1} if args.rounds > 1 and n > 1 else {}))
+        if repeated is not None and args.unique and "pretrain" in jobs and ("pretrain-repeated", top, 1) not in done:
             add(mine("pretrain", top, repeated, "pretrain-repeated"))
         for size in filter(None, args.rss_mb.split(",")):
             add(mine("pretrain", at, corpora.scaled_text_corpus(int(size) * 1_000_000)))
@@ -330,6 +339,18 @@ def main() -> None:
     for line in summary(runs):
         print(" ".join(f"{k} {v}" for k, v in line.items()))
     print(f"wrote {args.out}")
+
+
+def earlier(path: str, info: dict) -> dict:
+    """`--continue`: what `path` holds where this host wrote it since it booted, else {} (a start from nothing)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f)
+    except FileNotFoundError:
+        return {}
+    if before.get("host", {}).get("boot_id") != info["boot_id"]:
+        raise SystemExit(f"--continue: {path} was written by another host (or before this one booted)")
+    return before
 
 
 def warm_up(jobs: list[str], corpus_of: dict, mine, work: str) -> None:
