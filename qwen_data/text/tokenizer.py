@@ -155,10 +155,14 @@ SHARED_TEXT_BUDGET = 1 << 30
 
 
 # gigatoken's batch call returns an awkward array: importing awkward and its first call cost a process
-# ~0.22 s (and ~38 MiB), and encoding text by text ~1.6-2.5 µs a text more than the batch call (texts
-# handed as UTF-8; 2026-12-01). A tokenizer object encodes text by text until it has encoded this many
-# texts, about what the import costs in those microseconds: it never pays more than twice the best choice.
-BATCH_AFTER = 100_000
+# ~0.22 s and ~49 MiB of resident memory (29 of them pyarrow's and awkward's libraries), and encoding text
+# by text ~2 µs a text more than the batch call (texts handed as UTF-8; 2026-12-01, 2026-12-03). A
+# tokenizer object encodes text by text until it has encoded this many texts, ten times what the import
+# costs in those microseconds: at 16 workers the import took half of a worker's memory budget
+# (`pipeline.WORKER_CACHES`), and a 4 GB packed alpaca run (~103,000 samples a worker, so past 100,000
+# near each worker's end) went over 4 GiB of summed RSS (2026-12-03e); at 1 or 2 workers it comes after
+# ~2 s of such costs.
+BATCH_AFTER = 1_000_000
 
 
 def as_str(text: str | bytes) -> str:
