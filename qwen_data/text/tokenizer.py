@@ -437,11 +437,12 @@ class QwenTokenizer:
         composes them into others of the table) is one of the few (22 in Qwen's vocabulary)
         for which `token_spells_start` is true, and only the texts with one are searched.
         """
-        from qwen_data.text.unicode_exact import needs_exact
+        from qwen_data.text.unicode_exact import exact_texts
 
         starts = self._spelling_starts(backend).view(np.uint8)
         rows = np.frombuffer(rows_marked(_int32(ids), np.asarray(lengths, dtype=np.int64), starts), dtype=np.int64)
-        return [r for r in rows.tolist() if needs_exact(as_str(texts[r]))]
+        marked = rows.tolist()
+        return [marked[k] for k in exact_texts([texts[r] for r in marked])]
 
     def _spelling_starts(self, backend) -> np.ndarray:
         """Per id, whether `token_spells_start` (added tokens, ASCII, never do, so every policy's
