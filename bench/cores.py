@@ -264,10 +264,10 @@ def main() -> None:
     sft_corpus = corpora.unique_sft_corpus if args.unique else corpora.scaled_sft_corpus
     corpus_of = {"pretrain": text, **{job: sft_corpus(job[4:], args.sft_mb * 1_000_000, args.chats)
                                       for job in jobs if job in ("sft-chat", "sft-alpaca")}}
-    corpus_info["sft"] = {job: {"path": path, "bytes": os.path.getsize(path), "repeats": not args.unique,
-                                "how": corpora.UNIQUE if args.unique else "the bench chats (or their alpaca records) "
-                                "repeated to size"} for job, path in corpus_of.items() if job != "pretrain"}
-    corpus_info["sft"] = before.get("corpus", {}).get("sft", {}) | corpus_info["sft"]
+    sft_info = {job: {"path": path, "bytes": os.path.getsize(path), "repeats": not args.unique,
+                      "how": corpora.UNIQUE if args.unique else "the bench chats (or their alpaca records) "
+                      "repeated to size"} for job, path in corpus_of.items() if job != "pretrain"}
+    corpus_info["sft"] = same_corpora(before.get("corpus"), corpus_info, sft_info) if before else sft_info
     # The corpora just made are on disk before any run is timed, so that no run shares the host with the
     # kernel writing GBs of them back.
     os.sync()
@@ -351,6 +351,17 @@ def earlier(path: str, info: dict) -> dict:
     if before.get("host", {}).get("boot_id") != info["boot_id"]:
         raise SystemExit(f"--continue: {path} was written by another host (or before this one booted)")
     return before
+
+
+def same_corpora(kept: dict, text: dict, sft: dict) -> dict:
+    """`--continue`: the SFT corpora of the file and of this call together, where both name the same corpora
+    (the text, and each job's SFT records), else SystemExit: the file's runs would stand beside another's."""
+    differ = [kept["path"]] if kept["path"] != text["path"] else []
+    differ += [kept["sft"][job]["path"] for job, info in sft.items()
+               if job in kept["sft"] and kept["sft"][job]["path"] != info["path"]]
+    if differ:
+        raise SystemExit(f"--continue: the file's runs read {', '.join(differ)}, which this call does not")
+    return kept["sft"] | sft
 
 
 def warm_up(jobs: list[str], corpus_of: dict, mine, work: str) -> None:

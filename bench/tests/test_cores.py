@@ -28,3 +28,13 @@ def test_continue_takes_this_boots_file_only(cores, tmp_path):
     path.write_text(json.dumps(kept | {"host": info | {"boot_id": "another"}}))
     with pytest.raises(SystemExit, match="another host"):
         cores.earlier(str(path), info)
+
+
+def test_continue_takes_the_same_corpora_only(cores):
+    kept = {"path": "/c/text-8000.jsonl", "sft": {"sft-chat": {"path": "/c/chat-4000.jsonl"}}}
+    sft = {"sft-alpaca": {"path": "/c/alpaca-4000.jsonl"}}
+    assert cores.same_corpora(kept, {"path": "/c/text-8000.jsonl"}, sft) == kept["sft"] | sft
+    with pytest.raises(SystemExit, match="text-8000"):  # the text the file's pretrain runs read is another
+        cores.same_corpora(kept, {"path": "/c/text-200.jsonl"}, sft)
+    with pytest.raises(SystemExit, match="chat-4000"):  # a job's SFT records are other records
+        cores.same_corpora(kept, {"path": "/c/text-8000.jsonl"}, {"sft-chat": {"path": "/c/chat-2000.jsonl"}})
