@@ -10,6 +10,7 @@ alone and in N processes at once, --unique: bench/README.md and docs/performance
 """
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -144,11 +145,42 @@ def ray(corpus: str, prefix: str, workers: int, joined: bool, shards: int | None
     env.pop("RAY_ADDRESS", None)
     if not joined:
         return measure.run(argv, env=env | {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": workers})})
+    with cluster(workers, env):
+        return measure.run(argv, env=env | {"RAY_ADDRESS": "auto"})
+
+
+# Ray's own share of a joined run, which no executor can leave out: a driver that imports Ray, joins a cluster
+# started just before (as `ray` joins one), holds one task of one CPU per shard at once (each waits HOLD_S, so that
+# each takes a worker process of its own, as a shard does), and exits. Its wall less HOLD_S, added to the local
+# workers' wall beside it, is what a Ray run takes whose tasks work as the local workers do and whose share of Ray
+# overlaps none of that work (`ray_over_least`: how far a Ray run is from it).
+HOLD_S = 0.2
+RAY_FLOOR = f"""
+import logging, sys, time
+import ray
+ray.init(log_to_driver=False, logging_level=logging.ERROR)
+hold = ray.remote(num_cpus=1)(lambda: time.sleep({HOLD_S}))
+ray.get([hold.remote() for _ in range(int(sys.argv[1]))])
+"""
+
+
+def ray_floor(workers: int, shards: int) -> float:
+    """Seconds of RAY_FLOOR (less its tasks' wait) on a fresh cluster of `workers` CPUs, with `shards` tasks."""
+    env = measure.python_env()
+    env.pop("RAY_ADDRESS", None)
+    with cluster(workers, env):
+        m = measure.run([sys.executable, "-c", RAY_FLOOR, shards or workers], env=env | {"RAY_ADDRESS": "auto"})
+    return round(m.wall_s - HOLD_S, 3)
+
+
+@contextlib.contextmanager
+def cluster(workers: int, env: dict):
+    """A Ray cluster of `workers` CPUs on this host (`ray start --head`) while the block runs, stopped after."""
     cli = [sys.executable, "-m", "ray.scripts.scripts"]
     subprocess.run([*cli, "start", "--head", "--num-cpus", str(workers), "--include-dashboard=false",
                     "--disable-usage-stats"], env=env, check=True, capture_output=True)
     try:
-        return measure.run(argv, env=env | {"RAY_ADDRESS": "auto"})
+        yield
     finally:
         subprocess.run([*cli, "stop"], env=env, capture_output=True)
 
@@ -168,8 +200,8 @@ def efficiencies(runs: list[dict], raw: float, raw_parallel: list[dict]) -> None
                 r["vs_ceiling"] = round(r["mb_per_s"] / ceiling[r["workers"]], 3)
 
 
-MEDIANS = ("wall_s", "mb_per_s", "speedup", "vs_ceiling", "vs_adjacent_ceiling", "local_over_ray", "peak_rss_mib",
-           "peak_pss_mib")
+MEDIANS = ("wall_s", "mb_per_s", "speedup", "vs_ceiling", "vs_adjacent_ceiling", "local_over_ray", "ray_floor_s",
+           "local_over_ray_least", "ray_over_least", "peak_rss_mib", "peak_pss_mib")
 
 
 def summary(runs: list[dict]) -> list[dict]:
@@ -331,9 +363,15 @@ def main() -> None:
                     prefix = os.path.join(work, "ray")
                     m = ray(text, prefix, at, joined, shards)
                     phases = [line for line in m.stderr.splitlines() if line.startswith("ray: ")]
+                    floor = {}
+                    if joined:  # the least this Ray run could take: the local workers' wall and Ray's own share
+                        least = ray_floor(at, shards)
+                        floor = {"ray_floor_s": least, "local_over_ray_least": round(
+                            local["wall_s"] / (local["wall_s"] + least), 3), "ray_over_least": round(
+                            m.wall_s / (local["wall_s"] + least), 3)}
                     add(record("ray-joined" if joined else "ray", at, text, m, prefix) | {
                         "ray_log": phases, "shards": shards or "auto", "round": k + 1,
-                        "local_over_ray": round(local["wall_s"] / m.wall_s, 3)})
+                        "local_over_ray": round(local["wall_s"] / m.wall_s, 3)} | floor)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for line in summary(runs):
