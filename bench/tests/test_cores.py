@@ -39,18 +39,3 @@ def test_continue_takes_the_same_corpora_only(cores):
     with pytest.raises(SystemExit, match="chat-4000"):  # a job's SFT records are other records
         cores.same_corpora(kept, {"path": "/c/text-8000.jsonl"}, {"sft-chat": {"path": "/c/chat-2000.jsonl"}})
 
-
-@pytest.mark.slow
-def test_ray_floor_is_rays_own_share_and_leaves_no_cluster(cores):
-    """The least share of Ray a joined run pays (`ray_floor`): a driver joining a fresh cluster and holding one
-    task per shard, which takes some time beyond its tasks' wait, and the cluster it started is gone after."""
-    pytest.importorskip("ray")
-    import psutil
-
-    def raylets() -> int:
-        return sum(1 for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith("raylet"))
-
-    before = raylets()
-    seconds = cores.ray_floor(2, 2)
-    assert 0 < seconds < 60
-    assert raylets() == before
