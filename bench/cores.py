@@ -175,7 +175,8 @@ def ray_floor(workers: int, shards: int) -> float:
 
 @contextlib.contextmanager
 def cluster(workers: int, env: dict):
-    """A Ray cluster of `workers` CPUs on this host (`ray start --head`) while the block runs, stopped after."""
+    """A Ray cluster of `workers` CPUs on this host (`ray start --head`) while the block runs, stopped after
+    (`ray stop` ends every Ray on the host: the bench runs alone there)."""
     cli = [sys.executable, "-m", "ray.scripts.scripts"]
     subprocess.run([*cli, "start", "--head", "--num-cpus", str(workers), "--include-dashboard=false",
                     "--disable-usage-stats"], env=env, check=True, capture_output=True)
