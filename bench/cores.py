@@ -141,8 +141,7 @@ def ray(corpus: str, prefix: str, workers: int, joined: bool, shards: int | None
     shards = workers if shards is None else shards
     argv = measure.qwen_data_command("pretrain", corpus, "-o", measure.fresh(prefix), "--executor", "ray",
                                      *(["--ray-shards", shards] if shards else []))
-    env = measure.python_env()
-    env.pop("RAY_ADDRESS", None)
+    env = ray_env()
     if not joined:
         return measure.run(argv, env=env | {"RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": workers})})
     with cluster(workers, env):
@@ -166,11 +165,17 @@ ray.get([hold.remote() for _ in range(int(sys.argv[1]))])
 
 def ray_floor(workers: int, shards: int) -> float:
     """Seconds of RAY_FLOOR (less its tasks' wait) on a fresh cluster of `workers` CPUs, with `shards` tasks."""
-    env = measure.python_env()
-    env.pop("RAY_ADDRESS", None)
+    env = ray_env()
     with cluster(workers, env):
         m = measure.run([sys.executable, "-c", RAY_FLOOR, shards or workers], env=env | {"RAY_ADDRESS": "auto"})
     return round(m.wall_s - HOLD_S, 3)
+
+
+def ray_env() -> dict:
+    """This checkout's environment without a RAY_ADDRESS of the caller's: each run says which Ray it takes."""
+    env = measure.python_env()
+    env.pop("RAY_ADDRESS", None)
+    return env
 
 
 @contextlib.contextmanager

@@ -38,4 +38,3 @@ def test_continue_takes_the_same_corpora_only(cores):
         cores.same_corpora(kept, {"path": "/c/text-200.jsonl"}, sft)
     with pytest.raises(SystemExit, match="chat-4000"):  # a job's SFT records are other records
         cores.same_corpora(kept, {"path": "/c/text-8000.jsonl"}, {"sft-chat": {"path": "/c/chat-2000.jsonl"}})
-
