@@ -56,6 +56,12 @@ COPY_BYTES = 1 << 30  # asked of copy_file_range at a time
 # 4 threads 2.74 s, 16 threads 3.31 s and 44.6 s of system CPU (bench/results/cpu/2026-12-01g/merge-copy.log).
 COPY_THREADS = 2
 PARTS_SUFFIX = ".parts"  # beside a Head's file: the parts it holds (names relative to its folder, sizes)
+# Threads removing a consuming Head's parts once copied. Removing a file waits for whatever of it the kernel is
+# writing back at that moment, which it does once the page cache holds more dirty pages than its background
+# threshold (10-23 ms a 34 MB part on a 2-core machine's disk). The copying thread removed each part itself, and a
+# 16-core host's 16 GB Ray run left 3.1-4.3 s of copying after its tasks on the disk, 0.7 s in memory (tmpfs,
+# nothing written back): bench/results/cpu/2026-12-03g.
+REMOVERS = 4
 
 
 class MergeError(ValueError):
@@ -396,13 +402,15 @@ class Head:
     `consume`: each part's .bin removed once copied, the parts held recorded beside the file first
     (PATH.parts). Removed while its pages still wait to be written, little of a part reaches the disk (a Ray
     run that kept its shards wrote every byte twice, and removing 8.5 GB of them after the commit waited 3-4 s
-    on the disk: bench/results/cpu/2026-12-01h); a run stopped after that puts them back (`restore`)."""
+    on the disk: bench/results/cpu/2026-12-01h); a run stopped after that puts them back (`restore`). The
+    removals run in threads of their own (REMOVERS), never holding up the next copy; `settle` waits for them."""
 
     def __init__(self, path: str, consume: bool = False) -> None:
         self.path, self.parts, self.size, self.consume = path, [], 0, consume
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # (the umask applies, as to open())
         self._copying = ThreadPoolExecutor(max_workers=1)  # one part after another: one core's work beside the tasks
-        self._copies = []
+        self._removing = ThreadPoolExecutor(max_workers=REMOVERS) if consume else None
+        self._copies, self._removals = [], []
 
     def add(self, name: str) -> None:
         """NAME.bin (a finished part: its size is final) copied after the parts added before."""
@@ -418,7 +426,7 @@ class Head:
         folder = os.path.dirname(self.path)
         with atomic_file(self.path + PARTS_SUFFIX) as f:  # (a part's .bin goes only once it is recorded)
             json.dump([[os.path.relpath(n, folder), s] for n, s in held], f)
-        os.remove(name + ".bin")
+        self._removals.append(self._removing.submit(_remove, name + ".bin"))
 
     def take(self, path: str, parts: list[tuple[str, int]]) -> int:
         """How many of `parts` (NAME, size of NAME.bin), from the first, the file holds, once moved to `path`
@@ -431,6 +439,7 @@ class Head:
                     put(self.path, path)
                     return len(held)
         if self.consume:
+            self.settle()  # (a removal still to come would take a part put back)
             restore(self.path)
         for name in (self.path, self.path + PARTS_SUFFIX):
             with contextlib.suppress(FileNotFoundError):
@@ -446,6 +455,13 @@ class Head:
         for copy in self._copies:
             copy.result()
         return self.parts
+
+    def settle(self) -> None:
+        """The parts copied removed (the first failure raised): `close` leaves their removals running."""
+        if self._removing is not None:
+            self._removing.shutdown(wait=True)
+            for removal in self._removals:
+                removal.result()
 
 
 def _manifest(parts: list[tuple[str, Manifest]], channels: list[Channel]) -> Manifest:
@@ -480,6 +496,11 @@ def _join_rejects(prefixes: list[str], out_path: str) -> bool:
                     shutil.copyfileobj(f, out)
                 found = True
     return found
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # (a failed run's folder removed meanwhile)
+        os.remove(path)
 
 
 def _link(source: str, target: str) -> None:

@@ -577,11 +577,13 @@ class _Heads:
         return self.heads.get(suffix)
 
     def close(self) -> None:
-        """Every copy ended (a failed run's too, before its files are removed)."""
-        for heads in self.heads.values():
+        """Every copy ended (a failed run's too, before its files are removed), then every removal of a part
+        copied (`merge.Head.settle`)."""
+        heads = [head for channels in self.heads.values() for head in channels]
+        for step in ("close", "settle"):
             for head in heads:
                 with contextlib.suppress(Exception):  # (a copy's failure: the run's own error says more)
-                    head.close()
+                    getattr(head, step)()
 
 
 def _merge(configs: list, suffixes: list[str], final: list[str], outputs: AtomicOutputs, config,

@@ -408,8 +408,9 @@ def test_a_merge_starts_from_the_parts_joined_before_it_only_where_they_are_its_
     """`merge.Head` (the Ray executor's shards joined as they end): a merge takes the file of its first parts,
     channel by channel, and copies only the others, giving the whole run's bytes; a head holding other parts
     (not the first, or not in order) is set aside and every part copied, with the same result. A head that
-    consumes its parts (Ray's) removes each .bin once copied and recorded, stays where it was (linked) for
-    `restore` to put them back, and puts them back itself where it is set aside."""
+    consumes its parts (Ray's) removes each .bin once copied and recorded (by `settle`, the removals run beside
+    the copies), stays where it was (linked) for `restore` to put them back, and puts them back itself where it is
+    set aside."""
     import shutil
 
     from qwen_data.formats.layouts import layout_of
@@ -439,6 +440,8 @@ def test_a_merge_starts_from_the_parts_joined_before_it_only_where_they_are_its_
                 head.add(channels[k][c])
         out = str(tmp_path / label)
         merge(shards, out, quiet=True, heads=heads)
+        for head in heads:
+            head.settle()
         for suffix in suffixes:
             with open(out + suffix, "rb") as f, open(whole + suffix, "rb") as expected:
                 assert f.read() == expected.read(), f"{label}: {out}{suffix}"
