@@ -55,7 +55,7 @@ COPY_BYTES = 1 << 30  # asked of copy_file_range at a time
 # 16 parts of 530 MB into one file, in the page cache, a 16-core host: 1 thread 2.42-2.94 s, 2 threads 2.44 s,
 # 4 threads 2.74 s, 16 threads 3.31 s and 44.6 s of system CPU (bench/results/cpu/2026-12-01g/merge-copy.log).
 COPY_THREADS = 2
-PARTS_SUFFIX = ".parts"  # beside a Head's file: the parts it holds (names relative to its folder, sizes)
+PARTS_SUFFIX = ".parts"  # beside a Head's file: the parts it holds, a line each (name relative to its folder, size)
 # Threads removing a consuming Head's parts once copied. Removing a file waits for whatever of it the kernel is
 # writing back at that moment, which it does once the page cache holds more dirty pages than its background
 # threshold (10-23 ms a 34 MB part on a 2-core machine's disk). The copying thread removed each part itself, and a
@@ -399,8 +399,8 @@ class Head:
     still working and only the last shards are left to copy once all are done). `merge(..., heads=)`
     takes the file for its output's start (`take`) and copies only the parts after it.
 
-    `consume`: each part's .bin removed once copied, the parts held recorded beside the file first
-    (PATH.parts). Removed while its pages still wait to be written, little of a part reaches the disk (a Ray
+    `consume`: each part's .bin removed once copied, the part recorded beside the file first (a line added to
+    PATH.parts, `held`). Removed while its pages still wait to be written, little of a part reaches the disk (a Ray
     run that kept its shards wrote every byte twice, and removing 8.5 GB of them after the commit waited 3-4 s
     on the disk: bench/results/cpu/2026-12-01h); a run stopped after that puts them back (`restore`). The
     removals run in threads of their own (REMOVERS), never holding up the next copy; `settle` waits for them."""
@@ -411,21 +411,25 @@ class Head:
         self._copying = ThreadPoolExecutor(max_workers=1)  # one part after another: one core's work beside the tasks
         self._removing = ThreadPoolExecutor(max_workers=REMOVERS) if consume else None
         self._copies, self._removals = [], []
+        # Appended to, never renamed over: a file renamed over another has its pages written at once (ext4), and
+        # the one replaced then waits for that write, queued behind the kernel's writeback of GBs (up to 41 ms a
+        # part on 2 cores, 0.04 ms appended: bench/results/cpu/2026-12-03g).
+        self._record = open(path + PARTS_SUFFIX, "w", encoding="utf-8") if consume else None
 
     def add(self, name: str) -> None:
         """NAME.bin (a finished part: its size is final) copied after the parts added before."""
         size = os.path.getsize(name + ".bin")
         self.parts.append((name, size))
-        self._copies.append(self._copying.submit(self._copy, name, self.size, size, list(self.parts)))
+        self._copies.append(self._copying.submit(self._copy, name, self.size, size))
         self.size += size
 
-    def _copy(self, name: str, offset: int, size: int, held: list[tuple[str, int]]) -> None:
+    def _copy(self, name: str, offset: int, size: int) -> None:
         _copy_part(name, self._fd, offset, size, False)
         if not self.consume:
             return
-        folder = os.path.dirname(self.path)
-        with atomic_file(self.path + PARTS_SUFFIX) as f:  # (a part's .bin goes only once it is recorded)
-            json.dump([[os.path.relpath(n, folder), s] for n, s in held], f)
+        # (a part's .bin goes only once it is recorded; one write, so a killed run leaves a line whole or none)
+        self._record.write(json.dumps([os.path.relpath(name, os.path.dirname(self.path)), size]) + "\n")
+        self._record.flush()
         self._removals.append(self._removing.submit(_remove, name + ".bin"))
 
     def take(self, path: str, parts: list[tuple[str, int]]) -> int:
@@ -452,6 +456,8 @@ class Head:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._record is not None:
+            self._record.close()
         for copy in self._copies:
             copy.result()
         return self.parts
@@ -509,20 +515,33 @@ def _link(source: str, target: str) -> None:
     os.link(source, target)
 
 
+def held(path: str) -> list[tuple[str, int]]:
+    """The parts a `Head`'s file at `path` holds, in order, from its record (PATH.parts): (NAME, size of NAME.bin);
+    the lines before the first that cannot be read (OSError where there is no record)."""
+    folder, parts = os.path.dirname(path), []
+    with open(path + PARTS_SUFFIX, encoding="utf-8") as f:
+        for line in f:
+            try:
+                name, size = json.loads(line)
+                parts.append((os.path.join(folder, name), int(size)))
+            except (ValueError, TypeError):
+                break
+    return parts
+
+
 def restore(path: str) -> int:
     """The .bin files of the parts a `Head`'s file at `path` holds (PATH.parts), where they are gone, copied
     back out of it, for a run stopped after they were joined to reuse them as any part left whole (and
     check their bytes against their manifests, as it checks those); → how many. Nothing where the record
     or the file cannot be read, or the file is shorter than its record (those parts are then made again)."""
-    folder, offset, restored = os.path.dirname(path), 0, 0
+    offset, restored = 0, 0
     try:
-        with open(path + PARTS_SUFFIX, encoding="utf-8") as f:
-            held = [(os.path.join(folder, name), int(size)) for name, size in json.load(f)]
+        parts = held(path)
         head = os.open(path, os.O_RDONLY)
-    except (OSError, ValueError, TypeError):
+    except OSError:
         return 0
     try:
-        for name, size in held:
+        for name, size in parts:
             if not os.path.exists(name + ".bin") and os.fstat(head).st_size >= offset + size:
                 with atomic_file(name + ".bin", "wb") as out:
                     if _copy_bytes(head, out.fileno(), size, offset, 0) < size:
