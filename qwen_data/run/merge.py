@@ -58,7 +58,7 @@ COPY_THREADS = 2
 PARTS_SUFFIX = ".parts"  # beside a Head's file: the parts it holds, a line each (name relative to its folder, size)
 # Threads removing a consuming Head's parts once copied. Removing a file waits for whatever of it the kernel is
 # writing back at that moment, which it does once the page cache holds more dirty pages than its background
-# threshold (10-23 ms a 34 MB part on a 2-core machine's disk). The copying thread removed each part itself, and a
+# threshold (8-23 ms a 34 MB part on a 2-core machine's disk, 1.7-2.8 ms otherwise). The copying thread removed each part itself, and a
 # 16-core host's 16 GB Ray run left 3.1-4.3 s of copying after its tasks on the disk, 0.7 s in memory (tmpfs,
 # nothing written back): bench/results/cpu/2026-12-03g.
 REMOVERS = 4
@@ -412,8 +412,8 @@ class Head:
         self._removing = ThreadPoolExecutor(max_workers=REMOVERS) if consume else None
         self._copies, self._removals = [], []
         # Appended to, never renamed over: a file renamed over another has its pages written at once (ext4), and
-        # the one replaced then waits for that write, queued behind the kernel's writeback of GBs (up to 41 ms a
-        # part on 2 cores, 0.04 ms appended: bench/results/cpu/2026-12-03g).
+        # the one replaced then waits for that write, queued behind the kernel's writeback of GBs (a median 1.1 ms
+        # a part on 2 cores, up to ~40 ms; appended, 0.04 ms: bench/results/cpu/2026-12-03g/waits.py).
         self._record = open(path + PARTS_SUFFIX, "w", encoding="utf-8") if consume else None
 
     def add(self, name: str) -> None:

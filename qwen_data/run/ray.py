@@ -580,10 +580,12 @@ class _Heads:
         """Every copy ended (a failed run's too, before its files are removed), then every removal of a part
         copied (`merge.Head.settle`)."""
         heads = [head for channels in self.heads.values() for head in channels]
-        for step in ("close", "settle"):
-            for head in heads:
-                with contextlib.suppress(Exception):  # (a copy's failure: the run's own error says more)
-                    getattr(head, step)()
+        for head in heads:
+            with contextlib.suppress(Exception):  # (a copy's failure: the run's own error says more)
+                head.close()
+        for head in heads:
+            with contextlib.suppress(Exception):
+                head.settle()
 
 
 def _merge(configs: list, suffixes: list[str], final: list[str], outputs: AtomicOutputs, config,
