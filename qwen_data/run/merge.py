@@ -58,9 +58,9 @@ COPY_THREADS = 2
 PARTS_SUFFIX = ".parts"  # beside a Head's file: the parts it holds, a line each (name relative to its folder, size)
 # Threads removing a consuming Head's parts once copied. Removing a file waits for whatever of it the kernel is
 # writing back at that moment, which it does once the page cache holds more dirty pages than its background
-# threshold (8-23 ms a 34 MB part on a 2-core machine's disk, 1.7-2.8 ms otherwise). The copying thread removed each part itself, and a
-# 16-core host's 16 GB Ray run left 3.1-4.3 s of copying after its tasks on the disk, 0.7 s in memory (tmpfs,
-# nothing written back): bench/results/cpu/2026-12-03g.
+# threshold (8-23 ms a 34 MB part on a 2-core machine's disk, 1.7-2.8 ms otherwise). The copying thread removed
+# each part itself, and a 16-core host's 16 GB Ray run left 3.1-4.3 s of copying after its tasks on the disk,
+# 0.7 s in memory (tmpfs, nothing written back): bench/results/cpu/2026-12-03g.
 REMOVERS = 4
 
 

@@ -1,6 +1,7 @@
 """Where a Ray run's 16 GB tail comes from: 16 local workers and Ray joined at 16 shards, each writing to the disk
-(/tmp) and then to memory (/dev/shm, or a tmpfs at $WRITEBACK_MEMORY), ROUNDS times, with the page cache's dirty and writeback MB sampled every
-0.25 s and the kernel's thresholds beside them. Run from bench/: python3 writeback.py CORPUS ROUNDS OUT.json"""
+(/tmp) and then to memory (/dev/shm, or a tmpfs at $WRITEBACK_MEMORY), ROUNDS times, with the page cache's dirty
+and writeback MB sampled every 0.25 s and the kernel's thresholds beside them. Run from bench/:
+python3 results/cpu/2026-12-03g/writeback.py CORPUS ROUNDS OUT.json"""
 import json
 import os
 import shutil
