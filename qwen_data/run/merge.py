@@ -407,7 +407,10 @@ class Head:
 
     def __init__(self, path: str, consume: bool = False) -> None:
         self.path, self.parts, self.size, self.consume = path, [], 0, consume
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # (the umask applies, as to open())
+        # Not truncated: a Ray run's tasks may have made the file and written their parts' bytes in already; the
+        # mode that of a file this process makes (the output's, as a local run's: the tasks' umask may differ).
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        os.fchmod(self._fd, 0o666 & ~_umask())
         self._copying = ThreadPoolExecutor(max_workers=1)  # one part after another: one core's work beside the tasks
         self._removing = ThreadPoolExecutor(max_workers=REMOVERS) if consume else None
         self._copies, self._removals = [], []
@@ -416,28 +419,33 @@ class Head:
         # a part on 2 cores, up to ~40 ms; appended, 0.04 ms: bench/results/cpu/2026-12-03g/waits.py).
         self._record = open(path + PARTS_SUFFIX, "w", encoding="utf-8") if consume else None
 
-    def add(self, name: str) -> None:
-        """NAME.bin (a finished part: its size is final) copied after the parts added before."""
-        size = os.path.getsize(name + ".bin")
+    def add(self, name: str, size: int | None = None) -> None:
+        """NAME.bin (a finished part: its size is final) copied after the parts added before; or, given its `size`,
+        the part's bytes already written there (by a Ray task: `run.ray._Placing`), only recorded."""
+        placed = size is not None
+        size = size if placed else os.path.getsize(name + ".bin")
         self.parts.append((name, size))
-        self._copies.append(self._copying.submit(self._copy, name, self.size, size))
+        self._copies.append(self._copying.submit(self._copy, name, self.size, size, placed))
         self.size += size
 
-    def _copy(self, name: str, offset: int, size: int) -> None:
-        _copy_part(name, self._fd, offset, size, False)
+    def _copy(self, name: str, offset: int, size: int, placed: bool) -> None:
+        if not placed:
+            _copy_part(name, self._fd, offset, size, False)
         if not self.consume:
             return
         # (a part's .bin goes only once it is recorded; one write, so a killed run leaves a line whole or none)
         self._record.write(json.dumps([os.path.relpath(name, os.path.dirname(self.path)), size]) + "\n")
         self._record.flush()
-        self._removals.append(self._removing.submit(_remove, name + ".bin"))
+        if not placed:
+            self._removals.append(self._removing.submit(_remove, name + ".bin"))
 
     def take(self, path: str, parts: list[tuple[str, int]]) -> int:
         """How many of `parts` (NAME, size of NAME.bin), from the first, the file holds, once moved to `path`
         (where it consumes its parts: linked there, and left where it is for `restore` until the run's folder
         goes); 0 (its parts put back, and the file removed) where it holds others, or could not be moved."""
         held = self.close()
-        if held == parts[:len(held)]:
+        # (its size too: bytes written past the parts recorded would end the output)
+        if held == parts[:len(held)] and os.path.getsize(self.path) == sum(size for _, size in held):
             for put in ([_link] if self.consume else []) + [os.replace]:
                 with contextlib.suppress(OSError):
                     put(self.path, path)
@@ -502,6 +510,16 @@ def _join_rejects(prefixes: list[str], out_path: str) -> bool:
                     shutil.copyfileobj(f, out)
                 found = True
     return found
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (os.umask sets it, for every thread at once)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _remove(path: str) -> None:

@@ -83,16 +83,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
 import importlib
 import itertools
+import json
 import logging
 import math
 import os
 import pickle
+import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 
@@ -102,7 +106,7 @@ from ..formats.claims import check as check_outputs
 from ..formats.claims import dataset_owner
 from ..formats.layouts import layout_of
 from ..formats.manifest import Manifest
-from ..formats.outputs import AtomicOutputs
+from ..formats.outputs import AtomicOutputs, atomic_file
 from ..inputs.files import STDIN, Shard, expand
 from ..inputs.jsonl import newlines_in
 from ..inputs.readers import counted_until, estimated_records
@@ -110,7 +114,7 @@ from ..inputs.records import EmptyOutput
 from . import kept, pipeline
 from .certifier import take
 from .journal import identity
-from .merge import Head, PartReads, restore
+from .merge import Head, PartReads, _copy_bytes, restore
 from .tally import Tally
 from .progress import Progress
 
@@ -132,6 +136,11 @@ SHARDS_SUFFIX = ".shards"
 STAGING = "merged"  # PREFIX.shards/merged/out*: the merges, before they are committed under PREFIX
 HEADS = "joined"  # PREFIX.shards/joined/: the parts' .bin files joined as they end (`_Heads`)
 MARKS = "began"  # PREFIX.shards/began/K: task K's first attempt began (a retry finds it, and asks the tally)
+PLACED_SUFFIX = ".placed"  # PREFIX.shards/K.placed: where part K's .bin bytes lie in the heads (`_Placing`)
+MEMORY = "/dev/shm"  # where a node's tasks make their parts (`staging`), where it has STAGING_ROOM free
+STAGING_ROOM = 4 << 30  # a task holds a few parts' bytes at most (those whose place is not known yet): ~100 MB
+PLACE_POLL_SECONDS = 0.01  # how often a task whose parts are all made asks where its last ones go
+PLACE_WAIT_SECONDS = 600.0  # how long it waits for the parts before them to end (their task retried meanwhile)
 
 
 class ShardFailed(RuntimeError):
@@ -196,6 +205,7 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
             heads.close()
             if checks is not None:
                 checks.end()
+            shutil.rmtree(staging(shards_kept.directory), ignore_errors=True)  # (this node's; the tasks' are done)
         shutil.rmtree(shards_kept.directory, ignore_errors=True)  # merged and committed: the shards are done with
     return manifests
 
@@ -318,7 +328,7 @@ def _run_shards(step_type, config, sources: list, address: str | None, shards: i
         results = (kept.reuse(step_type, configs, shards_kept.inputs, sources, checks, config.quiet)
                    if shards_kept.recorded else {})
         info["reused"] = sorted(results)
-        heads.begin([c.output_prefix for c in configs])
+        heads.begin([c.output_prefix for c in configs], set(results))
         heads.ready(results)
         run = [c for c in configs if c.shard.index not in results]
         if run:
@@ -361,7 +371,7 @@ def _run_tasks(ray, step_type, configs: list, tasks: int, sources: list, config,
     failure, the other tasks cancelled and a ShardFailed naming the part."""
     counts = _newline_counts(ray, sources, configs, tasks)  # (first: Ray starts its processes while the actor is made)
     first = [c.shard.index for c in configs[:tasks]]  # each task's first part, taken without asking the tally
-    tally = ray.remote(num_cpus=0)(Tally).remote([c.shard.index for c in configs], first)
+    tally = ray.remote(num_cpus=0)(Tally).remote([c.shard.index for c in configs], first, heads.sizes(results))
     marks = os.path.join(os.path.dirname(configs[0].output_prefix), MARKS)
     shutil.rmtree(marks, ignore_errors=True)  # (an earlier run's)
     os.makedirs(marks)
@@ -528,17 +538,18 @@ def _check_not_empty(output_prefix: str, manifests: list[Manifest]) -> None:
 
 
 class _Heads:
-    """The shards' .bin files joined in shard order as they end, while later shards still run: a shard's
-    files are handed to a `merge.Head` per output prefix and channel once every shard before it is done.
-    The merges then take those files and copy only the shards after them (with 16 shards of 8 GB that
-    were done at once, the copy of every byte took ~5 s after the last task). Each part's other files
-    are read as it ends, as the merges read them (`reads`, `read_ahead`)."""
+    """The parts' .bin bytes joined in part order while later parts still run, into a `merge.Head` per output
+    prefix and channel (PREFIX.shards/joined/N.C.bin) that the merges take as their output's start: the tasks write
+    each part's bytes there themselves (`_Placing`), and a part is recorded as held once it and every part before it
+    are there; a part an earlier run left (reused) is copied in by the head. Each part's other files are read as it
+    ends, as the merges read them (`reads`, `read_ahead`)."""
 
     def __init__(self, directory: str, suffixes: list[str]) -> None:
         self.directory, self.suffixes = directory, suffixes
-        self.prefixes: list[str] = []  # each shard's -o
+        self.prefixes: list[str] = []  # each part's -o
+        self.reused: set[int] = set()  # the parts an earlier run left: copied in here
         self.heads: dict[str, list[Head]] = {}  # by suffix: a Head a channel
-        self.next = 0  # the first shard not handed yet
+        self.next = 0  # the first part not handed yet
         self.reads = PartReads()
 
     def read_ahead(self, prefix: str) -> None:
@@ -547,30 +558,41 @@ class _Heads:
             self.reads.prepare(prefix + suffix)
 
     def restore(self) -> None:
-        """The shards' .bin files an earlier run of this command joined (each removed once joined), put back
-        from its heads (`merge.restore`) for `kept.reuse` to check and reuse as any other shard."""
-        if os.path.isdir(self.directory):
-            for name in sorted(os.listdir(self.directory)):
-                if name.endswith(".bin"):
-                    restore(os.path.join(self.directory, name))
+        """The parts' .bin files an earlier run of this command put into its heads (none kept otherwise), put back
+        from them for `kept.reuse` to check and reuse as any other part: those its tasks placed (K.placed, where they
+        are, `_Placing`), and those it copied in (`merge.restore`)."""
+        if not os.path.isdir(self.directory):
+            return
+        shards = os.path.dirname(self.directory)
+        for name in sorted(os.listdir(shards)):
+            if name.endswith(PLACED_SUFFIX):
+                _restore_placed(os.path.join(shards, name))
+        for name in sorted(os.listdir(self.directory)):
+            if name.endswith(".bin"):
+                restore(os.path.join(self.directory, name))
 
-    def begin(self, prefixes: list[str]) -> None:
-        self.prefixes = prefixes
+    def begin(self, prefixes: list[str], reused: set[int]) -> None:
+        self.prefixes, self.reused = prefixes, reused
         shutil.rmtree(self.directory, ignore_errors=True)  # an earlier run's
         os.makedirs(self.directory)
 
+    def sizes(self, results: dict[int, list[Manifest]]) -> dict[int, list[int]]:
+        """The .bin sizes of the parts reused (checked against their manifests), in the heads' order (as
+        `_Placing.made` tells a part's)."""
+        return {k: [m.tokens * dtype.itemsize for m in results[k] for _, dtype in layout_of(m).channels("", m.dtype)]
+                for k in self.reused}
+
     def ready(self, results: dict[int, list[Manifest]]) -> None:
-        """The shards now done in order after those handed before, handed (`results`: each done shard's
-        manifests, in the order of the suffixes)."""
+        """The parts now ended in order after those handed before, handed (`results`: each ended part's
+        manifests, in the order of the suffixes; a part run here ends once its bytes are in the heads)."""
         while self.next in results:
             for n, (suffix, manifest) in enumerate(zip(self.suffixes, results[self.next])):
-                prefix = self.prefixes[self.next] + suffix
-                names = [name for name, _ in layout_of(manifest).channels(prefix, manifest.dtype)]
+                channels = layout_of(manifest).channels(self.prefixes[self.next] + suffix, manifest.dtype)
                 if suffix not in self.heads:
                     self.heads[suffix] = [Head(os.path.join(self.directory, f"{n}.{c}.bin"), consume=True)
-                                          for c in range(len(names))]
-                for head, name in zip(self.heads[suffix], names):
-                    head.add(name)
+                                          for c in range(len(channels))]
+                for head, (name, dtype) in zip(self.heads[suffix], channels):
+                    head.add(name, None if self.next in self.reused else manifest.tokens * dtype.itemsize)
             self.next += 1
 
     def of(self, suffix: str) -> list[Head] | None:
@@ -730,15 +752,18 @@ _CHECKS = None  # the driver's checking process's checker
 
 # -- in the tasks ----------------------------------------------------------------------------------
 def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, first: tuple[int, str], pieces: dict[str, list],
-                before: dict[int, tuple[str, int]]) -> list[tuple]:
+                before: dict[int, tuple[str, int]]) -> tuple[list[tuple], list[int]]:
     """Shard `task`, in a Ray worker: its first part (`first`: the part and the folder of marks, `_first_part`),
     then the next part not taken (`Tally.next`), until none is left, each a step
     built from its config (`parts`, by index) and run in the driver's directory (relative paths mean there what
     they mean to the driver), with a progress that reports to the tally actor, and told to the tally as it
     ends; `pieces` and `before`: where the newlines before a part's first line are counted (`_newline_counts`).
-    Of each part it ran: (its index, its manifests, the records it picked for the certificate
+    Each part is made in a folder of this node's (`_Placing`), its files but its .bin moved to PREFIX.shards/, and
+    its .bin bytes written into the heads where the tally says once it can say (every part before it ended).
+    → Of each part it ran: (its index, its manifests, the records it picked for the certificate
     (`pipeline.Step.check` items), (when its code began and ended (time.time), the CPU seconds it took, and for
-    the task's first part when the task began and when the tally first answered it, else None))."""
+    the task's first part when the task began and when the tally first answered it, else None)); and the parts
+    it placed."""
     import ray
 
     entered = time.time()
@@ -750,27 +775,180 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, first: tuple
     attempt, handed = _first_part(ray, tally, task, *first)
     started = time.time()
     out, counted = [], {}  # counted: per file, [its counting tasks fetched, their pieces' counts] (parts come in order)
-    while handed is not None:
-        index, part_attempt = handed
-        began, cpu = time.time(), time.process_time()
-        config = parts[index]
-        if index in before:
-            path, n = before[index]
-            fetched, known = counted.setdefault(path, [0, []])
-            while len(known) < n:
-                known += ray.get(pieces[path][fetched][0])
-                fetched = counted[path][0] = fetched + 1
-            shard = dataclasses.replace(config.shard, newlines_before=sum(known[:n]))
-            config = dataclasses.replace(config, shard=shard)
-        step = step_type(config)
-        manifests = pipeline.run(step, _Reporter(tally, index, part_attempt, step))
-        times = (began, time.time(), time.process_time() - cpu, None if out else (entered, started))
-        out.append((index, manifests, getattr(step, "picked", []), times))
-        # One call to the tally a part: the part ended told with the next asked for (the driver joins its bytes when
-        # it next asks); the reports before it, sent without waiting, are taken first (an actor runs one caller's
-        # calls in order).
-        handed = ray.get(tally.next.remote(task, attempt, out[-1]), timeout=60)
-    return out
+    placing = _Placing(os.path.dirname(next(iter(parts.values())).output_prefix))
+    try:
+        while handed is not None:
+            index, part_attempt = handed
+            began, cpu = time.time(), time.process_time()
+            config = parts[index]
+            if index in before:
+                path, n = before[index]
+                fetched, known = counted.setdefault(path, [0, []])
+                while len(known) < n:
+                    known += ray.get(pieces[path][fetched][0])
+                    fetched = counted[path][0] = fetched + 1
+                shard = dataclasses.replace(config.shard, newlines_before=sum(known[:n]))
+                config = dataclasses.replace(config, shard=shard)
+            step = step_type(dataclasses.replace(config, output_prefix=placing.prefix(index)))
+            manifests = pipeline.run(step, _Reporter(tally, index, part_attempt, step))
+            sizes = placing.made(index, step, manifests)
+            times = (began, time.time(), time.process_time() - cpu, None if out else (entered, started))
+            out.append((index, manifests, getattr(step, "picked", []), times))
+            # One call to the tally a part: the part made told with its sizes, the next asked for, and where the
+            # bytes of those not placed go, as far as known (the driver takes a part's end once it is placed, when
+            # it next asks); the reports before it, sent without waiting, are taken first (an actor runs one
+            # caller's calls in order).
+            handed, offsets = ray.get(tally.next.remote(task, attempt, out[-1], sizes), timeout=60)
+            placing.place(offsets, tally, task, attempt)
+        placing.finish(ray, tally, task, attempt)
+        return out
+    finally:
+        placing.close()
+
+
+class _Placing:
+    """In a task: where its parts are made, a folder of this node's (`staging`: memory where it has room), and
+    their .bin bytes put into the heads (PREFIX.shards/joined/N.C.bin, `_Heads`) at the offsets the tally hands
+    out, once every part before has ended. Each byte is so written once into the output's file system, and the
+    driver copies none (the parts' .bin files, written there and joined by the driver, went through its page
+    cache twice and made a 16 GB run wait on the kernel's writeback: bench/results/cpu/2026-12-03g)."""
+
+    def __init__(self, shards: str) -> None:
+        self.shards, self.heads = shards, os.path.join(shards, HEADS)
+        root = staging(shards)
+        self.folder = os.path.join(root, str(os.getpid()))
+        _clear_dead(root)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        os.makedirs(self.folder)
+        self.pending: dict[int, list[tuple[str, int, str]]] = {}  # by part: (its staged .bin, size, its head)
+
+    def prefix(self, index: int) -> str:
+        return os.path.join(self.folder, str(index))
+
+    def made(self, index: int, step, manifests: list[Manifest]) -> list[int]:
+        """Part `index`, made: its files but its .bin moved to PREFIX.shards/; → its .bin sizes, in the heads'
+        order."""
+        staged = self.prefix(index)
+        bins = _bins(staged, [p[len(staged):] for p in step.prefixes()], manifests)
+        for entry in os.listdir(self.folder):
+            path = os.path.join(self.folder, entry)
+            if re.match(re.escape(str(index)) + r"[._]", entry) and path not in bins:
+                _move(path, os.path.join(self.shards, entry))
+        sizes = [os.path.getsize(path) for path in bins]
+        self.pending[index] = [(path, size, os.path.join(self.heads, name))
+                               for path, size, name in zip(bins, sizes, _head_names(manifests))]
+        return sizes
+
+    def place(self, offsets: dict[int, list[int]], tally, task: int, attempt: int) -> None:
+        """The parts whose `offsets` (where their bytes start in each head) are given, placed there, each then
+        marked (K.placed: what a run that resumes puts back, `_Heads.restore`) and told to the tally (not waited
+        for: the calls after it are taken after it)."""
+        done = []
+        for part in sorted(offsets):
+            where = []
+            for (path, size, head), offset in zip(self.pending.pop(part, ()), offsets[part]):
+                source = os.open(path, os.O_RDONLY)
+                try:
+                    target = os.open(head, os.O_WRONLY | os.O_CREAT, 0o666)
+                    try:
+                        copied = _copy_bytes(source, target, size, 0, offset)
+                    finally:
+                        os.close(target)  # (a shared file system sends what was written at close)
+                finally:
+                    os.close(source)
+                if copied < size:
+                    raise OSError(f"{path}: {copied:,} bytes of {size:,} placed")
+                os.remove(path)
+                where.append([os.path.basename(path), os.path.basename(head), offset, size])
+            with atomic_file(os.path.join(self.shards, f"{part}{PLACED_SUFFIX}")) as f:
+                json.dump(where, f)
+            done.append(part)
+        if done:
+            tally.tell_placed.remote(task, attempt, done)
+
+    def finish(self, ray, tally, task: int, attempt: int) -> None:
+        """Every part left placed, as the parts before it end in other tasks."""
+        deadline = time.monotonic() + PLACE_WAIT_SECONDS
+        while self.pending:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"parts {sorted(self.pending)}: the parts before them did not end in "
+                                   f"{PLACE_WAIT_SECONDS:.0f} s, so their bytes could not be placed")
+            self.place(ray.get(tally.offsets.remote(task, attempt), timeout=60), tally, task, attempt)
+            if self.pending:
+                time.sleep(PLACE_POLL_SECONDS)
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _restore_placed(marker: str) -> None:
+    """The .bin files of the part a K.placed `marker` describes, where they are gone, copied back out of the heads
+    (a file the heads lack, or too short, is left out: the part is then made again)."""
+    shards = os.path.dirname(marker)
+    try:
+        with open(marker, encoding="utf-8") as f:
+            where = json.load(f)
+        for name, head, offset, size in where:
+            path = os.path.join(shards, os.path.basename(name))
+            if os.path.exists(path):
+                continue
+            source = os.open(os.path.join(shards, HEADS, os.path.basename(head)), os.O_RDONLY)
+            try:
+                with atomic_file(path, "wb") as out:
+                    if _copy_bytes(source, out.fileno(), int(size), int(offset), 0) < int(size):
+                        raise OSError(f"{head} ends before part {marker}'s bytes")
+            finally:
+                os.close(source)
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def staging(shards: str) -> str:
+    """This node's folder for the parts of the run at PREFIX.shards/ `shards` being made: in memory (/dev/shm) where
+    it has STAGING_ROOM free, else in the temp folder."""
+    name = "qwen-data-" + hashlib.sha256(os.path.abspath(shards).encode()).hexdigest()[:16]
+    try:
+        found = os.statvfs(MEMORY)
+        if found.f_bavail * found.f_frsize >= STAGING_ROOM and os.access(MEMORY, os.W_OK):
+            return os.path.join(MEMORY, name)
+    except OSError:
+        pass
+    return os.path.join(tempfile.gettempdir(), name)
+
+
+def _clear_dead(root: str) -> None:
+    """The folders under `root` of tasks whose process is gone (killed), removed."""
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir(root):
+            try:
+                os.kill(int(entry), 0)
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+            except (ValueError, PermissionError):  # (not a task's; or a live process of another user)
+                pass
+
+
+def _move(source: str, target: str) -> None:
+    """`source` moved to `target`, whole or not at all, across file systems too."""
+    try:
+        os.replace(source, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(source, target + ".moving")
+        os.replace(target + ".moving", target)
+        os.remove(source)
+
+
+def _bins(prefix: str, suffixes: list[str], manifests: list[Manifest]) -> list[str]:
+    """The .bin files of the part at -o `prefix`, in the order of the heads they go into (`_head_names`)."""
+    return [name + ".bin" for suffix, m in zip(suffixes, manifests)
+            for name, _ in layout_of(m).channels(prefix + suffix, m.dtype)]
+
+
+def _head_names(manifests: list[Manifest]) -> list[str]:
+    """The heads' files: N.C.bin, for output prefix N (a text key's) and channel C (ids, loss mask)."""
+    return [f"{n}.{c}.bin" for n, m in enumerate(manifests) for c in range(len(layout_of(m).channels("", m.dtype)))]
 
 
 def _first_part(ray, tally, task: int, part: int, marks: str) -> tuple[int, tuple[int, int] | None]:
@@ -785,7 +963,7 @@ def _first_part(ray, tally, task: int, part: int, marks: str) -> tuple[int, tupl
         return 1, (part, 1)
     except FileExistsError:
         attempt = ray.get(tally.start.remote(task), timeout=60)
-        return attempt, ray.get(tally.next.remote(task, attempt, None), timeout=60)
+        return attempt, ray.get(tally.next.remote(task, attempt, None), timeout=60)[0]
 
 
 class _Reporter:
