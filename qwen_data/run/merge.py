@@ -394,10 +394,10 @@ def _hash_range(fd: int, offset: int, size: int) -> tuple[str, str]:
 
 class Head:
     """The start of a merge's channel made while its later parts are still being made: the first parts'
-    .bin files copied back to back into `path` as they are added, in order, by a thread of its own (the
-    Ray executor adds a shard once every shard before it is done, so that the copy runs beside the tasks
-    still working and only the last shards are left to copy once all are done). `merge(..., heads=)`
-    takes the file for its output's start (`take`) and copies only the parts after it.
+    .bin files copied back to back into `path` as they are added, in order, by a thread of its own, or (added with
+    their size) found there, written by whoever made them (the Ray executor's tasks place each part's bytes
+    themselves; it copies in only the parts an earlier run left). `merge(..., heads=)` takes the file for its
+    output's start (`take`) and copies only the parts after it.
 
     `consume`: each part's .bin removed once copied, the part recorded beside the file first (a line added to
     PATH.parts, `held`). Removed while its pages still wait to be written, little of a part reaches the disk (a Ray

@@ -3,19 +3,23 @@
     driver: lock the step's final outputs → the parts an earlier run of the same command finished,
     checked and reused → N tasks (the shards), each running one of the first N parts, then the next part not
     taken (`tally.Tally`) until none is left, each part `pipeline.run(Step(config with shard=Shard(j, P, span)))`
-    writing PREFIX.shards/j, whose .bin files are joined in part order as they end (`_Heads`), each removed once
-    joined → `merge` per output prefix, from what was joined → all committed together → PREFIX.shards removed
+    made in a folder of the task's node (`_Placing`), its .bin bytes then written by the task into the output's
+    start (PREFIX.shards/joined/, `_Heads`) where the tally says once every part before it told its sizes, its
+    other files moved to PREFIX.shards/j → `merge` per output prefix, taking what was joined → all committed
+    together → PREFIX.shards removed
 
 Why a shard runs parts rather than one contiguous Nth of the input: a part's bytes can go into the output
-only once every part before it is done. N contiguous shards end together, and every byte but the first
+only once every part before it is made. N contiguous shards end together, and every byte but the first
 shard's was copied after the last task (with 16 shards of 8 GB, 3.8 s after 13 s of tasks). Parts (of
-about PART_BYTES: `plan`) handed out in order end in order, give or take the N running, and each is joined
+about PART_BYTES: `plan`) handed out in order end in order, give or take the N running, and each is placed
 while the next ones run: what is left at the end is the last few. The tasks end within about a part of each
 other, where contiguous shards differed by their stretch's text (10.4-12.1 s), and so did tasks given every
-Nth part (their sums differed by up to ~2.5 s: `bench/results/cpu/2026-12-02b`).
+Nth part (their sums differed by up to ~2.5 s: `bench/results/cpu/2026-12-02b`). Why the tasks place the bytes:
+written under PREFIX.shards/ and copied by the driver, every byte went through the output's page cache twice, and
+on 16 GB the kernel's writeback held the driver's copy 3.1-4.3 s past the tasks (`bench/results/cpu/2026-12-03g`).
 
 The output prefix (-o) must be on a file system every node sees (NFS, Lustre, a mounted bucket...):
-every task writes its parts under `PREFIX.shards/` and the driver merges them from there. The
+every task writes its parts' bytes and files under `PREFIX.shards/` and the driver merges them from there. The
 inputs must be readable at the same paths on every node too, and the driver's working directory
 (tasks run in it, so relative paths mean what they mean to the driver); every node needs the same
 qwen-data and tokenizer files installed. The result is byte for byte what one local run over the
@@ -48,8 +52,9 @@ Its run.json, written before any task starts, names the run (`journal.identity`:
 those recorded: the default depends on the cluster's CPUs); a folder of another run (other settings,
 inputs or counts) is removed as the run starts. As a part ends, the driver saves its
 picked records beside it (K.picked, with its manifests' fingerprints and its rejects file's sha256).
-A part's .bin joined into the merge's head was removed then (`merge.Head`, consume: removed while its pages
-wait to be written, little of it reaches the disk), and is put back from the head first (`merge.restore`).
+A part's .bin bytes lie in the heads only, where K.placed (written by its task once they are there) says;
+a rerun puts them back out first (`_Heads.restore`). A part made but not placed when the run stopped (its bytes
+waited for a part before it) is made again, and so is one whose task died before placing it.
 Nothing reused is trusted: a part is reused only where its manifests name this part and this
 run's tokenizer, its files hash to their fingerprint (`formats.integrity`), its rejects file and
 manifests are those its picked records were saved with, and those records read back from its files
@@ -57,7 +62,8 @@ manifests are those its picked records were saved with, and those records read b
 them against the reference as it checks a fresh part's. Any other part is done again ("ray:
 part K redone: why" on stderr); a task retried by Ray runs only its parts not ended. A run failed by its
 data (bad input, a certificate mismatch, too many rejects, nothing to write) removes `PREFIX.shards/`, since a
-rerun would fail the same way, and so does a run that commits.
+rerun would fail the same way, and so does a run that commits. The tasks' folders on their nodes are removed by
+each task as it ends (one killed, by the next task of the run on that node) and, on the driver's, by the driver.
 
 The certificate: tasks pick records as a local run does but do not check them (a task would load
 the reference libraries itself, ~0.5-2 s of its CPU); they report them with their progress, about
@@ -68,9 +74,9 @@ all of them had waited for the last task (a tail of ~0.7 s at 3,000 records, 2 c
 A mismatch fails the run before anything is committed, as locally.
 
 Progress: tasks report absolute per-part totals to a small actor (a retried part starts again
-from zero, so nothing is counted twice), and each part as it ends; the driver asks it every
-PART_POLL_SECONDS for the parts ended (joined at once), and shows the sum about once a second (of the
-parts run: a rerun's reused ones are not shown).
+from zero, so nothing is counted twice), and each part as it ends (once placed); the driver asks it every
+PART_POLL_SECONDS for the parts ended (recorded in the heads at once), and shows the sum about once a second (of
+the parts run: a rerun's reused ones are not shown).
 
 Without an address a local Ray instance starts, with every CPU of the machine (`RAY_OVERRIDE_RESOURCES=
 '{"CPU": 4}'` gives fewer); it takes a few seconds ("ray: started a local instance in X s" on stderr
@@ -123,9 +129,9 @@ from .progress import Progress
 SERIALIZERS = ("pydantic", "ray._common.pydantic_compat", "pyarrow", "pyarrow.json", "ray._private.arrow_serialization")
 RETRIES = 3  # per task, for a dead process or a retryable exception
 RETRY_EXCEPTIONS = [OSError]
-# A part's input bytes, about: a part takes ~0.7 s on a core and is joined into the output as it ends; only
-# the last few parts' bytes are copied after the tasks end (with 16 contiguous shards of 8 GB, 15/16 of the
-# bytes were: 3.8 s). A part's own cost (its step, files, manifest) is ~10-15 ms; parts of 96 MB ran no faster
+# A part's input bytes, about: a part takes ~0.7 s on a core and is placed into the output as it ends; only
+# the last few parts wait after the tasks end (with 16 contiguous shards of 8 GB, 15/16 of the bytes were copied
+# after: 3.8 s). A part's own cost (its step, files, manifest) is ~10-15 ms; parts of 96 MB ran no faster
 # (bench/results/cpu/2026-12-02b).
 PART_BYTES = 32 << 20
 TAIL_SHARE = 4  # the last round of parts, this many times smaller (`cuts`)
@@ -134,7 +140,7 @@ PART_POLL_SECONDS = 0.2  # how often it asks for the parts that ended, to join t
 CANCEL_WAIT_SECONDS = 30.0  # how long a failed run waits for the cancelled tasks to end
 SHARDS_SUFFIX = ".shards"
 STAGING = "merged"  # PREFIX.shards/merged/out*: the merges, before they are committed under PREFIX
-HEADS = "joined"  # PREFIX.shards/joined/: the parts' .bin files joined as they end (`_Heads`)
+HEADS = "joined"  # PREFIX.shards/joined/: the output's .bin files, the parts' bytes placed in them (`_Heads`)
 MARKS = "began"  # PREFIX.shards/began/K: task K's first attempt began (a retry finds it, and asks the tally)
 PLACED_SUFFIX = ".placed"  # PREFIX.shards/K.placed: where part K's .bin bytes lie in the heads (`_Placing`)
 MEMORY = "/dev/shm"  # where a node's tasks make their parts (`staging`), where it has STAGING_ROOM free
@@ -205,7 +211,6 @@ def run_on_ray(step: pipeline.Step, address: str | None = None, shards: int | No
             heads.close()
             if checks is not None:
                 checks.end()
-            shutil.rmtree(staging(shards_kept.directory), ignore_errors=True)  # (this node's; the tasks' are done)
         shutil.rmtree(shards_kept.directory, ignore_errors=True)  # merged and committed: the shards are done with
     return manifests
 
@@ -600,7 +605,8 @@ class _Heads:
 
     def close(self) -> None:
         """Every copy ended (a failed run's too, before its files are removed), then every removal of a part
-        copied (`merge.Head.settle`)."""
+        copied (`merge.Head.settle`); this node's folder of the tasks' parts removed (`_Placing`: they are done)."""
+        shutil.rmtree(staging(os.path.dirname(self.directory)), ignore_errors=True)
         heads = [head for channels in self.heads.values() for head in channels]
         for head in heads:
             with contextlib.suppress(Exception):  # (a copy's failure: the run's own error says more)
@@ -774,21 +780,13 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, first: tuple
                            "run from a directory on a file system every node sees") from None
     attempt, handed = _first_part(ray, tally, task, *first)
     started = time.time()
-    out, counted = [], {}  # counted: per file, [its counting tasks fetched, their pieces' counts] (parts come in order)
+    out, counted = [], {}  # (`_numbered`)
     placing = _Placing(os.path.dirname(next(iter(parts.values())).output_prefix))
     try:
         while handed is not None:
             index, part_attempt = handed
             began, cpu = time.time(), time.process_time()
-            config = parts[index]
-            if index in before:
-                path, n = before[index]
-                fetched, known = counted.setdefault(path, [0, []])
-                while len(known) < n:
-                    known += ray.get(pieces[path][fetched][0])
-                    fetched = counted[path][0] = fetched + 1
-                shard = dataclasses.replace(config.shard, newlines_before=sum(known[:n]))
-                config = dataclasses.replace(config, shard=shard)
+            config = _numbered(ray, parts[index], before.get(index), pieces, counted)
             step = step_type(dataclasses.replace(config, output_prefix=placing.prefix(index)))
             manifests = pipeline.run(step, _Reporter(tally, index, part_attempt, step))
             sizes = placing.made(index, step, manifests)
@@ -804,6 +802,20 @@ def _shard_task(step_type, parts: dict, cwd: str, tally, task: int, first: tuple
         return out
     finally:
         placing.close()
+
+
+def _numbered(ray, config, before: tuple[str, int] | None, pieces: dict[str, list], counted: dict):
+    """A part's `config`, given the newlines before its first line where it starts inside a jsonl file (`before`: its
+    file, how many of the file's pieces lie before it; `counted`: per file, [the counting tasks fetched, their pieces'
+    counts], as parts come in order)."""
+    if before is None:
+        return config
+    path, n = before
+    fetched, known = counted.setdefault(path, [0, []])
+    while len(known) < n:
+        known += ray.get(pieces[path][fetched][0])
+        fetched = counted[path][0] = fetched + 1
+    return dataclasses.replace(config, shard=dataclasses.replace(config.shard, newlines_before=sum(known[:n])))
 
 
 class _Placing:
@@ -844,9 +856,9 @@ class _Placing:
         marked (K.placed: what a run that resumes puts back, `_Heads.restore`) and told to the tally (not waited
         for: the calls after it are taken after it)."""
         done = []
-        for part in sorted(offsets):
+        for part in sorted(set(offsets) & set(self.pending)):
             where = []
-            for (path, size, head), offset in zip(self.pending.pop(part, ()), offsets[part]):
+            for (path, size, head), offset in zip(self.pending.pop(part), offsets[part]):
                 source = os.open(path, os.O_RDONLY)
                 try:
                     target = os.open(head, os.O_WRONLY | os.O_CREAT, 0o666)

@@ -216,7 +216,7 @@ def test_records_a_shard_reports_as_it_runs_are_checked_once(tmp_path, monkeypat
     spelled = pipeline.run(step)[0].certificate["records_spelled"]
     picked, half = step.picked, len(step.picked) // 2
     tally = Tally([0])
-    assert tally.next(0, tally.start(0)) == (0, 1)  # task 0's first attempt takes part 0, its first attempt
+    assert tally.next(0, tally.start(0))[0] == (0, 1)  # task 0's first attempt takes part 0, its first attempt
     tally.report(0, 1, (0, 0, 0, 0), 0, picked[:half])
     tally.report(0, 2, (0, 0, 0, 0), half, picked[half:])  # an attempt the tally never began: ignored
     assert tally.totals()[2] == [(0, 0, picked[:half])] and tally.totals()[2] == []
