@@ -1,8 +1,10 @@
 """How a Ray run's tasks take their parts (`run.tally.Tally`, `run.ray._first_part`), without Ray: each task's first
 attempt runs one of the first parts without asking the tally; a retry asks, and gets back the part the attempt
-before it held."""
+before it held. Where each part's bytes go (the tally's offsets) and where a node's tasks make them (`ray.staging`)."""
 
 from __future__ import annotations
+
+import os
 
 from qwen_data.run import ray as executor
 from qwen_data.run.tally import Tally
@@ -96,3 +98,25 @@ def test_a_retry_asks_and_gets_back_the_part_the_attempt_before_held(tmp_path):
     tally.tell_placed(0, 1, [0])
     tally.tell_placed(1, 2, [1])
     assert [f[0] for f in tally.totals()[3]] == [0, 1]
+
+
+def test_a_nodes_parts_are_made_in_memory_where_it_has_room_and_a_dead_tasks_folder_goes(tmp_path, monkeypatch):
+    """`ray.staging`: /dev/shm where it has STAGING_ROOM free, else the temp folder, one folder a run (by its
+    PREFIX.shards/); `_clear_dead`: the folders of tasks whose process is gone removed, a live one's kept."""
+    import subprocess
+    import tempfile
+
+    shards = str(tmp_path / "out.shards")
+    monkeypatch.setattr(executor, "MEMORY", str(tmp_path))  # (a tmpfs or not: its free space is what counts)
+    monkeypatch.setattr(executor, "STAGING_ROOM", 1)
+    root = executor.staging(shards)
+    assert os.path.dirname(root) == str(tmp_path) and root == executor.staging(shards + "/")
+    assert root != executor.staging(str(tmp_path / "other.shards"))
+    monkeypatch.setattr(executor, "STAGING_ROOM", 1 << 62)
+    assert os.path.dirname(executor.staging(shards)) == tempfile.gettempdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):
+        os.makedirs(os.path.join(root, str(pid)))
+    executor._clear_dead(root)
+    assert os.listdir(root) == [str(os.getpid())]
